@@ -1,0 +1,284 @@
+/* engine.h - internal declarations shared by the engine's C files (not part of the cffi contract).
+ *
+ * Ownership, in Firecracker's spirit: each stateful part (memory, cpu, files, fds, signals, uart)
+ * owns its own state struct and knows how to clone it for a snapshot and restore it.
+ */
+#ifndef ZB_ENGINE_H
+#define ZB_ENGINE_H
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <linux/kvm.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "zeroboot.h"
+
+#define ZB_PAGE 4096ul
+#define ZB_PAGE_UP(x) (((x) + ZB_PAGE - 1) & ~(ZB_PAGE - 1))
+#define ZB_PAGE_DOWN(x) ((x) & ~(ZB_PAGE - 1))
+#define ZB_HUGE (2ul << 20)
+#define ZB_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define ZB_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* ---- guest physical (= virtual) layout; see guest_layout.c and docs/ARCHITECTURE.md ---- */
+#define ZB_LOW_REGION (2ul << 20)        /* supervisor-only: page tables, GDT/IDT/TSS, CPL0 stubs */
+#define ZB_MEM_MIN (64ul << 20)
+#define ZB_MEM_MAX (64ul << 30)
+#define ZB_STACK_SIZE (8ul << 20)
+#define ZB_PIE_BASE (16ul << 20)
+#define ZB_SYSCALL_TRAP 0x7f0000000000ull /* LSTAR: never mapped, so `syscall` page-faults */
+#define ZB_PORT_EXCEPTION 0xc0            /* CPL0 stub for vector v does `out %al, $(0xc0 + v)` */
+#define ZB_UART_BASE 0x3f8                /* COM1: the only ports user code may touch */
+#define ZB_UART_PORTS 8
+
+#define ZB_MAX_FDS 1024
+#define ZB_LOG_MAX 8192
+
+typedef struct zb_fs zb_fs;
+typedef struct zb_fdtable zb_fdtable;
+typedef struct zb_image zb_image;
+
+/* ---- errors and logging ---- */
+void zb_seterr(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void zb_log(zb_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int64_t zb_now_ns(void);
+
+/* ---- executor VM (kvm_vm.c) ---- */
+typedef struct zb_vm {
+    int vm_fd, vcpu_fd;
+    struct kvm_run *run;
+    size_t run_size;
+    zb_sandbox *attached;    /* whose memory is in slot 0 and whose vCPU state is loaded */
+    uint64_t slot_hva, slot_size;
+    int slot_present;
+    uint64_t tsc_khz;
+} zb_vm;
+
+struct zb_engine {
+    int kvm_fd;
+    struct kvm_cpuid2 *cpuid;
+    size_t vcpu_mmap_size;
+    size_t xsave_size;       /* bytes KVM_GET_XSAVE(2) fills */
+    int have_xsave2;
+    uint64_t xcr0;
+    zb_vm *vm;               /* the executor; created on first run */
+};
+
+int zb_vm_create(zb_engine *e, zb_vm **out, char *err);
+void zb_vm_destroy(zb_vm *vm);
+/* Point slot 0 at the sandbox's memory and load its vCPU state (no-op if already attached). */
+int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err);
+/* Save the attached sandbox's vCPU state and dirty log back into it and detach. */
+int zb_vm_detach(zb_vm *vm, char *err);
+/* OR the VM's dirty log for the attached sandbox into its dirty bitmap (and clear the log). */
+int zb_vm_collect_dirty(zb_vm *vm, char *err);
+int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err);
+/* The sandbox's memory goes away: unmap it from the executor if attached. */
+int zb_vm_forget(zb_vm *vm, zb_sandbox *sb, char *err);
+
+/* ---- guest memory (guest_memory.c) ---- */
+typedef struct zb_region {   /* what the guest mapped where: for fault reports and munmap */
+    uint64_t start, end;
+    int prot;
+    char name[96];
+} zb_region;
+
+typedef struct zb_memory {
+    uint8_t *host;           /* host address of guest physical 0 */
+    uint64_t size;           /* bytes, multiple of 2 MiB */
+    uint64_t npages;
+    uint64_t *allocated;     /* bitmap: page belongs to the guest (ELF, stack, brk, mmap) */
+    uint64_t *host_dirty;    /* bitmap: pages changed by the engine (guest writes: KVM dirty log) */
+    uint64_t *file_backed;   /* bitmap: page's host mapping is a file (the base image or a host file
+                                the guest mapped), so MADV_DONTNEED would not make it read zero */
+    uint64_t pages_allocated, pages_limit;
+    uint64_t mmap_top;       /* top-down mmap search starts below this */
+    uint64_t brk_start, brk_end;
+    zb_region *regions;
+    size_t nregions, regions_cap;
+    zb_image *image;         /* base image this mapping was forked from, or NULL */
+} zb_memory;
+
+int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err);
+void zb_mem_destroy(zb_memory *m);
+int zb_mem_clone_meta(zb_memory *dst, const zb_memory *src);
+/* Validated access to guest memory: NULL unless [addr, addr+len) lies in guest-allocated user
+ * pages. `write` marks the pages dirty. */
+void *zb_guest_ptr(zb_sandbox *sb, uint64_t addr, uint64_t len, int write);
+int zb_copy_from_guest(zb_sandbox *sb, void *dst, uint64_t addr, uint64_t len);
+int zb_copy_to_guest(zb_sandbox *sb, uint64_t addr, const void *src, uint64_t len);
+/* Copy a NUL-terminated guest string; -EFAULT or -ENAMETOOLONG. */
+int zb_guest_string(zb_sandbox *sb, uint64_t addr, char *buf, size_t cap);
+uint64_t zb_mem_alloc(zb_memory *m, uint64_t len);            /* top-down; 0 if none */
+int zb_mem_range_free(const zb_memory *m, uint64_t addr, uint64_t len);
+int zb_mem_range_allocated(const zb_memory *m, uint64_t addr, uint64_t len);
+void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated);
+/* Give pages back: contents read as zero afterwards. */
+int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len);
+/* Map len bytes of host fd at offset (page aligned) copy-on-write at guest addr. */
+int zb_mem_map_file(zb_memory *m, uint64_t addr, uint64_t len, int fd, uint64_t offset);
+void zb_mem_dirty(zb_memory *m, uint64_t addr, uint64_t len);
+void zb_region_add(zb_memory *m, uint64_t start, uint64_t end, int prot, const char *name);
+void zb_region_remove(zb_memory *m, uint64_t start, uint64_t end);
+void zb_region_set_prot(zb_memory *m, uint64_t start, uint64_t end, int prot);
+const zb_region *zb_region_find(const zb_memory *m, uint64_t addr);
+static inline int zb_bit(const uint64_t *b, uint64_t i) { return (b[i >> 6] >> (i & 63)) & 1; }
+static inline void zb_bit_set(uint64_t *b, uint64_t i) { b[i >> 6] |= 1ull << (i & 63); }
+static inline void zb_bit_clear(uint64_t *b, uint64_t i) { b[i >> 6] &= ~(1ull << (i & 63)); }
+void zb_bits_set_range(uint64_t *b, uint64_t first, uint64_t n, int value);
+
+/* ---- guest low memory: page tables, descriptors, CPL0 stubs (guest_layout.c) ---- */
+void zb_layout_write(zb_memory *m);
+void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_base, uint64_t gs_base);
+uint64_t zb_layout_stub_addr(int vector);
+uint64_t zb_layout_exception_stack_top(void);
+
+/* ---- vCPU state of a sandbox ---- */
+typedef struct zb_cpu {
+    struct kvm_regs regs;    /* user-mode registers to resume with */
+    uint64_t fs_base, gs_base;
+    uint8_t *xsave;          /* engine->xsave_size bytes, KVM's standard XSAVE layout; while the
+                                sandbox is attached, the VM holds the current contents */
+    int pending_syscall;     /* a syscall was interrupted and is re-served on resume */
+    uint64_t pending_nr;
+    int64_t pending_wake_ns; /* for an interrupted sleep: absolute wake time */
+} zb_cpu;
+
+/* ---- signals (sys_signals.c) ---- */
+typedef struct zb_sigaction {
+    uint64_t handler, flags, restorer, mask;
+} zb_sigaction;
+
+typedef struct zb_signals {
+    zb_sigaction action[65];
+    uint64_t blocked;
+    uint64_t pending;        /* raised by the host (zb_sandbox_raise), delivered on resume */
+    uint64_t altstack_sp, altstack_size;
+    int altstack_flags;
+} zb_signals;
+
+/* ---- the UART (uart16550.c) ---- */
+typedef struct zb_uart {
+    uint8_t ier, lcr, mcr, scr, dll, dlm, fcr;
+    uint8_t *rx;             /* host -> guest bytes, rx[rx_pos..rx_len) unread */
+    size_t rx_len, rx_pos, rx_cap;
+    uint8_t *tx;             /* guest -> host bytes of the frame being assembled */
+    size_t tx_len, tx_cap;
+    size_t frame_ready;      /* bytes of a complete frame at tx[0..] handed out as an event */
+} zb_uart;
+
+void zb_uart_init(zb_uart *u);
+void zb_uart_destroy(zb_uart *u);
+int zb_uart_clone(zb_uart *dst, const zb_uart *src);
+int zb_uart_push_input(zb_uart *u, const void *data, size_t len);
+size_t zb_uart_rx_available(const zb_uart *u);
+size_t zb_uart_read(zb_uart *u, void *buf, size_t len);
+/* Feed guest bytes into the frame assembler. Returns bytes consumed (stops after a complete
+ * frame), or -1 with a message for a malformed frame. */
+long zb_uart_write(zb_uart *u, const uint8_t *data, size_t len, char *err);
+/* Port access from a CPL3 polled driver. Returns 0, or -1 with err for a malformed frame. */
+void zb_uart_consume_frame(zb_uart *u);
+int zb_uart_port_out(zb_uart *u, unsigned offset, uint8_t value, char *err);
+uint8_t zb_uart_port_in(zb_uart *u, unsigned offset);
+/* Frame parsing, also used by the fuzzer: 1 = complete frame of *total bytes, 0 = need more,
+ * -1 = malformed (err). */
+int zb_frame_check(const uint8_t *buf, size_t len, size_t *total, char *err);
+
+/* ---- process-level state ---- */
+typedef struct zb_process {
+    char exe[PATH_MAX];      /* guest path of the program, answer to readlink /proc/self/exe */
+    char cwd[PATH_MAX];
+    uint64_t tid_address;
+    unsigned umask;
+    int exit_status;
+} zb_process;
+
+/* ---- the sandbox ---- */
+struct zb_sandbox {
+    zb_engine *engine;
+    zb_memory mem;
+    zb_cpu cpu;
+    zb_fs *fs;
+    zb_fdtable *fds;
+    zb_signals sig;
+    zb_uart uart;
+    zb_process proc;
+    uint64_t vdso_data;      /* guest address of the vDSO data page, 0 if none */
+
+    int finished;            /* exited, crashed or broke a rule: cannot run again */
+    atomic_int kick_requested;
+    atomic_int running;
+    pthread_t runner;        /* valid while running */
+    int trace_fd;
+
+    /* an event a syscall handler asks the run loop to return after the syscall */
+    zb_event stop_ev;
+    int has_stop;
+    int stop_retry;          /* the syscall did not complete: serve it again on resume */
+    uint8_t *out_buf;        /* OUTPUT event bytes */
+    size_t out_cap;
+
+    zb_stats stats;
+    char log[ZB_LOG_MAX];
+    size_t log_len;
+    uint64_t logged_unknown[8]; /* bitmap of syscall numbers already logged as unimplemented */
+};
+
+/* ---- syscalls (syscalls.c dispatches to the sys_*.c families) ---- */
+#define ZB_SYSCALL_MAX 512
+typedef long (*zb_syscall_fn)(zb_sandbox *sb, const uint64_t a[6]);
+long zb_syscall_dispatch(zb_sandbox *sb, uint64_t nr, const uint64_t a[6]);
+const char *zb_syscall_name(uint64_t nr);
+/* A handler that cannot finish now calls zb_stop_event(sb, kind, 1) and returns ZB_SYSCALL_STOP;
+ * the syscall is served again when the sandbox resumes. A handler that finished but needs the
+ * caller (e.g. output to hand over) calls zb_stop_event(sb, kind, 0) and returns its result. */
+#define ZB_SYSCALL_STOP (-100000)
+zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry);
+/* Append guest output to the pending OUTPUT event (one event per syscall). */
+int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len);
+
+void zb_sys_memory_register(zb_syscall_fn *t);
+void zb_sys_files_register(zb_syscall_fn *t);
+void zb_sys_fsmeta_register(zb_syscall_fn *t);
+void zb_sys_time_register(zb_syscall_fn *t);
+void zb_sys_process_register(zb_syscall_fn *t);
+void zb_sys_signals_register(zb_syscall_fn *t);
+
+/* sleeping inside a syscall: waits until wake_ns or a kick/deadline. 0 = slept fully,
+ * ZB_SYSCALL_STOP = interrupted (sb->stop set). */
+long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns);
+extern __thread int64_t zb_run_deadline_ns;
+
+/* ---- signals (sys_signals.c) ---- */
+/* Deliver the lowest pending unblocked signal: 0 = done or nothing to do, 1 = the default action
+ * kills the guest (*killed_by), -1 = the guest's stack cannot take a frame (*killed_by = SIGSEGV). */
+int zb_signal_deliver(zb_sandbox *sb, int *killed_by);
+int zb_signal_has_handler(const zb_sandbox *sb, int sig);
+int zb_signals_sigreturn(zb_sandbox *sb);
+
+/* ---- ELF loading (elf_loader.c) and vDSO (vdso.c) ---- */
+int zb_elf_exec(zb_sandbox *sb, const char *exe_guest_path, const char *const *argv,
+                const char *const *envp, char *err);
+uint64_t zb_vdso_load(zb_sandbox *sb, char *err);
+void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm);
+
+/* ---- sandboxes (sandbox.c) ---- */
+zb_sandbox *zb_sandbox_alloc(zb_engine *e, char *err);
+
+/* ---- snapshots (snapshot.c) ---- */
+int zb_sandbox_clone_state(zb_sandbox *dst, const zb_sandbox *src, char *err);
+void zb_sandbox_free_state(zb_sandbox *sb);
+
+/* ---- run loop helpers ---- */
+void zb_fault_event(zb_sandbox *sb, zb_event *ev, int signo, uint64_t rip, uint64_t addr,
+                    const char *what);
+
+#endif

@@ -1,0 +1,176 @@
+/* fdtable.c - the guest's file descriptor table and open file descriptions.
+ *
+ * Guest fds are indices into this table, never host fds. An open file description (zb_file) is
+ * shared by dup'ed fds, like in Linux; it holds its own offset (host files are read with pread),
+ * so a host fd can be shared by the clones a snapshot makes. Cloning a table preserves which fds
+ * share a description, but the clone's descriptions are its own.
+ */
+#include "fs.h"
+
+#include <unistd.h>
+
+zb_hostfd *zb_hostfd_new(int fd) {
+    zb_hostfd *h = calloc(1, sizeof *h);
+    if (!h) return NULL;
+    atomic_init(&h->refs, 1);
+    h->fd = fd;
+    return h;
+}
+
+void zb_hostfd_unref(zb_hostfd *h) {
+    if (h && atomic_fetch_sub(&h->refs, 1) == 1) {
+        close(h->fd);
+        free(h);
+    }
+}
+
+static void pipe_unref(zb_pipe *p) {
+    if (p && atomic_fetch_sub(&p->refs, 1) == 1) {
+        free(p->buf);
+        free(p);
+    }
+}
+
+zb_file *zb_file_new(int kind) {
+    zb_file *f = calloc(1, sizeof *f);
+    if (f) {
+        f->refs = 1;
+        f->kind = kind;
+    }
+    return f;
+}
+
+static void file_free(zb_fs *fs, zb_file *f) {
+    zb_hostfd_unref(f->host);
+    if (f->pipe) {
+        if (f->pipe_write_end) f->pipe->writers--;
+        else f->pipe->readers--;
+        pipe_unref(f->pipe);
+    }
+    if (f->ino && fs) zb_ovl_open_ref(fs, f->ino, -1);
+    free(f->where);
+    if (f->listing) {
+        zb_listing_free(f->listing);
+        free(f->listing);
+    }
+    free(f);
+}
+
+void zb_file_unref(zb_fs *fs, zb_file *f) {
+    if (f && --f->refs == 0) file_free(fs, f);
+}
+
+zb_fdtable *zb_fdtable_new(void) { return calloc(1, sizeof(zb_fdtable)); }
+
+void zb_fdtable_free(zb_fdtable *t, zb_fs *fs) {
+    if (!t) return;
+    for (int i = 0; i < ZB_MAX_FDS; i++) zb_file_unref(fs, t->fd[i]);
+    free(t);
+}
+
+static zb_file *file_copy(const zb_file *s) {
+    zb_file *d = zb_file_new(s->kind);
+    if (!d) return NULL;
+    *d = *s;
+    d->refs = 0;
+    d->where = NULL;
+    d->listing = NULL;
+    d->pipe = NULL;
+    if (s->host) atomic_fetch_add(&s->host->refs, 1);
+    if (s->where) {
+        if (!(d->where = malloc(sizeof *d->where))) goto fail;
+        *d->where = *s->where;
+    }
+    if (s->listing) {
+        if (!(d->listing = calloc(1, sizeof *d->listing))) goto fail;
+        if (s->listing->n && !(d->listing->ents = calloc(s->listing->n, sizeof *d->listing->ents))) goto fail;
+        for (size_t i = 0; i < s->listing->n; i++) {
+            d->listing->ents[i] = s->listing->ents[i];
+            if (!(d->listing->ents[i].name = strdup(s->listing->ents[i].name))) goto fail;
+            d->listing->n++;
+        }
+    }
+    return d;
+fail:
+    d->refs = 1;
+    file_free(NULL, d);
+    return NULL;
+}
+
+static zb_pipe *pipe_copy(const zb_pipe *s) {
+    zb_pipe *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    atomic_init(&p->refs, 0);
+    if (s->len) {
+        if (!(p->buf = malloc(s->len))) { free(p); return NULL; }
+        memcpy(p->buf, s->buf, s->len);
+    }
+    p->len = p->cap = s->len;
+    return p;
+}
+
+zb_fdtable *zb_fdtable_clone(const zb_fdtable *t) {
+    zb_fdtable *n = zb_fdtable_new();
+    const zb_file *old[ZB_MAX_FDS];
+    zb_file *new[ZB_MAX_FDS];
+    const zb_pipe *oldp[ZB_MAX_FDS];
+    zb_pipe *newp[ZB_MAX_FDS];
+    int nmap = 0, npipes = 0;
+    if (!n) return NULL;
+    for (int i = 0; i < ZB_MAX_FDS; i++) {
+        const zb_file *f = t->fd[i];
+        if (!f) continue;
+        zb_file *c = NULL;
+        for (int k = 0; k < nmap; k++) if (old[k] == f) { c = new[k]; break; }
+        if (!c) {
+            if (!(c = file_copy(f))) goto fail;
+            if (f->pipe) {
+                zb_pipe *p = NULL;
+                for (int k = 0; k < npipes; k++) if (oldp[k] == f->pipe) { p = newp[k]; break; }
+                if (!p) {
+                    if (!(p = pipe_copy(f->pipe))) { c->refs = 1; file_free(NULL, c); goto fail; }
+                    oldp[npipes] = f->pipe;
+                    newp[npipes++] = p;
+                }
+                atomic_fetch_add(&p->refs, 1);
+                c->pipe = p;
+                if (c->pipe_write_end) p->writers++;
+                else p->readers++;
+            }
+            old[nmap] = f;
+            new[nmap++] = c;
+        }
+        c->refs++;
+        n->fd[i] = c;
+        n->cloexec[i] = t->cloexec[i];
+    }
+    return n;
+fail:
+    zb_fdtable_free(n, NULL);
+    return NULL;
+}
+
+zb_file *zb_fd_get(zb_sandbox *sb, uint64_t fd) {
+    if (fd >= ZB_MAX_FDS) return NULL;
+    return sb->fds->fd[fd];
+}
+
+int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec) {
+    for (int i = min < 0 ? 0 : min; i < ZB_MAX_FDS; i++) {
+        if (!sb->fds->fd[i]) {
+            sb->fds->fd[i] = f;
+            sb->fds->cloexec[i] = cloexec ? 1 : 0;
+            return i;
+        }
+    }
+    zb_file_unref(sb->fs, f);
+    return -EMFILE;
+}
+
+int zb_fd_close(zb_sandbox *sb, int fd) {
+    if (fd < 0 || fd >= ZB_MAX_FDS || !sb->fds->fd[fd]) return -EBADF;
+    zb_file_unref(sb->fs, sb->fds->fd[fd]);
+    sb->fds->fd[fd] = NULL;
+    sb->fds->cloexec[fd] = 0;
+    return 0;
+}

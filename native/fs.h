@@ -1,0 +1,183 @@
+/* fs.h - the guest's file namespace, its in-memory overlay and its file descriptors.
+ *
+ * The guest sees one namespace, built from:
+ *   - a mount trie (immutable once the sandbox runs, shared by forks): synthetic directories that
+ *     exist only to lead to visible things, host files and host directory trees visible read-only
+ *     at their own path, symlinks mirrored from the host, overlay mount points and devices;
+ *   - the overlay (per sandbox, cloned by snapshots): writable in-memory directories and files.
+ * Every lookup walks this namespace component by component in the guest's terms, so `..`, symlinks
+ * (host or overlay) and absolute paths can never leave it; host files are finally opened with
+ * openat2(RESOLVE_NO_SYMLINKS) on their canonical path.
+ */
+#ifndef ZB_FS_H
+#define ZB_FS_H
+#include "engine.h"
+
+#include <sys/stat.h>
+
+/* mount trie node kinds */
+enum { MNT_SYNTH = 1, MNT_HOST_DIR, MNT_HOST_FILE, MNT_SYMLINK, MNT_OVERLAY, MNT_DEV, MNT_PROC_EXE };
+/* devices */
+enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART };
+
+typedef struct zb_mnode {
+    char *name;
+    struct zb_mnode *parent;
+    struct zb_mnode **children;
+    size_t nchildren;
+    int kind;
+    char *target;      /* MNT_SYMLINK */
+    uint32_t ino;      /* MNT_OVERLAY */
+    int dev;           /* MNT_DEV */
+} zb_mnode;
+
+/* overlay inodes */
+enum { INO_FREE = 0, INO_DIR, INO_FILE, INO_SYMLINK };
+
+typedef struct zb_block {      /* refcounted file data, shared by snapshots until written */
+    atomic_int refs;
+    uint32_t cap;
+    uint8_t data[];
+} zb_block;
+#define ZB_BLOCK_SIZE 65536u
+
+typedef struct zb_dirent {
+    char *name;
+    uint32_t ino;
+} zb_dirent;
+
+typedef struct zb_inode {
+    int type;
+    uint32_t mode;           /* permission bits */
+    uint32_t nlink;
+    int readonly;            /* files put by the host (e.g. /etc/passwd) */
+    int64_t mtime_ns, ctime_ns;
+    zb_dirent *ents;         /* INO_DIR */
+    size_t nents, ents_cap;
+    uint32_t parent;         /* INO_DIR: for `..` listing */
+    uint32_t opens;          /* open file descriptions: an unlinked file lives while opened */
+    uint64_t size;           /* INO_FILE */
+    zb_block **blocks;
+    size_t nblocks;
+    char *target;            /* INO_SYMLINK */
+} zb_inode;
+
+struct zb_fs {
+    zb_mnode *root;          /* shared by clones: see trie_refs */
+    atomic_int *trie_refs;
+    zb_inode *inodes;        /* overlay, index = inode number (0 unused) */
+    size_t ninodes;
+    uint64_t bytes_used, bytes_limit;
+};
+
+/* Where a resolved path lives. */
+enum { LOC_SYNTH = 1, LOC_HOST, LOC_OVERLAY, LOC_DEV, LOC_SYMLINK /* trie symlink or /proc/self/exe */ };
+typedef struct zb_loc {
+    int kind;
+    zb_mnode *mnode;         /* trie node at this exact path, if any */
+    uint32_t ino;            /* LOC_OVERLAY */
+    int dev;                 /* LOC_DEV */
+    int is_dir;
+    int host_is_dir;         /* LOC_HOST: lstat said directory */
+} zb_loc;
+
+typedef struct zb_resolved {
+    int exists;
+    zb_loc loc;              /* when exists */
+    zb_loc parent;           /* the containing directory (also when !exists, for creation) */
+    char path[PATH_MAX];     /* canonical absolute guest path (== host path for LOC_HOST) */
+    char name[NAME_MAX + 1]; /* last component */
+} zb_resolved;
+
+#define ZB_RESOLVE_NOFOLLOW 1 /* do not follow a symlink in the last component */
+
+/* fs_namespace.c */
+zb_fs *zb_fs_new(char *err);
+zb_fs *zb_fs_clone(const zb_fs *fs);
+void zb_fs_free(zb_fs *fs);
+int zb_fs_view_add(zb_fs *fs, const char *host_path, char *err);
+int zb_fs_overlay_dir(zb_fs *fs, const char *guest_path, char *err);
+int zb_fs_put_file(zb_fs *fs, const char *guest_path, const void *data, size_t len, char *err);
+/* Resolve `path` relative to the directory `base` (a canonical guest path). 0 or -errno;
+ * a missing last component is not an error (out->exists == 0) but a missing parent is. */
+int zb_fs_resolve(zb_sandbox *sb, const char *base, const char *path, int flags, zb_resolved *out);
+int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st);
+void zb_dev_stat(int dev, struct stat *st);
+/* Directory listing as name/type/ino triples, for getdents64. */
+typedef struct zb_listing {
+    size_t n;
+    struct zb_listing_ent { char *name; unsigned char type; uint64_t ino; } *ents;
+} zb_listing;
+int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
+void zb_listing_free(zb_listing *l);
+zb_mnode *zb_mnode_child(const zb_mnode *n, const char *name);
+
+/* A path argument of a syscall: read the guest string at upath and resolve it relative to dirfd
+ * (AT_FDCWD = the cwd). With empty_ok, an empty path means dirfd itself (AT_EMPTY_PATH). */
+int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags, int empty_ok, zb_resolved *r);
+
+/* fs_overlay.c */
+uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);
+zb_inode *zb_ovl_inode(zb_fs *fs, uint32_t ino);
+uint32_t zb_ovl_lookup(zb_fs *fs, uint32_t dir, const char *name);
+int zb_ovl_link(zb_fs *fs, uint32_t dir, const char *name, uint32_t ino);
+int zb_ovl_unlink(zb_fs *fs, uint32_t dir, const char *name);
+long zb_ovl_read(zb_fs *fs, uint32_t ino, void *buf, size_t len, uint64_t off);
+long zb_ovl_write(zb_fs *fs, uint32_t ino, const void *buf, size_t len, uint64_t off);
+int zb_ovl_truncate(zb_fs *fs, uint32_t ino, uint64_t size);
+int zb_ovl_clone(zb_fs *dst, const zb_fs *src);
+void zb_ovl_free_all(zb_fs *fs);
+void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st);
+void zb_block_unref(zb_block *b);
+/* Count open file descriptions of an inode; an unlinked, no longer open file is released. */
+void zb_ovl_open_ref(zb_fs *fs, uint32_t ino, int delta);
+
+/* fdtable.c: open file descriptions (shared by dup'ed fds) and the fd table */
+enum { FILE_HOST = 1, FILE_OVERLAY, FILE_DIR, FILE_DEV, FILE_CONSOLE, FILE_PIPE };
+
+typedef struct zb_hostfd {    /* a host fd shared by clones: we always use pread with our offset */
+    atomic_int refs;
+    int fd;
+} zb_hostfd;
+
+typedef struct zb_pipe {
+    atomic_int refs;
+    uint8_t *buf;
+    size_t len, cap;
+    int readers, writers;
+} zb_pipe;
+
+typedef struct zb_file {
+    int refs;
+    int kind;
+    int flags;               /* open flags: access mode, O_APPEND, O_NONBLOCK, ... */
+    uint64_t offset;
+    zb_hostfd *host;         /* FILE_HOST and host directories */
+    uint32_t ino;            /* FILE_OVERLAY, overlay directories */
+    int dev;                 /* FILE_DEV */
+    int stream;              /* FILE_CONSOLE: 1 stdout, 2 stderr */
+    zb_pipe *pipe;           /* FILE_PIPE */
+    int pipe_write_end;
+    zb_resolved *where;      /* what was opened (NULL for consoles and pipes) */
+    zb_listing *listing;     /* FILE_DIR: taken at the first getdents64 */
+} zb_file;
+
+struct zb_fdtable {
+    zb_file *fd[ZB_MAX_FDS];
+    uint8_t cloexec[ZB_MAX_FDS];
+};
+
+zb_fdtable *zb_fdtable_new(void);
+/* The clone's overlay inodes are the source's (same numbers, opens already counted). */
+zb_fdtable *zb_fdtable_clone(const zb_fdtable *t);
+void zb_fdtable_free(zb_fdtable *t, zb_fs *fs);
+zb_file *zb_file_new(int kind);
+void zb_file_unref(zb_fs *fs, zb_file *f);
+zb_file *zb_fd_get(zb_sandbox *sb, uint64_t fd);
+/* Install f at the lowest free fd >= min; returns the fd or -EMFILE. Takes the reference. */
+int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec);
+int zb_fd_close(zb_sandbox *sb, int fd);
+zb_hostfd *zb_hostfd_new(int fd);
+void zb_hostfd_unref(zb_hostfd *h);
+
+#endif

@@ -1,0 +1,127 @@
+/* guest_layout.c - the guest's low 2 MiB: page tables, GDT, IDT, TSS and the CPL0 entry stubs.
+ *
+ * Guest virtual == guest physical. The page tables map all guest memory with 2 MiB leaves and are
+ * written once, before the first run, and never edited: a shadow-paged KVM (PVM) does not see host
+ * edits of present entries. The first 2 MiB leaf is supervisor-only, so user code cannot read or
+ * write these structures (and a NULL dereference faults).
+ */
+#include "engine.h"
+
+#define PML4_GPA 0x1000ul
+#define PDPT_GPA 0x2000ul
+#define GDT_GPA 0x3000ul
+#define IDT_GPA 0x4000ul
+#define TSS_GPA 0x5000ul
+#define TSS_SIZE 0x68ul
+#define IOMAP_BYTES (8192ul + 1) /* one bit per port, then the mandatory 0xff byte */
+#define STUBS_GPA 0x8000ul
+#define XSTACK_TOP 0xc000ul    /* exception stack (IST1 and RSP0): 0x9000-0xc000 */
+#define PD_GPA 0x10000ul       /* one page directory per GiB, up to ZB_MEM_MAX */
+
+#define PTE_P 0x1ull
+#define PTE_RW 0x2ull
+#define PTE_US 0x4ull
+#define PTE_PS 0x80ull
+
+#define SEL_KCODE 0x08
+#define SEL_UDATA 0x2b
+#define SEL_UCODE 0x33
+#define SEL_TSS 0x40
+
+extern const unsigned char zb_cpl0_stubs[];
+extern const unsigned long zb_cpl0_stubs_len;
+
+uint64_t zb_layout_stub_addr(int vector) { return STUBS_GPA + 8ul * (unsigned)vector; }
+uint64_t zb_layout_exception_stack_top(void) { return XSTACK_TOP; }
+
+static void write_page_tables(zb_memory *m) {
+    uint64_t *pml4 = (uint64_t *)(m->host + PML4_GPA);
+    uint64_t *pdpt = (uint64_t *)(m->host + PDPT_GPA);
+    pml4[0] = PDPT_GPA | PTE_P | PTE_RW | PTE_US;
+    uint64_t gib = m->size >> 30;
+    if (m->size & ((1ul << 30) - 1)) gib++;
+    for (uint64_t g = 0; g < gib; g++) {
+        uint64_t *pd = (uint64_t *)(m->host + PD_GPA + g * ZB_PAGE);
+        pdpt[g] = (PD_GPA + g * ZB_PAGE) | PTE_P | PTE_RW | PTE_US;
+        for (uint64_t i = 0; i < 512; i++) {
+            uint64_t gpa = (g << 30) + (i << 21);
+            if (gpa >= m->size) break;
+            pd[i] = gpa | PTE_P | PTE_RW | PTE_PS | (gpa < ZB_LOW_REGION ? 0 : PTE_US);
+        }
+    }
+}
+
+static uint64_t seg_desc(uint32_t flags_access) {
+    /* base 0, limit 0xfffff; flags_access = access byte | flags nibble << 12 */
+    uint64_t access = flags_access & 0xff, flags = (flags_access >> 12) & 0xf;
+    return 0xffffull | (access << 40) | (0xfull << 48) | (flags << 52);
+}
+
+static void write_gdt_idt_tss(zb_memory *m) {
+    uint64_t *gdt = (uint64_t *)(m->host + GDT_GPA);
+    gdt[1] = seg_desc(0x9b | 0xa << 12);  /* 0x08 kernel code, 64-bit */
+    gdt[2] = seg_desc(0x93 | 0xc << 12);  /* 0x10 kernel data */
+    gdt[5] = seg_desc(0xf3 | 0xc << 12);  /* 0x28 user data (selector 0x2b) */
+    gdt[6] = seg_desc(0xfb | 0xa << 12);  /* 0x30 user code, 64-bit (selector 0x33) */
+    uint64_t base = TSS_GPA, limit = TSS_SIZE + IOMAP_BYTES - 1;
+    gdt[8] = (limit & 0xffff) | ((base & 0xffffff) << 16) | (0x89ull << 40) |
+             (((limit >> 16) & 0xf) << 48) | (((base >> 24) & 0xff) << 56);
+    gdt[9] = base >> 32;
+
+    uint8_t *tss = m->host + TSS_GPA;
+    memcpy(tss + 4, &(uint64_t){XSTACK_TOP}, 8);       /* RSP0 */
+    memcpy(tss + 0x24, &(uint64_t){XSTACK_TOP}, 8);    /* IST1 */
+    memcpy(tss + 0x66, &(uint16_t){TSS_SIZE}, 2);      /* I/O map base */
+    uint8_t *iomap = tss + TSS_SIZE;
+    memset(iomap, 0xff, IOMAP_BYTES);                  /* every port denied at CPL3 ... */
+    for (unsigned p = ZB_UART_BASE; p < ZB_UART_BASE + ZB_UART_PORTS; p++)
+        iomap[p / 8] &= ~(1u << (p % 8));              /* ... except COM1 */
+
+    uint8_t *idt = m->host + IDT_GPA;
+    for (int v = 0; v < 32; v++) {
+        uint64_t h = zb_layout_stub_addr(v);
+        uint8_t *g = idt + v * 16;
+        int dpl = (v == 3 || v == 4) ? 3 : 0; /* int3/into are allowed from user mode */
+        memset(g, 0, 16);
+        memcpy(g, &(uint16_t){h & 0xffff}, 2);
+        memcpy(g + 2, &(uint16_t){SEL_KCODE}, 2);
+        g[4] = 1;                             /* IST1: never push onto the user's stack */
+        g[5] = 0x8e | (dpl << 5);             /* present 64-bit interrupt gate */
+        memcpy(g + 6, &(uint16_t){(h >> 16) & 0xffff}, 2);
+        memcpy(g + 8, &(uint32_t){h >> 32}, 4);
+    }
+    memcpy(m->host + STUBS_GPA, zb_cpl0_stubs, zb_cpl0_stubs_len);
+}
+
+void zb_layout_write(zb_memory *m) {
+    memset(m->host, 0, PD_GPA + ZB_PAGE * ((m->size + (1ul << 30) - 1) >> 30));
+    write_page_tables(m);
+    write_gdt_idt_tss(m);
+}
+
+void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_base, uint64_t gs_base) {
+    (void)m;
+    struct kvm_segment data = {.base = 0, .limit = 0xffffffff, .selector = SEL_UDATA, .type = 3,
+                               .present = 1, .dpl = 3, .db = 1, .s = 1, .l = 0, .g = 1};
+    struct kvm_segment code = data;
+    code.selector = SEL_UCODE;
+    code.type = 11;
+    code.l = 1;
+    code.db = 0;
+    s->cs = code;
+    s->ss = s->ds = s->es = s->fs = s->gs = data;
+    s->fs.base = fs_base;
+    s->gs.base = gs_base;
+    struct kvm_segment tr = {.base = TSS_GPA, .limit = TSS_SIZE + IOMAP_BYTES - 1, .selector = SEL_TSS,
+                             .type = 11, .present = 1, .dpl = 0, .s = 0, .g = 0};
+    s->tr = tr;
+    s->ldt.unusable = 1;
+    s->gdt.base = GDT_GPA;
+    s->gdt.limit = 10 * 8 - 1;
+    s->idt.base = IDT_GPA;
+    s->idt.limit = 32 * 16 - 1;
+    s->cr0 = 0x80050033;  /* PG WP NE ET MP PE */
+    s->cr3 = PML4_GPA;
+    s->cr4 = 0x40620;     /* OSXSAVE OSXMMEXCPT OSFXSR PAE */
+    s->efer = 0xd01;      /* NXE LMA LME SCE */
+}

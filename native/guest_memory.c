@@ -1,0 +1,273 @@
+/* guest_memory.c - a sandbox's guest memory: the host mapping, which pages the guest owns, which
+ * pages changed, and validated access for syscall arguments.
+ *
+ * The host mapping is MAP_NORESERVE, so untouched guest memory costs nothing. For a fork it is a
+ * MAP_PRIVATE view of the snapshot's image (copy-on-write); ranges the guest frees are replaced by
+ * fresh anonymous memory so they read as zeros, as Linux guarantees for new anonymous mappings.
+ */
+#include "engine.h"
+
+#include <sys/mman.h>
+
+#define MAX_REGIONS 65536
+
+static size_t bitmap_bytes(uint64_t npages) { return ((npages + 63) / 64) * sizeof(uint64_t); }
+
+void zb_bits_set_range(uint64_t *b, uint64_t first, uint64_t n, int value) {
+    uint64_t i = first, end = first + n;
+    while (i < end && (i & 63)) { value ? zb_bit_set(b, i) : zb_bit_clear(b, i); i++; }
+    while (i + 64 <= end) { b[i >> 6] = value ? ~0ull : 0; i += 64; }
+    while (i < end) { value ? zb_bit_set(b, i) : zb_bit_clear(b, i); i++; }
+}
+
+/* 1 if every bit in [first, first+n) equals value */
+static int bits_all(const uint64_t *b, uint64_t first, uint64_t n, int value) {
+    uint64_t i = first, end = first + n, want = value ? ~0ull : 0;
+    while (i < end && (i & 63)) { if (zb_bit(b, i) != value) return 0; i++; }
+    while (i + 64 <= end) { if (b[i >> 6] != want) return 0; i += 64; }
+    while (i < end) { if (zb_bit(b, i) != value) return 0; i++; }
+    return 1;
+}
+
+int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
+    memset(m, 0, sizeof *m);
+    if (size < ZB_MEM_MIN || size > ZB_MEM_MAX || size % ZB_HUGE) {
+        zb_seterr(err, "guest memory must be a multiple of 2 MiB between %lu MiB and %lu GiB, not %llu bytes",
+                  ZB_MEM_MIN >> 20, ZB_MEM_MAX >> 30, (unsigned long long)size);
+        return -1;
+    }
+    m->size = size;
+    m->npages = size / ZB_PAGE;
+    m->image = image;
+    void *host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (host == MAP_FAILED) {
+        zb_seterr(err, "cannot reserve %llu MiB of host address space for guest memory: %s",
+                  (unsigned long long)(size >> 20), strerror(errno));
+        return -1;
+    }
+    m->host = host;
+    m->allocated = calloc(1, bitmap_bytes(m->npages));
+    m->host_dirty = calloc(1, bitmap_bytes(m->npages));
+    m->file_backed = calloc(1, bitmap_bytes(m->npages));
+    if (!m->allocated || !m->host_dirty || !m->file_backed) {
+        zb_seterr(err, "out of memory for guest page bitmaps");
+        zb_mem_destroy(m);
+        return -1;
+    }
+    zb_bits_set_range(m->allocated, 0, ZB_LOW_REGION / ZB_PAGE, 1); /* never handed to the guest */
+    m->pages_limit = m->npages;
+    m->mmap_top = size - ZB_STACK_SIZE;
+    return 0;
+}
+
+void zb_mem_destroy(zb_memory *m) {
+    if (m->host) munmap(m->host, m->size);
+    free(m->allocated);
+    free(m->host_dirty);
+    free(m->file_backed);
+    free(m->regions);
+    memset(m, 0, sizeof *m);
+}
+
+/* Copy everything but the mapping itself (the caller builds that). */
+int zb_mem_clone_meta(zb_memory *dst, const zb_memory *src) {
+    size_t bb = bitmap_bytes(src->npages);
+    memcpy(dst->allocated, src->allocated, bb);
+    dst->pages_allocated = src->pages_allocated;
+    dst->pages_limit = src->pages_limit;
+    dst->mmap_top = src->mmap_top;
+    dst->brk_start = src->brk_start;
+    dst->brk_end = src->brk_end;
+    free(dst->regions);
+    dst->regions = NULL;
+    dst->nregions = dst->regions_cap = 0;
+    if (src->nregions) {
+        dst->regions = malloc(src->nregions * sizeof(zb_region));
+        if (!dst->regions) return -1;
+        memcpy(dst->regions, src->regions, src->nregions * sizeof(zb_region));
+        dst->nregions = dst->regions_cap = src->nregions;
+    }
+    return 0;
+}
+
+void zb_mem_dirty(zb_memory *m, uint64_t addr, uint64_t len) {
+    if (!len) return;
+    uint64_t first = addr / ZB_PAGE, last = (addr + len - 1) / ZB_PAGE;
+    zb_bits_set_range(m->host_dirty, first, last - first + 1, 1);
+}
+
+int zb_mem_range_allocated(const zb_memory *m, uint64_t addr, uint64_t len) {
+    if (!len) return 1;
+    if (addr + len < addr || addr + len > m->size) return 0;
+    uint64_t first = addr / ZB_PAGE, last = (addr + len - 1) / ZB_PAGE;
+    return bits_all(m->allocated, first, last - first + 1, 1);
+}
+
+int zb_mem_range_free(const zb_memory *m, uint64_t addr, uint64_t len) {
+    if (addr + len < addr || addr + len > m->size) return 0;
+    return bits_all(m->allocated, addr / ZB_PAGE, ZB_PAGE_UP(len) / ZB_PAGE, 0);
+}
+
+void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated) {
+    uint64_t first = addr / ZB_PAGE, n = ZB_PAGE_UP(len) / ZB_PAGE;
+    for (uint64_t p = first; p < first + n; p++) {
+        if (zb_bit(m->allocated, p) == allocated) continue;
+        if (allocated) { zb_bit_set(m->allocated, p); m->pages_allocated++; }
+        else { zb_bit_clear(m->allocated, p); m->pages_allocated--; }
+    }
+}
+
+uint64_t zb_mem_alloc(zb_memory *m, uint64_t len) {
+    uint64_t n = ZB_PAGE_UP(len) / ZB_PAGE, run = 0;
+    if (!n || m->pages_allocated + n > m->pages_limit) return 0;
+    uint64_t low = ZB_LOW_REGION / ZB_PAGE;
+    for (uint64_t p = m->mmap_top / ZB_PAGE; p-- > low;) {
+        if (!(p & 63) && p + 64 <= m->npages && m->allocated[p >> 6] == ~0ull) { run = 0; continue; }
+        if (zb_bit(m->allocated, p)) { run = 0; continue; }
+        if (++run == n) return p * ZB_PAGE;
+    }
+    return 0;
+}
+
+int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
+    len = ZB_PAGE_UP(len);
+    uint64_t first = addr / ZB_PAGE, n = len / ZB_PAGE;
+    if (!n) return 0;
+    if (!bits_all(m->file_backed, first, n, 0)) {
+        /* MADV_DONTNEED would bring back the file's bytes: map fresh anonymous memory instead */
+        void *p = mmap(m->host + addr, len, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        if (p == MAP_FAILED) return -errno;
+        zb_bits_set_range(m->file_backed, first, n, 0);
+    } else if (madvise(m->host + addr, len, MADV_DONTNEED) < 0) {
+        return -errno;
+    }
+    zb_bits_set_range(m->host_dirty, first, n, 1);
+    return 0;
+}
+
+int zb_mem_map_file(zb_memory *m, uint64_t addr, uint64_t len, int fd, uint64_t offset) {
+    len = ZB_PAGE_UP(len);
+    void *p = mmap(m->host + addr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd, (off_t)offset);
+    if (p == MAP_FAILED) return -errno;
+    zb_bits_set_range(m->file_backed, addr / ZB_PAGE, len / ZB_PAGE, 1);
+    zb_mem_dirty(m, addr, len);
+    return 0;
+}
+
+void *zb_guest_ptr(zb_sandbox *sb, uint64_t addr, uint64_t len, int write) {
+    zb_memory *m = &sb->mem;
+    if (!len) return m->host + ZB_LOW_REGION; /* never dereferenced for an empty buffer */
+    if (addr < ZB_LOW_REGION || addr + len < addr || addr + len > m->size) return NULL;
+    if (!zb_mem_range_allocated(m, addr, len)) return NULL;
+    if (write) zb_mem_dirty(m, addr, len);
+    return m->host + addr;
+}
+
+int zb_copy_from_guest(zb_sandbox *sb, void *dst, uint64_t addr, uint64_t len) {
+    void *p = zb_guest_ptr(sb, addr, len, 0);
+    if (!p) return -EFAULT;
+    memcpy(dst, p, len);
+    return 0;
+}
+
+int zb_copy_to_guest(zb_sandbox *sb, uint64_t addr, const void *src, uint64_t len) {
+    void *p = zb_guest_ptr(sb, addr, len, 1);
+    if (!p) return -EFAULT;
+    memcpy(p, src, len);
+    return 0;
+}
+
+int zb_guest_string(zb_sandbox *sb, uint64_t addr, char *buf, size_t cap) {
+    zb_memory *m = &sb->mem;
+    size_t n = 0;
+    while (n < cap) {
+        uint64_t a = addr + n;
+        if (a < ZB_LOW_REGION || a >= m->size || !zb_bit(m->allocated, a / ZB_PAGE)) return -EFAULT;
+        size_t chunk = ZB_MIN(cap - n, ZB_PAGE - (a % ZB_PAGE));
+        const char *src = (const char *)m->host + a;
+        const char *nul = memchr(src, 0, chunk);
+        if (nul) {
+            memcpy(buf + n, src, nul - src + 1);
+            return 0;
+        }
+        memcpy(buf + n, src, chunk);
+        n += chunk;
+    }
+    return -ENAMETOOLONG;
+}
+
+/* ---- regions: names of what the guest mapped, for fault reports ---- */
+
+static int regions_reserve(zb_memory *m, size_t n) {
+    if (n <= m->regions_cap) return 0;
+    size_t cap = m->regions_cap ? m->regions_cap * 2 : 64;
+    while (cap < n) cap *= 2;
+    zb_region *nr = realloc(m->regions, cap * sizeof *nr);
+    if (!nr) return -1;
+    m->regions = nr;
+    m->regions_cap = cap;
+    return 0;
+}
+
+void zb_region_remove(zb_memory *m, uint64_t start, uint64_t end) {
+    for (size_t i = 0; i < m->nregions; i++) {
+        if (m->regions[i].start < start && m->regions[i].end > end) {
+            /* the range punches a hole into one region: split it in two first */
+            if (regions_reserve(m, m->nregions + 1) < 0) { m->regions[i].end = start; break; }
+            memmove(&m->regions[i + 1], &m->regions[i], (m->nregions - i) * sizeof(zb_region));
+            m->nregions++;
+            m->regions[i].end = start;
+            m->regions[i + 1].start = end;
+            return;
+        }
+    }
+    size_t w = 0;
+    for (size_t i = 0; i < m->nregions; i++) {
+        zb_region r = m->regions[i];
+        if (r.start < start && r.end > start) r.end = start;   /* overlaps on its right */
+        else if (r.start < end && r.end > end) r.start = end;  /* overlaps on its left */
+        else if (r.start >= start && r.end <= end) continue;   /* inside: dropped */
+        m->regions[w++] = r;
+    }
+    m->nregions = w;
+}
+
+void zb_region_add(zb_memory *m, uint64_t start, uint64_t end, int prot, const char *name) {
+    zb_region_remove(m, start, end);
+    if (m->nregions >= MAX_REGIONS || regions_reserve(m, m->nregions + 1) < 0) return;
+    size_t i = m->nregions;
+    while (i > 0 && m->regions[i - 1].start > start) i--;
+    memmove(&m->regions[i + 1], &m->regions[i], (m->nregions - i) * sizeof(zb_region));
+    zb_region *r = &m->regions[i];
+    r->start = start;
+    r->end = end;
+    r->prot = prot;
+    snprintf(r->name, sizeof r->name, "%s", name ? name : "");
+    m->nregions++;
+}
+
+void zb_region_set_prot(zb_memory *m, uint64_t start, uint64_t end, int prot) {
+    zb_region pieces[16];
+    size_t n = 0;
+    for (size_t i = 0; i < m->nregions && n < 16; i++) {
+        zb_region r = m->regions[i];
+        if (r.end <= start || r.start >= end) continue;
+        r.start = ZB_MAX(r.start, start);
+        r.end = ZB_MIN(r.end, end);
+        r.prot = prot;
+        pieces[n++] = r;
+    }
+    for (size_t i = 0; i < n; i++) zb_region_add(m, pieces[i].start, pieces[i].end, prot, pieces[i].name);
+}
+
+const zb_region *zb_region_find(const zb_memory *m, uint64_t addr) {
+    size_t lo = 0, hi = m->nregions;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (m->regions[mid].end <= addr) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < m->nregions && m->regions[lo].start <= addr && addr < m->regions[lo].end) return &m->regions[lo];
+    return NULL;
+}

@@ -1,0 +1,424 @@
+/* run_loop.c - running a sandbox: KVM_RUN, and what each exit means.
+ *
+ * Every guest->host transition is an I/O exit:
+ *   - ports 0x3f8-0x3ff from user code: the UART registers (uart16550.c);
+ *   - port 0xc0+v from the CPL0 stub of exception vector v (guest/cpl0_entry.S). Vector 14 with
+ *     the frame's RIP == LSTAR is a `syscall` (LSTAR is never mapped); any other is a CPU fault.
+ * After a syscall the host returns to user mode itself (KVM_SET_REGS + KVM_SET_SREGS).
+ * A run stops on an event for the caller, the deadline (POSIX timer -> kick signal) or a kick.
+ */
+#include "engine.h"
+
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+__thread int64_t zb_run_deadline_ns;
+static __thread sigset_t wait_sigmask; /* this thread's mask with the kick signal unblocked */
+
+static const char *const vector_names[32] = {
+    "divide error", "debug", "NMI", "breakpoint", "overflow", "bound range", "invalid opcode",
+    "device not available", "double fault", "coprocessor overrun", "invalid TSS", "segment not present",
+    "stack fault", "general protection fault", "page fault", "reserved", "x87 floating point",
+    "alignment check", "machine check", "SIMD floating point", "virtualization", "control protection",
+};
+
+static int vector_signal(int v) {
+    switch (v) {
+    case 0: case 16: case 19: return SIGFPE;
+    case 1: case 3: return SIGTRAP;
+    case 6: return SIGILL;
+    case 17: case 18: return SIGBUS;
+    default: return SIGSEGV;
+    }
+}
+
+static int has_error_code(int v) { return v == 8 || (v >= 10 && v <= 14) || v == 17 || v == 21 || v == 29 || v == 30; }
+
+zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry) {
+    if (!sb->has_stop || sb->stop_ev.kind != kind) memset(&sb->stop_ev, 0, sizeof sb->stop_ev);
+    sb->stop_ev.kind = kind;
+    sb->has_stop = 1;
+    sb->stop_retry = retry;
+    return &sb->stop_ev;
+}
+
+static void symbolize(zb_sandbox *sb, uint64_t addr, char *buf, size_t len) {
+    const zb_region *r = zb_region_find(&sb->mem, addr);
+    if (r) snprintf(buf, len, " (%s+0x%llx)", r->name, (unsigned long long)(addr - r->start));
+    else buf[0] = 0;
+}
+
+void zb_fault_event(zb_sandbox *sb, zb_event *ev, int signo, uint64_t rip, uint64_t addr, const char *what) {
+    char where[160];
+    memset(ev, 0, sizeof *ev);
+    ev->kind = ZB_EVENT_FAULT;
+    ev->signal = signo;
+    ev->rip = rip;
+    ev->addr = addr;
+    symbolize(sb, rip, where, sizeof where);
+    snprintf(ev->message, sizeof ev->message, "guest killed by SIG%s: %s at rip 0x%llx%s", sigabbrev_np(signo) ? sigabbrev_np(signo) : "?",
+             what, (unsigned long long)rip, where);
+    sb->finished = 1;
+}
+
+static void error_event(zb_sandbox *sb, zb_event *ev, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void error_event(zb_sandbox *sb, zb_event *ev, const char *fmt, ...) {
+    memset(ev, 0, sizeof *ev);
+    ev->kind = ZB_EVENT_ERROR;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ev->message, sizeof ev->message, fmt, ap);
+    va_end(ap);
+    sb->finished = 1;
+}
+
+/* Enter user mode with sb->cpu.regs (after serving a syscall or delivering a signal). */
+static int set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    struct kvm_sregs s;
+    if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &s) < 0) { error_event(sb, ev, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
+    zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
+    if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, &s) < 0 || ioctl(vm->vcpu_fd, KVM_SET_REGS, &sb->cpu.regs) < 0) {
+        error_event(sb, ev, "KVM_SET_SREGS/REGS: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Make sb->cpu.regs the vCPU's current user state (completing any pending port I/O first). */
+static int sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    vm->run->immediate_exit = 1;
+    ioctl(vm->vcpu_fd, KVM_RUN, 0);
+    vm->run->immediate_exit = 0;
+    if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &sb->cpu.regs) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return -1; }
+    return 0;
+}
+
+/* Deliver pending signals; 1 if an event ends the run. */
+static int deliver_signals(zb_sandbox *sb, zb_event *ev) {
+    int sig = 0;
+    while (sb->sig.pending & ~sb->sig.blocked) {
+        int r = zb_signal_deliver(sb, &sig);
+        if (r) {
+            zb_fault_event(sb, ev, sig, sb->cpu.regs.rip, 0, r < 0 ? "no usable stack for a signal frame" : "signal with default action");
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void trace_syscall(zb_sandbox *sb, uint64_t nr, const uint64_t a[6], long ret, int64_t ns) {
+    char line[768], path[256] = "";
+    switch (nr) {
+    case SYS_open: case SYS_stat: case SYS_lstat: case SYS_access: case SYS_readlink: case SYS_chdir:
+    case SYS_mkdir: case SYS_unlink: case SYS_rmdir:
+        if (zb_guest_string(sb, a[0], path + 1, sizeof path - 3) == 0) path[0] = '"';
+        break;
+    case SYS_openat: case SYS_newfstatat: case SYS_statx: case SYS_faccessat: case SYS_faccessat2:
+    case SYS_readlinkat: case SYS_mkdirat: case SYS_unlinkat:
+        if (zb_guest_string(sb, a[1], path + 1, sizeof path - 3) == 0) path[0] = '"';
+        break;
+    }
+    if (path[0]) strcat(path, "\" ");
+    const char *res = ret == ZB_SYSCALL_STOP ? "(paused)" : "";
+    int n = snprintf(line, sizeof line, "%s(%s0x%llx, 0x%llx, 0x%llx, 0x%llx, 0x%llx, 0x%llx) = %ld%s%s [%.1f us]\n",
+                     zb_syscall_name(nr), path, (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)a[2],
+                     (unsigned long long)a[3], (unsigned long long)a[4], (unsigned long long)a[5], ret, res,
+                     ret < 0 && ret > -4096 ? (ret == -ENOSYS ? " ENOSYS" : "") : "", ns / 1e3);
+    if (n > 0 && write(sb->trace_fd, line, (size_t)ZB_MIN(n, (int)sizeof line - 1)) < 0) sb->trace_fd = -1;
+}
+
+/* Serve the syscall described by sb->cpu.regs. 1 if an event ends the run. */
+static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    struct kvm_regs *r = &sb->cpu.regs;
+    uint64_t nr = sb->cpu.pending_syscall ? sb->cpu.pending_nr : r->rax;
+    const uint64_t a[6] = {r->rdi, r->rsi, r->rdx, r->r10, r->r8, r->r9};
+    int64_t t0 = zb_now_ns();
+    sb->has_stop = 0;
+    sb->stop_retry = 0;
+    long ret = zb_syscall_dispatch(sb, nr, a);
+    int64_t dt = zb_now_ns() - t0;
+    sb->stats.syscalls++;
+    sb->stats.syscall_ns += (uint64_t)dt;
+    if (sb->trace_fd >= 0) trace_syscall(sb, nr, a, ret, dt);
+    if (ret == ZB_SYSCALL_STOP) {
+        sb->cpu.pending_syscall = !sb->finished;
+        sb->cpu.pending_nr = nr;
+        *ev = sb->stop_ev;
+        return 1;
+    }
+    sb->cpu.pending_syscall = 0;
+    sb->cpu.pending_wake_ns = 0;
+    r->rax = (uint64_t)ret;
+    if (deliver_signals(sb, ev)) return 1;
+    if (set_user_state(sb, vm, ev) < 0) return 1;
+    if (sb->has_stop) {
+        *ev = sb->stop_ev;
+        return 1;
+    }
+    return 0;
+}
+
+/* Describe a #GP from user code: a port access or a privileged instruction. */
+static void describe_gp(zb_sandbox *sb, uint64_t rip, char *buf, size_t len, int *is_port) {
+    const uint8_t *code = zb_guest_ptr(sb, rip, 1, 0);
+    uint8_t insn[16] = {0};
+    *is_port = 0;
+    if (!code) { snprintf(buf, len, "general protection fault"); return; }
+    size_t avail = ZB_MIN(sizeof insn, ZB_PAGE - (rip % ZB_PAGE));
+    memcpy(insn, code, avail);
+    size_t i = 0;
+    while (i < 14 && (insn[i] == 0x66 || insn[i] == 0x67 || insn[i] == 0xf2 || insn[i] == 0xf3 || (insn[i] & 0xf0) == 0x40)) i++;
+    uint8_t op = insn[i];
+    unsigned port = 0x10000;
+    if (op == 0xe4 || op == 0xe5 || op == 0xe6 || op == 0xe7) port = insn[i + 1];
+    else if (op == 0xec || op == 0xed || op == 0xee || op == 0xef || (op >= 0x6c && op <= 0x6f)) port = (unsigned)(sb->cpu.regs.rdx & 0xffff);
+    if (port < 0x10000) {
+        *is_port = 1;
+        snprintf(buf, len, "the guest accessed I/O port 0x%x; only the UART (0x%x-0x%x) is allowed", port, ZB_UART_BASE,
+                 ZB_UART_BASE + ZB_UART_PORTS - 1);
+    } else if (op == 0xf4 || op == 0xfa || op == 0xfb || (op == 0x0f && (insn[i + 1] == 0x01 || insn[i + 1] == 0x20 || insn[i + 1] == 0x22 ||
+                                                                          insn[i + 1] == 0x30 || insn[i + 1] == 0x32 || insn[i + 1] == 0x00))) {
+        snprintf(buf, len, "privileged instruction (opcode %02x %02x) in user mode", op, insn[i + 1]);
+    } else {
+        snprintf(buf, len, "general protection fault");
+    }
+}
+
+static int handle_exception(zb_sandbox *sb, zb_vm *vm, int vector, zb_event *ev) {
+    struct kvm_regs vr;
+    if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &vr) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return 1; }
+    /* the hardware frame on the IST stack: [error code,] rip, cs, rflags, rsp, ss */
+    uint64_t top = zb_layout_exception_stack_top(), frame[6];
+    int ec = has_error_code(vector);
+    size_t words = ec ? 6 : 5;
+    if (vr.rsp < ZB_PAGE || vr.rsp + words * 8 > top) { error_event(sb, ev, "corrupt exception frame (rsp 0x%llx)", (unsigned long long)vr.rsp); return 1; }
+    memcpy(frame, sb->mem.host + vr.rsp, words * 8);
+    uint64_t err = ec ? frame[0] : 0, rip = frame[ec], rflags = frame[ec + 2], rsp = frame[ec + 3];
+    sb->cpu.regs = vr;
+    sb->cpu.regs.rsp = rsp;
+    if (vector == 14 && rip == ZB_SYSCALL_TRAP) { /* `syscall`: rcx holds the return address */
+        uint64_t uflags = (vr.r11 & 0x0dd5) | 0x202; /* PVM reports r11 = 0x202; VMX the real flags */
+        sb->cpu.regs.rip = vr.rcx;
+        sb->cpu.regs.rflags = uflags;
+        sb->cpu.regs.r11 = uflags;
+        sb->cpu.pending_syscall = 0;
+        return serve_syscall(sb, vm, ev);
+    }
+    sb->cpu.regs.rip = rip;
+    sb->cpu.regs.rflags = rflags;
+    int sig = vector_signal(vector);
+    uint64_t addr = 0;
+    char what[256];
+    if (vector == 14) {
+        struct kvm_sregs s;
+        if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &s) == 0) addr = s.cr2;
+        snprintf(what, sizeof what, "%s at address 0x%llx", (err & 16) ? "instruction fetch" : (err & 2) ? "write" : "read",
+                 (unsigned long long)addr);
+    } else if (vector == 13) {
+        int is_port;
+        describe_gp(sb, rip, what, sizeof what, &is_port);
+        if (is_port) { error_event(sb, ev, "%s (rip 0x%llx)", what, (unsigned long long)rip); return 1; }
+    } else {
+        snprintf(what, sizeof what, "%s", vector < 32 && vector_names[vector] ? vector_names[vector] : "CPU exception");
+    }
+    if (zb_signal_has_handler(sb, sig) && !(sb->sig.blocked & (1ull << (sig - 1)))) {
+        sb->sig.pending |= 1ull << (sig - 1); /* the guest handles it itself (e.g. faulthandler) */
+        if (deliver_signals(sb, ev)) return 1;
+        return set_user_state(sb, vm, ev) < 0;
+    }
+    zb_fault_event(sb, ev, sig, rip, addr, what);
+    return 1;
+}
+
+static int handle_io(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    struct kvm_run *run = vm->run;
+    unsigned port = run->io.port;
+    if (port >= ZB_UART_BASE && port < ZB_UART_BASE + ZB_UART_PORTS) {
+        sb->stats.io_exits++;
+        uint8_t *data = (uint8_t *)run + run->io.data_offset;
+        if (run->io.size != 1) { error_event(sb, ev, "%u-byte access to UART port 0x%x: the UART is byte-wide", run->io.size, port); return 1; }
+        for (uint32_t i = 0; i < run->io.count; i++) {
+            if (run->io.direction == KVM_EXIT_IO_IN) { data[i] = zb_uart_port_in(&sb->uart, port - ZB_UART_BASE); continue; }
+            if (sb->uart.frame_ready) { error_event(sb, ev, "string output across a UART frame boundary is not supported"); return 1; }
+            char err[ZB_ERRLEN];
+            if (zb_uart_port_out(&sb->uart, port - ZB_UART_BASE, data[i], err) < 0) {
+                error_event(sb, ev, "guest sent a malformed UART frame: %.400s", err);
+                return 1;
+            }
+        }
+        if (sb->uart.frame_ready) {
+            memset(ev, 0, sizeof *ev);
+            ev->kind = ZB_EVENT_FRAME;
+            uint16_t type;
+            memcpy(&type, sb->uart.tx + 6, 2);
+            ev->frame_type = type;
+            ev->data = sb->uart.tx + ZB_FRAME_HEADER;
+            ev->len = sb->uart.frame_ready - ZB_FRAME_HEADER;
+            return 1;
+        }
+        return 0;
+    }
+    if (port >= ZB_PORT_EXCEPTION && port < ZB_PORT_EXCEPTION + 32 && run->io.direction == KVM_EXIT_IO_OUT) {
+        int vector = (int)(port - ZB_PORT_EXCEPTION);
+        struct kvm_regs vr;
+        if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &vr) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return 1; }
+        if (vr.rip == zb_layout_stub_addr(vector) + 2) return handle_exception(sb, vm, vector, ev);
+    }
+    error_event(sb, ev, "unexpected I/O exit on port 0x%x", port);
+    return 1;
+}
+
+static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    struct kvm_run *run = vm->run;
+    switch (run->exit_reason) {
+    case KVM_EXIT_IO: return handle_io(sb, vm, ev);
+    case KVM_EXIT_INTR: return 0;
+    case KVM_EXIT_SHUTDOWN: {
+        struct kvm_regs r;
+        ioctl(vm->vcpu_fd, KVM_GET_REGS, &r);
+        zb_fault_event(sb, ev, SIGSEGV, r.rip, 0, "triple fault");
+        return 1;
+    }
+    case KVM_EXIT_MMIO:
+        error_event(sb, ev, "the guest accessed MMIO address 0x%llx: there are no devices there", (unsigned long long)run->mmio.phys_addr);
+        return 1;
+    case KVM_EXIT_HLT: error_event(sb, ev, "the guest halted the CPU"); return 1;
+    case KVM_EXIT_INTERNAL_ERROR: error_event(sb, ev, "KVM internal error (suberror %u)", run->internal.suberror); return 1;
+    case KVM_EXIT_FAIL_ENTRY:
+        error_event(sb, ev, "KVM could not enter the guest (reason 0x%llx)", (unsigned long long)run->fail_entry.hardware_entry_failure_reason);
+        return 1;
+    default: error_event(sb, ev, "unexpected KVM exit reason %u", run->exit_reason); return 1;
+    }
+}
+
+long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
+    for (;;) {
+        int64_t now = zb_now_ns();
+        if (now >= wake_ns) return 0;
+        int kind = 0;
+        if (atomic_exchange(&sb->kick_requested, 0)) kind = ZB_EVENT_KICK;
+        else if (zb_run_deadline_ns && now >= zb_run_deadline_ns) kind = ZB_EVENT_TIMEOUT;
+        if (kind) {
+            sb->cpu.pending_wake_ns = wake_ns;
+            zb_stop_event(sb, kind, 1);
+            return ZB_SYSCALL_STOP;
+        }
+        int64_t until = zb_run_deadline_ns ? ZB_MIN(wake_ns, zb_run_deadline_ns) : wake_ns;
+        int64_t ns = ZB_MIN(until - now, (int64_t)3600 * 1000000000);
+        struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+        ppoll(NULL, 0, &ts, &wait_sigmask); /* returns early on the kick signal */
+    }
+}
+
+static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    if (sb->uart.frame_ready) zb_uart_consume_frame(&sb->uart); /* the caller has seen it */
+    sb->has_stop = 0;
+    if (sb->sig.pending & ~sb->sig.blocked) {
+        if (sb->cpu.pending_syscall) { /* interrupted while blocked: the syscall fails with EINTR */
+            sb->cpu.pending_syscall = 0;
+            sb->cpu.pending_wake_ns = 0;
+            sb->cpu.regs.rax = (uint64_t)-EINTR;
+        } else if (sync_regs(sb, vm, ev) < 0) {
+            return;
+        }
+        if (deliver_signals(sb, ev) || set_user_state(sb, vm, ev) < 0) return;
+    }
+    if (sb->cpu.pending_syscall && serve_syscall(sb, vm, ev)) return;
+    for (;;) {
+        if (atomic_exchange(&sb->kick_requested, 0)) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_KICK; return; }
+        if (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_TIMEOUT; return; }
+        if (ioctl(vm->vcpu_fd, KVM_RUN, 0) < 0) {
+            if (errno == EINTR || errno == EAGAIN) {
+                if (!atomic_load(&sb->kick_requested) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {
+                    /* another signal (e.g. the caller's SIGINT): let the caller look at it */
+                    memset(ev, 0, sizeof *ev);
+                    ev->kind = ZB_EVENT_KICK;
+                    return;
+                }
+                continue;
+            }
+            error_event(sb, ev, "KVM_RUN failed: %s", strerror(errno));
+            return;
+        }
+        sb->stats.exits++;
+        if (handle_exit(sb, vm, ev)) return;
+    }
+}
+
+static int set_kvm_sigmask(zb_vm *vm, const sigset_t *mask) {
+    struct {
+        struct kvm_signal_mask h;
+        uint8_t set[8];
+    } m;
+    m.h.len = 8; /* the kernel's sigset_t */
+    memcpy(m.set, mask, 8);
+    return ioctl(vm->vcpu_fd, KVM_SET_SIGNAL_MASK, &m);
+}
+
+int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
+    memset(ev, 0, sizeof *ev);
+    char err[ZB_ERRLEN];
+    if (sb->finished) {
+        ev->kind = ZB_EVENT_ERROR;
+        snprintf(ev->message, sizeof ev->message, "this sandbox has finished (exited, crashed or was stopped) and cannot run again");
+        return -1;
+    }
+    zb_engine *e = sb->engine;
+    if ((!e->vm && zb_vm_create(e, &e->vm, err) < 0) || zb_vm_attach(e->vm, sb, err) < 0) {
+        error_event(sb, ev, "cannot start the VM: %s", err);
+        return 0;
+    }
+    zb_vm *vm = e->vm;
+    int64_t t0 = zb_now_ns();
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, ZB_KICK_SIGNAL);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    wait_sigmask = old;
+    sigdelset(&wait_sigmask, ZB_KICK_SIGNAL);
+    sb->runner = pthread_self();
+    atomic_store(&sb->running, 1);
+    timer_t timer;
+    int have_timer = 0;
+    if (set_kvm_sigmask(vm, &wait_sigmask) < 0) {
+        error_event(sb, ev, "KVM_SET_SIGNAL_MASK: %s", strerror(errno));
+        goto out;
+    }
+    zb_run_deadline_ns = deadline_ns;
+    if (deadline_ns) {
+        struct sigevent sev;
+        memset(&sev, 0, sizeof sev);
+        sev.sigev_notify = SIGEV_THREAD_ID;
+        sev.sigev_signo = ZB_KICK_SIGNAL;
+        sev._sigev_un._tid = (pid_t)syscall(SYS_gettid);
+        struct itimerspec its;
+        memset(&its, 0, sizeof its);
+        its.it_value.tv_sec = deadline_ns / 1000000000;
+        its.it_value.tv_nsec = deadline_ns % 1000000000;
+        if (timer_create(CLOCK_MONOTONIC, &sev, &timer) < 0 || timer_settime(timer, TIMER_ABSTIME, &its, NULL) < 0) {
+            error_event(sb, ev, "cannot arm the run deadline timer: %s", strerror(errno));
+            goto out;
+        }
+        have_timer = 1;
+    }
+    zb_vdso_refresh(sb, vm);
+    run_guest(sb, vm, ev);
+out:
+    if (have_timer) timer_delete(timer);
+    zb_run_deadline_ns = 0;
+    atomic_store(&sb->running, 0);
+    /* drop a kick that arrived after we stopped looking, then restore the caller's mask */
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(&block, NULL, &zero) > 0) {}
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    sb->stats.run_ns += (uint64_t)(zb_now_ns() - t0);
+    return 0;
+}
+
+void zb_sandbox_kick(zb_sandbox *sb) {
+    atomic_store(&sb->kick_requested, 1);
+    if (atomic_load(&sb->running)) pthread_kill(sb->runner, ZB_KICK_SIGNAL);
+}

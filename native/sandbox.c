@@ -1,0 +1,134 @@
+/* sandbox.c - creating, configuring and freeing sandboxes; the small public accessors. */
+#include "fs.h"
+
+#include <fcntl.h>
+
+/* The FPU state of a new program: x87 control word and MXCSR at their reset values, every
+ * extended component in its init state (XSTATE_BV = 0). */
+static void init_xsave(uint8_t *x) {
+    uint16_t fcw = 0x37f;
+    uint32_t mxcsr = 0x1f80;
+    memcpy(x, &fcw, 2);
+    memcpy(x + 24, &mxcsr, 4);
+}
+
+static int std_fds(zb_sandbox *sb) {
+    zb_file *in = zb_file_new(FILE_DEV), *out = zb_file_new(FILE_CONSOLE), *err = zb_file_new(FILE_CONSOLE);
+    if (!in || !out || !err) { free(in); free(out); free(err); return -1; }
+    in->dev = DEV_NULL;
+    in->flags = O_RDONLY;
+    out->stream = 1;
+    out->flags = O_WRONLY;
+    err->stream = 2;
+    err->flags = O_WRONLY;
+    if (zb_fd_install(sb, in, 0, 0) != 0 || zb_fd_install(sb, out, 1, 0) != 1 || zb_fd_install(sb, err, 2, 0) != 2) return -1;
+    return 0;
+}
+
+/* The parts every sandbox has, before memory and state are filled in (boot or fork). */
+zb_sandbox *zb_sandbox_alloc(zb_engine *e, char *err) {
+    zb_sandbox *sb = calloc(1, sizeof *sb);
+    if (!sb || !(sb->cpu.xsave = calloc(1, e->xsave_size))) {
+        free(sb);
+        zb_seterr(err, "out of memory");
+        return NULL;
+    }
+    sb->engine = e;
+    sb->trace_fd = -1;
+    zb_uart_init(&sb->uart);
+    return sb;
+}
+
+zb_sandbox *zb_sandbox_new(zb_engine *e, uint64_t mem_bytes, char *err) {
+    zb_sandbox *sb = zb_sandbox_alloc(e, err);
+    if (!sb) return NULL;
+    if (zb_mem_init(&sb->mem, mem_bytes, NULL, err) < 0) goto fail;
+    zb_layout_write(&sb->mem);
+    init_xsave(sb->cpu.xsave);
+    if (!(sb->fs = zb_fs_new(err))) goto fail;
+    if (!(sb->fds = zb_fdtable_new()) || std_fds(sb) < 0) { zb_seterr(err, "out of memory"); goto fail; }
+    strcpy(sb->proc.cwd, "/");
+    sb->proc.umask = 022;
+    return sb;
+fail:
+    zb_sandbox_free(sb);
+    return NULL;
+}
+
+int zb_sandbox_view_add(zb_sandbox *sb, const char *host_path, char *err) { return zb_fs_view_add(sb->fs, host_path, err); }
+int zb_sandbox_overlay_dir(zb_sandbox *sb, const char *guest_path, char *err) { return zb_fs_overlay_dir(sb->fs, guest_path, err); }
+int zb_sandbox_put_file(zb_sandbox *sb, const char *guest_path, const void *data, size_t len, char *err) {
+    return zb_fs_put_file(sb->fs, guest_path, data, len, err);
+}
+void zb_sandbox_set_overlay_limit(zb_sandbox *sb, uint64_t bytes) { sb->fs->bytes_limit = bytes ? bytes : 256ull << 20; }
+void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes) {
+    uint64_t pages = bytes ? bytes / ZB_PAGE : sb->mem.npages;
+    sb->mem.pages_limit = ZB_MIN(pages, sb->mem.npages);
+}
+void zb_sandbox_set_trace_fd(zb_sandbox *sb, int fd) { sb->trace_fd = fd; }
+
+int zb_sandbox_exec(zb_sandbox *sb, const char *exe, const char *cwd, const char *const *argv,
+                    const char *const *envp, char *err) {
+    if (sb->proc.exe[0]) { zb_seterr(err, "this sandbox already runs a program"); return -1; }
+    zb_resolved r;
+    int rc = zb_fs_resolve(sb, "/", cwd && cwd[0] ? cwd : "/", 0, &r);
+    if (rc < 0 || !r.exists || !r.loc.is_dir) {
+        zb_seterr(err, "working directory %s is not a directory in the guest's view", cwd);
+        return -1;
+    }
+    snprintf(sb->proc.cwd, sizeof sb->proc.cwd, "%s", r.path);
+    return zb_elf_exec(sb, exe, argv, envp, err);
+}
+
+int zb_sandbox_push_input(zb_sandbox *sb, const void *data, size_t len, char *err) {
+    if (zb_uart_push_input(&sb->uart, data, len) < 0) { zb_seterr(err, "out of memory queueing UART input"); return -1; }
+    return 0;
+}
+
+int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err) {
+    if (signo < 1 || signo > 64) { zb_seterr(err, "no signal %d", signo); return -1; }
+    if (!zb_signal_has_handler(sb, signo)) {
+        zb_seterr(err, "the guest has no handler for signal %d", signo);
+        return -1;
+    }
+    sb->sig.pending |= 1ull << (signo - 1);
+    return 0;
+}
+
+int zb_sandbox_finished(zb_sandbox *sb) { return sb->finished; }
+
+void zb_sandbox_stats(zb_sandbox *sb, zb_stats *out) {
+    *out = sb->stats;
+    uint64_t dirty = 0, words = (sb->mem.npages + 63) / 64;
+    for (uint64_t i = 0; i < words; i++) dirty += (uint64_t)__builtin_popcountll(sb->mem.host_dirty[i]);
+    out->dirty_pages = dirty;
+    out->guest_pages = sb->mem.pages_allocated;
+    out->guest_pages_limit = sb->mem.pages_limit;
+}
+
+size_t zb_sandbox_take_log(zb_sandbox *sb, char *buf, size_t len) {
+    size_t n = ZB_MIN(len, sb->log_len);
+    memcpy(buf, sb->log, n);
+    memmove(sb->log, sb->log + n, sb->log_len - n);
+    sb->log_len -= n;
+    return n;
+}
+
+void zb_sandbox_free_state(zb_sandbox *sb) {
+    zb_fdtable_free(sb->fds, sb->fs);
+    sb->fds = NULL;
+    zb_fs_free(sb->fs);
+    sb->fs = NULL;
+}
+
+void zb_sandbox_free(zb_sandbox *sb) {
+    if (!sb) return;
+    char err[ZB_ERRLEN];
+    zb_vm_forget(sb->engine->vm, sb, err);
+    zb_sandbox_free_state(sb);
+    zb_mem_destroy(&sb->mem);
+    zb_uart_destroy(&sb->uart);
+    free(sb->cpu.xsave);
+    free(sb->out_buf);
+    free(sb);
+}

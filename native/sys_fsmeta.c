@@ -1,0 +1,411 @@
+/* sys_fsmeta.c - syscalls on names rather than open files: stat, access, readlink, directories,
+ * cwd, mkdir/unlink/rename/symlink, getdents64. Only overlay directories can be changed.
+ */
+#include "fs.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static long stat_to_guest(zb_sandbox *sb, const struct stat *st, uint64_t addr) {
+    return zb_copy_to_guest(sb, addr, st, sizeof *st);
+}
+
+static long stat_file(zb_sandbox *sb, zb_file *f, struct stat *st) {
+    memset(st, 0, sizeof *st);
+    switch (f->kind) {
+    case FILE_HOST: return fstat(f->host->fd, st) < 0 ? -errno : 0;
+    case FILE_OVERLAY: zb_ovl_stat(sb->fs, f->ino, st); return 0;
+    case FILE_DEV: zb_dev_stat(f->dev, st); return 0;
+    case FILE_CONSOLE: case FILE_PIPE:
+        st->st_mode = S_IFIFO | 0600;
+        st->st_blksize = 4096;
+        st->st_uid = st->st_gid = 1000;
+        return 0;
+    default:
+        return f->where ? zb_fs_stat(sb, f->where, st) : -EBADF;
+    }
+}
+
+static long do_fstatat(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int flags, struct stat *st) {
+    if (flags & ~(AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH | AT_NO_AUTOMOUNT | AT_STATX_SYNC_TYPE)) return -EINVAL;
+    char first;
+    if ((flags & AT_EMPTY_PATH) && zb_copy_from_guest(sb, &first, upath, 1) == 0 && first == 0) {
+        zb_file *f = (int)dirfd == AT_FDCWD ? NULL : zb_fd_get(sb, (uint64_t)dirfd);
+        if ((int)dirfd == AT_FDCWD) {
+            zb_resolved r;
+            long rc = zb_fs_resolve(sb, "/", sb->proc.cwd, 0, &r);
+            return rc < 0 ? rc : zb_fs_stat(sb, &r, st);
+        }
+        return f ? stat_file(sb, f, st) : -EBADF;
+    }
+    zb_resolved r;
+    long rc = zb_path_arg(sb, dirfd, upath, (flags & AT_SYMLINK_NOFOLLOW) ? ZB_RESOLVE_NOFOLLOW : 0, 0, &r);
+    if (rc < 0) return rc;
+    if (!r.exists) return -ENOENT;
+    return zb_fs_stat(sb, &r, st);
+}
+
+static long sys_stat(zb_sandbox *sb, const uint64_t a[6]) {
+    struct stat st;
+    long rc = do_fstatat(sb, AT_FDCWD, a[0], 0, &st);
+    return rc < 0 ? rc : stat_to_guest(sb, &st, a[1]);
+}
+static long sys_lstat(zb_sandbox *sb, const uint64_t a[6]) {
+    struct stat st;
+    long rc = do_fstatat(sb, AT_FDCWD, a[0], AT_SYMLINK_NOFOLLOW, &st);
+    return rc < 0 ? rc : stat_to_guest(sb, &st, a[1]);
+}
+static long sys_fstat(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_file *f = zb_fd_get(sb, a[0]);
+    if (!f) return -EBADF;
+    struct stat st;
+    long rc = stat_file(sb, f, &st);
+    return rc < 0 ? rc : stat_to_guest(sb, &st, a[1]);
+}
+static long sys_newfstatat(zb_sandbox *sb, const uint64_t a[6]) {
+    struct stat st;
+    long rc = do_fstatat(sb, (int)a[0], a[1], (int)a[3], &st);
+    return rc < 0 ? rc : stat_to_guest(sb, &st, a[2]);
+}
+
+static void ts_to_statx(struct statx_timestamp *d, const struct timespec *s) {
+    d->tv_sec = s->tv_sec;
+    d->tv_nsec = (uint32_t)s->tv_nsec;
+}
+
+static long sys_statx(zb_sandbox *sb, const uint64_t a[6]) {
+    struct stat st;
+    long rc = do_fstatat(sb, (int)a[0], a[1], (int)a[2] & ~AT_STATX_SYNC_TYPE, &st);
+    if (rc < 0) return rc;
+    struct statx sx;
+    memset(&sx, 0, sizeof sx);
+    sx.stx_mask = STATX_BASIC_STATS;
+    sx.stx_blksize = st.st_blksize;
+    sx.stx_nlink = st.st_nlink;
+    sx.stx_uid = st.st_uid;
+    sx.stx_gid = st.st_gid;
+    sx.stx_mode = st.st_mode;
+    sx.stx_ino = st.st_ino;
+    sx.stx_size = st.st_size;
+    sx.stx_blocks = st.st_blocks;
+    ts_to_statx(&sx.stx_atime, &st.st_atim);
+    ts_to_statx(&sx.stx_mtime, &st.st_mtim);
+    ts_to_statx(&sx.stx_ctime, &st.st_ctim);
+    sx.stx_rdev_major = major(st.st_rdev);
+    sx.stx_rdev_minor = minor(st.st_rdev);
+    sx.stx_dev_major = major(st.st_dev);
+    sx.stx_dev_minor = minor(st.st_dev);
+    return zb_copy_to_guest(sb, a[4], &sx, sizeof sx);
+}
+
+static long do_access(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mode, int flags) {
+    if (mode & ~(uint64_t)(R_OK | W_OK | X_OK)) return -EINVAL;
+    zb_resolved r;
+    long rc = zb_path_arg(sb, dirfd, upath, (flags & AT_SYMLINK_NOFOLLOW) ? ZB_RESOLVE_NOFOLLOW : 0,
+                          flags & AT_EMPTY_PATH, &r);
+    if (rc < 0) return rc;
+    if (!r.exists) return -ENOENT;
+    if (mode & W_OK) {
+        zb_inode *in = r.loc.kind == LOC_OVERLAY ? zb_ovl_inode(sb->fs, r.loc.ino) : NULL;
+        if (r.loc.kind == LOC_HOST || r.loc.kind == LOC_SYNTH) return -EROFS;
+        if (in && in->readonly) return -EACCES;
+    }
+    if (mode & X_OK) {
+        struct stat st;
+        if ((rc = zb_fs_stat(sb, &r, &st)) < 0) return rc;
+        if (!(st.st_mode & 0111)) return -EACCES;
+    }
+    return 0;
+}
+static long sys_access(zb_sandbox *sb, const uint64_t a[6]) { return do_access(sb, AT_FDCWD, a[0], a[1], 0); }
+static long sys_faccessat(zb_sandbox *sb, const uint64_t a[6]) { return do_access(sb, (int)a[0], a[1], a[2], 0); }
+static long sys_faccessat2(zb_sandbox *sb, const uint64_t a[6]) { return do_access(sb, (int)a[0], a[1], a[2], (int)a[3]); }
+
+static long do_readlink(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t ubuf, int64_t size) {
+    if (size <= 0) return -EINVAL;
+    zb_resolved r;
+    long rc = zb_path_arg(sb, dirfd, upath, ZB_RESOLVE_NOFOLLOW, 0, &r);
+    if (rc < 0) return rc;
+    if (!r.exists) return -ENOENT;
+    char target[PATH_MAX];
+    ssize_t n;
+    if (r.loc.kind == LOC_SYMLINK) {
+        n = snprintf(target, sizeof target, "%s", r.loc.mnode->kind == MNT_PROC_EXE ? sb->proc.exe : r.loc.mnode->target);
+    } else if (r.loc.kind == LOC_OVERLAY && zb_ovl_inode(sb->fs, r.loc.ino)->type == INO_SYMLINK) {
+        n = snprintf(target, sizeof target, "%s", zb_ovl_inode(sb->fs, r.loc.ino)->target);
+    } else if (r.loc.kind == LOC_HOST) {
+        n = readlink(r.path, target, sizeof target);
+        if (n < 0) return -errno;
+    } else {
+        return -EINVAL;
+    }
+    n = ZB_MIN(n, size);
+    rc = zb_copy_to_guest(sb, ubuf, target, (uint64_t)n);
+    return rc < 0 ? rc : n;
+}
+static long sys_readlink(zb_sandbox *sb, const uint64_t a[6]) { return do_readlink(sb, AT_FDCWD, a[0], a[1], (int64_t)a[2]); }
+static long sys_readlinkat(zb_sandbox *sb, const uint64_t a[6]) { return do_readlink(sb, (int)a[0], a[1], a[2], (int64_t)a[3]); }
+
+static long sys_getcwd(zb_sandbox *sb, const uint64_t a[6]) {
+    size_t n = strlen(sb->proc.cwd) + 1;
+    if (a[1] < n) return -ERANGE;
+    long rc = zb_copy_to_guest(sb, a[0], sb->proc.cwd, n);
+    return rc < 0 ? rc : (long)n;
+}
+
+static long set_cwd(zb_sandbox *sb, const zb_resolved *r) {
+    if (!r->exists) return -ENOENT;
+    if (!r->loc.is_dir) return -ENOTDIR;
+    snprintf(sb->proc.cwd, sizeof sb->proc.cwd, "%s", r->path);
+    return 0;
+}
+static long sys_chdir(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_resolved r;
+    long rc = zb_path_arg(sb, AT_FDCWD, a[0], 0, 0, &r);
+    return rc < 0 ? rc : set_cwd(sb, &r);
+}
+static long sys_fchdir(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_file *f = zb_fd_get(sb, a[0]);
+    if (!f) return -EBADF;
+    return f->where ? set_cwd(sb, f->where) : -ENOTDIR;
+}
+
+/* A name that can be created in the overlay: the parent must be an overlay directory. */
+static long creatable(zb_sandbox *sb, int64_t dirfd, uint64_t upath, zb_resolved *r) {
+    long rc = zb_path_arg(sb, dirfd, upath, ZB_RESOLVE_NOFOLLOW, 0, r);
+    if (rc < 0) return rc;
+    if (r->exists) return -EEXIST;
+    if (r->parent.kind != LOC_OVERLAY) return -EROFS;
+    return 0;
+}
+
+static long do_mkdir(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mode) {
+    zb_resolved r;
+    long rc = creatable(sb, dirfd, upath, &r);
+    if (rc < 0) return rc;
+    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_DIR, mode & ~sb->proc.umask);
+    if (!ino) return -ENOSPC;
+    return zb_ovl_link(sb->fs, r.parent.ino, r.name, ino);
+}
+static long sys_mkdir(zb_sandbox *sb, const uint64_t a[6]) { return do_mkdir(sb, AT_FDCWD, a[0], a[1]); }
+static long sys_mkdirat(zb_sandbox *sb, const uint64_t a[6]) { return do_mkdir(sb, (int)a[0], a[1], a[2]); }
+
+static long do_symlink(zb_sandbox *sb, uint64_t utarget, int64_t dirfd, uint64_t upath) {
+    char target[PATH_MAX];
+    long rc = zb_guest_string(sb, utarget, target, sizeof target);
+    if (rc < 0) return rc;
+    if (!target[0]) return -ENOENT;
+    zb_resolved r;
+    if ((rc = creatable(sb, dirfd, upath, &r)) < 0) return rc;
+    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_SYMLINK, 0777);
+    if (!ino) return -ENOSPC;
+    if (!(zb_ovl_inode(sb->fs, ino)->target = strdup(target))) return -ENOMEM;
+    return zb_ovl_link(sb->fs, r.parent.ino, r.name, ino);
+}
+static long sys_symlink(zb_sandbox *sb, const uint64_t a[6]) { return do_symlink(sb, a[0], AT_FDCWD, a[1]); }
+static long sys_symlinkat(zb_sandbox *sb, const uint64_t a[6]) { return do_symlink(sb, a[0], (int)a[1], a[2]); }
+
+/* The overlay entry a path names, for unlink/rename. */
+static long overlay_entry(zb_sandbox *sb, int64_t dirfd, uint64_t upath, zb_resolved *r) {
+    long rc = zb_path_arg(sb, dirfd, upath, ZB_RESOLVE_NOFOLLOW, 0, r);
+    if (rc < 0) return rc;
+    if (!r->exists) return -ENOENT;
+    if (r->loc.mnode) return r->loc.kind == LOC_OVERLAY ? -EBUSY : -EROFS; /* a mount point */
+    if (r->loc.kind != LOC_OVERLAY || r->parent.kind != LOC_OVERLAY) return -EROFS;
+    return 0;
+}
+
+static long do_unlink(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int flags) {
+    if (flags & ~AT_REMOVEDIR) return -EINVAL;
+    zb_resolved r;
+    long rc = overlay_entry(sb, dirfd, upath, &r);
+    if (rc < 0) return rc;
+    zb_inode *in = zb_ovl_inode(sb->fs, r.loc.ino);
+    if (flags & AT_REMOVEDIR) {
+        if (in->type != INO_DIR) return -ENOTDIR;
+        if (in->nents) return -ENOTEMPTY;
+    } else if (in->type == INO_DIR) {
+        return -EISDIR;
+    }
+    return zb_ovl_unlink(sb->fs, r.parent.ino, r.name);
+}
+static long sys_unlink(zb_sandbox *sb, const uint64_t a[6]) { return do_unlink(sb, AT_FDCWD, a[0], 0); }
+static long sys_rmdir(zb_sandbox *sb, const uint64_t a[6]) { return do_unlink(sb, AT_FDCWD, a[0], AT_REMOVEDIR); }
+static long sys_unlinkat(zb_sandbox *sb, const uint64_t a[6]) { return do_unlink(sb, (int)a[0], a[1], (int)a[2]); }
+
+static long do_rename(zb_sandbox *sb, int64_t olddir, uint64_t uold, int64_t newdir, uint64_t unew, uint64_t flags) {
+    if (flags & ~(uint64_t)RENAME_NOREPLACE) return -EINVAL; /* RENAME_EXCHANGE/WHITEOUT unsupported */
+    zb_resolved from, to;
+    long rc = overlay_entry(sb, olddir, uold, &from);
+    if (rc < 0) return rc;
+    if ((rc = zb_path_arg(sb, newdir, unew, ZB_RESOLVE_NOFOLLOW, 0, &to)) < 0) return rc;
+    if (to.parent.kind != LOC_OVERLAY || (to.exists && (to.loc.mnode || to.loc.kind != LOC_OVERLAY))) return -EROFS;
+    size_t fl = strlen(from.path);
+    if (!strncmp(to.path, from.path, fl) && to.path[fl] == '/') return -EINVAL; /* into itself */
+    if (to.exists) {
+        if (flags & RENAME_NOREPLACE) return -EEXIST;
+        if (to.loc.ino == from.loc.ino) return 0;
+        zb_inode *src = zb_ovl_inode(sb->fs, from.loc.ino), *dst = zb_ovl_inode(sb->fs, to.loc.ino);
+        if (src->type == INO_DIR && dst->type != INO_DIR) return -ENOTDIR;
+        if (src->type != INO_DIR && dst->type == INO_DIR) return -EISDIR;
+        if (dst->type == INO_DIR && dst->nents) return -ENOTEMPTY;
+        if ((rc = zb_ovl_unlink(sb->fs, to.parent.ino, to.name)) < 0) return rc;
+    }
+    if ((rc = zb_ovl_link(sb->fs, to.parent.ino, to.name, from.loc.ino)) < 0) return rc;
+    return zb_ovl_unlink(sb->fs, from.parent.ino, from.name);
+}
+static long sys_rename(zb_sandbox *sb, const uint64_t a[6]) { return do_rename(sb, AT_FDCWD, a[0], AT_FDCWD, a[1], 0); }
+static long sys_renameat(zb_sandbox *sb, const uint64_t a[6]) { return do_rename(sb, (int)a[0], a[1], (int)a[2], a[3], 0); }
+static long sys_renameat2(zb_sandbox *sb, const uint64_t a[6]) { return do_rename(sb, (int)a[0], a[1], (int)a[2], a[3], a[4]); }
+
+static long sys_getdents64(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_file *f = zb_fd_get(sb, a[0]);
+    if (!f) return -EBADF;
+    if (f->kind != FILE_DIR || !f->where) return -ENOTDIR;
+    if (!f->listing) {
+        zb_listing *l = calloc(1, sizeof *l);
+        if (!l) return -ENOMEM;
+        long rc = zb_fs_list(sb, f->where, l);
+        if (rc < 0) { free(l); return rc; }
+        f->listing = l;
+    }
+    uint8_t *out = zb_guest_ptr(sb, a[1], a[2], 1);
+    if (!out) return -EFAULT;
+    size_t used = 0;
+    while (f->offset < f->listing->n) {
+        const struct zb_listing_ent *e = &f->listing->ents[f->offset];
+        size_t namelen = strlen(e->name);
+        size_t reclen = (offsetof(struct dirent64, d_name) + namelen + 1 + 7) & ~7ul;
+        if (used + reclen > a[2]) {
+            if (!used) return -EINVAL;
+            break;
+        }
+        struct dirent64 *d = (struct dirent64 *)(out + used);
+        d->d_ino = e->ino;
+        d->d_off = (int64_t)f->offset + 1;
+        d->d_reclen = (unsigned short)reclen;
+        d->d_type = e->type;
+        memcpy(d->d_name, e->name, namelen + 1);
+        used += reclen;
+        f->offset++;
+    }
+    return (long)used;
+}
+
+static long overlay_file_for(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int flags, uint32_t *ino) {
+    zb_resolved r;
+    long rc;
+    if (!upath && (int)dirfd != AT_FDCWD) { /* futimens-style: the fd itself */
+        zb_file *f = zb_fd_get(sb, (uint64_t)dirfd);
+        if (!f) return -EBADF;
+        if (f->kind == FILE_OVERLAY || (f->kind == FILE_DIR && f->ino)) { *ino = f->ino; return 0; }
+        return -EROFS;
+    }
+    if ((rc = zb_path_arg(sb, dirfd, upath, flags, flags & AT_EMPTY_PATH, &r)) < 0) return rc;
+    if (!r.exists) return -ENOENT;
+    if (r.loc.kind != LOC_OVERLAY) return -EROFS;
+    if (zb_ovl_inode(sb->fs, r.loc.ino)->readonly) return -EPERM;
+    *ino = r.loc.ino;
+    return 0;
+}
+
+static long sys_truncate(zb_sandbox *sb, const uint64_t a[6]) {
+    uint32_t ino;
+    long rc = overlay_file_for(sb, AT_FDCWD, a[0], 0, &ino);
+    return rc < 0 ? rc : zb_ovl_truncate(sb->fs, ino, a[1]);
+}
+
+static long do_chmod(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mode, int flags) {
+    uint32_t ino;
+    long rc = overlay_file_for(sb, dirfd, upath, flags, &ino);
+    if (rc < 0) return rc;
+    zb_ovl_inode(sb->fs, ino)->mode = mode & 07777;
+    return 0;
+}
+static long sys_chmod(zb_sandbox *sb, const uint64_t a[6]) { return do_chmod(sb, AT_FDCWD, a[0], a[1], 0); }
+static long sys_fchmodat(zb_sandbox *sb, const uint64_t a[6]) { return do_chmod(sb, (int)a[0], a[1], a[2], 0); }
+static long sys_fchmod(zb_sandbox *sb, const uint64_t a[6]) { return do_chmod(sb, (int)a[0], 0, a[1], 0); }
+
+static long sys_utimensat(zb_sandbox *sb, const uint64_t a[6]) {
+    uint32_t ino;
+    long rc = overlay_file_for(sb, (int)a[0], a[1], (int)a[3] & AT_SYMLINK_NOFOLLOW ? ZB_RESOLVE_NOFOLLOW : 0, &ino);
+    if (rc < 0) return rc;
+    struct timespec ts[2];
+    int64_t now = (int64_t)time(NULL) * 1000000000;
+    int64_t mtime = now;
+    if (a[2]) {
+        if (zb_copy_from_guest(sb, ts, a[2], sizeof ts) < 0) return -EFAULT;
+        if (ts[1].tv_nsec == UTIME_OMIT) return 0;
+        if (ts[1].tv_nsec != UTIME_NOW) mtime = (int64_t)ts[1].tv_sec * 1000000000 + ts[1].tv_nsec;
+    }
+    zb_ovl_inode(sb->fs, ino)->mtime_ns = mtime;
+    return 0;
+}
+
+static long sys_umask(zb_sandbox *sb, const uint64_t a[6]) {
+    unsigned old = sb->proc.umask;
+    sb->proc.umask = a[0] & 0777;
+    return old;
+}
+
+static long fill_statfs(zb_sandbox *sb, uint64_t addr) {
+    struct statfs s;
+    memset(&s, 0, sizeof s);
+    s.f_type = 0x01021994; /* TMPFS_MAGIC */
+    s.f_bsize = 4096;
+    s.f_frsize = 4096;
+    s.f_blocks = sb->fs->bytes_limit / 4096;
+    s.f_bfree = s.f_bavail = (sb->fs->bytes_limit - ZB_MIN(sb->fs->bytes_used, sb->fs->bytes_limit)) / 4096;
+    s.f_files = 1 << 20;
+    s.f_ffree = (1 << 20) - sb->fs->ninodes;
+    s.f_namelen = NAME_MAX;
+    return zb_copy_to_guest(sb, addr, &s, sizeof s);
+}
+static long sys_statfs(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_resolved r;
+    long rc = zb_path_arg(sb, AT_FDCWD, a[0], 0, 0, &r);
+    if (rc < 0) return rc;
+    return r.exists ? fill_statfs(sb, a[1]) : -ENOENT;
+}
+static long sys_fstatfs(zb_sandbox *sb, const uint64_t a[6]) {
+    return zb_fd_get(sb, a[0]) ? fill_statfs(sb, a[1]) : -EBADF;
+}
+
+void zb_sys_fsmeta_register(zb_syscall_fn *t) {
+    t[SYS_stat] = sys_stat;
+    t[SYS_lstat] = sys_lstat;
+    t[SYS_fstat] = sys_fstat;
+    t[SYS_newfstatat] = sys_newfstatat;
+    t[SYS_statx] = sys_statx;
+    t[SYS_access] = sys_access;
+    t[SYS_faccessat] = sys_faccessat;
+    t[SYS_faccessat2] = sys_faccessat2;
+    t[SYS_readlink] = sys_readlink;
+    t[SYS_readlinkat] = sys_readlinkat;
+    t[SYS_getcwd] = sys_getcwd;
+    t[SYS_chdir] = sys_chdir;
+    t[SYS_fchdir] = sys_fchdir;
+    t[SYS_mkdir] = sys_mkdir;
+    t[SYS_mkdirat] = sys_mkdirat;
+    t[SYS_symlink] = sys_symlink;
+    t[SYS_symlinkat] = sys_symlinkat;
+    t[SYS_unlink] = sys_unlink;
+    t[SYS_rmdir] = sys_rmdir;
+    t[SYS_unlinkat] = sys_unlinkat;
+    t[SYS_rename] = sys_rename;
+    t[SYS_renameat] = sys_renameat;
+    t[SYS_renameat2] = sys_renameat2;
+    t[SYS_getdents64] = sys_getdents64;
+    t[SYS_truncate] = sys_truncate;
+    t[SYS_chmod] = sys_chmod;
+    t[SYS_fchmod] = sys_fchmod;
+    t[SYS_fchmodat] = sys_fchmodat;
+    t[SYS_utimensat] = sys_utimensat;
+    t[SYS_umask] = sys_umask;
+    t[SYS_statfs] = sys_statfs;
+    t[SYS_fstatfs] = sys_fstatfs;
+}

@@ -1,0 +1,214 @@
+/* sys_memory.c - brk, mmap, munmap, mprotect, mremap, madvise.
+ *
+ * The guest's page tables map all of guest memory once (guest_layout.c), so these calls only hand
+ * out and take back guest-physical ranges: a top-down allocator, zeroing of freed ranges, and
+ * copy-on-write mappings of host files for file-backed mmap. mprotect is recorded, not enforced.
+ */
+#include "fs.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Pages of [addr, addr+len) that are not yet allocated. */
+static uint64_t new_pages(const zb_memory *m, uint64_t addr, uint64_t len) {
+    uint64_t n = 0;
+    for (uint64_t p = addr / ZB_PAGE; p < (addr + len) / ZB_PAGE; p++) n += !zb_bit(m->allocated, p);
+    return n;
+}
+
+static int user_range(const zb_memory *m, uint64_t addr, uint64_t len) {
+    return addr >= ZB_LOW_REGION && addr + len >= addr && addr + len <= m->size;
+}
+
+/* Fill [addr, addr+len) from an open file at offset: host files are mapped copy-on-write, other
+ * files are copied. */
+static long fill_from_file(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len, uint64_t off) {
+    zb_memory *m = &sb->mem;
+    if (f->kind == FILE_HOST) {
+        struct stat st;
+        if (fstat(f->host->fd, &st) < 0) return -errno;
+        uint64_t size = (uint64_t)st.st_size;
+        if (off >= size) return 0;
+        uint64_t n = ZB_MIN(len, ZB_PAGE_UP(size - off));
+        return zb_mem_map_file(m, addr, n, f->host->fd, off);
+    }
+    if (f->kind == FILE_OVERLAY) {
+        long r = zb_ovl_read(sb->fs, f->ino, m->host + addr, len, off);
+        zb_mem_dirty(m, addr, len);
+        return r < 0 ? r : 0;
+    }
+    if (f->kind == FILE_DEV && (f->dev == DEV_ZERO || f->dev == DEV_NULL)) return 0;
+    return -ENODEV;
+}
+
+static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_memory *m = &sb->mem;
+    uint64_t addr = a[0], len = a[1], prot = a[2], flags = a[3], off = a[5];
+    int fd = (int)a[4];
+    if (!len || (off & (ZB_PAGE - 1))) return -EINVAL;
+    if (len > m->size) return -ENOMEM;
+    len = ZB_PAGE_UP(len);
+    int type = flags & MAP_TYPE;
+    if (type != MAP_PRIVATE && type != MAP_SHARED && type != MAP_SHARED_VALIDATE) return -EINVAL;
+    zb_file *f = NULL;
+    if (!(flags & MAP_ANONYMOUS)) {
+        if (!(f = zb_fd_get(sb, (uint64_t)fd))) return -EBADF;
+        if ((f->flags & O_ACCMODE) == O_WRONLY) return -EACCES;
+        if (type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->flags & O_ACCMODE) != O_RDWR) return -EACCES;
+        if (type != MAP_PRIVATE && (prot & PROT_WRITE) && f->kind == FILE_OVERLAY)
+            return -ENODEV; /* shared writable file mappings would need write-back: not supported */
+        if (f->kind == FILE_DIR) return -ENODEV;
+    }
+    uint64_t at;
+    if (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) {
+        if (addr & (ZB_PAGE - 1)) return -EINVAL;
+        if (!user_range(m, addr, len)) return -ENOMEM;
+        if ((flags & MAP_FIXED_NOREPLACE) && !zb_mem_range_free(m, addr, len)) return -EEXIST;
+        if (m->pages_allocated + new_pages(m, addr, len) > m->pages_limit) return -ENOMEM;
+        at = addr;
+        long rc = zb_mem_zero(m, at, len);
+        if (rc < 0) return rc;
+    } else if (addr && !(addr & (ZB_PAGE - 1)) && user_range(m, addr, len) && zb_mem_range_free(m, addr, len) &&
+               m->pages_allocated + len / ZB_PAGE <= m->pages_limit) {
+        at = addr; /* a free hint is honoured, as Linux does */
+    } else if (!(at = zb_mem_alloc(m, len))) {
+        return -ENOMEM;
+    }
+    zb_mem_mark(m, at, len, 1);
+    const char *name = "[anon]";
+    if (f) {
+        long rc = fill_from_file(sb, f, at, len, off);
+        if (rc < 0) {
+            zb_mem_zero(m, at, len);
+            zb_mem_mark(m, at, len, 0);
+            return rc;
+        }
+        if (f->where) name = f->where->path;
+    }
+    zb_region_add(m, at, at + len, (int)prot, name);
+    return (long)at;
+}
+
+static long unmap(zb_sandbox *sb, uint64_t addr, uint64_t len) {
+    zb_memory *m = &sb->mem;
+    long rc = zb_mem_zero(m, addr, len);
+    if (rc < 0) return rc;
+    zb_mem_mark(m, addr, len, 0);
+    zb_region_remove(m, addr, addr + len);
+    return 0;
+}
+
+static long sys_munmap(zb_sandbox *sb, const uint64_t a[6]) {
+    uint64_t addr = a[0], len = ZB_PAGE_UP(a[1]);
+    if ((addr & (ZB_PAGE - 1)) || !len) return -EINVAL;
+    if (!user_range(&sb->mem, addr, len)) return -EINVAL;
+    return unmap(sb, addr, len);
+}
+
+static long sys_mprotect(zb_sandbox *sb, const uint64_t a[6]) {
+    uint64_t addr = a[0], len = ZB_PAGE_UP(a[1]);
+    if (addr & (ZB_PAGE - 1)) return -EINVAL;
+    if (!len) return 0;
+    if (!user_range(&sb->mem, addr, len) || !zb_mem_range_allocated(&sb->mem, addr, len)) return -ENOMEM;
+    zb_region_set_prot(&sb->mem, addr, addr + len, (int)a[2]);
+    return 0; /* recorded only: all guest memory stays readable, writable and executable */
+}
+
+static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_memory *m = &sb->mem;
+    uint64_t old = a[0], osz = ZB_PAGE_UP(a[1]), nsz = ZB_PAGE_UP(a[2]), flags = a[3], want = a[4];
+    if ((old & (ZB_PAGE - 1)) || !nsz || (flags & ~(uint64_t)(MREMAP_MAYMOVE | MREMAP_FIXED))) return -EINVAL;
+    if ((flags & MREMAP_FIXED) && !(flags & MREMAP_MAYMOVE)) return -EINVAL;
+    if (!osz || !user_range(m, old, osz) || !zb_mem_range_allocated(m, old, osz)) return -EFAULT;
+    if (nsz > m->size) return -ENOMEM;
+    const zb_region *reg = zb_region_find(m, old);
+    char name[96];
+    snprintf(name, sizeof name, "%s", reg ? reg->name : "[anon]");
+    int prot = reg ? reg->prot : PROT_READ | PROT_WRITE;
+    if (!(flags & MREMAP_FIXED)) {
+        if (nsz <= osz) {
+            if (nsz < osz) unmap(sb, old + nsz, osz - nsz);
+            return (long)old;
+        }
+        if (user_range(m, old + osz, nsz - osz) && zb_mem_range_free(m, old + osz, nsz - osz) &&
+            m->pages_allocated + (nsz - osz) / ZB_PAGE <= m->pages_limit) {
+            zb_mem_mark(m, old + osz, nsz - osz, 1);
+            zb_region_add(m, old, old + nsz, prot, name);
+            return (long)old;
+        }
+        if (!(flags & MREMAP_MAYMOVE)) return -ENOMEM;
+    }
+    uint64_t at;
+    if (flags & MREMAP_FIXED) {
+        if ((want & (ZB_PAGE - 1)) || !user_range(m, want, nsz)) return -EINVAL;
+        if (want < old + osz && old < want + nsz) return -EINVAL; /* overlapping */
+        if (m->pages_allocated + new_pages(m, want, nsz) > m->pages_limit) return -ENOMEM;
+        if (zb_mem_zero(m, want, nsz) < 0) return -ENOMEM;
+        at = want;
+    } else if (!(at = zb_mem_alloc(m, nsz))) {
+        return -ENOMEM;
+    }
+    zb_mem_mark(m, at, nsz, 1);
+    memcpy(m->host + at, m->host + old, ZB_MIN(osz, nsz));
+    zb_mem_dirty(m, at, nsz);
+    unmap(sb, old, osz);
+    zb_region_add(m, at, at + nsz, prot, name);
+    return (long)at;
+}
+
+static long sys_madvise(zb_sandbox *sb, const uint64_t a[6]) {
+    uint64_t addr = a[0], len = ZB_PAGE_UP(a[1]);
+    if (addr & (ZB_PAGE - 1)) return -EINVAL;
+    if (!len) return 0;
+    if (!user_range(&sb->mem, addr, len) || !zb_mem_range_allocated(&sb->mem, addr, len)) return -ENOMEM;
+    switch (a[2]) {
+    case MADV_DONTNEED:
+    case MADV_FREE:
+    case MADV_REMOVE:
+        return zb_mem_zero(&sb->mem, addr, len); /* give the memory back: reads see zeros */
+    default:
+        return 0; /* hints (WILLNEED, HUGEPAGE, SEQUENTIAL, ...) */
+    }
+}
+
+static long sys_brk(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_memory *m = &sb->mem;
+    uint64_t want = a[0];
+    if (want < m->brk_start || want >= m->size) return (long)m->brk_end;
+    uint64_t cur = ZB_PAGE_UP(m->brk_end), next = ZB_PAGE_UP(want);
+    if (next > cur) {
+        if (!zb_mem_range_free(m, cur, next - cur) || m->pages_allocated + (next - cur) / ZB_PAGE > m->pages_limit)
+            return (long)m->brk_end;
+        zb_mem_mark(m, cur, next - cur, 1);
+        zb_region_add(m, m->brk_start, next, PROT_READ | PROT_WRITE, "[heap]");
+    } else if (next < cur) {
+        unmap(sb, next, cur - next);
+    }
+    m->brk_end = want;
+    return (long)want;
+}
+
+static long sys_msync(zb_sandbox *sb, const uint64_t a[6]) {
+    if (a[0] & (ZB_PAGE - 1)) return -EINVAL;
+    return zb_mem_range_allocated(&sb->mem, a[0], a[1]) ? 0 : -ENOMEM;
+}
+
+static long sys_mem_noop(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
+
+void zb_sys_memory_register(zb_syscall_fn *t) {
+    t[SYS_mmap] = sys_mmap;
+    t[SYS_munmap] = sys_munmap;
+    t[SYS_mprotect] = sys_mprotect;
+    t[SYS_pkey_mprotect] = sys_mprotect;
+    t[SYS_mremap] = sys_mremap;
+    t[SYS_madvise] = sys_madvise;
+    t[SYS_brk] = sys_brk;
+    t[SYS_msync] = sys_msync;
+    t[SYS_mlock] = sys_mem_noop;
+    t[SYS_munlock] = sys_mem_noop;
+    t[SYS_mlockall] = sys_mem_noop;
+    t[SYS_munlockall] = sys_mem_noop;
+    t[SYS_mlock2] = sys_mem_noop;
+}

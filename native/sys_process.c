@@ -1,0 +1,275 @@
+/* sys_process.c - the guest's process: identity, limits, exit, TLS, futex, scheduling, entropy.
+ *
+ * Identity is fixed and documented (docs/ARCHITECTURE.md): pid 1, uid/gid 1000 ("sandbox"),
+ * hostname "zeroboot", one CPU. The guest is one thread; creating threads or processes fails
+ * cleanly with EAGAIN.
+ */
+#include "engine.h"
+
+#include <asm/prctl.h>
+#include <linux/futex.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/sysinfo.h>
+#include <sys/times.h>
+#include <sys/utsname.h>
+
+#define GUEST_PID 1
+#define GUEST_UID 1000
+
+static long sys_getpid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return GUEST_PID; }
+static long sys_getppid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
+static long sys_getuid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return GUEST_UID; }
+static long sys_eperm(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -EPERM; }
+static long sys_eagain(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -EAGAIN; }
+static long sys_echild(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -ECHILD; }
+static long sys_zero(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
+static long sys_enosys(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -ENOSYS; }
+
+static long sys_getresuid(zb_sandbox *sb, const uint64_t a[6]) {
+    unsigned id = GUEST_UID;
+    for (int i = 0; i < 3; i++)
+        if (zb_copy_to_guest(sb, a[i], &id, sizeof id) < 0) return -EFAULT;
+    return 0;
+}
+
+static long sys_getgroups(zb_sandbox *sb, const uint64_t a[6]) {
+    if ((int)a[0] < 0) return -EINVAL;
+    if (a[0] == 0) return 1;
+    unsigned g = GUEST_UID;
+    return zb_copy_to_guest(sb, a[1], &g, sizeof g) < 0 ? -EFAULT : 1;
+}
+
+static long sys_uname(zb_sandbox *sb, const uint64_t a[6]) {
+    struct utsname host, u;
+    memset(&u, 0, sizeof u);
+    uname(&host);
+    snprintf(u.sysname, sizeof u.sysname, "Linux");
+    snprintf(u.nodename, sizeof u.nodename, "zeroboot");
+    snprintf(u.release, sizeof u.release, "%s", host.release);
+    snprintf(u.version, sizeof u.version, "#1 SMP zeroboot sandbox");
+    snprintf(u.machine, sizeof u.machine, "x86_64");
+    snprintf(u.domainname, sizeof u.domainname, "(none)");
+    return zb_copy_to_guest(sb, a[0], &u, sizeof u);
+}
+
+static long sys_sysinfo(zb_sandbox *sb, const uint64_t a[6]) {
+    struct sysinfo si;
+    memset(&si, 0, sizeof si);
+    si.uptime = (long)(sb->stats.run_ns / 1000000000) + 1;
+    si.totalram = sb->mem.pages_limit * ZB_PAGE;
+    si.freeram = (sb->mem.pages_limit - ZB_MIN(sb->mem.pages_allocated, sb->mem.pages_limit)) * ZB_PAGE;
+    si.procs = 1;
+    si.mem_unit = 1;
+    return zb_copy_to_guest(sb, a[0], &si, sizeof si);
+}
+
+static void limit_for(zb_sandbox *sb, unsigned res, struct rlimit *rl) {
+    rlim_t v = RLIM_INFINITY;
+    switch (res) {
+    case RLIMIT_NOFILE: v = ZB_MAX_FDS; break;
+    case RLIMIT_STACK: v = ZB_STACK_SIZE; break;
+    case RLIMIT_AS: case RLIMIT_DATA: v = sb->mem.pages_limit * ZB_PAGE; break;
+    case RLIMIT_NPROC: v = 1; break;
+    case RLIMIT_CORE: v = 0; break;
+    case RLIMIT_MEMLOCK: v = 64 << 10; break;
+    }
+    rl->rlim_cur = rl->rlim_max = v;
+}
+
+static long sys_prlimit64(zb_sandbox *sb, const uint64_t a[6]) {
+    if (a[0] != 0 && a[0] != GUEST_PID) return -ESRCH;
+    if (a[1] >= RLIM_NLIMITS) return -EINVAL;
+    if (a[3]) {
+        struct rlimit rl;
+        limit_for(sb, (unsigned)a[1], &rl);
+        if (zb_copy_to_guest(sb, a[3], &rl, sizeof rl) < 0) return -EFAULT;
+    }
+    if (a[2]) {
+        struct rlimit want, have;
+        if (zb_copy_from_guest(sb, &want, a[2], sizeof want) < 0) return -EFAULT;
+        limit_for(sb, (unsigned)a[1], &have);
+        if (want.rlim_max > have.rlim_max || want.rlim_cur > want.rlim_max) return -EPERM;
+        /* lowering is accepted but not tracked: the engine's own limits always apply */
+    }
+    return 0;
+}
+static long sys_getrlimit(zb_sandbox *sb, const uint64_t a[6]) {
+    const uint64_t b[6] = {0, a[0], 0, a[1], 0, 0};
+    return sys_prlimit64(sb, b);
+}
+static long sys_setrlimit(zb_sandbox *sb, const uint64_t a[6]) {
+    const uint64_t b[6] = {0, a[0], a[1], 0, 0, 0};
+    return sys_prlimit64(sb, b);
+}
+
+static long sys_getrusage(zb_sandbox *sb, const uint64_t a[6]) {
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    ru.ru_utime.tv_sec = (time_t)(sb->stats.run_ns / 1000000000);
+    ru.ru_utime.tv_usec = (suseconds_t)(sb->stats.run_ns % 1000000000 / 1000);
+    ru.ru_maxrss = (long)(sb->mem.pages_allocated * 4);
+    return zb_copy_to_guest(sb, a[1], &ru, sizeof ru);
+}
+
+static long sys_times(zb_sandbox *sb, const uint64_t a[6]) {
+    long ticks = (long)(sb->stats.run_ns / 10000000);
+    if (a[0]) {
+        struct tms t = {ticks, 0, 0, 0};
+        if (zb_copy_to_guest(sb, a[0], &t, sizeof t) < 0) return -EFAULT;
+    }
+    return ticks + 1;
+}
+
+static long sys_exit_group(zb_sandbox *sb, const uint64_t a[6]) {
+    sb->proc.exit_status = (int)(a[0] & 0xff);
+    sb->finished = 1;
+    zb_event *ev = zb_stop_event(sb, ZB_EVENT_EXIT, 1);
+    ev->status = sb->proc.exit_status;
+    return ZB_SYSCALL_STOP;
+}
+
+static long sys_arch_prctl(zb_sandbox *sb, const uint64_t a[6]) {
+    switch (a[0]) {
+    case ARCH_SET_FS: sb->cpu.fs_base = a[1]; return 0;
+    case ARCH_SET_GS: sb->cpu.gs_base = a[1]; return 0;
+    case ARCH_GET_FS: return zb_copy_to_guest(sb, a[1], &sb->cpu.fs_base, 8);
+    case ARCH_GET_GS: return zb_copy_to_guest(sb, a[1], &sb->cpu.gs_base, 8);
+    default: return -EINVAL; /* CET, AMX permission requests, ... */
+    }
+}
+
+static long sys_set_tid_address(zb_sandbox *sb, const uint64_t a[6]) {
+    sb->proc.tid_address = a[0];
+    return GUEST_PID;
+}
+
+static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
+    int op = (int)a[1] & FUTEX_CMD_MASK;
+    if (a[0] & 3) return -EINVAL;
+    uint32_t *word = zb_guest_ptr(sb, a[0], 4, 0);
+    if (!word) return -EFAULT;
+    switch (op) {
+    case FUTEX_WAKE: case FUTEX_WAKE_BITSET: case FUTEX_REQUEUE: case FUTEX_CMP_REQUEUE: case FUTEX_WAKE_OP:
+        return 0; /* one thread: nobody is waiting */
+    case FUTEX_WAIT: case FUTEX_WAIT_BITSET: {
+        if (*word != (uint32_t)a[2] && !sb->cpu.pending_wake_ns) return -EAGAIN;
+        /* nobody else can ever wake us: sleep until the timeout, like Linux would */
+        int64_t wake = INT64_MAX;
+        if (a[3]) {
+            struct timespec ts;
+            if (zb_copy_from_guest(sb, &ts, a[3], sizeof ts) < 0) return -EFAULT;
+            int64_t ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+            if (op == FUTEX_WAIT) wake = zb_now_ns() + ns;
+            else {
+                struct timespec now;
+                clock_gettime((a[1] & FUTEX_CLOCK_REALTIME) ? CLOCK_REALTIME : CLOCK_MONOTONIC, &now);
+                wake = zb_now_ns() + ns - ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec);
+            }
+        }
+        if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
+        long r = zb_sleep_until(sb, wake);
+        return r == 0 ? -ETIMEDOUT : r;
+    }
+    default:
+        return -ENOSYS;
+    }
+}
+
+static long sys_sched_getaffinity(zb_sandbox *sb, const uint64_t a[6]) {
+    if (a[1] < 8 || (a[1] & 7)) return -EINVAL;
+    uint64_t mask = 1; /* one CPU: OpenBLAS & co stay single-threaded */
+    if (zb_copy_to_guest(sb, a[2], &mask, 8) < 0) return -EFAULT;
+    return 8;
+}
+
+static long sys_getcpu(zb_sandbox *sb, const uint64_t a[6]) {
+    unsigned zero = 0;
+    if (a[0] && zb_copy_to_guest(sb, a[0], &zero, sizeof zero) < 0) return -EFAULT;
+    if (a[1] && zb_copy_to_guest(sb, a[1], &zero, sizeof zero) < 0) return -EFAULT;
+    return 0;
+}
+
+static long sys_sched_getparam(zb_sandbox *sb, const uint64_t a[6]) {
+    int prio = 0;
+    return zb_copy_to_guest(sb, a[1], &prio, sizeof prio);
+}
+
+static long sys_getrandom(zb_sandbox *sb, const uint64_t a[6]) {
+    if (a[2] & ~(uint64_t)(GRND_NONBLOCK | GRND_RANDOM | GRND_INSECURE)) return -EINVAL;
+    size_t n = ZB_MIN(a[1], 1u << 25);
+    uint8_t *p = zb_guest_ptr(sb, a[0], n, 1);
+    if (!p) return -EFAULT;
+    size_t done = 0;
+    while (done < n) { /* always fresh host entropy: forks never share it */
+        ssize_t k = getrandom(p + done, n - done, 0);
+        if (k < 0) { if (errno == EINTR) continue; return done ? (long)done : -errno; }
+        done += k;
+    }
+    return (long)n;
+}
+
+static long sys_prctl(zb_sandbox *sb, const uint64_t a[6]) {
+    static const char name[16] = "python";
+    switch (a[0]) {
+    case PR_SET_NAME: case PR_SET_PDEATHSIG: case PR_SET_DUMPABLE: case PR_SET_NO_NEW_PRIVS: return 0;
+    case PR_GET_NAME: return zb_copy_to_guest(sb, a[1], name, sizeof name);
+    case PR_GET_DUMPABLE: return 0;
+    default: return -EINVAL;
+    }
+}
+
+void zb_sys_process_register(zb_syscall_fn *t) {
+    t[SYS_getpid] = sys_getpid;
+    t[SYS_gettid] = sys_getpid;
+    t[SYS_getppid] = sys_getppid;
+    t[SYS_getpgrp] = sys_getpid;
+    t[SYS_getpgid] = sys_getpid;
+    t[SYS_getsid] = sys_getpid;
+    t[SYS_setsid] = sys_eperm;
+    t[SYS_setpgid] = sys_eperm;
+    t[SYS_getuid] = sys_getuid;
+    t[SYS_geteuid] = sys_getuid;
+    t[SYS_getgid] = sys_getuid;
+    t[SYS_getegid] = sys_getuid;
+    t[SYS_getresuid] = sys_getresuid;
+    t[SYS_getresgid] = sys_getresuid;
+    t[SYS_getgroups] = sys_getgroups;
+    t[SYS_setuid] = sys_eperm;
+    t[SYS_setgid] = sys_eperm;
+    t[SYS_setreuid] = sys_eperm;
+    t[SYS_setregid] = sys_eperm;
+    t[SYS_setresuid] = sys_eperm;
+    t[SYS_setresgid] = sys_eperm;
+    t[SYS_setgroups] = sys_eperm;
+    t[SYS_uname] = sys_uname;
+    t[SYS_sysinfo] = sys_sysinfo;
+    t[SYS_prlimit64] = sys_prlimit64;
+    t[SYS_getrlimit] = sys_getrlimit;
+    t[SYS_setrlimit] = sys_setrlimit;
+    t[SYS_getrusage] = sys_getrusage;
+    t[SYS_times] = sys_times;
+    t[SYS_exit] = sys_exit_group;
+    t[SYS_exit_group] = sys_exit_group;
+    t[SYS_arch_prctl] = sys_arch_prctl;
+    t[SYS_set_tid_address] = sys_set_tid_address;
+    t[SYS_set_robust_list] = sys_zero;
+    t[SYS_rseq] = sys_enosys;
+    t[SYS_futex] = sys_futex;
+    t[SYS_sched_getaffinity] = sys_sched_getaffinity;
+    t[SYS_sched_setaffinity] = sys_zero;
+    t[SYS_sched_getscheduler] = sys_zero;
+    t[SYS_sched_getparam] = sys_sched_getparam;
+    t[SYS_getcpu] = sys_getcpu;
+    t[SYS_getrandom] = sys_getrandom;
+    t[SYS_prctl] = sys_prctl;
+    t[SYS_personality] = sys_zero;
+    t[SYS_clone] = sys_eagain;   /* threads and processes: not in this sandbox */
+    t[SYS_clone3] = sys_eagain;
+    t[SYS_fork] = sys_eagain;
+    t[SYS_vfork] = sys_eagain;
+    t[SYS_wait4] = sys_echild;
+    t[SYS_waitid] = sys_echild;
+}

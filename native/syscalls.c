@@ -1,0 +1,49 @@
+/* syscalls.c - the syscall table: each family registers its handlers (sys_*.c); anything else is
+ * answered with ENOSYS, counted, and logged once per syscall name for the sandbox.
+ * The table is filled once per process and read-only afterwards.
+ */
+#include "engine.h"
+
+extern const char *const zb_syscall_names[ZB_SYSCALL_MAX]; /* generated from <asm/unistd_64.h> */
+
+static zb_syscall_fn table[ZB_SYSCALL_MAX];
+static pthread_once_t table_once = PTHREAD_ONCE_INIT;
+
+static void fill_table(void) {
+    zb_sys_memory_register(table);
+    zb_sys_files_register(table);
+    zb_sys_fsmeta_register(table);
+    zb_sys_time_register(table);
+    zb_sys_process_register(table);
+    zb_sys_signals_register(table);
+}
+
+const char *zb_syscall_name(uint64_t nr) {
+    return nr < ZB_SYSCALL_MAX && zb_syscall_names[nr] ? zb_syscall_names[nr] : "unknown";
+}
+
+void zb_log(zb_sandbox *sb, const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    n = ZB_MIN(n, (int)sizeof line - 2);
+    line[n++] = '\n';
+    if (sb->log_len + (size_t)n > sizeof sb->log) return; /* full: the caller drains it after each run */
+    memcpy(sb->log + sb->log_len, line, (size_t)n);
+    sb->log_len += (size_t)n;
+}
+
+long zb_syscall_dispatch(zb_sandbox *sb, uint64_t nr, const uint64_t a[6]) {
+    pthread_once(&table_once, fill_table);
+    if (nr < ZB_SYSCALL_MAX && table[nr]) return table[nr](sb, a);
+    sb->stats.unknown_syscalls++;
+    uint64_t bit = nr < ZB_SYSCALL_MAX ? nr : ZB_SYSCALL_MAX - 1;
+    if (!(sb->logged_unknown[bit / 64] & (1ull << (bit % 64)))) {
+        sb->logged_unknown[bit / 64] |= 1ull << (bit % 64);
+        zb_log(sb, "unimplemented syscall %s (%llu) answered ENOSYS", zb_syscall_name(nr), (unsigned long long)nr);
+    }
+    return -ENOSYS;
+}

@@ -1,0 +1,135 @@
+/* zeroboot.h - the fork engine's public API, and the only header that cffi binds.
+ *
+ * The engine runs an unmodified Linux x86-64 program (CPython) at CPL3 inside a KVM VM with no
+ * guest kernel: the program's syscalls trap to the host and are served here. See
+ * docs/ARCHITECTURE.md for the guest ABI, the UART framing and the fork paths.
+ *
+ * Objects:
+ *   zb_engine   one per process: the /dev/kvm handle, CPUID, one executor VM that sandboxes run on.
+ *   zb_sandbox  a guest: its memory mapping, vCPU state and engine-side state (fds, files, maps).
+ *               A sandbox is data; it runs on the engine's executor VM when zb_sandbox_run is called.
+ *   zb_snapshot an immutable capture of a sandbox; sandboxes are forked from it copy-on-write.
+ *
+ * Threading: an engine and its sandboxes are used by one thread at a time, except
+ * zb_sandbox_kick(), which any thread may call. The engine reserves SIGUSR2 (ZB_KICK_SIGNAL) as its
+ * kick signal: zb_engine_open installs a handler that does nothing, so that a pending kick makes
+ * KVM_RUN return. That handler is the only process-wide state the engine owns.
+ *
+ * Errors: functions that can fail take `char *err` (ZB_ERRLEN bytes) and fill it with an
+ * actionable message; they return NULL or -1. Nothing the guest does can make them crash.
+ */
+#ifndef ZEROBOOT_H
+#define ZEROBOOT_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* CFFI-BEGIN */
+typedef struct zb_engine zb_engine;
+typedef struct zb_sandbox zb_sandbox;
+typedef struct zb_snapshot zb_snapshot;
+
+#define ZB_ERRLEN 512
+#define ZB_KICK_SIGNAL 12 /* SIGUSR2 */
+
+/* Why zb_sandbox_run returned. */
+#define ZB_EVENT_EXIT 1    /* guest called exit_group: `status`. The sandbox is finished. */
+#define ZB_EVENT_FAULT 2   /* guest crashed (segfault, illegal instruction, abort...): `signal`,
+                              `rip`, `addr`, `message`. The sandbox is finished. */
+#define ZB_EVENT_OUTPUT 3  /* guest wrote to its stdout (stream 1) or stderr (stream 2): `data`. */
+#define ZB_EVENT_FRAME 4   /* guest sent a complete UART frame: `frame_type`, `data` (payload). */
+#define ZB_EVENT_INPUT 5   /* guest waits for UART input and none is queued (zb_sandbox_push_input). */
+#define ZB_EVENT_TIMEOUT 6 /* the deadline passed; the guest is paused and can be resumed. */
+#define ZB_EVENT_KICK 7    /* zb_sandbox_kick() was called; the guest is paused and can be resumed. */
+#define ZB_EVENT_ERROR 8   /* the guest broke a sandbox rule (I/O port, malformed frame, ...) or the
+                              engine failed: `message`. The sandbox is finished. */
+
+typedef struct zb_event {
+    int kind;                  /* ZB_EVENT_* */
+    int status;                /* EXIT: exit status 0-255 */
+    int signal;                /* FAULT: the Linux signal the guest would have died of */
+    int stream;                /* OUTPUT: 1 stdout, 2 stderr */
+    uint32_t frame_type;       /* FRAME: ZB_FRAME_* type */
+    const uint8_t *data;       /* OUTPUT/FRAME bytes; valid until the next call on this sandbox */
+    size_t len;
+    uint64_t rip;              /* FAULT: guest instruction pointer */
+    uint64_t addr;             /* FAULT: faulting address (page faults), else 0 */
+    char message[512];         /* FAULT/ERROR: report for humans */
+} zb_event;
+
+/* UART frames (guest <-> host), little endian: u32 magic, u16 version, u16 type, u32 length,
+ * then `length` payload bytes. No in-band markers: only the length delimits a frame. */
+#define ZB_FRAME_MAGIC 0x5a42464d /* "MFBZ" */
+#define ZB_FRAME_VERSION 1
+#define ZB_FRAME_HEADER 12
+#define ZB_FRAME_MAX_PAYLOAD 16777216 /* 16 MiB */
+
+typedef struct zb_stats {
+    uint64_t exits;            /* KVM_RUN returns */
+    uint64_t syscalls;         /* guest syscalls served */
+    uint64_t unknown_syscalls; /* of which answered ENOSYS as unimplemented */
+    uint64_t io_exits;         /* UART port accesses */
+    uint64_t run_ns;           /* wall time inside zb_sandbox_run */
+    uint64_t syscall_ns;       /* host time spent serving syscalls */
+    uint64_t dirty_pages;      /* pages written since the last snapshot/restore */
+    uint64_t guest_pages;      /* pages the guest has allocated (mmap/brk/stack/ELF) */
+    uint64_t guest_pages_limit;
+} zb_stats;
+
+/* ---- engine ---- */
+zb_engine *zb_engine_open(char *err);
+void zb_engine_close(zb_engine *engine);
+
+/* ---- building a sandbox from scratch ---- */
+zb_sandbox *zb_sandbox_new(zb_engine *engine, uint64_t mem_bytes, char *err);
+/* Make a host file or directory tree visible read-only, at the same path in the guest. */
+int zb_sandbox_view_add(zb_sandbox *sb, const char *host_path, char *err);
+/* Create a writable, private, in-memory directory (and its parents) in the guest. */
+int zb_sandbox_overlay_dir(zb_sandbox *sb, const char *guest_path, char *err);
+/* Create a read-only file with the given content in the guest (e.g. /etc/passwd). */
+int zb_sandbox_put_file(zb_sandbox *sb, const char *guest_path, const void *data, size_t len,
+                        char *err);
+/* Cap on the bytes all overlay files together may hold (ENOSPC beyond). 0 = default. */
+void zb_sandbox_set_overlay_limit(zb_sandbox *sb, uint64_t bytes);
+/* Cap on guest-allocated memory (mmap/brk fail with ENOMEM beyond). 0 = the whole guest memory. */
+void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes);
+/* Load an ELF executable (static, or dynamic through its PT_INTERP) and set up its stack.
+ * exe_path is a guest path inside the view; argv/envp are NULL-terminated. */
+int zb_sandbox_exec(zb_sandbox *sb, const char *exe_path, const char *cwd,
+                    const char *const *argv, const char *const *envp, char *err);
+/* Write one line per served syscall (name, arguments, result, host time) to fd; -1 stops. */
+void zb_sandbox_set_trace_fd(zb_sandbox *sb, int fd);
+
+/* ---- running ---- */
+/* Run until something needs the caller (see ZB_EVENT_*). deadline_ns is CLOCK_MONOTONIC, 0 = none.
+ * Returns 0 with *ev filled; -1 only if the sandbox is already finished. */
+int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev);
+/* Queue bytes for the guest to read from the UART. */
+int zb_sandbox_push_input(zb_sandbox *sb, const void *data, size_t len, char *err);
+/* Ask a running zb_sandbox_run (on another thread) to return ZB_EVENT_KICK soon. Thread-safe. */
+void zb_sandbox_kick(zb_sandbox *sb);
+/* Deliver a signal (e.g. SIGINT = 2) to the guest's handler when it next runs. Returns -1 with err
+ * when the guest has no handler for it (the default action would kill it). */
+int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err);
+int zb_sandbox_finished(zb_sandbox *sb);
+void zb_sandbox_stats(zb_sandbox *sb, zb_stats *out);
+/* Take the engine's log lines for this sandbox (unimplemented syscalls etc.), '\n' separated.
+ * Returns the number of bytes copied (0 when there is nothing new). */
+size_t zb_sandbox_take_log(zb_sandbox *sb, char *buf, size_t len);
+void zb_sandbox_free(zb_sandbox *sb);
+
+/* ---- snapshots and forks ---- */
+/* Capture the sandbox's current state. The sandbox goes on; the snapshot never changes. */
+zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err);
+/* A new sandbox whose memory is a copy-on-write view of the snapshot. */
+zb_sandbox *zb_snapshot_fork(zb_snapshot *snap, char *err);
+/* Make an existing sandbox equal to the snapshot again (its memory and state), in place. */
+int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err);
+/* Write a snapshot (memory image + state) to a directory; load it back, e.g. in another process. */
+int zb_snapshot_save(zb_snapshot *snap, const char *dir, char *err);
+zb_snapshot *zb_snapshot_load(zb_engine *engine, const char *dir, char *err);
+void zb_snapshot_release(zb_snapshot *snap);
+/* Bytes of host memory the snapshot holds on its own (pages it copied), for accounting. */
+uint64_t zb_snapshot_private_bytes(zb_snapshot *snap);
+/* CFFI-END */
+
+#endif

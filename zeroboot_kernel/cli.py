@@ -1,0 +1,70 @@
+"""The `zeroboot-kernel` command line."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .errors import ZerobootError
+
+log = logging.getLogger("zeroboot_kernel")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .guest_view import python_spec
+    from .runner import interrupt_exit_code, run_to_completion
+
+    extra_view: list[str] = []
+    if args.c is not None:
+        py_args = ["-c", args.c, *args.args]
+    elif args.m is not None:
+        py_args = ["-m", args.m, *args.args]
+    elif args.args:
+        script = os.path.abspath(args.args[0])
+        if not os.path.isfile(script):
+            print(f"zeroboot-kernel run: {args.args[0]}: no such file", file=sys.stderr)
+            return 2
+        extra_view.append(script)
+        py_args = [script, *args.args[1:]]
+    else:
+        print("zeroboot-kernel run: give -c CODE, -m MODULE or FILE.py", file=sys.stderr)
+        return 2
+    env = dict(kv.split("=", 1) for kv in args.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    spec = python_spec(py_args, env=env, extra_view=extra_view, mem_bytes=args.memory << 20)
+    try:
+        return run_to_completion(spec, timeout=args.timeout, trace=args.trace_syscalls)
+    except KeyboardInterrupt:
+        return interrupt_exit_code()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zeroboot-kernel", description="Python in KVM sandboxes, as a Jupyter kernel.")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run this environment's Python in a fresh VM (like `python ...`)")
+    run.add_argument("-c", metavar="CODE", help="program passed in as a string")
+    run.add_argument("-m", metavar="MODULE", help="run a library module as a script")
+    run.add_argument("--trace-syscalls", action="store_true", help="print every guest syscall with its result")
+    run.add_argument("--timeout", type=float, default=None, help="stop the guest after this many seconds")
+    run.add_argument("--memory", type=int, default=1024, metavar="MIB", help="guest memory (default 1024 MiB)")
+    run.add_argument("--env", action="append", default=[], metavar="K=V", help="extra guest environment variable")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="FILE.py and/or arguments for the program")
+    run.set_defaults(func=_cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="zeroboot: %(message)s")
+    try:
+        return args.func(args)
+    except ZerobootError as exc:
+        print(f"zeroboot-kernel: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Exceptions raised by the engine binding and the kernel. Each carries an actionable message."""
+from __future__ import annotations
+
+
+class ZerobootError(Exception):
+    """Base class of everything this package raises on purpose."""
+
+
+class KvmUnavailableError(ZerobootError):
+    """/dev/kvm is missing or not accessible: nothing can run."""
+
+
+class SandboxError(ZerobootError):
+    """A sandbox could not be created or broke a rule (bad I/O port, malformed frame, ...)."""
+
+
+class SandboxCrashed(SandboxError):
+    """The guest program crashed (segfault, illegal instruction, abort, ...)."""
+
+    def __init__(self, message: str, signal: int = 0, rip: int = 0) -> None:
+        super().__init__(message)
+        self.signal = signal
+        self.rip = rip
+
+
+class SandboxTimeout(SandboxError):
+    """The guest ran past its deadline and was stopped."""
+
+
+class SandboxMemoryError(SandboxError):
+    """The guest needed more memory than its cap allows."""
+
+
+class TemplateError(ZerobootError):
+    """A template is missing, stale or corrupt; rebuilding it fixes this."""

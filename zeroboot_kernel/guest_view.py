@@ -1,0 +1,117 @@
+"""What the guest sees: the files of this environment's Python, and how it is started.
+
+The guest gets a read-only view of exactly what the interpreter needs (its prefixes, the
+environment's site-packages, the guest agent, and the host shared libraries that the interpreter
+and the extension modules load), a private in-memory /tmp and home directory, and a fixed identity
+(user "sandbox", uid 1000, host name "zeroboot").
+"""
+from __future__ import annotations
+
+import logging
+import os
+import site
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import zeroboot_guest
+
+from . import elf_deps
+
+log = logging.getLogger(__name__)
+
+GUEST_HOME = "/home/sandbox"
+GUEST_DIR = Path(zeroboot_guest.__file__).resolve().parent
+
+IDENTITY_FILES = {
+    "/etc/passwd": b"root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/sh\n",
+    "/etc/group": b"root:x:0:\nsandbox:x:1000:\n",
+    "/etc/hostname": b"zeroboot\n",
+    "/etc/hosts": b"127.0.0.1 localhost\n127.0.1.1 zeroboot\n",
+    "/etc/nsswitch.conf": b"passwd: files\ngroup: files\nhosts: files\n",
+}
+
+# One CPU and no threads in the guest: keep numeric libraries from trying to start any.
+THREAD_ENV = {k: "1" for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                               "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")}
+
+
+@dataclass
+class GuestSpec:
+    """Everything needed to boot a guest program in a fresh sandbox."""
+
+    exe: str
+    argv: list[str]
+    env: dict[str, str]
+    view: list[str]
+    cwd: str = GUEST_HOME
+    mem_bytes: int = 1 << 30
+    memory_limit: int = 0
+    overlay_dirs: list[str] = field(default_factory=lambda: ["/tmp", GUEST_HOME])
+    files: dict[str, bytes] = field(default_factory=lambda: dict(IDENTITY_FILES))
+
+
+def python_prefixes() -> list[str]:
+    """The interpreter's installation prefixes (a venv and its base installation)."""
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return sorted(os.path.realpath(p) for p in prefixes if p)
+
+
+def site_dirs() -> list[str]:
+    """Site-packages directories of this environment that exist."""
+    dirs = set(site.getsitepackages())
+    if site.ENABLE_USER_SITE and site.getusersitepackages():
+        dirs.add(site.getusersitepackages())
+    purelib = sysconfig.get_paths().get("purelib")
+    if purelib:
+        dirs.add(purelib)
+    return sorted(d for d in dirs if os.path.isdir(d))
+
+
+@lru_cache(maxsize=1)
+def python_view() -> tuple[str, ...]:
+    """Host paths the guest needs to run this environment's Python (computed once per process)."""
+    prefixes = python_prefixes()
+    sites = site_dirs()
+    view = set(prefixes) | set(sites) | {sys.executable, str(GUEST_DIR)}
+    dynload = os.path.join(sysconfig.get_paths()["platstdlib"], "lib-dynload")
+    roots = [os.path.realpath(sys.executable)] + elf_deps.extension_modules(sites + [dynload])
+    libs, _missing = elf_deps.library_closure(roots)
+    view |= {lib for lib in libs if not elf_deps.under_any(lib, prefixes + sites)}
+    # ld.so finds libraries through its cache; local time comes from /etc/localtime
+    view |= {p for p in ("/etc/ld.so.cache", "/etc/localtime") if os.path.exists(p)}
+    log.debug("guest view: %d paths", len(view))
+    return tuple(sorted(view))
+
+
+def guest_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {
+        "PATH": os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin",
+        "HOME": GUEST_HOME,
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLBACKEND": "Agg",
+        **THREAD_ENV,
+    }
+    if os.environ.get("TZ"):
+        env["TZ"] = os.environ["TZ"]
+    env.update(extra or {})
+    return env
+
+
+def python_spec(args: list[str], *, env: dict[str, str] | None = None, extra_view: list[str] | None = None,
+                mem_bytes: int = 1 << 30, cwd: str = GUEST_HOME) -> GuestSpec:
+    """A spec that runs this environment's own interpreter with `args` (as in `python ARGS`)."""
+    return GuestSpec(
+        exe=sys.executable,
+        argv=[sys.executable, *args],
+        env=guest_env(env),
+        view=list(python_view()) + list(extra_view or []),
+        mem_bytes=mem_bytes,
+        cwd=cwd,
+    )
