@@ -70,14 +70,21 @@ def site_dirs() -> list[str]:
     return sorted(d for d in dirs if os.path.isdir(d))
 
 
+def stdlib_dirs() -> list[str]:
+    """The standard library and its extension modules (lib-dynload) of the base installation:
+    in a venv, sysconfig's stdlib paths point into the venv, so look at sys.path instead."""
+    dirs = {p for p in sys.path if p.endswith("lib-dynload") and os.path.isdir(p)}
+    dirs.add(os.path.dirname(os.__file__))
+    return sorted(dirs)
+
+
 @lru_cache(maxsize=1)
 def python_view() -> tuple[str, ...]:
     """Host paths the guest needs to run this environment's Python (computed once per process)."""
     prefixes = python_prefixes()
     sites = site_dirs()
     view = set(prefixes) | set(sites) | {sys.executable, str(GUEST_DIR)}
-    dynload = os.path.join(sysconfig.get_paths()["platstdlib"], "lib-dynload")
-    roots = [os.path.realpath(sys.executable)] + elf_deps.extension_modules(sites + [dynload])
+    roots = [os.path.realpath(sys.executable)] + elf_deps.extension_modules(sites + stdlib_dirs())
     libs, _missing = elf_deps.library_closure(roots)
     view |= {lib for lib in libs if not elf_deps.under_any(lib, prefixes + sites)}
     # ld.so finds libraries through its cache; local time comes from /etc/localtime
