@@ -44,7 +44,16 @@
 
 typedef struct zb_fs zb_fs;
 typedef struct zb_fdtable zb_fdtable;
-typedef struct zb_image zb_image;
+/* A memory image a sandbox's mapping can be built on: a template's memory file, shared
+ * read-only (MAP_PRIVATE) by every fork in every process that loads the template. */
+typedef struct zb_image {
+    atomic_int refs;
+    int fd;
+    uint64_t size;
+} zb_image;
+zb_image *zb_image_new(int fd, uint64_t size);
+void zb_image_ref(zb_image *img);
+void zb_image_unref(zb_image *img);
 
 /* ---- errors and logging ---- */
 void zb_seterr(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -81,6 +90,8 @@ int zb_vm_detach(zb_vm *vm, char *err);
 /* OR the VM's dirty log for the attached sandbox into its dirty bitmap (and clear the log). */
 int zb_vm_collect_dirty(zb_vm *vm, char *err);
 int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err);
+/* Load the attached sandbox's registers, segments and XSAVE image into the vCPU. */
+int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err);
 /* The sandbox's memory goes away: unmap it from the executor if attached. */
 int zb_vm_forget(zb_vm *vm, zb_sandbox *sb, char *err);
 
@@ -97,8 +108,11 @@ typedef struct zb_memory {
     uint64_t npages;
     uint64_t *allocated;     /* bitmap: page belongs to the guest (ELF, stack, brk, mmap) */
     uint64_t *host_dirty;    /* bitmap: pages changed by the engine (guest writes: KVM dirty log) */
-    uint64_t *file_backed;   /* bitmap: page's host mapping is a file (the base image or a host file
-                                the guest mapped), so MADV_DONTNEED would not make it read zero */
+    uint64_t *file_backed;   /* bitmap: page's host mapping is a file (the base image, a snapshot
+                                store or a host file the guest mapped): MADV_DONTNEED would not
+                                make it read zero */
+    uint64_t *from_image;    /* bitmap: page's host mapping is the base image at the same offset,
+                                so MADV_DONTNEED reverts it to the image's content */
     uint64_t pages_allocated, pages_limit;
     uint64_t mmap_top;       /* top-down mmap search starts below this */
     uint64_t brk_start, brk_end;
@@ -109,7 +123,17 @@ typedef struct zb_memory {
 
 int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err);
 void zb_mem_destroy(zb_memory *m);
-int zb_mem_clone_meta(zb_memory *dst, const zb_memory *src);
+/* The bookkeeping part of guest memory (which pages are the guest's, its regions, brk), as a
+ * snapshot keeps it. */
+typedef struct zb_mem_meta {
+    uint64_t *allocated;
+    uint64_t npages, pages_allocated, pages_limit, mmap_top, brk_start, brk_end;
+    zb_region *regions;
+    size_t nregions;
+} zb_mem_meta;
+int zb_mem_meta_save(const zb_memory *m, zb_mem_meta *out);
+int zb_mem_meta_load(zb_memory *m, const zb_mem_meta *in);
+void zb_mem_meta_free(zb_mem_meta *meta);
 /* Validated access to guest memory: NULL unless [addr, addr+len) lies in guest-allocated user
  * pages. `write` marks the pages dirty. */
 void *zb_guest_ptr(zb_sandbox *sb, uint64_t addr, uint64_t len, int write);
@@ -125,6 +149,8 @@ void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated);
 int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len);
 /* Map len bytes of host fd at offset (page aligned) copy-on-write at guest addr. */
 int zb_mem_map_file(zb_memory *m, uint64_t addr, uint64_t len, int fd, uint64_t offset);
+/* Make [addr, addr+len) read the base image's bytes again (no-op copy where already mapped). */
+int zb_mem_revert_to_image(zb_memory *m, uint64_t addr, uint64_t len);
 void zb_mem_dirty(zb_memory *m, uint64_t addr, uint64_t len);
 void zb_region_add(zb_memory *m, uint64_t start, uint64_t end, int prot, const char *name);
 void zb_region_remove(zb_memory *m, uint64_t start, uint64_t end);
@@ -212,6 +238,8 @@ struct zb_sandbox {
     zb_uart uart;
     zb_process proc;
     uint64_t vdso_data;      /* guest address of the vDSO data page, 0 if none */
+    zb_snapshot *base;       /* the snapshot this sandbox's memory is relative to (host_dirty and
+                                KVM's dirty log say what changed since), or NULL */
 
     int finished;            /* exited, crashed or broke a rule: cannot run again */
     atomic_int kick_requested;

@@ -180,4 +180,12 @@ int zb_fd_close(zb_sandbox *sb, int fd);
 zb_hostfd *zb_hostfd_new(int fd);
 void zb_hostfd_unref(zb_hostfd *h);
 
+/* fs_snapshot.c: the namespace, overlay and fd table in a saved snapshot */
+struct zb_out;
+struct zb_in;
+void zb_fs_save(const zb_fs *fs, struct zb_out *o);
+zb_fs *zb_fs_load(struct zb_in *in);
+void zb_fds_save(const zb_fdtable *t, struct zb_out *o);
+zb_fdtable *zb_fds_load(struct zb_in *in, zb_fs *fs, const char *exe, char *err);
+
 #endif

@@ -94,9 +94,11 @@ static void write_gdt_idt_tss(zb_memory *m) {
 }
 
 void zb_layout_write(zb_memory *m) {
-    memset(m->host, 0, PD_GPA + ZB_PAGE * ((m->size + (1ul << 30) - 1) >> 30));
+    uint64_t used = PD_GPA + ZB_PAGE * ((m->size + (1ul << 30) - 1) >> 30);
+    memset(m->host, 0, used);
     write_page_tables(m);
     write_gdt_idt_tss(m);
+    zb_mem_dirty(m, 0, used); /* part of every snapshot of this sandbox */
 }
 
 void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_base, uint64_t gs_base) {

@@ -8,6 +8,7 @@
 #include "engine.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define MAX_REGIONS 65536
 
@@ -29,6 +30,26 @@ static int bits_all(const uint64_t *b, uint64_t first, uint64_t n, int value) {
     return 1;
 }
 
+zb_image *zb_image_new(int fd, uint64_t size) {
+    zb_image *img = calloc(1, sizeof *img);
+    if (!img) return NULL;
+    atomic_init(&img->refs, 1);
+    img->fd = fd;
+    img->size = size;
+    return img;
+}
+
+void zb_image_ref(zb_image *img) {
+    if (img) atomic_fetch_add(&img->refs, 1);
+}
+
+void zb_image_unref(zb_image *img) {
+    if (img && atomic_fetch_sub(&img->refs, 1) == 1) {
+        close(img->fd);
+        free(img);
+    }
+}
+
 int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     memset(m, 0, sizeof *m);
     if (size < ZB_MEM_MIN || size > ZB_MEM_MAX || size % ZB_HUGE) {
@@ -38,8 +59,13 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     }
     m->size = size;
     m->npages = size / ZB_PAGE;
-    m->image = image;
-    void *host = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (image && image->size != size) {
+        zb_seterr(err, "memory image is %llu bytes, the guest needs %llu", (unsigned long long)image->size,
+                  (unsigned long long)size);
+        return -1;
+    }
+    void *host = image ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, image->fd, 0)
+                       : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (host == MAP_FAILED) {
         zb_seterr(err, "cannot reserve %llu MiB of host address space for guest memory: %s",
                   (unsigned long long)(size >> 20), strerror(errno));
@@ -49,10 +75,17 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     m->allocated = calloc(1, bitmap_bytes(m->npages));
     m->host_dirty = calloc(1, bitmap_bytes(m->npages));
     m->file_backed = calloc(1, bitmap_bytes(m->npages));
-    if (!m->allocated || !m->host_dirty || !m->file_backed) {
+    m->from_image = calloc(1, bitmap_bytes(m->npages));
+    if (!m->allocated || !m->host_dirty || !m->file_backed || !m->from_image) {
         zb_seterr(err, "out of memory for guest page bitmaps");
         zb_mem_destroy(m);
         return -1;
+    }
+    if (image) {
+        zb_image_ref(image);
+        m->image = image;
+        zb_bits_set_range(m->file_backed, 0, m->npages, 1);
+        zb_bits_set_range(m->from_image, 0, m->npages, 1);
     }
     zb_bits_set_range(m->allocated, 0, ZB_LOW_REGION / ZB_PAGE, 1); /* never handed to the guest */
     m->pages_limit = m->npages;
@@ -65,29 +98,52 @@ void zb_mem_destroy(zb_memory *m) {
     free(m->allocated);
     free(m->host_dirty);
     free(m->file_backed);
+    free(m->from_image);
     free(m->regions);
+    zb_image_unref(m->image);
     memset(m, 0, sizeof *m);
 }
 
-/* Copy everything but the mapping itself (the caller builds that). */
-int zb_mem_clone_meta(zb_memory *dst, const zb_memory *src) {
-    size_t bb = bitmap_bytes(src->npages);
-    memcpy(dst->allocated, src->allocated, bb);
-    dst->pages_allocated = src->pages_allocated;
-    dst->pages_limit = src->pages_limit;
-    dst->mmap_top = src->mmap_top;
-    dst->brk_start = src->brk_start;
-    dst->brk_end = src->brk_end;
-    free(dst->regions);
-    dst->regions = NULL;
-    dst->nregions = dst->regions_cap = 0;
-    if (src->nregions) {
-        dst->regions = malloc(src->nregions * sizeof(zb_region));
-        if (!dst->regions) return -1;
-        memcpy(dst->regions, src->regions, src->nregions * sizeof(zb_region));
-        dst->nregions = dst->regions_cap = src->nregions;
+int zb_mem_meta_save(const zb_memory *m, zb_mem_meta *out) {
+    memset(out, 0, sizeof *out);
+    size_t bb = bitmap_bytes(m->npages);
+    if (!(out->allocated = malloc(bb))) return -1;
+    memcpy(out->allocated, m->allocated, bb);
+    if (m->nregions) {
+        if (!(out->regions = malloc(m->nregions * sizeof(zb_region)))) { zb_mem_meta_free(out); return -1; }
+        memcpy(out->regions, m->regions, m->nregions * sizeof(zb_region));
     }
+    out->nregions = m->nregions;
+    out->npages = m->npages;
+    out->pages_allocated = m->pages_allocated;
+    out->pages_limit = m->pages_limit;
+    out->mmap_top = m->mmap_top;
+    out->brk_start = m->brk_start;
+    out->brk_end = m->brk_end;
     return 0;
+}
+
+int zb_mem_meta_load(zb_memory *m, const zb_mem_meta *in) {
+    if (in->npages != m->npages) return -1;
+    zb_region *regions = NULL;
+    if (in->nregions && !(regions = malloc(in->nregions * sizeof(zb_region)))) return -1;
+    if (in->nregions) memcpy(regions, in->regions, in->nregions * sizeof(zb_region));
+    memcpy(m->allocated, in->allocated, bitmap_bytes(m->npages));
+    free(m->regions);
+    m->regions = regions;
+    m->nregions = m->regions_cap = in->nregions;
+    m->pages_allocated = in->pages_allocated;
+    m->pages_limit = in->pages_limit;
+    m->mmap_top = in->mmap_top;
+    m->brk_start = in->brk_start;
+    m->brk_end = in->brk_end;
+    return 0;
+}
+
+void zb_mem_meta_free(zb_mem_meta *meta) {
+    free(meta->allocated);
+    free(meta->regions);
+    memset(meta, 0, sizeof *meta);
 }
 
 void zb_mem_dirty(zb_memory *m, uint64_t addr, uint64_t len) {
@@ -139,6 +195,7 @@ int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
         if (p == MAP_FAILED) return -errno;
         zb_bits_set_range(m->file_backed, first, n, 0);
+        zb_bits_set_range(m->from_image, first, n, 0);
     } else if (madvise(m->host + addr, len, MADV_DONTNEED) < 0) {
         return -errno;
     }
@@ -151,7 +208,23 @@ int zb_mem_map_file(zb_memory *m, uint64_t addr, uint64_t len, int fd, uint64_t 
     void *p = mmap(m->host + addr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd, (off_t)offset);
     if (p == MAP_FAILED) return -errno;
     zb_bits_set_range(m->file_backed, addr / ZB_PAGE, len / ZB_PAGE, 1);
+    zb_bits_set_range(m->from_image, addr / ZB_PAGE, len / ZB_PAGE, 0);
     zb_mem_dirty(m, addr, len);
+    return 0;
+}
+
+int zb_mem_revert_to_image(zb_memory *m, uint64_t addr, uint64_t len) {
+    uint64_t first = addr / ZB_PAGE, n = ZB_PAGE_UP(len) / ZB_PAGE;
+    if (!m->image) return zb_mem_zero(m, addr, len); /* a boot sandbox's base is all zeros */
+    if (bits_all(m->from_image, first, n, 1)) {
+        if (madvise(m->host + addr, n * ZB_PAGE, MADV_DONTNEED) < 0) return -errno; /* drops private copies */
+    } else {
+        void *p = mmap(m->host + addr, n * ZB_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE,
+                       m->image->fd, (off_t)addr);
+        if (p == MAP_FAILED) return -errno;
+        zb_bits_set_range(m->file_backed, first, n, 1);
+        zb_bits_set_range(m->from_image, first, n, 1);
+    }
     return 0;
 }
 

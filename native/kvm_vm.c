@@ -224,16 +224,21 @@ int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err) {
     return 0;
 }
 
-int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err) {
-    if (vm->attached == sb) return 0;
-    if (vm->attached && zb_vm_detach(vm, err) < 0) return -1;
-    if (set_slot(vm, (uint64_t)sb->mem.host, sb->mem.size, err) < 0) return -1;
+int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err) {
     struct kvm_sregs s;
     if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &s) < 0) { zb_seterr(err, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
     zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
     if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, &s) < 0) { zb_seterr(err, "KVM_SET_SREGS: %s", strerror(errno)); return -1; }
     if (load_xsave(vm, sb, err) < 0) return -1;
     if (ioctl(vm->vcpu_fd, KVM_SET_REGS, &sb->cpu.regs) < 0) { zb_seterr(err, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
+    return 0;
+}
+
+int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err) {
+    if (vm->attached == sb) return 0;
+    if (vm->attached && zb_vm_detach(vm, err) < 0) return -1;
+    if (set_slot(vm, (uint64_t)sb->mem.host, sb->mem.size, err) < 0) return -1;
+    if (zb_vm_load_cpu(vm, sb, err) < 0) return -1;
     vm->attached = sb;
     return 0;
 }

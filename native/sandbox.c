@@ -125,6 +125,7 @@ void zb_sandbox_free(zb_sandbox *sb) {
     if (!sb) return;
     char err[ZB_ERRLEN];
     zb_vm_forget(sb->engine->vm, sb, err);
+    zb_snapshot_release(sb->base);
     zb_sandbox_free_state(sb);
     zb_mem_destroy(&sb->mem);
     zb_uart_destroy(&sb->uart);

@@ -1,10 +1,340 @@
-/* snapshot.c - snapshots and forks: not implemented yet (next step of issue 3). */
-#include "engine.h"
+/* snapshot.c - snapshots of sandboxes, forks from them, and restoring a sandbox in place.
+ *
+ * A snapshot's memory is its base image (a template's memory file, or nothing = zeros) plus, per
+ * 2 MiB chunk, the pages that differ from it. Those pages live in stores (memfds); a snapshot
+ * copies only the pages its sandbox changed since the previous snapshot (KVM's dirty log + the
+ * engine's own writes) and shares every other chunk with that previous snapshot, so a chain of
+ * per-cell checkpoints costs what the cells wrote.
+ *
+ * A fork maps the image copy-on-write and applies the snapshot's pages (long runs are mapped from
+ * the store, short ones copied). A restore applies only the pages that can differ: those written
+ * since the sandbox's base snapshot and those where the two snapshots' chunks differ. So
+ * resetting a sandbox after a cell costs what the cell wrote, and its other pages stay warm.
+ */
+#include "snapshot.h"
 
-zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) { (void)sb; zb_seterr(err, "snapshots are not implemented yet"); return NULL; }
-zb_sandbox *zb_snapshot_fork(zb_snapshot *s, char *err) { (void)s; zb_seterr(err, "forks are not implemented yet"); return NULL; }
-int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *s, char *err) { (void)sb; (void)s; zb_seterr(err, "restore is not implemented yet"); return -1; }
-int zb_snapshot_save(zb_snapshot *s, const char *dir, char *err) { (void)s; (void)dir; zb_seterr(err, "not implemented yet"); return -1; }
-zb_snapshot *zb_snapshot_load(zb_engine *e, const char *dir, char *err) { (void)e; (void)dir; zb_seterr(err, "not implemented yet"); return NULL; }
-void zb_snapshot_release(zb_snapshot *s) { (void)s; }
-uint64_t zb_snapshot_private_bytes(zb_snapshot *s) { (void)s; return 0; }
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ---- stores and chunks ---- */
+
+static zb_store *store_new(uint64_t npages, char *err) {
+    zb_store *s = calloc(1, sizeof *s);
+    if (!s) { zb_seterr(err, "out of memory"); return NULL; }
+    atomic_init(&s->refs, 1);
+    s->npages = npages;
+    s->fd = memfd_create("zeroboot-snapshot", MFD_CLOEXEC);
+    if (s->fd < 0 || ftruncate(s->fd, (off_t)(ZB_MAX(npages, 1) * ZB_PAGE)) < 0) {
+        zb_seterr(err, "cannot create snapshot store: %s", strerror(errno));
+        if (s->fd >= 0) close(s->fd);
+        free(s);
+        return NULL;
+    }
+    s->map = mmap(NULL, ZB_MAX(npages, 1) * ZB_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+    if (s->map == MAP_FAILED) {
+        zb_seterr(err, "cannot map snapshot store: %s", strerror(errno));
+        close(s->fd);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void store_unref(zb_store *s) {
+    if (s && atomic_fetch_sub(&s->refs, 1) == 1) {
+        munmap(s->map, ZB_MAX(s->npages, 1) * ZB_PAGE);
+        close(s->fd);
+        free(s);
+    }
+}
+
+static void chunk_unref(zb_chunk *c) {
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    for (int i = 0; i < CHUNK_PAGES; i++) store_unref(c->page[i].store);
+    free(c);
+}
+
+/* A private copy of a chunk (NULL = all image) that the caller may change. */
+static zb_chunk *chunk_copy(const zb_chunk *src) {
+    zb_chunk *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    atomic_init(&c->refs, 1);
+    if (src) {
+        memcpy(c->page, src->page, sizeof c->page);
+        for (int i = 0; i < CHUNK_PAGES; i++)
+            if (c->page[i].store) atomic_fetch_add(&c->page[i].store->refs, 1);
+    }
+    return c;
+}
+
+static void page_set(zb_page *p, uint32_t kind, zb_store *store, uint32_t index) {
+    if (store) atomic_fetch_add(&store->refs, 1);
+    store_unref(p->store);
+    p->store = store;
+    p->index = index;
+    p->kind = kind;
+}
+
+static const zb_page image_page = {NULL, 0, PAGE_IMAGE};
+
+const zb_page *zb_snapshot_page(const zb_snapshot *s, uint64_t pfn) {
+    const zb_chunk *c = s ? s->chunks[pfn / CHUNK_PAGES] : NULL;
+    return c ? &c->page[pfn % CHUNK_PAGES] : &image_page;
+}
+
+static int page_is_zero(const uint8_t *p) {
+    const uint64_t *w = (const uint64_t *)p;
+    for (size_t i = 0; i < ZB_PAGE / 8; i++)
+        if (w[i]) return 0;
+    return 1;
+}
+
+/* ---- the sandbox state next to memory ---- */
+
+void zb_guest_state_free(zb_guest_state *st) {
+    free(st->cpu.xsave);
+    zb_uart_destroy(&st->uart);
+    zb_fdtable_free(st->fds, st->fs);
+    zb_fs_free(st->fs);
+    zb_mem_meta_free(&st->mem);
+    memset(st, 0, sizeof *st);
+}
+
+/* Copy a sandbox's (or a snapshot's) non-memory state. */
+static int state_copy(zb_guest_state *dst, const zb_cpu *cpu, const zb_signals *sig, const zb_process *proc,
+                      const zb_uart *uart, uint64_t vdso_data, const zb_fs *fs, const zb_fdtable *fds,
+                      size_t xsave_size) {
+    memset(dst, 0, sizeof *dst);
+    dst->cpu = *cpu;
+    dst->sig = *sig;
+    dst->proc = *proc;
+    dst->vdso_data = vdso_data;
+    if (!(dst->cpu.xsave = malloc(xsave_size)) || zb_uart_clone(&dst->uart, uart) < 0 ||
+        !(dst->fs = zb_fs_clone(fs)) || !(dst->fds = zb_fdtable_clone(fds))) {
+        zb_guest_state_free(dst);
+        return -1;
+    }
+    memcpy(dst->cpu.xsave, cpu->xsave, xsave_size);
+    return 0;
+}
+
+/* Replace the sandbox's non-memory state with a copy of the snapshot's. */
+static int state_apply(zb_sandbox *sb, const zb_guest_state *st, char *err) {
+    zb_guest_state fresh;
+    if (state_copy(&fresh, &st->cpu, &st->sig, &st->proc, &st->uart, st->vdso_data, st->fs, st->fds,
+                   sb->engine->xsave_size) < 0 ||
+        zb_mem_meta_load(&sb->mem, &st->mem) < 0) {
+        zb_seterr(err, "out of memory restoring sandbox state");
+        return -1;
+    }
+    zb_sandbox_free_state(sb);
+    free(sb->cpu.xsave);
+    zb_uart_destroy(&sb->uart);
+    sb->cpu = fresh.cpu;
+    sb->sig = fresh.sig;
+    sb->proc = fresh.proc;
+    sb->uart = fresh.uart;
+    sb->vdso_data = fresh.vdso_data;
+    sb->fs = fresh.fs;
+    sb->fds = fresh.fds;
+    return 0;
+}
+
+/* ---- applying pages to a sandbox's mapping, in runs ---- */
+
+typedef struct {
+    zb_sandbox *sb;
+    uint64_t start, len;   /* current run, in pages */
+    zb_page kind;          /* what the run becomes (store/index of its first page) */
+    int error;
+} run_batch;
+
+static void flush_run(run_batch *b) {
+    if (!b->len || b->error) { b->len = 0; return; }
+    zb_memory *m = &b->sb->mem;
+    uint64_t addr = b->start * ZB_PAGE, bytes = b->len * ZB_PAGE;
+    int rc = 0;
+    switch (b->kind.kind) {
+    case PAGE_IMAGE: rc = zb_mem_revert_to_image(m, addr, bytes); break;
+    case PAGE_ZERO: rc = zb_mem_zero(m, addr, bytes); break;
+    case PAGE_STORED:
+        if (b->len >= MIN_MAP_RUN) {
+            void *p = mmap(m->host + addr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE,
+                           b->kind.store->fd, (off_t)b->kind.index * (off_t)ZB_PAGE);
+            if (p == MAP_FAILED) rc = -errno;
+            zb_bits_set_range(m->file_backed, b->start, b->len, 1);
+            zb_bits_set_range(m->from_image, b->start, b->len, 0);
+        } else {
+            memcpy(m->host + addr, b->kind.store->map + (uint64_t)b->kind.index * ZB_PAGE, bytes);
+        }
+        break;
+    }
+    if (rc < 0) b->error = rc;
+    b->len = 0;
+}
+
+static void add_page(run_batch *b, uint64_t pfn, const zb_page *p) {
+    if (b->len && pfn == b->start + b->len && p->kind == b->kind.kind &&
+        (p->kind != PAGE_STORED || (p->store == b->kind.store && p->index == b->kind.index + b->len))) {
+        b->len++;
+        return;
+    }
+    flush_run(b);
+    b->start = pfn;
+    b->len = 1;
+    b->kind = *p;
+}
+
+static int page_same(const zb_page *a, const zb_page *b) {
+    return a->kind == b->kind && (a->kind != PAGE_STORED || (a->store == b->store && a->index == b->index));
+}
+
+/* Make the sandbox's memory equal to snap's, where it can differ: pages written since its base
+ * snapshot, and pages where base and snap disagree. */
+static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapshot *snap, char *err) {
+    run_batch b = {.sb = sb};
+    const uint64_t *dirty = sb->mem.host_dirty;
+    for (uint64_t c = 0; c < snap->nchunks; c++) {
+        const zb_chunk *bc = base ? base->chunks[c] : NULL, *nc = snap->chunks[c];
+        int any_dirty = 0;
+        for (int w = 0; w < CHUNK_PAGES / 64; w++) any_dirty |= dirty[c * (CHUNK_PAGES / 64) + w] != 0;
+        if (bc == nc && !any_dirty) continue;
+        for (uint64_t i = 0; i < CHUNK_PAGES; i++) {
+            uint64_t pfn = c * CHUNK_PAGES + i;
+            const zb_page *want = zb_snapshot_page(snap, pfn);
+            if (zb_bit(dirty, pfn) || !page_same(zb_snapshot_page(base, pfn), want)) add_page(&b, pfn, want);
+        }
+    }
+    flush_run(&b);
+    if (b.error) {
+        zb_seterr(err, "cannot rebuild guest memory: %s", strerror(-b.error));
+        return -1;
+    }
+    memset(sb->mem.host_dirty, 0, ((sb->mem.npages + 63) / 64) * sizeof(uint64_t));
+    return 0;
+}
+
+/* ---- public API ---- */
+
+static void snapshot_free(zb_snapshot *s) {
+    for (uint64_t c = 0; c < s->nchunks; c++) chunk_unref(s->chunks[c]);
+    free(s->chunks);
+    store_unref(s->own);
+    zb_image_unref(s->image);
+    zb_guest_state_free(&s->st);
+    free(s);
+}
+
+void zb_snapshot_release(zb_snapshot *s) {
+    if (s && atomic_fetch_sub(&s->refs, 1) == 1) snapshot_free(s);
+}
+
+uint64_t zb_snapshot_private_bytes(zb_snapshot *s) { return s && s->own ? s->own->npages * ZB_PAGE : 0; }
+
+/* Bring the sandbox's dirty set and XSAVE image up to date from the VM it is attached to. */
+static int sync_from_vm(zb_sandbox *sb, char *err) {
+    zb_vm *vm = sb->engine->vm;
+    if (!vm || vm->attached != sb) return 0;
+    if (zb_vm_collect_dirty(vm, err) < 0) return -1;
+    return sb->finished ? 0 : zb_vm_save_xsave(vm, sb, err);
+}
+
+zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
+    if (sb->finished) { zb_seterr(err, "cannot snapshot a sandbox that has finished"); return NULL; }
+    if (sync_from_vm(sb, err) < 0) return NULL;
+    zb_snapshot *s = calloc(1, sizeof *s);
+    if (!s) { zb_seterr(err, "out of memory"); return NULL; }
+    atomic_init(&s->refs, 1);
+    s->engine = sb->engine;
+    s->image = sb->mem.image;
+    zb_image_ref(s->image);
+    s->mem_size = sb->mem.size;
+    s->nchunks = sb->mem.npages / CHUNK_PAGES;
+    uint8_t *copied = calloc(s->nchunks, 1);
+    s->chunks = calloc(s->nchunks, sizeof *s->chunks);
+    if (!copied || !s->chunks) { free(copied); zb_seterr(err, "out of memory"); goto fail; }
+    for (uint64_t c = 0; c < s->nchunks; c++) {
+        s->chunks[c] = sb->base ? sb->base->chunks[c] : NULL;
+        if (s->chunks[c]) atomic_fetch_add(&s->chunks[c]->refs, 1);
+    }
+    const uint64_t *dirty = sb->mem.host_dirty, words = (sb->mem.npages + 63) / 64;
+    uint64_t ndirty = 0;
+    for (uint64_t w = 0; w < words; w++) ndirty += (uint64_t)__builtin_popcountll(dirty[w]);
+    if (!(s->own = store_new(ndirty, err))) { free(copied); goto fail; }
+    uint64_t used = 0;
+    for (uint64_t w = 0; w < words; w++) {
+        for (uint64_t bits = dirty[w]; bits; bits &= bits - 1) {
+            uint64_t pfn = w * 64 + (uint64_t)__builtin_ctzll(bits), c = pfn / CHUNK_PAGES;
+            if (!copied[c]) {
+                zb_chunk *nc = chunk_copy(s->chunks[c]);
+                if (!nc) { free(copied); zb_seterr(err, "out of memory"); goto fail; }
+                chunk_unref(s->chunks[c]);
+                s->chunks[c] = nc;
+                copied[c] = 1;
+            }
+            zb_page *p = &s->chunks[c]->page[pfn % CHUNK_PAGES];
+            const uint8_t *src = sb->mem.host + pfn * ZB_PAGE;
+            if (!zb_bit(sb->mem.allocated, pfn) || page_is_zero(src)) {
+                page_set(p, PAGE_ZERO, NULL, 0); /* freed or zero: costs no store page */
+            } else {
+                memcpy(s->own->map + used * ZB_PAGE, src, ZB_PAGE);
+                page_set(p, PAGE_STORED, s->own, (uint32_t)used);
+                used++;
+            }
+        }
+    }
+    free(copied);
+    if (used < ndirty) { /* give back the store pages zero pages did not need */
+        munmap(s->own->map + used * ZB_PAGE, (ndirty - used) * ZB_PAGE);
+        if (ftruncate(s->own->fd, (off_t)(ZB_MAX(used, 1) * ZB_PAGE)) < 0) { zb_seterr(err, "ftruncate: %s", strerror(errno)); goto fail; }
+        s->own->npages = used;
+    }
+    if (state_copy(&s->st, &sb->cpu, &sb->sig, &sb->proc, &sb->uart, sb->vdso_data, sb->fs, sb->fds,
+                   sb->engine->xsave_size) < 0 ||
+        zb_mem_meta_save(&sb->mem, &s->st.mem) < 0) {
+        zb_seterr(err, "out of memory copying sandbox state");
+        goto fail;
+    }
+    memset(sb->mem.host_dirty, 0, words * sizeof(uint64_t));
+    atomic_fetch_add(&s->refs, 1);
+    zb_snapshot_release(sb->base);
+    sb->base = s;
+    return s;
+fail:
+    snapshot_free(s);
+    return NULL;
+}
+
+zb_sandbox *zb_snapshot_fork(zb_snapshot *snap, char *err) {
+    zb_sandbox *sb = zb_sandbox_alloc(snap->engine, err);
+    if (!sb) return NULL;
+    if (zb_mem_init(&sb->mem, snap->mem_size, snap->image, err) < 0) goto fail;
+    if (apply_memory(sb, NULL, snap, err) < 0 || state_apply(sb, &snap->st, err) < 0) goto fail;
+    atomic_fetch_add(&snap->refs, 1);
+    sb->base = snap;
+    return sb;
+fail:
+    zb_sandbox_free(sb);
+    return NULL;
+}
+
+int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
+    if (snap->image != sb->mem.image || snap->mem_size != sb->mem.size) {
+        zb_seterr(err, "this snapshot was not taken from this sandbox's lineage (different memory image)");
+        return -1;
+    }
+    zb_vm *vm = sb->engine->vm;
+    if (vm && vm->attached == sb && zb_vm_collect_dirty(vm, err) < 0) return -1;
+    if (apply_memory(sb, sb->base, snap, err) < 0 || state_apply(sb, &snap->st, err) < 0) {
+        sb->finished = 1; /* half restored: never run it */
+        return -1;
+    }
+    atomic_fetch_add(&snap->refs, 1);
+    zb_snapshot_release(sb->base);
+    sb->base = snap;
+    sb->finished = 0;
+    atomic_store(&sb->kick_requested, 0);
+    if (vm && vm->attached == sb && zb_vm_load_cpu(vm, sb, err) < 0) return -1;
+    return 0;
+}

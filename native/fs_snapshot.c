@@ -1,0 +1,302 @@
+/* fs_snapshot.c - saving and loading the guest's namespace, overlay files and fd table with a
+ * snapshot (a template on disk). Host files the guest had open are saved by path and opened again
+ * when the template is loaded; a template whose host files are gone fails to load with an error.
+ */
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "fs.h"
+#include "serial.h"
+
+#define MAX_TRIE_DEPTH 256
+#define MAX_TRIE_NODES 1000000
+#define MAX_INODES (1u << 20)
+#define MAX_FILES 65536
+
+/* ---- the mount trie ---- */
+
+static void save_mnode(zb_out *o, const zb_mnode *n) {
+    out_str(o, n->name);
+    out_u32(o, (uint32_t)n->kind);
+    out_str(o, n->target);
+    out_u32(o, n->ino);
+    out_u32(o, (uint32_t)n->dev);
+    out_u32(o, (uint32_t)n->nchildren);
+    for (size_t i = 0; i < n->nchildren; i++) save_mnode(o, n->children[i]);
+}
+
+static zb_mnode *load_mnode(zb_in *in, zb_mnode *parent, int depth, size_t *count) {
+    if (depth > MAX_TRIE_DEPTH || ++*count > MAX_TRIE_NODES) { in->err = 1; return NULL; }
+    zb_mnode *n = calloc(1, sizeof *n);
+    if (!n) { in->err = 1; return NULL; }
+    n->parent = parent;
+    n->name = in_str(in, NAME_MAX);
+    n->kind = (int)in_u32(in);
+    char *target = in_str(in, PATH_MAX);
+    if (target && target[0]) n->target = target;
+    else free(target);
+    n->ino = in_u32(in);
+    n->dev = (int)in_u32(in);
+    uint32_t nch = in_u32(in);
+    if (in->err || n->kind < MNT_SYNTH || n->kind > MNT_PROC_EXE || (n->kind == MNT_SYMLINK && !n->target) ||
+        nch > MAX_TRIE_NODES || !(n->children = calloc(nch ? nch : 1, sizeof *n->children))) {
+        in->err = 1;
+        free(n->name);
+        free(n->target);
+        free(n);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < nch && !in->err; i++) {
+        zb_mnode *c = load_mnode(in, n, depth + 1, count);
+        if (c) n->children[n->nchildren++] = c;
+    }
+    return n;
+}
+
+/* ---- overlay inodes ---- */
+
+static void save_inode(zb_out *o, const zb_inode *in) {
+    out_u32(o, (uint32_t)in->type);
+    if (in->type == INO_FREE) return;
+    out_u32(o, in->mode);
+    out_u32(o, in->nlink);
+    out_u32(o, (uint32_t)in->readonly);
+    out_u32(o, in->opens);
+    out_u32(o, in->parent);
+    out_u64(o, (uint64_t)in->mtime_ns);
+    out_u64(o, (uint64_t)in->ctime_ns);
+    out_u64(o, in->size);
+    out_u32(o, (uint32_t)in->nents);
+    for (size_t i = 0; i < in->nents; i++) {
+        out_str(o, in->ents[i].name);
+        out_u32(o, in->ents[i].ino);
+    }
+    out_u64(o, in->nblocks);
+    for (size_t i = 0; i < in->nblocks; i++) {
+        uint32_t cap = in->blocks[i] ? in->blocks[i]->cap : 0;
+        out_u32(o, cap);
+        if (cap) out_bytes(o, in->blocks[i]->data, cap);
+    }
+    out_str(o, in->target);
+}
+
+static void load_inode(zb_in *in, zb_fs *fs, zb_inode *n) {
+    n->type = (int)in_u32(in);
+    if (n->type == INO_FREE || in->err) return;
+    if (n->type < INO_DIR || n->type > INO_SYMLINK) { in->err = 1; n->type = INO_FREE; return; }
+    n->mode = in_u32(in) & 07777;
+    n->nlink = in_u32(in);
+    n->readonly = (int)in_u32(in);
+    n->opens = in_u32(in);
+    n->parent = in_u32(in);
+    n->mtime_ns = (int64_t)in_u64(in);
+    n->ctime_ns = (int64_t)in_u64(in);
+    n->size = in_u64(in);
+    uint32_t nents = in_u32(in);
+    if (in->err || nents > MAX_INODES || (nents && !(n->ents = calloc(nents, sizeof *n->ents)))) { in->err = 1; return; }
+    n->ents_cap = nents;
+    for (uint32_t i = 0; i < nents && !in->err; i++) {
+        char *name = in_str(in, NAME_MAX);
+        uint32_t ino = in_u32(in);
+        if (!name) break;
+        n->ents[n->nents].name = name;
+        n->ents[n->nents++].ino = ino;
+    }
+    uint64_t nblocks = in_u64(in);
+    if (in->err || nblocks > (1ull << 40) / ZB_BLOCK_SIZE ||
+        (nblocks && !(n->blocks = calloc(nblocks, sizeof *n->blocks)))) {
+        in->err = 1;
+        return;
+    }
+    n->nblocks = nblocks;
+    for (uint64_t i = 0; i < nblocks && !in->err; i++) {
+        uint32_t cap = in_u32(in);
+        if (!cap) continue;
+        zb_block *b = cap <= ZB_BLOCK_SIZE ? calloc(1, sizeof *b + cap) : NULL;
+        if (!b) { in->err = 1; return; }
+        atomic_init(&b->refs, 1);
+        b->cap = cap;
+        in_bytes(in, b->data, cap);
+        n->blocks[i] = b;
+        fs->bytes_used += cap;
+    }
+    char *target = in_str(in, PATH_MAX);
+    if (target && target[0]) n->target = target;
+    else free(target);
+    if (n->type == INO_SYMLINK && !n->target) in->err = 1;
+}
+
+void zb_fs_save(const zb_fs *fs, zb_out *o) {
+    save_mnode(o, fs->root);
+    out_u64(o, fs->bytes_limit);
+    out_u64(o, fs->ninodes);
+    for (size_t i = 1; i < fs->ninodes; i++) save_inode(o, &fs->inodes[i]);
+}
+
+zb_fs *zb_fs_load(zb_in *in) {
+    zb_fs *fs = calloc(1, sizeof *fs);
+    size_t count = 0;
+    if (!fs || !(fs->trie_refs = calloc(1, sizeof(atomic_int)))) { free(fs); in->err = 1; return NULL; }
+    atomic_init(fs->trie_refs, 1);
+    fs->root = load_mnode(in, NULL, 0, &count);
+    fs->bytes_limit = in_u64(in);
+    uint64_t ninodes = in_u64(in);
+    if (!fs->root || in->err || ninodes < 1 || ninodes > MAX_INODES || !(fs->inodes = calloc(ninodes, sizeof(zb_inode)))) {
+        in->err = 1;
+        zb_fs_free(fs);
+        return NULL;
+    }
+    fs->ninodes = ninodes;
+    for (size_t i = 1; i < ninodes && !in->err; i++) load_inode(in, fs, &fs->inodes[i]);
+    for (size_t i = 1; i < ninodes && !in->err; i++) { /* every reference must name a live inode */
+        zb_inode *n = &fs->inodes[i];
+        for (size_t k = 0; k < n->nents; k++)
+            if (!zb_ovl_inode(fs, n->ents[k].ino)) in->err = 1;
+    }
+    if (in->err) { zb_fs_free(fs); return NULL; }
+    return fs;
+}
+
+/* ---- the fd table ---- */
+
+void zb_fds_save(const zb_fdtable *t, zb_out *o) {
+    const zb_file *files[ZB_MAX_FDS];
+    const zb_pipe *pipes[ZB_MAX_FDS];
+    uint32_t nfiles = 0, npipes = 0;
+    for (int i = 0; i < ZB_MAX_FDS; i++) {
+        const zb_file *f = t->fd[i];
+        if (!f) continue;
+        uint32_t k = 0;
+        while (k < nfiles && files[k] != f) k++;
+        if (k == nfiles) files[nfiles++] = f;
+        if (f->pipe) {
+            uint32_t p = 0;
+            while (p < npipes && pipes[p] != f->pipe) p++;
+            if (p == npipes) pipes[npipes++] = f->pipe;
+        }
+    }
+    out_u32(o, npipes);
+    for (uint32_t p = 0; p < npipes; p++) {
+        out_u64(o, pipes[p]->len);
+        out_bytes(o, pipes[p]->buf, pipes[p]->len);
+    }
+    out_u32(o, nfiles);
+    for (uint32_t k = 0; k < nfiles; k++) {
+        const zb_file *f = files[k];
+        uint32_t pipe_index = UINT32_MAX;
+        for (uint32_t p = 0; p < npipes; p++) if (pipes[p] == f->pipe) pipe_index = p;
+        out_u32(o, (uint32_t)f->kind);
+        out_u32(o, (uint32_t)f->flags);
+        out_u64(o, f->offset);
+        out_u32(o, f->ino);
+        out_u32(o, (uint32_t)f->dev);
+        out_u32(o, (uint32_t)f->stream);
+        out_u32(o, pipe_index);
+        out_u32(o, (uint32_t)f->pipe_write_end);
+        out_str(o, f->where ? f->where->path : NULL);
+    }
+    uint32_t nfds = 0;
+    for (int i = 0; i < ZB_MAX_FDS; i++) nfds += t->fd[i] != NULL;
+    out_u32(o, nfds);
+    for (int i = 0; i < ZB_MAX_FDS; i++) {
+        if (!t->fd[i]) continue;
+        uint32_t k = 0;
+        while (files[k] != t->fd[i]) k++;
+        out_u32(o, (uint32_t)i);
+        out_u32(o, k);
+        out_u32(o, t->cloexec[i]);
+    }
+}
+
+/* Rebuild what an open file pointed at: resolve its path again (the namespace is the loaded one)
+ * and open host files again. */
+static int reopen(zb_sandbox *ctx, zb_file *f, const char *path, char *err) {
+    zb_resolved r;
+    if (zb_fs_resolve(ctx, "/", path, ZB_RESOLVE_NOFOLLOW, &r) < 0 || !r.exists) {
+        zb_seterr(err, "the template had %s open, which no longer resolves", path);
+        return -1;
+    }
+    if (!(f->where = malloc(sizeof r))) { zb_seterr(err, "out of memory"); return -1; }
+    *f->where = r;
+    if (r.loc.kind == LOC_HOST && (f->kind == FILE_HOST || f->kind == FILE_DIR)) {
+        struct open_how how = {.flags = O_RDONLY | O_CLOEXEC | (r.loc.is_dir ? O_DIRECTORY : 0), .resolve = RESOLVE_NO_SYMLINKS};
+        int fd = (int)syscall(SYS_openat2, AT_FDCWD, r.path, &how, sizeof how);
+        if (fd < 0) { zb_seterr(err, "the template had host file %s open, which cannot be opened now: %s", r.path, strerror(errno)); return -1; }
+        if (!(f->host = zb_hostfd_new(fd))) { close(fd); zb_seterr(err, "out of memory"); return -1; }
+    }
+    return 0;
+}
+
+zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
+    zb_sandbox ctx; /* resolution only looks at the namespace and the program path */
+    memset(&ctx, 0, sizeof ctx);
+    ctx.fs = fs;
+    snprintf(ctx.proc.exe, sizeof ctx.proc.exe, "%s", exe);
+    zb_fdtable *t = zb_fdtable_new();
+    zb_pipe **pipes = NULL;
+    zb_file **files = NULL;
+    uint32_t npipes = in_u32(in), nfiles = 0;
+    if (!t || in->err || npipes > MAX_FILES || !(pipes = calloc(npipes + 1, sizeof *pipes))) goto corrupt;
+    for (uint32_t p = 0; p < npipes; p++) {
+        uint64_t len = in_u64(in);
+        if (in->err || len > (1u << 20) || !(pipes[p] = calloc(1, sizeof **pipes))) goto corrupt;
+        if (len && !(pipes[p]->buf = malloc(len))) goto corrupt;
+        in_bytes(in, pipes[p]->buf, len);
+        pipes[p]->len = pipes[p]->cap = len;
+    }
+    nfiles = in_u32(in);
+    if (in->err || nfiles > MAX_FILES || !(files = calloc(nfiles + 1, sizeof *files))) goto corrupt;
+    for (uint32_t k = 0; k < nfiles; k++) {
+        zb_file *f = zb_file_new((int)in_u32(in));
+        if (!f) goto corrupt;
+        files[k] = f;
+        f->refs = 0;
+        f->flags = (int)in_u32(in);
+        f->offset = in_u64(in);
+        f->ino = in_u32(in);
+        f->dev = (int)in_u32(in);
+        f->stream = (int)in_u32(in);
+        uint32_t pipe_index = in_u32(in);
+        f->pipe_write_end = (int)in_u32(in);
+        char *path = in_str(in, PATH_MAX);
+        if (in->err || f->kind < FILE_HOST || f->kind > FILE_PIPE) { free(path); goto corrupt; }
+        if (f->kind == FILE_PIPE) {
+            if (pipe_index >= npipes) { free(path); goto corrupt; }
+            f->pipe = pipes[pipe_index];
+            atomic_fetch_add(&f->pipe->refs, 1);
+            if (f->pipe_write_end) f->pipe->writers++;
+            else f->pipe->readers++;
+        }
+        if (f->ino && !zb_ovl_inode(fs, f->ino)) { free(path); goto corrupt; }
+        int rc = path && path[0] ? reopen(&ctx, f, path, err) : 0;
+        free(path);
+        if (rc < 0) goto fail;
+    }
+    uint32_t nfds = in_u32(in);
+    if (in->err || nfds > ZB_MAX_FDS) goto corrupt;
+    for (uint32_t i = 0; i < nfds; i++) {
+        uint32_t fd = in_u32(in), k = in_u32(in), cloexec = in_u32(in);
+        if (in->err || fd >= ZB_MAX_FDS || k >= nfiles || t->fd[fd]) goto corrupt;
+        t->fd[fd] = files[k];
+        files[k]->refs++;
+        t->cloexec[fd] = cloexec ? 1 : 0;
+    }
+    for (uint32_t k = 0; k < nfiles; k++)
+        if (!files[k]->refs) { files[k]->refs = 1; zb_file_unref(NULL, files[k]); }
+    free(files);
+    free(pipes);
+    return t;
+corrupt:
+    zb_seterr(err, "the template's file table is corrupt");
+fail:
+    for (uint32_t k = 0; files && k < nfiles; k++)
+        if (files[k] && !files[k]->refs) { files[k]->refs = 1; files[k]->ino = 0; zb_file_unref(NULL, files[k]); }
+    for (uint32_t p = 0; pipes && p < npipes; p++)
+        if (pipes[p] && !atomic_load(&pipes[p]->refs)) { free(pipes[p]->buf); free(pipes[p]); }
+    free(files);
+    free(pipes);
+    zb_fdtable_free(t, NULL);
+    return NULL;
+}

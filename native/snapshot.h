@@ -1,0 +1,54 @@
+/* snapshot.h - what a snapshot is made of; shared by snapshot.c (in memory) and
+ * snapshot_file.c (on disk). Not part of the cffi contract. */
+#ifndef ZB_SNAPSHOT_H
+#define ZB_SNAPSHOT_H
+#include "fs.h"
+
+#define CHUNK_PAGES 512
+#define MIN_MAP_RUN 64 /* store runs at least this long are mapped, shorter ones copied */
+
+enum { PAGE_IMAGE = 0, PAGE_ZERO, PAGE_STORED };
+
+typedef struct zb_store {
+    atomic_int refs;
+    int fd;
+    uint8_t *map;
+    uint64_t npages;
+} zb_store;
+
+typedef struct zb_page {
+    zb_store *store;
+    uint32_t index;
+    uint32_t kind;
+} zb_page;
+
+typedef struct zb_chunk {
+    atomic_int refs;
+    zb_page page[CHUNK_PAGES];
+} zb_chunk;
+
+typedef struct zb_guest_state {
+    zb_cpu cpu;
+    zb_signals sig;
+    zb_process proc;
+    zb_uart uart;
+    uint64_t vdso_data;
+    zb_fs *fs;
+    zb_fdtable *fds;
+    zb_mem_meta mem;
+} zb_guest_state;
+
+struct zb_snapshot {
+    atomic_int refs;
+    zb_engine *engine;
+    zb_image *image;
+    uint64_t mem_size, nchunks;
+    zb_chunk **chunks;  /* NULL: the whole chunk is the image's */
+    zb_store *own;      /* the pages this snapshot copied */
+    zb_guest_state st;
+};
+
+const zb_page *zb_snapshot_page(const zb_snapshot *s, uint64_t pfn);
+void zb_guest_state_free(zb_guest_state *st);
+
+#endif
