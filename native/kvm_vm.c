@@ -105,6 +105,15 @@ fail:
     return NULL;
 }
 
+uint64_t zb_engine_fingerprint(zb_engine *e) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the CPUID table and the XSAVE facts */
+    const uint8_t *p = (const uint8_t *)e->cpuid->entries;
+    size_t n = e->cpuid->nent * sizeof(struct kvm_cpuid_entry2);
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    h = (h ^ e->xsave_size) * 1099511628211ull;
+    return (h ^ e->xcr0) * 1099511628211ull;
+}
+
 void zb_engine_close(zb_engine *e) {
     if (!e) return;
     if (e->vm) zb_vm_destroy(e->vm);

@@ -5,7 +5,8 @@
 #include "fs.h"
 
 #define CHUNK_PAGES 512
-#define MIN_MAP_RUN 64 /* store runs at least this long are mapped, shorter ones copied */
+#define MIN_MAP_RUN 64     /* store runs at least this long are mapped, shorter ones copied */
+#define MAX_INPLACE_RUN 32 /* restore runs up to this long are rewritten in place (stay warm) */
 
 enum { PAGE_IMAGE = 0, PAGE_ZERO, PAGE_STORED };
 

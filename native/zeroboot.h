@@ -78,6 +78,9 @@ typedef struct zb_stats {
 /* ---- engine ---- */
 zb_engine *zb_engine_open(char *err);
 void zb_engine_close(zb_engine *engine);
+/* A hash of what a snapshot depends on in this host's KVM: CPUID, XSAVE layout, XCR0.
+ * A template made under another fingerprint must be rebuilt. */
+uint64_t zb_engine_fingerprint(zb_engine *engine);
 
 /* ---- building a sandbox from scratch ---- */
 zb_sandbox *zb_sandbox_new(zb_engine *engine, uint64_t mem_bytes, char *err);

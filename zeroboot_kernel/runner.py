@@ -6,7 +6,7 @@ import signal
 import sys
 from typing import BinaryIO
 
-from .engine import EventKind, Sandbox, monotonic_deadline
+from .native import EventKind, Guest, monotonic_deadline
 from .guest_view import GuestSpec
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ def run_to_completion(spec: GuestSpec, *, timeout: float | None = None, trace: b
     out = stdout or sys.stdout.buffer
     err = stderr or sys.stderr.buffer
     deadline = monotonic_deadline(timeout)
-    with Sandbox.boot(spec, trace_fd=err.fileno() if trace else None) as sb:
+    with Guest.boot(spec, trace_fd=err.fileno() if trace else None) as sb:
         while True:
             ev = sb.run(deadline)
             if ev.kind is EventKind.OUTPUT:

@@ -1,0 +1,54 @@
+"""Frames of the cell channel between the host and the guest agent (docs/PROTOCOL.md).
+
+The engine (native/uart16550.c) validates and reassembles frames coming from the guest; this
+module builds the frames the host sends, and decodes payloads.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from typing import Any
+
+MAGIC = 0x5A42464D
+VERSION = 1
+HEADER = struct.Struct("<IHHI")
+MAX_PAYLOAD = 16 * 1024 * 1024
+
+
+class FrameType(enum.IntEnum):
+    # host -> guest
+    EXECUTE = 1
+    INPUT_REPLY = 2
+    COMPLETE = 3
+    INSPECT = 4
+    RUN = 5
+    # guest -> host
+    READY = 100
+    STREAM = 101
+    DISPLAY = 102
+    RESULT = 103
+    ERROR = 104
+    CLEAR_OUTPUT = 105
+    INPUT_REQUEST = 106
+    DONE = 107
+    COMPLETE_REPLY = 108
+    INSPECT_REPLY = 109
+
+
+def encode(ftype: FrameType, payload: dict[str, Any]) -> bytes:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    if len(body) > MAX_PAYLOAD:
+        raise ValueError(f"frame payload of {len(body)} bytes exceeds {MAX_PAYLOAD}")
+    return HEADER.pack(MAGIC, VERSION, int(ftype), len(body)) + body
+
+
+def decode_payload(data: bytes) -> dict[str, Any]:
+    """The JSON object of a frame payload; a malformed one is reported, not trusted."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"guest sent a frame that is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError("guest sent a frame whose payload is not a JSON object")
+    return obj

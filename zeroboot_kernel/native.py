@@ -1,0 +1,257 @@
+"""Low-level binding of the fork engine (native/, through cffi): engines, guests, snapshots.
+
+    engine = Engine.default()
+    guest = Guest.boot(python_spec(["-c", "print(1)"]), engine)
+    while (ev := guest.run()).kind is EventKind.OUTPUT: ...
+
+An Engine and its guests belong to one thread at a time (the engine owns one executor VM);
+only Guest.kick() may be called from another thread. The notebook-level API (templates,
+sandboxes that execute cells) is in zeroboot_kernel.engine.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import KvmUnavailableError, SandboxError
+from .guest_view import GuestSpec
+
+log = logging.getLogger(__name__)
+
+try:
+    from ._native import ffi, lib
+except ImportError as exc:  # pragma: no cover - only without a build
+    raise ImportError("zeroboot_kernel._native is not built: run `pip install -e .` (or ./setup.sh) "
+                      "in the zeroboot-kernel checkout") from exc
+
+
+class EventKind(enum.IntEnum):
+    EXIT = lib.ZB_EVENT_EXIT
+    FAULT = lib.ZB_EVENT_FAULT
+    OUTPUT = lib.ZB_EVENT_OUTPUT
+    FRAME = lib.ZB_EVENT_FRAME
+    INPUT = lib.ZB_EVENT_INPUT
+    TIMEOUT = lib.ZB_EVENT_TIMEOUT
+    KICK = lib.ZB_EVENT_KICK
+    ERROR = lib.ZB_EVENT_ERROR
+
+
+@dataclass(frozen=True)
+class Event:
+    """Why a run stopped. `data` is a copy (stream bytes or frame payload)."""
+
+    kind: EventKind
+    status: int = 0
+    signal: int = 0
+    stream: int = 0
+    frame_type: int = 0
+    data: bytes = b""
+    rip: int = 0
+    addr: int = 0
+    message: str = ""
+
+
+def _err() -> Any:
+    return ffi.new("char[]", lib.ZB_ERRLEN)
+
+
+def _text(buf: Any) -> str:
+    return ffi.string(buf).decode(errors="replace")
+
+
+class Engine:
+    """The process's handle on /dev/kvm and its executor VM."""
+
+    _default: Engine | None = None
+    _default_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        err = _err()
+        handle = lib.zb_engine_open(err)
+        if handle == ffi.NULL:
+            raise KvmUnavailableError(_text(err))
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, lib.zb_engine_close, handle)
+
+    @classmethod
+    def default(cls) -> Engine:
+        """A shared engine for this process (created on first use)."""
+        with cls._default_lock:
+            if cls._default is None:
+                cls._default = cls()
+            return cls._default
+
+    @property
+    def handle(self) -> Any:
+        return self._handle
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _cstrings(items: list[str]) -> tuple[Any, list[Any]]:
+    keep = [ffi.new("char[]", s.encode()) for s in items]
+    return ffi.new("char*[]", keep + [ffi.NULL]), keep
+
+
+class Guest:
+    """A sandboxed guest program: its memory, vCPU state and engine-side state (zb_sandbox).
+    Use as a context manager."""
+
+    def __init__(self, engine: Engine, handle: Any) -> None:
+        self.engine = engine
+        self._handle = handle
+        self._event = ffi.new("zb_event *")
+        self._finalizer = weakref.finalize(self, lib.zb_sandbox_free, handle)
+
+    @classmethod
+    def boot(cls, spec: GuestSpec, engine: Engine | None = None, trace_fd: int | None = None) -> Guest:
+        """A new sandbox running spec.exe from its first instruction."""
+        engine = engine or Engine.default()
+        err = _err()
+        handle = lib.zb_sandbox_new(engine.handle, spec.mem_bytes, err)
+        if handle == ffi.NULL:
+            raise SandboxError(_text(err))
+        sb = cls(engine, handle)
+        for path in spec.view:
+            if lib.zb_sandbox_view_add(handle, path.encode(), err) < 0:
+                log.warning("not visible in the guest: %s", _text(err))
+        for path in spec.overlay_dirs:
+            if lib.zb_sandbox_overlay_dir(handle, path.encode(), err) < 0:
+                raise SandboxError(_text(err))
+        for path, data in spec.files.items():
+            if lib.zb_sandbox_put_file(handle, path.encode(), data, len(data), err) < 0:
+                raise SandboxError(_text(err))
+        if spec.memory_limit:
+            lib.zb_sandbox_set_memory_limit(handle, spec.memory_limit)
+        if trace_fd is not None:
+            lib.zb_sandbox_set_trace_fd(handle, trace_fd)
+        argv, _k1 = _cstrings(spec.argv)
+        envp, _k2 = _cstrings([f"{k}={v}" for k, v in spec.env.items()])
+        if lib.zb_sandbox_exec(handle, spec.exe.encode(), spec.cwd.encode(), argv, envp, err) < 0:
+            raise SandboxError(_text(err))
+        return sb
+
+    @property
+    def handle(self) -> Any:
+        if not self._finalizer.alive:
+            raise SandboxError("this sandbox has been closed")
+        return self._handle
+
+    def run(self, deadline: float | None = None) -> Event:
+        """Run until the next event. `deadline` is a time.monotonic() value."""
+        ev = self._event
+        lib.zb_sandbox_run(self.handle, int(deadline * 1e9) if deadline else 0, ev)
+        self._drain_log()
+        data = bytes(ffi.buffer(ev.data, ev.len)) if ev.len else b""
+        return Event(EventKind(ev.kind), ev.status, ev.signal, ev.stream, ev.frame_type, data, ev.rip, ev.addr,
+                     _text(ev.message))
+
+    def push_input(self, data: bytes) -> None:
+        err = _err()
+        if lib.zb_sandbox_push_input(self.handle, data, len(data), err) < 0:
+            raise SandboxError(_text(err))
+
+    def kick(self) -> None:
+        """Make a run() on another thread return EventKind.KICK soon."""
+        lib.zb_sandbox_kick(self.handle)
+
+    def raise_signal(self, signo: int) -> None:
+        """Deliver a signal to the guest's handler when it next runs."""
+        err = _err()
+        if lib.zb_sandbox_raise(self.handle, signo, err) < 0:
+            raise SandboxError(_text(err))
+
+    @property
+    def finished(self) -> bool:
+        return bool(lib.zb_sandbox_finished(self.handle))
+
+    def stats(self) -> dict[str, int]:
+        st = ffi.new("zb_stats *")
+        lib.zb_sandbox_stats(self.handle, st)
+        return {name: getattr(st, name) for name in dir(st)}
+
+    def _drain_log(self) -> None:
+        buf = ffi.new("char[]", 8192)
+        n = lib.zb_sandbox_take_log(self._handle, buf, 8192)
+        for line in ffi.buffer(buf, n)[:].decode(errors="replace").splitlines():
+            log.info("guest: %s", line)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def snapshot(self) -> Snapshot:
+        """Capture the guest's current state; the guest goes on unchanged."""
+        err = _err()
+        handle = lib.zb_sandbox_snapshot(self.handle, err)
+        if handle == ffi.NULL:
+            raise SandboxError(_text(err))
+        return Snapshot(self.engine, handle)
+
+    def restore(self, snap: Snapshot) -> None:
+        """Make this guest equal to the snapshot again (memory and state), in place."""
+        err = _err()
+        if lib.zb_sandbox_restore(self.handle, snap.handle, err) < 0:
+            raise SandboxError(_text(err))
+
+    def set_trace_fd(self, fd: int | None) -> None:
+        lib.zb_sandbox_set_trace_fd(self.handle, -1 if fd is None else fd)
+
+    def __enter__(self) -> Guest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Snapshot:
+    """An immutable capture of a guest (zb_snapshot); guests fork from it copy-on-write."""
+
+    def __init__(self, engine: Engine, handle: Any) -> None:
+        self.engine = engine
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, lib.zb_snapshot_release, handle)
+
+    @classmethod
+    def load(cls, directory: str, engine: Engine | None = None) -> Snapshot:
+        engine = engine or Engine.default()
+        err = _err()
+        handle = lib.zb_snapshot_load(engine.handle, directory.encode(), err)
+        if handle == ffi.NULL:
+            raise SandboxError(_text(err))
+        return cls(engine, handle)
+
+    @property
+    def handle(self) -> Any:
+        if not self._finalizer.alive:
+            raise SandboxError("this snapshot has been released")
+        return self._handle
+
+    def save(self, directory: str) -> None:
+        err = _err()
+        if lib.zb_snapshot_save(self.handle, directory.encode(), err) < 0:
+            raise SandboxError(_text(err))
+
+    def fork(self) -> Guest:
+        err = _err()
+        handle = lib.zb_snapshot_fork(self.handle, err)
+        if handle == ffi.NULL:
+            raise SandboxError(_text(err))
+        return Guest(self.engine, handle)
+
+    @property
+    def private_bytes(self) -> int:
+        """Host memory this snapshot holds on its own (the pages it copied)."""
+        return int(lib.zb_snapshot_private_bytes(self.handle))
+
+    def release(self) -> None:
+        self._finalizer()
+
+
+def monotonic_deadline(timeout: float | None) -> float | None:
+    return time.monotonic() + timeout if timeout else None

@@ -1,0 +1,262 @@
+"""Sandboxes that execute notebook cells: the host side of the cell channel (docs/PROTOCOL.md).
+A Sandbox wraps a Guest running the guest agent; see zeroboot_kernel.engine for the overview.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import frames
+from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
+from .frames import FrameType
+from .native import Event, EventKind, Guest, Snapshot, monotonic_deadline
+
+if TYPE_CHECKING:
+    from .template import Template
+
+
+StreamCallback = Callable[[str, str], None]            # (name, text)
+MessageCallback = Callable[[str, dict[str, Any]], None]  # (msg_type, content)
+InputCallback = Callable[[str, bool], str]             # (prompt, password) -> reply
+
+DEFAULT_OUTPUT_LIMIT = 64 << 20
+INTERRUPT_GRACE = 2.0
+
+
+@dataclass
+class ExecuteResult:
+    """What a cell did. `reply` is the agent's DONE payload (the execute_reply content)."""
+
+    status: str
+    execution_count: int
+    result: dict[str, Any] | None = None         # execute_result data bundle
+    error: dict[str, Any] | None = None          # ename / evalue / traceback
+    stdout: str = ""
+    stderr: str = ""
+    displays: list[dict[str, Any]] = field(default_factory=list)
+    reply: dict[str, Any] = field(default_factory=dict)
+    output_truncated: bool = False
+    interrupted: bool = False
+    seconds: float = 0.0
+
+
+class Sandbox:
+    """A guest agent ready to run cells: forked from a template or from another sandbox."""
+
+    def __init__(self, guest: Guest, template: "Template | None", fresh: bool) -> None:
+        self.guest = guest
+        self.template = template
+        self.fresh = fresh            # started from the template: reseed before the next cell
+        self.broken: str | None = None
+        self.execution_count = 0
+        self._request_id = 0
+        self._interrupt = threading.Event()
+
+    # ---- lifecycle ----
+    def fork(self) -> Sandbox:
+        """A new sandbox starting from this one's current state; this one is unchanged."""
+        self._check_usable()
+        snap = self.guest.snapshot()
+        try:
+            child = Sandbox(snap.fork(), self.template, self.fresh)
+        finally:
+            snap.release()  # the child's memory keeps what it needs
+        child.execution_count = self.execution_count
+        return child
+
+    def snapshot(self) -> Snapshot:
+        self._check_usable()
+        return self.guest.snapshot()
+
+    def restore(self, snap: Snapshot, *, fresh: bool = False) -> None:
+        """Return to a snapshot of this lineage (also revives a broken sandbox)."""
+        self.guest.restore(snap)
+        self.broken = None
+        self.fresh = fresh
+        self._interrupt.clear()
+
+    def close(self) -> None:
+        self.guest.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def interrupt(self) -> None:
+        """KeyboardInterrupt in the running cell (thread-safe)."""
+        self._interrupt.set()
+        self.guest.kick()
+
+    # ---- requests ----
+    def execute(self, code: str, *, on_stream: StreamCallback | None = None, on_message: MessageCallback | None = None,
+                on_input: InputCallback | None = None, timeout: float | None = None, silent: bool = False,
+                store_history: bool = True, user_expressions: dict[str, str] | None = None,
+                execution_count: int | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
+                interrupt_grace: float = INTERRUPT_GRACE) -> ExecuteResult:
+        """Run one cell. Streams go to on_stream(name, text) while the cell runs; display_data,
+        update_display_data, execute_result, error and clear_output messages to on_message."""
+        self._check_usable()
+        if execution_count is None:
+            execution_count = self.execution_count + (0 if silent else 1)
+        self._request_id += 1
+        request = {
+            "id": self._request_id, "code": code, "silent": silent, "store_history": store_history,
+            "user_expressions": user_expressions or {}, "allow_stdin": on_input is not None,
+            "execution_count": execution_count,
+            "reseed": os.urandom(32).hex() if self.fresh else None,
+        }
+        self.fresh = False
+        self._interrupt.clear()
+        run = _CellRun(on_stream, on_message, on_input, output_limit)
+        self.guest.push_input(frames.encode(FrameType.EXECUTE, request))
+        reply = self._serve(run, monotonic_deadline(timeout), interrupt_grace)
+        if not silent and store_history:
+            self.execution_count = execution_count
+        status = str(reply.get("status", "error"))
+        return ExecuteResult(status=status, execution_count=int(reply.get("execution_count", execution_count)),
+                             result=run.result, error=run.error if status != "ok" else None,
+                             stdout="".join(run.stdout), stderr="".join(run.stderr), displays=run.displays,
+                             reply=reply, output_truncated=run.truncated, interrupted=run.interrupted,
+                             seconds=time.monotonic() - run.started)
+
+    def complete(self, code: str, cursor_pos: int, timeout: float = 10.0) -> dict[str, Any]:
+        return self._simple_request(FrameType.COMPLETE, {"code": code, "cursor_pos": cursor_pos}, timeout)
+
+    def inspect(self, code: str, cursor_pos: int, detail_level: int = 0, timeout: float = 10.0) -> dict[str, Any]:
+        return self._simple_request(FrameType.INSPECT, {"code": code, "cursor_pos": cursor_pos,
+                                                        "detail_level": detail_level}, timeout)
+
+    def _simple_request(self, ftype: FrameType, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self._check_usable()
+        self._request_id += 1
+        self.guest.push_input(frames.encode(ftype, {"id": self._request_id, **payload}))
+        return self._serve(_CellRun(None, None, None, DEFAULT_OUTPUT_LIMIT), monotonic_deadline(timeout), INTERRUPT_GRACE)
+
+    # ---- the event loop of one request ----
+    def _serve(self, run: _CellRun, deadline: float | None, grace: float) -> dict[str, Any]:
+        grace_deadline: float | None = None
+        while True:
+            limit = min(d for d in (deadline, grace_deadline) if d) if (deadline or grace_deadline) else None
+            ev = self.guest.run(limit)
+            if ev.kind is EventKind.FRAME:
+                try:
+                    payload = frames.decode_payload(ev.data)
+                except ValueError as exc:
+                    raise self._break(SandboxError(str(exc)))
+                done = run.frame(ev.frame_type, payload, self)
+                if done is not None:
+                    return done
+            elif ev.kind is EventKind.OUTPUT:
+                run.stream("stdout" if ev.stream == 1 else "stderr", ev.data.decode(errors="replace"))
+            elif ev.kind is EventKind.KICK:
+                if self._interrupt.is_set() and grace_deadline is None:
+                    self._interrupt.clear()
+                    run.interrupted = True
+                    try:
+                        self.guest.raise_signal(signal.SIGINT)
+                    except SandboxError:
+                        pass  # no handler: the grace period ends it
+                    grace_deadline = time.monotonic() + grace
+            elif ev.kind is EventKind.TIMEOUT:
+                if grace_deadline is not None and time.monotonic() >= grace_deadline:
+                    raise self._break(SandboxTimeout(f"the cell did not stop within {grace:g} s of the interrupt"))
+                raise self._break(SandboxTimeout("the cell ran past its time limit and was stopped"))
+            elif ev.kind is EventKind.INPUT:
+                raise self._break(SandboxError("the guest agent is waiting for a request in the middle of one"))
+            else:
+                raise self._break(self._failure(ev))
+
+    def _failure(self, ev: Event) -> Exception:
+        if ev.kind is EventKind.FAULT:
+            st = self.guest.stats()
+            if st["guest_pages_limit"] and st["guest_pages"] >= 0.95 * st["guest_pages_limit"]:
+                return SandboxMemoryError(f"the sandbox ran out of memory and crashed ({ev.message})")
+            return SandboxCrashed(ev.message, ev.signal, ev.rip)
+        if ev.kind is EventKind.EXIT:
+            return SandboxCrashed(f"the guest agent exited with status {ev.status}")
+        return SandboxError(ev.message or f"unexpected event {ev.kind.name}")
+
+    def _break(self, exc: Exception) -> Exception:
+        self.broken = str(exc)
+        return exc
+
+    def _check_usable(self) -> None:
+        if self.broken:
+            raise SandboxError(f"this sandbox is broken ({self.broken}); restore it from a snapshot")
+
+
+class _CellRun:
+    """Collects what one request produced and forwards it to the callbacks."""
+
+    def __init__(self, on_stream: StreamCallback | None, on_message: MessageCallback | None,
+                 on_input: InputCallback | None, output_limit: int) -> None:
+        self.on_stream = on_stream
+        self.on_message = on_message
+        self.on_input = on_input
+        self.limit = output_limit
+        self.sent = 0
+        self.truncated = False
+        self.interrupted = False
+        self.started = time.monotonic()
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self.displays: list[dict[str, Any]] = []
+        self.result: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None
+
+    def _within_limit(self, size: int) -> bool:
+        if self.truncated:
+            return False
+        self.sent += size
+        if self.sent <= self.limit:
+            return True
+        self.truncated = True
+        note = f"\n[zeroboot: output truncated: this cell printed more than {self.limit >> 20} MiB]\n"
+        self.stderr.append(note)
+        if self.on_stream:
+            self.on_stream("stderr", note)
+        return False
+
+    def stream(self, name: str, text: str) -> None:
+        if not self._within_limit(len(text)):
+            return
+        (self.stdout if name == "stdout" else self.stderr).append(text)
+        if self.on_stream:
+            self.on_stream(name, text)
+
+    def message(self, msg_type: str, content: dict[str, Any]) -> None:
+        if self.on_message:
+            self.on_message(msg_type, content)
+
+    def frame(self, ftype: int, p: dict[str, Any], sb: Sandbox) -> dict[str, Any] | None:
+        """Handle one frame; returns the final reply when the request is complete."""
+        if ftype == FrameType.STREAM:
+            self.stream(str(p.get("name", "stdout")), str(p.get("text", "")))
+        elif ftype == FrameType.DISPLAY:
+            content = {k: p.get(k, {}) for k in ("data", "metadata", "transient")}
+            if self._within_limit(len(str(content["data"]))):
+                self.displays.append(content)
+                self.message("update_display_data" if p.get("update") else "display_data", content)
+        elif ftype == FrameType.RESULT:
+            self.result = p.get("data", {})
+            self.message("execute_result", {k: p.get(k, {}) for k in ("data", "metadata")} |
+                         {"execution_count": p.get("execution_count")})
+        elif ftype == FrameType.ERROR:
+            self.error = {k: p.get(k) for k in ("ename", "evalue", "traceback")}
+            self.message("error", self.error)
+        elif ftype == FrameType.CLEAR_OUTPUT:
+            self.message("clear_output", {"wait": bool(p.get("wait"))})
+        elif ftype == FrameType.INPUT_REQUEST:
+            value = self.on_input(str(p.get("prompt", "")), bool(p.get("password"))) if self.on_input else ""
+            sb.guest.push_input(frames.encode(FrameType.INPUT_REPLY, {"value": value}))
+        elif ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY):
+            if ftype == FrameType.DONE and p.get("status") == "error" and self.error is None:
+                self.error = {k: p.get(k) for k in ("ename", "evalue", "traceback")}
+            return p
+        return None
