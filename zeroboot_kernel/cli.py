@@ -39,6 +39,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return interrupt_exit_code()
 
 
+def _cmd_template(args: argparse.Namespace) -> int:
+    from .template import Template, TemplateConfig, default_preload, list_templates, remove_template
+
+    if args.action == "build":
+        preload = tuple(p for p in args.preload.split(",") if p) if args.preload is not None else default_preload()
+        config = TemplateConfig(args.name, preload, args.memory << 20)
+        Template.build(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        return 0
+    if args.action == "list":
+        rows = list_templates()
+        if not rows:
+            print("no templates yet: build one with `zeroboot-kernel template build`")
+        for t in rows:
+            size = f"{t.get('image_bytes_on_disk', 0) >> 20} MiB" if "image_bytes_on_disk" in t else "-"
+            print(f"{t['name']:<16} {t['status']:<8} {','.join(t.get('preload', [])) or '-':<28} {size:>9}  "
+                  f"{t.get('created', '-')}  {t['directory']}")
+        return 0
+    removed = remove_template(args.name)
+    print("\n".join(f"removed {d}" for d in removed) or f"no template named {args.name!r}")
+    return 0 if removed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zeroboot-kernel", description="Python in KVM sandboxes, as a Jupyter kernel.")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
@@ -52,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--env", action="append", default=[], metavar="K=V", help="extra guest environment variable")
     run.add_argument("args", nargs=argparse.REMAINDER, help="FILE.py and/or arguments for the program")
     run.set_defaults(func=_cmd_run)
+
+    tpl = sub.add_parser("template", help="build, list or remove templates (snapshots forks start from)")
+    tsub = tpl.add_subparsers(dest="action", required=True)
+    build = tsub.add_parser("build", help="boot the agent, import the preload modules, snapshot it")
+    build.add_argument("--name", default="default")
+    build.add_argument("--preload", default=None, help="comma-separated modules (default: numpy,pandas,matplotlib "
+                                                        "where installed)")
+    build.add_argument("--memory", type=int, default=1024, metavar="MIB", help="guest memory (default 1024 MiB)")
+    tsub.add_parser("list", help="show the templates in the cache and whether they are current")
+    rm = tsub.add_parser("rm", help="delete a template")
+    rm.add_argument("name")
+    tpl.set_defaults(func=_cmd_template)
     return p
 
 

@@ -98,9 +98,11 @@ class Sandbox:
                 on_input: InputCallback | None = None, timeout: float | None = None, silent: bool = False,
                 store_history: bool = True, user_expressions: dict[str, str] | None = None,
                 execution_count: int | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
-                interrupt_grace: float = INTERRUPT_GRACE) -> ExecuteResult:
+                interrupt_grace: float = INTERRUPT_GRACE, poll: Callable[[], None] | None = None) -> ExecuteResult:
         """Run one cell. Streams go to on_stream(name, text) while the cell runs; display_data,
-        update_display_data, execute_result, error and clear_output messages to on_message."""
+        update_display_data, execute_result, error and clear_output messages to on_message.
+        `poll` is called after every event (the engine server reads its control messages there,
+        e.g. an interrupt)."""
         self._check_usable()
         if execution_count is None:
             execution_count = self.execution_count + (0 if silent else 1)
@@ -115,7 +117,7 @@ class Sandbox:
         self._interrupt.clear()
         run = _CellRun(on_stream, on_message, on_input, output_limit)
         self.guest.push_input(frames.encode(FrameType.EXECUTE, request))
-        reply = self._serve(run, monotonic_deadline(timeout), interrupt_grace)
+        reply = self._serve(run, monotonic_deadline(timeout), interrupt_grace, poll)
         if not silent and store_history:
             self.execution_count = execution_count
         status = str(reply.get("status", "error"))
@@ -139,11 +141,16 @@ class Sandbox:
         return self._serve(_CellRun(None, None, None, DEFAULT_OUTPUT_LIMIT), monotonic_deadline(timeout), INTERRUPT_GRACE)
 
     # ---- the event loop of one request ----
-    def _serve(self, run: _CellRun, deadline: float | None, grace: float) -> dict[str, Any]:
+    def _serve(self, run: _CellRun, deadline: float | None, grace: float,
+               poll: Callable[[], None] | None = None) -> dict[str, Any]:
         grace_deadline: float | None = None
         while True:
             limit = min(d for d in (deadline, grace_deadline) if d) if (deadline or grace_deadline) else None
             ev = self.guest.run(limit)
+            if poll:
+                poll()
+            if self._interrupt.is_set() and ev.kind is not EventKind.KICK:
+                self.guest.kick()  # an interrupt noticed by poll(): act on it at the next run
             if ev.kind is EventKind.FRAME:
                 try:
                     payload = frames.decode_payload(ev.data)

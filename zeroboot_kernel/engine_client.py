@@ -1,0 +1,121 @@
+"""The kernel's handle on its engine process (engine_server.py).
+
+One request at a time (the kernel serializes shell requests); interrupt() may be called from any
+thread. If the engine process dies, every call raises EngineDied: the kernel then reports it and
+exits, so that clients see a dead kernel rather than a hung one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any, Callable, Iterator
+
+from . import engine_wire as wire
+from .errors import ZerobootError
+
+log = logging.getLogger(__name__)
+KICK_SIGNAL = signal.SIGUSR2
+
+
+class EngineDied(ZerobootError):
+    """The engine process exited or crashed."""
+
+
+class EngineClient:
+    def __init__(self, *, template: str = "default", mode: str = "chained", timeout: float | None = None,
+                 checkpoints: int = 20, on_log: Callable[[str], None] | None = None) -> None:
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock = parent_end
+        self._send_lock = threading.Lock()
+        self._next_id = 0
+        cmd = [sys.executable, "-m", "zeroboot_kernel.engine_server", "--fd", str(child_end.fileno()),
+               "--parent", str(os.getpid()), "--template", template, "--mode", mode,
+               "--timeout", str(timeout or 0), "--checkpoints", str(checkpoints)]
+        self.proc = subprocess.Popen(cmd, pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL,
+                                     start_new_session=True)  # never in the kernel's process group
+        child_end.close()
+        self.info = self._wait_ready(on_log or (lambda text: log.info("%s", text)))
+
+    def _wait_ready(self, on_log: Callable[[str], None]) -> dict[str, Any]:
+        while True:
+            msg = self._recv()
+            if msg.get("event") == "log":
+                on_log(str(msg.get("text", "")))
+            elif msg.get("event") == "ready":
+                return msg
+            elif msg.get("event") == "fatal":
+                self.close()
+                raise ZerobootError(str(msg.get("text")))
+
+    def _recv(self) -> dict[str, Any]:
+        try:
+            return wire.recv(self.sock)
+        except (OSError, ValueError) as exc:
+            raise EngineDied(f"the sandbox engine process died ({self._exit_status()}): {exc}") from None
+
+    def _exit_status(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            return "still running, channel broken"
+        return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        try:
+            with self._send_lock:
+                wire.send(self.sock, msg)
+        except OSError as exc:
+            raise EngineDied(f"the sandbox engine process died ({self._exit_status()}): {exc}") from None
+
+    def request(self, op: str, **fields: Any) -> Iterator[dict[str, Any]]:
+        """Send one request; yield its events (stream, display_data, input_request, ...); the last
+        one yielded has event == "reply"."""
+        self._next_id += 1
+        rid = self._next_id
+        self._send({"op": op, "id": rid, **fields})
+        while True:
+            msg = self._recv()
+            yield msg
+            if msg.get("event") == "reply" and msg.get("id") == rid:
+                return
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        """A request without intermediate events; returns the reply content."""
+        for msg in self.request(op, **fields):
+            if msg.get("event") == "reply":
+                return dict(msg.get("content") or {})
+        raise EngineDied("no reply from the engine")
+
+    def input_reply(self, value: str) -> None:
+        self._send({"op": "input_reply", "value": value})
+
+    def interrupt(self) -> None:
+        """Interrupt the running cell (thread-safe): a control message, then the kick signal so
+        that a running vCPU comes back to read it."""
+        self._send({"op": "interrupt"})
+        try:
+            os.kill(self.proc.pid, KICK_SIGNAL)
+        except ProcessLookupError:
+            pass
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self, timeout: float = 0.5) -> None:
+        """Stop the engine process (and with it every VM) within about `timeout` seconds."""
+        if self.proc.poll() is None:
+            try:
+                with self._send_lock:
+                    wire.send(self.sock, {"op": "shutdown", "id": 0})
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.sock.close()

@@ -1,0 +1,148 @@
+"""The engine process: owns the VM and the notebook Session; serves the kernel over a socket.
+
+Started by EngineClient as `python -m zeroboot_kernel.engine_server --fd N ...`. Single-threaded:
+while a cell runs it reads control messages between guest events (poll), and the kernel sends
+SIGUSR2 (the engine's kick signal) so that a running vCPU returns promptly.
+Dies with its parent (PR_SET_PDEATHSIG), so no VM outlives the kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+from . import engine_wire as wire
+from .errors import ZerobootError
+from .native import Engine
+from .session import Session
+from .template import Template, TemplateConfig, default_preload
+
+log = logging.getLogger("zeroboot_kernel.engine_server")
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+class EngineServer:
+    def __init__(self, sock: socket.socket, session: Session) -> None:
+        self.sock = sock
+        self.session = session
+        self.pending: list[dict[str, Any]] = []   # control messages read while a cell ran
+
+    def send(self, msg: dict[str, Any]) -> None:
+        wire.send(self.sock, msg)
+
+    # ---- while a cell runs ----
+    def poll(self) -> None:
+        """Read control messages that arrived while the guest ran (never blocks)."""
+        while select.select([self.sock], [], [], 0)[0]:
+            msg = wire.recv(self.sock)
+            if msg.get("op") == "interrupt":
+                self.session.sandbox.interrupt()
+            else:
+                self.pending.append(msg)
+
+    def ask_input(self, prompt: str, password: bool) -> str:
+        self.send({"event": "input_request", "prompt": prompt, "password": password})
+        while True:
+            msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
+            if msg.get("op") == "input_reply":
+                return str(msg.get("value", ""))
+            if msg.get("op") == "interrupt":
+                self.session.sandbox.interrupt()
+                return ""
+            self.pending.append(msg)  # answered after the cell
+            if len(self.pending) > 1000:
+                raise wire.ChannelClosed("kernel keeps sending requests while the guest waits for input")
+
+    # ---- requests ----
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        op = msg.get("op")
+        s = self.session
+        if op == "execute":
+            return s.execute(
+                msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
+                store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
+                on_stream=lambda name, text: self.send({"event": "stream", "name": name, "text": text}),
+                on_message=lambda mtype, content: self.send({"event": mtype, "content": content}),
+                on_input=self.ask_input if msg.get("allow_stdin") else None, poll=self.poll)
+        if op == "complete":
+            return s.complete(msg["code"], int(msg["cursor_pos"]))
+        if op == "inspect":
+            return s.inspect(msg["code"], int(msg["cursor_pos"]), int(msg.get("detail_level", 0)))
+        if op == "rewind":
+            return {"status": "ok", "text": s.rewind(int(msg.get("n", 1)))}
+        if op == "mode":
+            return {"status": "ok", "text": s.set_mode(str(msg["mode"]))}
+        if op == "timeout":
+            s.timeout = float(msg["seconds"]) or None
+            return {"status": "ok", "text": f"cell timeout: {s.timeout or 'none'}"}
+        if op == "checkpoints":
+            return {"status": "ok", "checkpoints": s.describe_checkpoints()}
+        if op == "stats":
+            return {"status": "ok", "stats": s.stats()}
+        if op == "restart":
+            s.restart()
+            return {"status": "ok"}
+        if op == "interrupt":
+            return None  # nothing is running
+        if op == "shutdown":
+            raise SystemExit(0)
+        return {"status": "error", "ename": "ValueError", "evalue": f"unknown engine request {op!r}", "traceback": []}
+
+    def serve(self) -> None:
+        while True:
+            msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
+            try:
+                reply = self.handle(msg)
+            except ZerobootError as exc:
+                reply = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+            if reply is not None:
+                self.send({"event": "reply", "id": msg.get("id"), "content": reply})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="zeroboot_kernel.engine_server")
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--parent", type=int, required=True)
+    p.add_argument("--template", default="default")
+    p.add_argument("--mode", default="chained")
+    p.add_argument("--timeout", type=float, default=0)
+    p.add_argument("--checkpoints", type=int, default=20)
+    args = p.parse_args(argv)
+    die_with_parent(args.parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel decides what an interrupt means
+    logging.basicConfig(level=logging.INFO, format="[zeroboot engine] %(message)s", stream=sys.stderr)
+    sock = socket.socket(fileno=args.fd)
+    try:
+        engine = Engine.default()
+        config = TemplateConfig(args.template, default_preload())
+        template = Template.ensure(config, engine, progress=lambda m: wire.send(sock, {"event": "log", "text": m}))
+        session = Session(template, mode=args.mode, keep=args.checkpoints, timeout=args.timeout or None)
+    except ZerobootError as exc:
+        wire.send(sock, {"event": "fatal", "text": str(exc)})
+        return 1
+    wire.send(sock, {"event": "ready", "language_info": template.ready.get("language_info", {}),
+                     "python_version": template.ready.get("python_version"), "template": str(template.directory)})
+    try:
+        EngineServer(sock, session).serve()
+    except (wire.ChannelClosed, SystemExit):
+        pass
+    finally:
+        session.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

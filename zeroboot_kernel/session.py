@@ -1,0 +1,206 @@
+"""A notebook session: one sandbox, its execution mode, its checkpoints, and rollback.
+
+Runs inside the engine process (engine_server.py). Modes:
+  chained   cell N runs on the state left by cell N-1 (what notebook users expect). Before each
+            cell a checkpoint is taken (it costs what the previous cell wrote); the last K are
+            kept for %rewind, and a cell that crashes, times out or ignores an interrupt is rolled
+            back to its checkpoint, so it costs one cell, never the session.
+  isolated  every cell starts from the clean template (teaching, grading).
+Completion and inspection run against the current state and are rolled back afterwards.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
+from .native import Snapshot
+from .sandbox import InputCallback, MessageCallback, Sandbox, StreamCallback
+from .template import Template
+
+log = logging.getLogger(__name__)
+
+MODES = ("chained", "isolated")
+
+
+@dataclass
+class Checkpoint:
+    number: int            # the execution count of the cell that ran after it was taken
+    code: str              # that cell's source, for %sandbox checkpoints
+    snapshot: Snapshot
+    taken: float
+
+
+class Session:
+    def __init__(self, template: Template, *, mode: str = "chained", keep: int = 20,
+                 timeout: float | None = None, interrupt_grace: float = 2.0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        self.template = template
+        self.mode = mode
+        self.keep = keep
+        self.timeout = timeout
+        self.interrupt_grace = interrupt_grace
+        self.sandbox = template.fork()
+        self.checkpoints: deque[Checkpoint] = deque()
+        self.head: Snapshot | None = None   # chained state while isolated cells run
+        self.timings: deque[dict[str, float]] = deque(maxlen=200)
+        self.cells_run = 0
+        self.rollbacks = 0
+
+    # ---- cells ----
+    def execute(self, code: str, *, execution_count: int, silent: bool = False, store_history: bool = True,
+                user_expressions: dict[str, str] | None = None, on_stream: StreamCallback | None = None,
+                on_message: MessageCallback | None = None, on_input: InputCallback | None = None,
+                poll: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Run one cell; returns the execute_reply content. Never raises for what the guest does."""
+        t0 = time.perf_counter()
+        checkpoint = self._before_cell(code, execution_count)
+        t1 = time.perf_counter()
+        try:
+            r = self.sandbox.execute(code, on_stream=on_stream, on_message=on_message, on_input=on_input,
+                                     timeout=self.timeout, silent=silent, store_history=store_history,
+                                     user_expressions=user_expressions, execution_count=execution_count,
+                                     interrupt_grace=self.interrupt_grace, poll=poll)
+            reply = dict(r.reply)
+            reply.setdefault("status", r.status)
+            reply["execution_count"] = execution_count
+            if r.status == "error" and r.error:
+                reply.update({k: r.error.get(k) for k in ("ename", "evalue", "traceback")})
+        except (SandboxCrashed, SandboxTimeout, SandboxMemoryError, SandboxError) as exc:
+            reply = self._rollback(exc, checkpoint, execution_count, on_message)
+        self.cells_run += 1
+        self.timings.append({"checkpoint_ms": (t1 - t0) * 1e3, "execute_ms": (time.perf_counter() - t1) * 1e3})
+        return reply
+
+    def _before_cell(self, code: str, execution_count: int) -> Snapshot:
+        if self.mode == "isolated":
+            self.sandbox.restore(self.template.snapshot, fresh=True)
+            return self.template.snapshot
+        snap = self.sandbox.snapshot()
+        self.checkpoints.append(Checkpoint(execution_count, code, snap, time.time()))
+        while len(self.checkpoints) > self.keep:
+            self.checkpoints.popleft().snapshot.release()
+        return snap
+
+    def _rollback(self, exc: Exception, checkpoint: Snapshot, execution_count: int,
+                  on_message: MessageCallback | None) -> dict[str, Any]:
+        ename = type(exc).__name__
+        self.sandbox.restore(checkpoint, fresh=checkpoint is self.template.snapshot)
+        self.rollbacks += 1
+        if self.mode == "chained" and self.checkpoints and self.checkpoints[-1].snapshot is checkpoint:
+            self.checkpoints.pop().snapshot.release()  # the cell is undone: nothing to rewind to
+        what = ("The sandbox was rolled back to its state before this cell; variables from earlier cells are intact."
+                if self.mode == "chained" else "The next cell starts from a clean sandbox as usual.")
+        evalue = f"{exc} {what}"
+        content = {"ename": ename, "evalue": evalue, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]}
+        if on_message:
+            on_message("error", content)
+        return {"status": "error", "execution_count": execution_count, "user_expressions": {}, "payload": [], **content}
+
+    # ---- state ----
+    def rewind(self, n: int = 1) -> str:
+        """Go back to the state before the last n cells (chained mode)."""
+        if self.mode != "chained":
+            raise SandboxError("%rewind works in chained mode; in isolated mode every cell starts clean")
+        if n < 1:
+            raise SandboxError("%rewind N needs N >= 1")
+        if n > len(self.checkpoints):
+            raise SandboxError(f"only {len(self.checkpoints)} checkpoint(s) are kept; cannot rewind {n} cells")
+        for _ in range(n - 1):
+            self.checkpoints.pop().snapshot.release()
+        target = self.checkpoints.pop()
+        self.sandbox.restore(target.snapshot)
+        target.snapshot.release()
+        return f"rewound {n} cell(s): state as before cell [{target.number}]"
+
+    def set_mode(self, mode: str) -> str:
+        if mode not in MODES:
+            raise SandboxError(f"unknown mode {mode!r}: use chained or isolated")
+        if mode == self.mode:
+            return f"already in {mode} mode"
+        if mode == "isolated":
+            self.head = self.sandbox.snapshot()       # keep the chained state for coming back
+        else:
+            if self.head is not None:
+                self.sandbox.restore(self.head)
+                self.head.release()
+                self.head = None
+            else:
+                self.sandbox.restore(self.template.snapshot, fresh=True)
+        self.mode = mode
+        return f"{mode} mode: " + ("every cell runs in a fresh sandbox forked from the template"
+                                   if mode == "isolated" else "each cell continues from the previous one")
+
+    def restart(self) -> None:
+        """Back to the clean template, dropping all checkpoints (instant: a restore)."""
+        for cp in self.checkpoints:
+            cp.snapshot.release()
+        self.checkpoints.clear()
+        if self.head is not None:
+            self.head.release()
+            self.head = None
+        self.sandbox.restore(self.template.snapshot, fresh=True)
+
+    # ---- requests that must not change the state ----
+    def _throwaway(self, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        snap = self.template.snapshot if self.mode == "isolated" else self.sandbox.snapshot()
+        try:
+            if self.mode == "isolated":
+                self.sandbox.restore(snap, fresh=True)
+            return fn()
+        except SandboxError as exc:
+            log.warning("request failed in the sandbox: %s", exc)
+            return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+        finally:
+            self.sandbox.restore(snap, fresh=self.mode == "isolated")
+            if snap is not self.template.snapshot:
+                snap.release()
+
+    def complete(self, code: str, cursor_pos: int) -> dict[str, Any]:
+        return self._throwaway(lambda: self.sandbox.complete(code, cursor_pos))
+
+    def inspect(self, code: str, cursor_pos: int, detail_level: int = 0) -> dict[str, Any]:
+        return self._throwaway(lambda: self.sandbox.inspect(code, cursor_pos, detail_level))
+
+    # ---- reporting ----
+    def describe_checkpoints(self) -> list[dict[str, Any]]:
+        return [{"before_cell": cp.number, "code": cp.code.strip().splitlines()[0][:60] if cp.code.strip() else "",
+                 "private_kib": cp.snapshot.private_bytes >> 10, "age_s": round(time.time() - cp.taken, 1)}
+                for cp in self.checkpoints]
+
+    def stats(self) -> dict[str, Any]:
+        st = self.sandbox.guest.stats()
+        t = list(self.timings)
+
+        def p50(key: str) -> float | None:
+            vals = sorted(x[key] for x in t)
+            return round(vals[len(vals) // 2], 3) if vals else None
+
+        return {
+            "mode": self.mode,
+            "template": {"name": self.template.name, "directory": str(self.template.directory),
+                         "preload": self.template.manifest.get("preload", []),
+                         "built": self.template.manifest.get("created")},
+            "cells_run": self.cells_run,
+            "rollbacks": self.rollbacks,
+            "checkpoints": len(self.checkpoints),
+            "checkpoint_kib": sum(cp.snapshot.private_bytes for cp in self.checkpoints) >> 10,
+            "checkpoint_ms_p50": p50("checkpoint_ms"),
+            "execute_ms_p50": p50("execute_ms"),
+            "guest_memory_mib": round(st["guest_pages"] * 4096 / 2**20, 1),
+            "guest_memory_limit_mib": round(st["guest_pages_limit"] * 4096 / 2**20, 1),
+            "syscalls": st["syscalls"],
+            "exits": st["exits"],
+        }
+
+    def close(self) -> None:
+        for cp in self.checkpoints:
+            cp.snapshot.release()
+        self.checkpoints.clear()
+        if self.head is not None:
+            self.head.release()
+        self.sandbox.close()
