@@ -279,6 +279,7 @@ void zb_sys_fsmeta_register(zb_syscall_fn *t);
 void zb_sys_time_register(zb_syscall_fn *t);
 void zb_sys_process_register(zb_syscall_fn *t);
 void zb_sys_signals_register(zb_syscall_fn *t);
+void zb_sys_poll_register(zb_syscall_fn *t);
 
 /* sleeping inside a syscall: waits until wake_ns or a kick/deadline. 0 = slept fully,
  * ZB_SYSCALL_STOP = interrupted (sb->stop set). */

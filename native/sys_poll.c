@@ -1,0 +1,133 @@
+/* sys_poll.c - poll, ppoll, select and pselect6 over the guest's fds.
+ *
+ * The guest is one thread and its files are in memory or read-only host files, so almost
+ * everything is ready at once. The exceptions: the UART is readable only when the host queued
+ * input (a guest waiting on it gives the caller an INPUT event, as a blocking read does), and pipe
+ * ends follow their buffer. If nothing is ready, the guest sleeps until its timeout, since no other
+ * thread could make anything ready in the meantime.
+ */
+#include <poll.h>
+#include <sys/select.h>
+#include <sys/syscall.h>
+
+#include "fs.h"
+
+#define MAX_POLL_FDS 4096
+
+/* Ready events of fd for the requested ones; *waits_uart is set when it waits on UART input. */
+static short fd_ready(zb_sandbox *sb, int fd, short want, int *waits_uart) {
+    zb_file *f = zb_fd_get(sb, (uint64_t)fd);
+    if (!f) return POLLNVAL;
+    short in = POLLIN | POLLRDNORM, out = POLLOUT | POLLWRNORM, got = 0;
+    switch (f->kind) {
+    case FILE_CONSOLE: got = out; break;
+    case FILE_DEV:
+        if (f->dev == DEV_UART) {
+            got = out;
+            if (zb_uart_rx_available(&sb->uart)) got |= in;
+            else if (want & in) *waits_uart = 1;
+        } else {
+            got = in | out;
+        }
+        break;
+    case FILE_PIPE:
+        if (f->pipe_write_end) got = f->pipe->readers ? out : POLLERR;
+        else got = f->pipe->len ? in : f->pipe->writers ? 0 : POLLHUP;
+        break;
+    default: got = in | out; break;
+    }
+    return (short)(got & (want | POLLERR | POLLHUP | POLLNVAL));
+}
+
+/* Wait for nothing in particular until the timeout, or stop for UART input. */
+static long wait_or_stop(zb_sandbox *sb, int waits_uart, int64_t timeout_ns) {
+    if (timeout_ns == 0) return 0;
+    if (waits_uart) {
+        zb_stop_event(sb, ZB_EVENT_INPUT, 1);
+        return ZB_SYSCALL_STOP;
+    }
+    int64_t wake = timeout_ns < 0 ? INT64_MAX : zb_now_ns() + timeout_ns;
+    if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
+    return zb_sleep_until(sb, wake);
+}
+
+static long do_poll(zb_sandbox *sb, uint64_t ufds, uint64_t nfds, int64_t timeout_ns) {
+    if (nfds > MAX_POLL_FDS) return -EINVAL;
+    struct pollfd *pfd = nfds ? zb_guest_ptr(sb, ufds, nfds * sizeof *pfd, 1) : NULL;
+    if (nfds && !pfd) return -EFAULT;
+    int ready = 0, waits_uart = 0;
+    for (uint64_t i = 0; i < nfds; i++) {
+        pfd[i].revents = pfd[i].fd < 0 ? 0 : fd_ready(sb, pfd[i].fd, pfd[i].events, &waits_uart);
+        ready += pfd[i].revents != 0;
+    }
+    if (ready) return ready;
+    long r = wait_or_stop(sb, waits_uart, timeout_ns);
+    return r < 0 ? r : 0;
+}
+
+static int64_t timespec_ns(zb_sandbox *sb, uint64_t addr, int *err) {
+    struct timespec ts;
+    if (!addr) return -1;
+    if (zb_copy_from_guest(sb, &ts, addr, sizeof ts) < 0) { *err = -EFAULT; return 0; }
+    if (ts.tv_sec < 0 || ts.tv_nsec < 0 || ts.tv_nsec >= 1000000000) { *err = -EINVAL; return 0; }
+    return ts.tv_sec > 1000000000 ? INT64_MAX / 4 : (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static long sys_poll(zb_sandbox *sb, const uint64_t a[6]) {
+    int ms = (int)a[2];
+    return do_poll(sb, a[0], a[1], ms < 0 ? -1 : (int64_t)ms * 1000000);
+}
+
+static long sys_ppoll(zb_sandbox *sb, const uint64_t a[6]) {
+    int err = 0;
+    int64_t ns = timespec_ns(sb, a[2], &err);
+    return err ? err : do_poll(sb, a[0], a[1], ns);
+}
+
+static long do_select(zb_sandbox *sb, int64_t nfds, uint64_t rd, uint64_t wr, uint64_t ex, int64_t timeout_ns) {
+    if (nfds < 0 || nfds > ZB_MAX_FDS) return -EINVAL;
+    size_t bytes = ((size_t)nfds + 63) / 64 * 8;
+    uint64_t in[ZB_MAX_FDS / 64] = {0}, out[ZB_MAX_FDS / 64] = {0}, rin[ZB_MAX_FDS / 64] = {0}, rout[ZB_MAX_FDS / 64] = {0};
+    if ((rd && zb_copy_from_guest(sb, in, rd, bytes) < 0) || (wr && zb_copy_from_guest(sb, out, wr, bytes) < 0)) return -EFAULT;
+    if (ex && !zb_guest_ptr(sb, ex, bytes, 1)) return -EFAULT;
+    int ready = 0, waits_uart = 0;
+    for (int fd = 0; fd < nfds; fd++) {
+        short want = (zb_bit(in, (uint64_t)fd) ? POLLIN : 0) | (zb_bit(out, (uint64_t)fd) ? POLLOUT : 0);
+        if (!want) continue;
+        short got = fd_ready(sb, fd, want, &waits_uart);
+        if (got & POLLNVAL) return -EBADF;
+        if (got & (POLLIN | POLLHUP | POLLERR) && (want & POLLIN)) { zb_bit_set(rin, (uint64_t)fd); ready++; }
+        if (got & (POLLOUT | POLLERR) && (want & POLLOUT)) { zb_bit_set(rout, (uint64_t)fd); ready++; }
+    }
+    if (!ready) {
+        long r = wait_or_stop(sb, waits_uart, timeout_ns);
+        if (r < 0) return r;
+    }
+    if ((rd && zb_copy_to_guest(sb, rd, rin, bytes) < 0) || (wr && zb_copy_to_guest(sb, wr, rout, bytes) < 0)) return -EFAULT;
+    if (ex) memset(zb_guest_ptr(sb, ex, bytes, 1), 0, bytes); /* no exceptional conditions exist here */
+    return ready;
+}
+
+static long sys_select(zb_sandbox *sb, const uint64_t a[6]) {
+    int64_t ns = -1;
+    if (a[4]) {
+        struct { int64_t sec, usec; } tv;
+        if (zb_copy_from_guest(sb, &tv, a[4], sizeof tv) < 0) return -EFAULT;
+        if (tv.sec < 0 || tv.usec < 0) return -EINVAL;
+        ns = tv.sec > 1000000000 ? INT64_MAX / 4 : tv.sec * 1000000000 + tv.usec * 1000;
+    }
+    return do_select(sb, (int64_t)(int)a[0], a[1], a[2], a[3], ns);
+}
+
+static long sys_pselect6(zb_sandbox *sb, const uint64_t a[6]) {
+    int err = 0;
+    int64_t ns = timespec_ns(sb, a[4], &err);
+    return err ? err : do_select(sb, (int64_t)(int)a[0], a[1], a[2], a[3], ns);
+}
+
+void zb_sys_poll_register(zb_syscall_fn *t) {
+    t[SYS_poll] = sys_poll;
+    t[SYS_ppoll] = sys_ppoll;
+    t[SYS_select] = sys_select;
+    t[SYS_pselect6] = sys_pselect6;
+}
