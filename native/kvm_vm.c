@@ -287,3 +287,28 @@ int zb_vm_forget(zb_vm *vm, zb_sandbox *sb, char *err) {
     vm->attached = NULL;
     return set_slot(vm, 0, 0, err);
 }
+
+int zb_engine_vcpu_stat(zb_engine *e, const char *name, uint64_t *value) {
+    if (!e->vm) return -1;
+    int fd = ioctl(e->vm->vcpu_fd, KVM_GET_STATS_FD, 0);
+    if (fd < 0) return -1;
+    int rc = -1;
+    struct kvm_stats_header h;
+    if (pread(fd, &h, sizeof h, 0) == (ssize_t)sizeof h && h.name_size > 0 && h.name_size < 4096 && h.num_desc < 4096) {
+        size_t dsz = sizeof(struct kvm_stats_desc) + h.name_size;
+        uint8_t *d = malloc(dsz * h.num_desc);
+        if (d && pread(fd, d, dsz * h.num_desc, h.desc_offset) == (ssize_t)(dsz * h.num_desc)) {
+            for (uint32_t i = 0; i < h.num_desc; i++) {
+                struct kvm_stats_desc *k = (struct kvm_stats_desc *)(d + i * dsz);
+                if (k->size == 1 && !strncmp(k->name, name, h.name_size) &&
+                    pread(fd, value, 8, h.data_offset + k->offset) == 8) {
+                    rc = 0;
+                    break;
+                }
+            }
+        }
+        free(d);
+    }
+    close(fd);
+    return rc;
+}

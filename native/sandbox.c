@@ -98,8 +98,6 @@ int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err) {
 int zb_sandbox_finished(zb_sandbox *sb) { return sb->finished; }
 
 void zb_sandbox_stats(zb_sandbox *sb, zb_stats *out) {
-    char err[ZB_ERRLEN];
-    if (sb->engine->vm && sb->engine->vm->attached == sb) zb_vm_collect_dirty(sb->engine->vm, err);
     *out = sb->stats;
     uint64_t dirty = 0, words = (sb->mem.npages + 63) / 64;
     for (uint64_t i = 0; i < words; i++) dirty += (uint64_t)__builtin_popcountll(sb->mem.host_dirty[i]);

@@ -70,7 +70,9 @@ typedef struct zb_stats {
     uint64_t io_exits;         /* UART port accesses */
     uint64_t run_ns;           /* wall time inside zb_sandbox_run */
     uint64_t syscall_ns;       /* host time spent serving syscalls */
-    uint64_t dirty_pages;      /* pages written since the last snapshot/restore */
+    uint64_t dirty_pages;      /* pages known to be written since the last snapshot/restore: the
+                                  engine's own writes, and the guest's as of the last time KVM's
+                                  dirty log was read (reading it re-protects pages, so stats do not) */
     uint64_t guest_pages;      /* pages the guest has allocated (mmap/brk/stack/ELF) */
     uint64_t guest_pages_limit;
 } zb_stats;
@@ -81,6 +83,10 @@ void zb_engine_close(zb_engine *engine);
 /* A hash of what a snapshot depends on in this host's KVM: CPUID, XSAVE layout, XCR0.
  * A template made under another fingerprint must be rebuilt. */
 uint64_t zb_engine_fingerprint(zb_engine *engine);
+
+/* A KVM statistic of the executor's vCPU (e.g. "pf_fixed", "exits"), for benchmarks.
+ * Returns -1 when KVM does not offer it. */
+int zb_engine_vcpu_stat(zb_engine *engine, const char *name, uint64_t *value);
 
 /* ---- building a sandbox from scratch ---- */
 zb_sandbox *zb_sandbox_new(zb_engine *engine, uint64_t mem_bytes, char *err);

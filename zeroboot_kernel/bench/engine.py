@@ -1,0 +1,228 @@
+"""`python -m zeroboot_kernel.bench engine`: what forks cost, measured side by side in one run.
+
+Forks from the template, fork + `print(1)`, restore-in-place + `print(1)` (what the kernel does
+per isolated cell), forks of a live sandbox after a cell that dirtied 1 MiB / 64 MiB, many live
+forks at once (wall time, USS per fork and host kernel memory from MemAvailable), the template
+build, exits and first-touch faults per cell; and, as references measured in the same run,
+`subprocess.run(['true'])` and `os.fork()` + `_exit`.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import tempfile
+import time
+from typing import Any, Callable
+
+from ..native import Engine, ffi, lib
+from ..template import Template, TemplateConfig, default_preload
+from .common import percentile, write_results
+
+PRINT = "print(1)"
+ZEROBOOT_PUBLISHED = {"fork_p50_ms": 0.79, "fork_p99_ms": 1.74, "fork_exec_ms": 8.0, "concurrent_1000_s": 0.815,
+                      "kb_per_fork": 265}
+
+
+def _times(n: int, fn: Callable[[], Any]) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def _stat(engine: Engine, name: str) -> int:
+    v = ffi.new("uint64_t *")
+    return int(v[0]) if lib.zb_engine_vcpu_stat(engine.handle, name.encode(), v) == 0 else -1
+
+
+def _smaps_private_kb() -> int:
+    kb = 0
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                kb += int(line.split()[1])
+    return kb
+
+
+def _mem_available_kb() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _forks(template: Template, n: int, fork_n: int) -> dict[str, Any]:
+    sandboxes = []
+
+    def fork() -> None:
+        sandboxes.append(template.fork())
+
+    t = _times(n, fork)
+    for sb in sandboxes:
+        sb.close()
+    return {"fork_p50_ms": percentile(t, 50), "fork_p99_ms": percentile(t, 99), "fork_max_ms": max(t), "forks": n}
+
+
+def _fork_exec(template: Template, engine: Engine, n: int) -> dict[str, Any]:
+    times, exits, faults = [], [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        sb = template.fork()
+        sb.execute(PRINT)
+        times.append((time.perf_counter() - t) * 1e3)
+        before = _stat(engine, "pf_fixed")
+        st0 = sb.guest.stats()["exits"]
+        sb.execute(PRINT)  # a second cell in the same fork: what one cell costs once warm
+        exits.append(sb.guest.stats()["exits"] - st0)
+        faults.append(_stat(engine, "pf_fixed") - before)
+        sb.close()
+    # restore in place: how the kernel resets a sandbox between isolated cells
+    sb = template.fork()
+    sb.execute(PRINT)
+
+    def restore_exec() -> None:
+        sb.restore(template.snapshot, fresh=True)
+        sb.execute(PRINT)
+
+    r = _times(n, restore_exec)
+    first_touch_before = _stat(engine, "pf_fixed")
+    fresh = template.fork()
+    fresh.execute(PRINT)
+    first_touch = _stat(engine, "pf_fixed") - first_touch_before
+    fresh.close()
+    sb.close()
+    return {"fork_exec_p50_ms": percentile(times, 50), "fork_exec_p99_ms": percentile(times, 99),
+            "restore_exec_p50_ms": percentile(r, 50), "restore_exec_p99_ms": percentile(r, 99),
+            "exits_per_print_cell": percentile(exits, 50), "faults_per_warm_print_cell": percentile(faults, 50),
+            "first_touch_pages_per_print_cell": first_touch}
+
+
+def _chained(template: Template, mib: int, n: int) -> float:
+    sb = template.fork()
+    sb.execute(f"import numpy as np; a = np.zeros({mib << 17})")
+    times = []
+    for i in range(n):
+        sb.execute(f"a[:] = {i + 1}")  # the cell dirties `mib` MiB
+        t = time.perf_counter()
+        child = sb.fork()
+        times.append((time.perf_counter() - t) * 1e3)
+        if i == 0:
+            assert child.execute("float(a[0])").result["text/plain"] == "1.0", "chained fork lost the parent's state"
+        child.close()
+    sb.close()
+    return percentile(times, 50)
+
+
+def _concurrent(template: Template, n: int) -> dict[str, Any]:
+    gc.collect()
+    uss0, avail0 = _smaps_private_kb(), _mem_available_kb()
+    t = time.perf_counter()
+    sandboxes = [template.fork() for _ in range(n)]
+    created = time.perf_counter() - t
+    for sb in sandboxes:
+        sb.execute(PRINT)
+    with_exec = time.perf_counter() - t
+    uss1, avail1 = _smaps_private_kb(), _mem_available_kb()
+    for sb in sandboxes:
+        sb.close()
+    return {f"concurrent_{n}_s": round(created, 4), f"concurrent_{n}_exec_s": round(with_exec, 3),
+            f"idle_fork_uss_kb_{n}": round((uss1 - uss0) / n, 1),
+            f"host_memory_kb_per_fork_{n}": round((avail0 - avail1) / n, 1)}
+
+
+def _references(n: int) -> dict[str, Any]:
+    sub = _times(min(n, 100), lambda: subprocess.run(["true"], check=True))
+
+    def fork_exit() -> None:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+    fk = _times(n, fork_exit)
+    return {"ref_subprocess_true_p50_ms": percentile(sub, 50), "ref_os_fork_p50_ms": percentile(fk, 50)}
+
+
+def _template_build() -> dict[str, Any]:
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        old = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = cache
+        try:
+            for key, preload in (("template_build_s", ("numpy",)), ("template_build_full_s", default_preload())):
+                t = time.perf_counter()
+                Template.build(TemplateConfig(name="bench", preload=preload)).snapshot.release()
+                out[key] = round(time.perf_counter() - t, 3)
+        finally:
+            if old is None:
+                os.environ.pop("XDG_CACHE_HOME", None)
+            else:
+                os.environ["XDG_CACHE_HOME"] = old
+    return out
+
+
+def measure(quick: bool = False) -> dict[str, Any]:
+    engine = Engine.default()
+    template = Template.ensure()
+    n_fork = 200 if quick else 1000
+    n_exec = 30 if quick else 200
+    res: dict[str, Any] = {"quick": quick, "template": template.name, "preload": list(template.manifest["preload"])}
+    res.update(_forks(template, n_fork, n_fork))
+    res.update(_fork_exec(template, engine, n_exec))
+    res["chained_fork_1mib_p50_ms"] = _chained(template, 1, 10 if quick else 30)
+    res["chained_fork_64mib_p50_ms"] = _chained(template, 64, 3 if quick else 10)
+    res["chained_fork_p50_ms"] = res["chained_fork_1mib_p50_ms"]
+    for n in ((100,) if quick else (100, 1000)):
+        res.update(_concurrent(template, n))
+    res["idle_fork_uss_kb"] = res.get("idle_fork_uss_kb_1000", res["idle_fork_uss_kb_100"])
+    res["concurrent_1000_s"] = res.get("concurrent_1000_s", res["concurrent_100_s"] * 10)
+    res.update(_references(n_exec))
+    res.update(_template_build())
+    res["ratio_fork_vs_os_fork"] = round(res["ref_os_fork_p50_ms"] / res["fork_p50_ms"], 1)
+    res["ratio_fork_vs_zeroboot_published"] = round(ZEROBOOT_PUBLISHED["fork_p50_ms"] / res["fork_p50_ms"], 1)
+    res["ratio_fork_exec_vs_subprocess_true"] = round(res["ref_subprocess_true_p50_ms"] / res["fork_exec_p50_ms"], 2)
+    return res
+
+
+TABLE = [
+    ("fork from template, p50 / p99", "fork_p50_ms", "fork_p99_ms", "ms", "zeroboot 0.79 / 1.74 (published)"),
+    ("fork + print(1), p50 / p99", "fork_exec_p50_ms", "fork_exec_p99_ms", "ms", "zeroboot ~8 (published)"),
+    ("restore in place + print(1), p50 / p99", "restore_exec_p50_ms", "restore_exec_p99_ms", "ms", ""),
+    ("fork of a live sandbox after a 1 MiB / 64 MiB cell", "chained_fork_1mib_p50_ms", "chained_fork_64mib_p50_ms", "ms", ""),
+    ("reference: os.fork()+_exit / subprocess true", "ref_os_fork_p50_ms", "ref_subprocess_true_p50_ms", "ms", "same run"),
+]
+
+
+def markdown(res: dict[str, Any]) -> str:
+    rows = ["| what | value | unit | compare |", "|---|---|---|---|"]
+    for label, a, b, unit, cmp in TABLE:
+        rows.append(f"| {label} | {res[a]:.3f} / {res[b]:.3f} | {unit} | {cmp} |")
+    rows.append(f"| 1,000 live forks: create / create + print(1) each | {res['concurrent_1000_s']:.3f} / "
+                f"{res.get('concurrent_1000_exec_s', float('nan')):.2f} | s | zeroboot 0.815 (published) |")
+    rows.append(f"| private host memory per live fork after one cell (USS) | {res['idle_fork_uss_kb']:.0f} | KiB | "
+                f"zeroboot ~265 (published, no kernel memory) |")
+    rows.append(f"| exits / new page faults per warm print(1) cell | {res['exits_per_print_cell']:.0f} / "
+                f"{res['faults_per_warm_print_cell']:.0f} | | |")
+    rows.append(f"| template build: numpy / numpy+pandas+matplotlib | {res['template_build_s']:.2f} / "
+                f"{res['template_build_full_s']:.2f} | s | target <= 3 s (numpy) |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench engine", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute)")
+    p.add_argument("--json", default="bench/results/engine.json", help="where to write the results")
+    args = p.parse_args(argv)
+    res = measure(args.quick)
+    write_results(args.json, res, markdown(res))
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
