@@ -13,6 +13,7 @@
  */
 #include "snapshot.h"
 
+#include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -234,6 +235,7 @@ static void snapshot_free(zb_snapshot *s) {
     for (uint64_t c = 0; c < s->nchunks; c++) chunk_unref(s->chunks[c]);
     free(s->chunks);
     store_unref(s->own);
+    free(s->ws);
     zb_image_unref(s->image);
     zb_guest_state_free(&s->st);
     free(s);
@@ -350,4 +352,65 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
     atomic_store(&sb->kick_requested, 0);
     if (vm && vm->attached == sb && zb_vm_load_cpu(vm, sb, err) < 0) return -1;
     return 0;
+}
+
+/* ---- working sets ---- */
+
+int zb_snapshot_learn_working_set(zb_snapshot *snap, zb_sandbox *sb, char *err) {
+    if (sb->base != snap && (!sb->base || sb->mem.size != snap->mem_size)) {
+        zb_seterr(err, "the sandbox was not forked from this snapshot");
+        return -1;
+    }
+    size_t words = (sb->mem.npages + 63) / 64;
+    uint64_t *ws = calloc(words, 8), *entries = malloc(sb->mem.npages * 8);
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    size_t want = sb->mem.npages * 8;
+    off_t at = (off_t)((uintptr_t)sb->mem.host / ZB_PAGE * 8);
+    if (!ws || !entries || fd < 0 || pread(fd, entries, want, at) != (ssize_t)want) {
+        zb_seterr(err, "cannot read /proc/self/pagemap: %s", strerror(errno));
+        free(ws);
+        free(entries);
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    close(fd);
+    for (uint64_t p = 0; p < sb->mem.npages; p++)
+        if ((entries[p] >> 63) & 1) zb_bit_set(ws, p); /* present: the guest (or engine) touched it */
+    free(entries);
+    free(snap->ws);
+    snap->ws = ws;
+    return 0;
+}
+
+uint64_t zb_snapshot_working_set_pages(zb_snapshot *snap) {
+    uint64_t n = 0;
+    for (uint64_t w = 0; snap->ws && w < (snap->mem_size / ZB_PAGE + 63) / 64; w++) n += (uint64_t)__builtin_popcountll(snap->ws[w]);
+    return n;
+}
+
+long zb_sandbox_prefault(zb_sandbox *sb, int mode, char *err) {
+    const zb_snapshot *snap = sb->base;
+    if (!snap || !snap->ws || !mode) return 0;
+    int advice = mode == 1 ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
+    long done = 0;
+    for (uint64_t p = 0; p < sb->mem.npages;) {
+        if (!zb_bit(snap->ws, p)) { p++; continue; }
+        uint64_t start = p;
+        while (p < sb->mem.npages && zb_bit(snap->ws, p)) p++;
+        /* only the guest's own pages: the low region is the engine's, free pages stay untouched */
+        uint64_t a = ZB_MAX(start, ZB_LOW_REGION / ZB_PAGE);
+        for (uint64_t q = a; q < p; q++) {
+            uint64_t r = q;
+            while (r < p && zb_bit(sb->mem.allocated, r)) r++;
+            if (r > q) {
+                if (madvise(sb->mem.host + q * ZB_PAGE, (r - q) * ZB_PAGE, advice) < 0) {
+                    zb_seterr(err, "prefaulting guest memory: %s", strerror(errno));
+                    return -1;
+                }
+                done += (long)(r - q);
+            }
+            q = r;
+        }
+    }
+    return done;
 }

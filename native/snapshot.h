@@ -46,6 +46,7 @@ struct zb_snapshot {
     uint64_t mem_size, nchunks;
     zb_chunk **chunks;  /* NULL: the whole chunk is the image's */
     zb_store *own;      /* the pages this snapshot copied */
+    uint64_t *ws;       /* working set bitmap (zb_snapshot_learn_working_set), or NULL */
     zb_guest_state st;
 };
 

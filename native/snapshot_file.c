@@ -15,7 +15,7 @@
 #include "snapshot.h"
 
 #define STATE_MAGIC 0x50414e53425a0a01ull /* "\x01\nZBSNAP" */
-#define STATE_FORMAT 1
+#define STATE_FORMAT 2
 #define STATE_MAX_BYTES (2ull << 30)
 
 static int copy_range(int in_fd, int out_fd, off_t start, off_t end) {
@@ -95,6 +95,8 @@ static void save_state(const zb_snapshot *s, zb_out *o) {
     }
     zb_fs_save(st->fs, o);
     zb_fds_save(st->fds, o);
+    out_u32(o, s->ws != NULL);
+    if (s->ws) out_bytes(o, s->ws, ((m->npages + 63) / 64) * 8);
     out_u64(o, STATE_MAGIC);
 }
 
@@ -114,7 +116,7 @@ int zb_snapshot_save(zb_snapshot *s, const char *dir, char *err) {
     return 0;
 }
 
-static int load_state(zb_engine *e, zb_in *in, zb_guest_state *st, uint64_t *mem_size, char *err) {
+static int load_state(zb_engine *e, zb_in *in, zb_guest_state *st, uint64_t *mem_size, uint64_t **ws, char *err) {
     if (in_u64(in) != STATE_MAGIC || in_u32(in) != STATE_FORMAT) {
         zb_seterr(err, "state.bin is not a snapshot of this engine version");
         return -1;
@@ -173,6 +175,11 @@ static int load_state(zb_engine *e, zb_in *in, zb_guest_state *st, uint64_t *mem
     }
     if (in->err || !(st->fs = zb_fs_load(in))) goto corrupt;
     if (!(st->fds = zb_fds_load(in, st->fs, st->proc.exe, err))) return -1;
+    if (in_u32(in)) {
+        size_t bytes = ((m->npages + 63) / 64) * 8;
+        if (!(*ws = malloc(bytes))) { in->err = 1; goto corrupt; }
+        in_bytes(in, *ws, bytes);
+    }
     if (in_u64(in) != STATE_MAGIC || in->err) goto corrupt;
     return 0;
 corrupt:
@@ -209,7 +216,7 @@ zb_snapshot *zb_snapshot_load(zb_engine *e, const char *dir, char *err) {
     atomic_init(&s->refs, 1);
     s->engine = e;
     zb_in in = {data, len, 0, 0};
-    int rc = load_state(e, &in, &s->st, &s->mem_size, err);
+    int rc = load_state(e, &in, &s->st, &s->mem_size, &s->ws, err);
     free(data);
     if (rc < 0) goto fail;
     snprintf(path, sizeof path, "%s/memory.img", dir);
@@ -226,6 +233,7 @@ zb_snapshot *zb_snapshot_load(zb_engine *e, const char *dir, char *err) {
     return s;
 fail:
     zb_guest_state_free(&s->st);
+    free(s->ws);
     zb_image_unref(s->image);
     free(s->chunks);
     free(s);
