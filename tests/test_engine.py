@@ -1,0 +1,181 @@
+"""The fork engine's Python API (issue 3): templates, forks, isolation, chained state, limits,
+and a guest that abuses the cell channel. Uses the default template (built once if missing)."""
+from __future__ import annotations
+
+import os
+import re
+import struct
+import threading
+import time
+
+import pytest
+
+from zeroboot_kernel.engine import Sandbox, SandboxError, SandboxTimeout, Template
+from zeroboot_kernel.frames import MAGIC
+
+
+@pytest.fixture(scope="module")
+def template() -> Template:
+    return Template.ensure()
+
+
+@pytest.fixture
+def sb(template: Template):
+    with template.fork() as s:
+        yield s
+
+
+def text(r) -> str:
+    return r.result["text/plain"] if r.result else ""
+
+
+def plain(lines: list[str]) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(lines))
+
+
+def test_print_and_trailing_expression(sb: Sandbox) -> None:
+    r = sb.execute("print(1+1)")
+    assert (r.status, r.stdout) == ("ok", "2\n")
+    r = sb.execute("import numpy as np\nnp.arange(10).sum()")
+    assert text(r) in ("45", "np.int64(45)")
+
+
+def test_error_shows_the_cells_line(sb: Sandbox) -> None:
+    r = sb.execute("x = 1\n1/0")
+    assert r.status == "error" and r.error["ename"] == "ZeroDivisionError"
+    tb = plain(r.error["traceback"])
+    assert "1/0" in tb and "agent" not in tb
+
+
+def test_streams_arrive_while_the_cell_runs(sb: Sandbox) -> None:
+    arrivals: list[tuple[float, str]] = []
+    started = time.monotonic()
+    r = sb.execute("import time\nfor i in range(5):\n    print(i)\n    time.sleep(0.2)",
+                   on_stream=lambda name, t: arrivals.append((time.monotonic() - started, t)))
+    assert r.stdout == "0\n1\n2\n3\n4\n"
+    assert len(arrivals) >= 3, "output was not streamed in several chunks"
+    assert arrivals[0][0] < r.seconds - 0.5, "the first line arrived only at the end of the cell"
+
+
+def test_forks_of_a_template_do_not_see_each_other(template: Template) -> None:
+    with template.fork() as a, template.fork() as b:
+        a.execute("import numpy as np\nsecret = 42\nbig = np.ones(4_000_000)\nbig[:] = 7")
+        assert text(a.execute("int(big.sum())")) == str(7 * 4_000_000)
+        assert b.execute("secret").error["ename"] == "NameError"
+        assert b.execute("big").error["ename"] == "NameError"
+
+
+def test_chained_forks_branch_without_touching_the_parent(template: Template) -> None:
+    with template.fork() as a:
+        a.execute("import numpy as np\nstate = 'A'\narr = np.zeros(1_000_000)")
+        with a.fork() as child:
+            assert text(child.execute("state")) == "'A'"
+            child.execute("state = 'child'\narr[:] = 5")
+            assert text(child.execute("state, float(arr.sum())")) == "('child', 5000000.0)"
+        assert text(a.execute("state, float(arr.sum())")) == "('A', 0.0)"
+        with a.fork() as second:
+            assert text(second.execute("state, float(arr.sum())")) == "('A', 0.0)"
+
+
+def test_snapshot_and_restore(sb: Sandbox) -> None:
+    sb.execute("v = 1")
+    snap = sb.snapshot()
+    sb.execute("v = 2\nw = 3")
+    sb.restore(snap)
+    assert text(sb.execute("v")) == "1"
+    assert sb.execute("w").error["ename"] == "NameError"
+
+
+def test_rich_output(sb: Sandbox) -> None:
+    r = sb.execute("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+    assert any("image/png" in d["data"] for d in r.displays), r
+    r = sb.execute("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+    assert "text/html" in r.result and "<table" in r.result["text/html"]
+
+
+def test_timeout_stops_the_cell_and_the_next_fork_works(template: Template) -> None:
+    sb = template.fork()
+    t0 = time.monotonic()
+    with pytest.raises(SandboxTimeout):
+        sb.execute("while True: pass", timeout=1.0)
+    assert time.monotonic() - t0 < 1.5
+    assert sb.broken
+    sb.close()
+    with template.fork() as other:
+        assert other.execute("print('alive')").stdout == "alive\n"
+
+
+def test_interrupt_raises_keyboard_interrupt(sb: Sandbox) -> None:
+    threading.Timer(0.3, sb.interrupt).start()
+    r = sb.execute("x = 0\nwhile True: x += 1")
+    assert r.status == "error" and r.error["ename"] == "KeyboardInterrupt" and r.interrupted
+    assert int(text(sb.execute("x"))) > 0
+
+
+def test_memory_cap_fails_cleanly(sb: Sandbox) -> None:
+    r = sb.execute("import numpy as np\na = np.ones(10**10)")
+    assert r.status == "error" and r.error["ename"] in ("MemoryError", "_ArrayMemoryError")
+    r = sb.execute("chunks = []\ntry:\n    while True: chunks.append(bytearray(64 << 20))\nexcept MemoryError:\n"
+                   "    n = len(chunks)\n    del chunks\nn")
+    assert r.status == "ok" and 1 <= int(text(r)) < 64
+    assert sb.execute("print('still fine')").stdout == "still fine\n"
+
+
+def test_output_cap_cuts_a_flood(sb: Sandbox) -> None:
+    chunks: list[str] = []
+    r = sb.execute("s = 'x' * 1023 + '\\n'\nfor _ in range(100 * 1024):\n    print(s, end='')",
+                   on_stream=lambda name, t: chunks.append(t), output_limit=4 << 20)
+    assert r.output_truncated and r.status == "ok"
+    assert sum(map(len, chunks)) < (5 << 20)
+
+
+def _abuse(template: Template, code: str) -> SandboxError:
+    sb = template.fork()
+    with pytest.raises(SandboxError) as exc:
+        sb.execute(code, timeout=20)
+    sb.close()
+    return exc.value
+
+
+def test_garbage_on_the_uart_ends_only_that_fork(template: Template) -> None:
+    err = _abuse(template, "import os\nfd = os.open('/dev/ttyS0', os.O_RDWR)\nos.write(fd, b'garbage!' * 4)")
+    assert "malformed UART frame" in str(err) and "magic" in str(err)
+
+
+def test_oversized_frame_ends_only_that_fork(template: Template) -> None:
+    header = struct.pack("<IHHI", MAGIC, 1, 101, 0xFFFFFFF0)
+    err = _abuse(template, f"import os\nfd = os.open('/dev/ttyS0', os.O_RDWR)\nos.write(fd, {header!r})")
+    assert "exceeds" in str(err)
+
+
+def test_other_io_ports_end_only_that_fork(template: Template) -> None:
+    # out %al, $0x80; ret -- executed at CPL3 through ctypes
+    code = ("import ctypes, mmap\nbuf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+            "buf.write(b'\\xe6\\x80\\xc3')\naddr = ctypes.addressof(ctypes.c_char.from_buffer(buf))\n"
+            "ctypes.CFUNCTYPE(None)(addr)()")
+    err = _abuse(template, code)
+    assert "I/O port 0x80" in str(err)
+    with template.fork() as sb:
+        assert sb.execute("1+1").status == "ok"
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _map_count() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+
+def test_a_thousand_forks_leak_nothing(template: Template) -> None:
+    with template.fork() as warm:  # first use creates the executor VM: not a leak
+        warm.execute("1")
+    fds, maps = _fd_count(), _map_count()
+    for i in range(1000):
+        sb = template.fork()
+        if i % 100 == 0:
+            assert sb.execute("print(1)").stdout == "1\n"
+        sb.close()
+    assert _fd_count() <= fds + 2
+    assert _map_count() <= maps + 8
