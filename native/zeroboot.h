@@ -84,6 +84,13 @@ void zb_engine_close(zb_engine *engine);
  * A template made under another fingerprint must be rebuilt. */
 uint64_t zb_engine_fingerprint(zb_engine *engine);
 
+/* Lock the engine process down with seccomp (native/seccomp.c): SETUP allows what starting,
+ * building templates and running guests needs; RUN, stacked on it, also forbids changing host
+ * files, opening them for writing and creating processes. Irreversible. */
+#define ZB_LOCKDOWN_SETUP 1
+#define ZB_LOCKDOWN_RUN 2
+int zb_engine_lockdown(zb_engine *engine, int phase, char *err);
+
 /* A KVM statistic of the executor's vCPU (e.g. "pf_fixed", "exits"), for benchmarks.
  * Returns -1 when KVM does not offer it. */
 int zb_engine_vcpu_stat(zb_engine *engine, const char *name, uint64_t *value);
