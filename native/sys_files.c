@@ -269,11 +269,22 @@ static long sys_read(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     return f ? read_into(sb, f, a[1], a[2], -1) : -EBADF;
 }
+/* Whether the positional calls (pread, pwrite, preadv, pwritev) apply: as in Linux, files,
+ * directories (which then say EISDIR) and the memory-like devices (/dev/null, zero, urandom) have a
+ * position; pipes, the console and the UART (a tty) do not. */
+static int positional(const zb_file *f) {
+    switch (f->kind) {
+    case FILE_HOST: case FILE_OVERLAY: case FILE_DIR: return 1;
+    case FILE_DEV: return f->dev != DEV_UART;
+    default: return 0;
+    }
+}
+
 static long sys_pread64(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
     if ((int64_t)a[3] < 0) return -EINVAL;
-    if (f->kind != FILE_HOST && f->kind != FILE_OVERLAY) return -ESPIPE;
+    if (!positional(f)) return -ESPIPE;
     return read_into(sb, f, a[1], a[2], (int64_t)a[3]);
 }
 static long sys_write(zb_sandbox *sb, const uint64_t a[6]) {
@@ -284,7 +295,7 @@ static long sys_pwrite64(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
     if ((int64_t)a[3] < 0) return -EINVAL;
-    if (f->kind != FILE_OVERLAY) return f->kind == FILE_HOST ? -EBADF : -ESPIPE;
+    if (!positional(f)) return -ESPIPE;
     return write_from(sb, f, a[1], a[2], (int64_t)a[3]);
 }
 
@@ -293,6 +304,7 @@ static long sys_pwrite64(zb_sandbox *sb, const uint64_t a[6]) {
 static long vector_io(zb_sandbox *sb, const uint64_t a[6], int is_write, int64_t off) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
+    if (off >= 0 && !positional(f)) return -ESPIPE;
     uint64_t cnt = a[2];
     if (cnt > 1024) return -EINVAL;
     struct iovec iov[1024];
