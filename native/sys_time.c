@@ -66,10 +66,20 @@ static int read_timespec(zb_sandbox *sb, uint64_t addr, int64_t *ns) {
 }
 
 /* Sleep the guest until the monotonic time `wake` (the first time a syscall is served), or
- * until the wake time remembered when the same syscall was interrupted. */
-static long sleep_syscall(zb_sandbox *sb, int64_t wake) {
+ * until the wake time remembered when the same syscall was interrupted.
+ * When the sleep is paused (kick or deadline), the time left goes to `rem` (if given) right away:
+ * should a signal arrive before the sandbox resumes, the run loop fails the sleep with EINTR
+ * without serving it again, and Linux reports the time left then. If the sleep resumes and
+ * completes instead, rem holds a value the program must not look at anyway. */
+static long sleep_syscall(zb_sandbox *sb, int64_t wake, uint64_t rem) {
     if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
-    return zb_sleep_until(sb, wake);
+    long r = zb_sleep_until(sb, wake);
+    if (r == ZB_SYSCALL_STOP && rem) {
+        int64_t left = ZB_MAX(wake - zb_now_ns(), 0);
+        struct timespec ts = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
+        zb_copy_to_guest(sb, rem, &ts, sizeof ts); /* validated when the syscall started */
+    }
+    return r;
 }
 
 static long sys_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
@@ -77,7 +87,7 @@ static long sys_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
     int rc = read_timespec(sb, a[0], &ns);
     if (rc < 0) return rc;
     if (a[1] && !zb_guest_ptr(sb, a[1], sizeof(struct timespec), 1)) return -EFAULT;
-    return sleep_syscall(sb, zb_now_ns() + ns);
+    return sleep_syscall(sb, zb_now_ns() + ns, a[1]);
 }
 
 static long sys_clock_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
@@ -92,7 +102,9 @@ static long sys_clock_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
         int64_t cur_ns = (int64_t)cur.tv_sec * 1000000000 + cur.tv_nsec;
         wake = now + (ns - cur_ns);
     }
-    return sleep_syscall(sb, wake);
+    uint64_t rem = (a[1] & TIMER_ABSTIME) ? 0 : a[3]; /* an absolute sleep reports nothing */
+    if (rem && !zb_guest_ptr(sb, rem, sizeof(struct timespec), 1)) return -EFAULT;
+    return sleep_syscall(sb, wake, rem);
 }
 
 static long sys_sched_yield(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
