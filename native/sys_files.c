@@ -5,6 +5,7 @@
 #include "fs.h"
 
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <linux/openat2.h>
 #include <sys/ioctl.h>
 #include <sys/random.h>
@@ -116,8 +117,15 @@ static long sys_openat2(zb_sandbox *sb, const uint64_t a[6]) {
 }
 
 static long sys_close(zb_sandbox *sb, const uint64_t a[6]) { return zb_fd_close(sb, (int)a[0]); }
+/* CLOSE_RANGE_CLOEXEC marks the fds close-on-exec instead of closing them; UNSHARE means nothing
+ * with one thread. */
 static long sys_close_range(zb_sandbox *sb, const uint64_t a[6]) {
-    for (uint64_t fd = a[0]; fd <= a[1] && fd < ZB_MAX_FDS; fd++) zb_fd_close(sb, (int)fd);
+    unsigned first = (unsigned)a[0], last = (unsigned)a[1];
+    if (a[2] & ~(uint64_t)(CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC) || first > last) return -EINVAL;
+    for (unsigned fd = first; fd <= last && fd < ZB_MAX_FDS; fd++) {
+        if (!(a[2] & CLOSE_RANGE_CLOEXEC)) zb_fd_close(sb, (int)fd);
+        else if (sb->fds->fd[fd]) sb->fds->cloexec[fd] = 1;
+    }
     return 0;
 }
 
