@@ -43,11 +43,39 @@ static int host_open(const char *path, int dir) {
     return fd < 0 ? -errno : fd;
 }
 
+/* O_TMPFILE: an unnamed overlay file in the directory `dir`. It lives while it is open, or longer
+ * if linkat(fd, "", ..., AT_EMPTY_PATH) gives it a name. */
+static long open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags, uint64_t mode) {
+    if ((flags & O_ACCMODE) == O_RDONLY) return -EINVAL;
+    if (!dir->exists) return -ENOENT;
+    if (!dir->loc.is_dir) return -ENOTDIR;
+    if (dir->loc.kind != LOC_OVERLAY) return -EROFS;
+    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, mode & ~sb->proc.umask);
+    if (!ino) return -ENOSPC;
+    zb_ovl_open_ref(sb->fs, ino, 1); /* nlink 0: released again with its last open */
+    zb_file *f = zb_file_new(FILE_OVERLAY);
+    if (!f || !(f->where = malloc(sizeof *f->where))) {
+        free(f);
+        zb_ovl_open_ref(sb->fs, ino, -1);
+        return -ENOMEM;
+    }
+    f->ino = ino;
+    f->flags = flags & (O_ACCMODE | O_APPEND | O_NONBLOCK | O_NOATIME);
+    *f->where = *dir;
+    f->where->parent = dir->loc;
+    memset(&f->where->loc, 0, sizeof f->where->loc);
+    f->where->loc.kind = LOC_OVERLAY;
+    f->where->loc.ino = ino;
+    snprintf(f->where->name, sizeof f->where->name, "#%u", ino);
+    return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
+}
+
 static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flags, uint64_t mode) {
     zb_resolved r;
     int wr = (flags & O_ACCMODE) != O_RDONLY;
     long rc = zb_path_arg(sb, dirfd, upath, (flags & O_NOFOLLOW) ? ZB_RESOLVE_NOFOLLOW : 0, 0, &r);
     if (rc < 0) return rc;
+    if ((flags & O_TMPFILE) == O_TMPFILE) return open_tmpfile(sb, &r, flags, mode);
     if (!r.exists) {
         if (!(flags & O_CREAT)) return -ENOENT;
         if (r.parent.kind != LOC_OVERLAY) return -EROFS;
