@@ -9,7 +9,18 @@
 #include <sys/time.h>
 #include <time.h>
 
+/* Dynamic CPU clocks (clock_getcpuclockid, pthread_getcpuclockid) encode a pid or tid as
+ * (~id << 3) | per_thread << 2 | type, with type PROF, VIRT or SCHED: for the guest (pid and tid 1,
+ * or 0 = self) they are its CPU clock. */
+static int is_cpu_clock(uint64_t clk) {
+    int c = (int)clk;
+    if (c >= 0 || (c & 3) == 3) return 0;
+    int id = ~(c >> 3);
+    return id == 0 || id == 1;
+}
+
 static int valid_clock(uint64_t clk) {
+    if (is_cpu_clock(clk)) return 1;
     switch (clk) {
     case CLOCK_REALTIME: case CLOCK_MONOTONIC: case CLOCK_PROCESS_CPUTIME_ID: case CLOCK_THREAD_CPUTIME_ID:
     case CLOCK_MONOTONIC_RAW: case CLOCK_REALTIME_COARSE: case CLOCK_MONOTONIC_COARSE: case CLOCK_BOOTTIME:
@@ -28,7 +39,7 @@ static void guest_cpu_time(zb_sandbox *sb, struct timespec *ts) {
 static long sys_clock_gettime(zb_sandbox *sb, const uint64_t a[6]) {
     if (!valid_clock(a[0])) return -EINVAL;
     struct timespec ts;
-    if (a[0] == CLOCK_PROCESS_CPUTIME_ID || a[0] == CLOCK_THREAD_CPUTIME_ID) guest_cpu_time(sb, &ts);
+    if (a[0] == CLOCK_PROCESS_CPUTIME_ID || a[0] == CLOCK_THREAD_CPUTIME_ID || is_cpu_clock(a[0])) guest_cpu_time(sb, &ts);
     else clock_gettime((clockid_t)a[0], &ts);
     return zb_copy_to_guest(sb, a[1], &ts, sizeof ts);
 }
@@ -91,7 +102,7 @@ static long sys_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
 }
 
 static long sys_clock_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
-    if (!valid_clock(a[0]) || a[0] == CLOCK_THREAD_CPUTIME_ID) return -EINVAL;
+    if (!valid_clock(a[0]) || a[0] == CLOCK_THREAD_CPUTIME_ID || (is_cpu_clock(a[0]) && ((int)a[0] & 4))) return -EINVAL;
     int64_t ns;
     int rc = read_timespec(sb, a[2], &ns);
     if (rc < 0) return rc;
@@ -109,6 +120,9 @@ static long sys_clock_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
 
 static long sys_sched_yield(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
 
+/* Setting the host's clocks needs CAP_SYS_TIME, which the guest does not have. */
+static long sys_eperm(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -EPERM; }
+
 void zb_sys_time_register(zb_syscall_fn *t) {
     t[SYS_clock_gettime] = sys_clock_gettime;
     t[SYS_clock_getres] = sys_clock_getres;
@@ -117,4 +131,8 @@ void zb_sys_time_register(zb_syscall_fn *t) {
     t[SYS_nanosleep] = sys_nanosleep;
     t[SYS_clock_nanosleep] = sys_clock_nanosleep;
     t[SYS_sched_yield] = sys_sched_yield;
+    t[SYS_clock_settime] = sys_eperm;
+    t[SYS_settimeofday] = sys_eperm;
+    t[SYS_adjtimex] = sys_eperm;
+    t[SYS_clock_adjtime] = sys_eperm;
 }
