@@ -178,7 +178,14 @@ static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
     }
 }
 
+/* The pid argument of the sched_* calls: 0 or the guest itself; there is nobody else. */
+static long sched_pid(uint64_t pid) {
+    if ((int)pid < 0) return -EINVAL;
+    return (int)pid == 0 || (int)pid == GUEST_PID ? 0 : -ESRCH;
+}
+
 static long sys_sched_getaffinity(zb_sandbox *sb, const uint64_t a[6]) {
+    if (sched_pid(a[0]) < 0) return sched_pid(a[0]);
     if (a[1] < 8 || (a[1] & 7)) return -EINVAL;
     uint64_t mask = 1; /* one CPU: OpenBLAS & co stay single-threaded */
     if (zb_copy_to_guest(sb, a[2], &mask, 8) < 0) return -EFAULT;
@@ -192,7 +199,10 @@ static long sys_getcpu(zb_sandbox *sb, const uint64_t a[6]) {
     return 0;
 }
 
+static long sys_sched_pid_only(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return sched_pid(a[0]); }
+
 static long sys_sched_getparam(zb_sandbox *sb, const uint64_t a[6]) {
+    if (sched_pid(a[0]) < 0) return sched_pid(a[0]);
     int prio = 0;
     return zb_copy_to_guest(sb, a[1], &prio, sizeof prio);
 }
@@ -259,8 +269,8 @@ void zb_sys_process_register(zb_syscall_fn *t) {
     t[SYS_rseq] = sys_enosys;
     t[SYS_futex] = sys_futex;
     t[SYS_sched_getaffinity] = sys_sched_getaffinity;
-    t[SYS_sched_setaffinity] = sys_zero;
-    t[SYS_sched_getscheduler] = sys_zero;
+    t[SYS_sched_setaffinity] = sys_sched_pid_only; /* accepted, but one CPU it stays */
+    t[SYS_sched_getscheduler] = sys_sched_pid_only; /* 0: SCHED_OTHER */
     t[SYS_sched_getparam] = sys_sched_getparam;
     t[SYS_getcpu] = sys_getcpu;
     t[SYS_getrandom] = sys_getrandom;
