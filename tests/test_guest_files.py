@@ -42,3 +42,7 @@ def test_writing_into_the_view_is_erofs():
     before = sorted(os.listdir(guest_c.BIN_DIR))
     guest_c.check("files", "erofs")
     assert sorted(os.listdir(guest_c.BIN_DIR)) == before
+
+
+def test_links_owners_xattrs_times_tmpfile():
+    guest_c.check("files", "metadata")

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/ioctl.h>
 #include <sys/uio.h>
+#include <sys/xattr.h>
 
 static void put(const char *path, const char *text) {
     int fd = OK(open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644));
@@ -521,6 +522,105 @@ static void test_namespace(int argc, char **argv) {
     CHECK_EQ(st.st_mode & 0777, 0600);
 }
 
+/* Metadata beyond stat: hard links, owners, extended attributes, times, O_TMPFILE. */
+static void test_metadata(int argc, char **argv) {
+    (void)argc;
+    struct stat st, fst;
+    put("/tmp/a", "abc");
+    /* stat and fstat of one file agree (os.path.samestat, shutil.rmtree rely on it) */
+    int fd = OK(open("/tmp/a", O_RDONLY));
+    OK(stat("/tmp/a", &st));
+    OK(fstat(fd, &fst));
+    CHECK(st.st_dev == fst.st_dev && st.st_ino == fst.st_ino, "stat (%lu, %lu) vs fstat (%lu, %lu)", (unsigned long)st.st_dev,
+          (unsigned long)st.st_ino, (unsigned long)fst.st_dev, (unsigned long)fst.st_ino);
+    CHECK_EQ(fst.st_blksize, 4096);
+    int dir = OK(open("/tmp", O_RDONLY | O_DIRECTORY));
+    OK(stat("/tmp", &st));
+    OK(fstat(dir, &fst));
+    CHECK(st.st_dev == fst.st_dev && st.st_ino == fst.st_ino, "directory stat vs fstat");
+    /* hard links */
+    OK(link("/tmp/a", "/tmp/b"));
+    OK(stat("/tmp/b", &st));
+    CHECK_EQ(st.st_nlink, 2);
+    struct stat sa;
+    OK(stat("/tmp/a", &sa));
+    CHECK_EQ(st.st_ino, sa.st_ino);
+    put("/tmp/b", "changed through b");
+    char buf[64];
+    CHECK_EQ(pread(fd, buf, sizeof buf, 0), 17); /* one file, two names */
+    OK(unlink("/tmp/a"));
+    OK(stat("/tmp/b", &st));
+    CHECK_EQ(st.st_nlink, 1);
+    CHECK_ERR(link("/tmp/b", "/tmp/b"), EEXIST);
+    CHECK_ERR(link("/tmp", "/tmp/dirlink"), EPERM);
+    CHECK_ERR(link("/tmp/nope", "/tmp/c"), ENOENT);
+    CHECK_ERR(link(argv[0], "/tmp/prog"), EXDEV);
+    CHECK_ERR(link("/etc/passwd", "/tmp/passwd"), EXDEV);
+    CHECK_ERR(link("/tmp/b", "/new-link"), EROFS);
+    OK(symlink("b", "/tmp/sym"));
+    OK(linkat(AT_FDCWD, "/tmp/sym", AT_FDCWD, "/tmp/sym2", 0)); /* links the symlink itself */
+    OK(lstat("/tmp/sym2", &st));
+    CHECK(S_ISLNK(st.st_mode), "linkat without AT_SYMLINK_FOLLOW");
+    OK(linkat(AT_FDCWD, "/tmp/sym", AT_FDCWD, "/tmp/b2", AT_SYMLINK_FOLLOW));
+    OK(lstat("/tmp/b2", &st));
+    CHECK(S_ISREG(st.st_mode) && st.st_nlink == 2, "linkat with AT_SYMLINK_FOLLOW");
+    /* owners: keeping one's own is fine, giving files away is not */
+    OK(chown("/tmp/b", 1000, 1000));
+    OK(chown("/tmp/b", -1, -1));
+    OK(lchown("/tmp/sym", 1000, -1));
+    OK(fchown(fd, 1000, 1000));
+    OK(fchownat(dir, "b", -1, 1000, 0));
+    CHECK_ERR(chown("/tmp/b", 0, 0), EPERM);
+    CHECK_ERR(fchown(fd, 1000, 0), EPERM);
+    CHECK_ERR(chown(argv[0], 1000, 1000), EROFS);
+    CHECK_ERR(chown("/tmp/nope", 1000, 1000), ENOENT);
+    CHECK_ERR(fchown(999, 1000, 1000), EBADF);
+    /* extended attributes: none, and none can be set */
+    char xlist[256];
+    CHECK_EQ(listxattr("/tmp/b", xlist, sizeof xlist), 0);
+    CHECK_EQ(llistxattr("/tmp/sym", xlist, sizeof xlist), 0);
+    CHECK_EQ(flistxattr(fd, xlist, sizeof xlist), 0);
+    CHECK_EQ(listxattr(argv[0], xlist, sizeof xlist), 0);
+    CHECK_ERR(listxattr("/tmp/nope", xlist, sizeof xlist), ENOENT);
+    CHECK_ERR(flistxattr(999, xlist, sizeof xlist), EBADF);
+    CHECK_ERR(getxattr("/tmp/b", "user.x", xlist, sizeof xlist), EOPNOTSUPP);
+    CHECK_ERR(fgetxattr(fd, "user.x", xlist, sizeof xlist), EOPNOTSUPP);
+    CHECK_ERR(setxattr("/tmp/b", "user.x", "v", 1, 0), EOPNOTSUPP);
+    CHECK_ERR(setxattr(argv[0], "user.x", "v", 1, 0), EROFS);
+    CHECK_ERR(removexattr("/tmp/b", "user.x"), EOPNOTSUPP);
+    CHECK_ERR(getxattr("/tmp/b", (char *)16, xlist, sizeof xlist), EFAULT);
+    /* access and modification times are kept apart */
+    struct timespec ts[2] = {{1000000000, 111}, {1500000000, 222}};
+    OK(utimensat(AT_FDCWD, "/tmp/b", ts, 0));
+    OK(stat("/tmp/b", &st));
+    CHECK(st.st_atim.tv_sec == 1000000000 && st.st_atim.tv_nsec == 111, "atime %ld.%ld", (long)st.st_atim.tv_sec, st.st_atim.tv_nsec);
+    CHECK(st.st_mtim.tv_sec == 1500000000 && st.st_mtim.tv_nsec == 222, "mtime %ld.%ld", (long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    ts[0].tv_nsec = UTIME_OMIT;
+    ts[1].tv_nsec = UTIME_NOW;
+    OK(futimens(fd, ts));
+    OK(fstat(fd, &st));
+    CHECK(st.st_atim.tv_sec == 1000000000 && st.st_mtim.tv_sec > 1600000000, "UTIME_OMIT / UTIME_NOW");
+    ts[1].tv_nsec = 1000000000;
+    CHECK_ERR(utimensat(AT_FDCWD, "/tmp/b", ts, 0), EINVAL);
+    /* O_TMPFILE: unnamed until linked */
+    int t = OK(open("/tmp", O_TMPFILE | O_RDWR, 0600));
+    CHECK_EQ(write(t, "anonymous", 9), 9);
+    OK(fstat(t, &st));
+    CHECK(S_ISREG(st.st_mode) && st.st_size == 9, "O_TMPFILE file");
+    char names[64][256];
+    int n = list("/tmp", names, 64);
+    for (int i = 0; i < n; i++) CHECK(names[i][0] != '#', "the unnamed file shows up as %s", names[i]);
+    OK(linkat(t, "", AT_FDCWD, "/tmp/named", AT_EMPTY_PATH));
+    OK(close(t));
+    CHECK_STR(get("/tmp/named"), "anonymous");
+    CHECK_ERR(open("/tmp", O_TMPFILE | O_RDONLY, 0600), EINVAL);
+    CHECK_ERR(open("/", O_TMPFILE | O_RDWR, 0600), EROFS);
+    t = OK(open("/tmp", O_TMPFILE | O_WRONLY, 0600));
+    OK(close(t)); /* gone without a trace */
+    OK(close(fd));
+    OK(close(dir));
+}
+
 /* The view and the synthetic directories around it are read-only: EROFS (or EACCES for the
  * files the host put in place, like /etc/passwd). */
 static void test_erofs(int argc, char **argv) {
@@ -570,6 +670,7 @@ static const zb_test tests[] = {
     {"getdents", test_getdents},
     {"stat", test_stat},
     {"namespace", test_namespace},
+    {"metadata", test_metadata},
     {"erofs", test_erofs},
     {NULL, NULL},
 };

@@ -49,6 +49,18 @@ static void test_clock(int argc, char **argv) {
     OK(clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu));
     CHECK(cpu.tv_sec < 60, "process CPU time %ld s", (long)cpu.tv_sec);
     CHECK_ERR(syscall(SYS_clock_gettime, 12345, &rt), EINVAL);
+    /* the dynamic CPU clocks of the process and its one thread */
+    clockid_t pc, tc;
+    CHECK_EQ(clock_getcpuclockid(0, &pc), 0);
+    CHECK_EQ(pthread_getcpuclockid(pthread_self(), &tc), 0);
+    OK(clock_gettime(pc, &cpu));
+    OK(clock_gettime(tc, &cpu));
+    OK(clock_getres(tc, &cpu));
+    CHECK_ERR(syscall(SYS_clock_gettime, (int)((~42u << 3) | 2), &cpu), EINVAL); /* another pid's clock */
+    /* setting clocks is for the host */
+    OK(clock_gettime(CLOCK_REALTIME, &rt));
+    CHECK_ERR(clock_settime(CLOCK_REALTIME, &rt), EPERM);
+    CHECK_ERR(settimeofday(&tv, NULL), EPERM);
     struct timespec res;
     OK(clock_getres(CLOCK_MONOTONIC, &res));
     CHECK(res.tv_sec == 0 && res.tv_nsec > 0 && res.tv_nsec <= 4000000, "resolution %ld", res.tv_nsec);
@@ -151,9 +163,17 @@ static void test_identity(int argc, char **argv) {
     OK(gethostname(host, sizeof host));
     CHECK_STR(host, "zeroboot");
     printf("release %s\n", u.release);
-    /* one CPU */
+    /* one CPU, and no other process to ask about */
     cpu_set_t set;
     OK(sched_getaffinity(0, sizeof set, &set));
+    OK(sched_getaffinity(1, sizeof set, &set));
+    CHECK_ERR(sched_getaffinity(-1, sizeof set, &set), EINVAL);
+    CHECK_ERR(sched_getaffinity(2, sizeof set, &set), ESRCH);
+    CHECK_ERR(sched_setaffinity(-1, sizeof set, &set), EINVAL);
+    CHECK_EQ(sched_getscheduler(0), SCHED_OTHER);
+    CHECK_ERR(sched_getscheduler(-1), EINVAL);
+    struct sched_param sp;
+    CHECK_ERR(sched_getparam(7, &sp), ESRCH);
     CHECK_EQ(CPU_COUNT(&set), 1);
     CHECK_EQ(sysconf(_SC_NPROCESSORS_ONLN), 1);
     /* limits */
