@@ -28,6 +28,17 @@ static long sys_echild(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a;
 static long sys_zero(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
 static long sys_enosys(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -ENOSYS; }
 
+/* set*id: becoming who the guest already is (or -1, "unchanged") succeeds, as for any process;
+ * any other id needs CAP_SETUID/CAP_SETGID (EPERM). */
+static long set_ids(const uint64_t a[6], int n) {
+    for (int i = 0; i < n; i++)
+        if ((uint32_t)a[i] != GUEST_UID && (uint32_t)a[i] != (uint32_t)-1) return -EPERM;
+    return 0;
+}
+static long sys_setid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return (uint32_t)a[0] == (uint32_t)-1 ? -EINVAL : set_ids(a, 1); }
+static long sys_setreid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return set_ids(a, 2); }
+static long sys_setresid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return set_ids(a, 3); }
+
 static long sys_getresuid(zb_sandbox *sb, const uint64_t a[6]) {
     unsigned id = GUEST_UID;
     for (int i = 0; i < 3; i++)
@@ -247,12 +258,12 @@ void zb_sys_process_register(zb_syscall_fn *t) {
     t[SYS_getresuid] = sys_getresuid;
     t[SYS_getresgid] = sys_getresuid;
     t[SYS_getgroups] = sys_getgroups;
-    t[SYS_setuid] = sys_eperm;
-    t[SYS_setgid] = sys_eperm;
-    t[SYS_setreuid] = sys_eperm;
-    t[SYS_setregid] = sys_eperm;
-    t[SYS_setresuid] = sys_eperm;
-    t[SYS_setresgid] = sys_eperm;
+    t[SYS_setuid] = sys_setid;
+    t[SYS_setgid] = sys_setid;
+    t[SYS_setreuid] = sys_setreid;
+    t[SYS_setregid] = sys_setreid;
+    t[SYS_setresuid] = sys_setresid;
+    t[SYS_setresgid] = sys_setresid;
     t[SYS_setgroups] = sys_eperm;
     t[SYS_uname] = sys_uname;
     t[SYS_sysinfo] = sys_sysinfo;

@@ -153,6 +153,11 @@ static void test_identity(int argc, char **argv) {
     CHECK_EQ(groups[0], 1000);
     CHECK_ERR(setuid(0), EPERM);
     CHECK_ERR(setgid(0), EPERM);
+    OK(setuid(1000)); /* becoming who we are is allowed */
+    OK(syscall(SYS_setreuid, -1, -1));
+    OK(syscall(SYS_setresgid, -1, 1000, -1));
+    CHECK_ERR(syscall(SYS_setresuid, -1, 1000, 0), EPERM);
+    CHECK_ERR(syscall(SYS_setregid, 0, -1), EPERM);
     CHECK_ERR(setsid(), EPERM);
     struct utsname u;
     OK(uname(&u));
