@@ -49,7 +49,7 @@ def test_cpython_regression_tests_pass_in_the_guest():
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-m", "zeroboot_kernel", "run", "--timeout", "600", "-m", "test",
                            *modules, *ignores], capture_output=True, text=True, timeout=900, env=env,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, cwd=ROOT)
     report = proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, report
     assert "Result: SUCCESS" in proc.stdout, report

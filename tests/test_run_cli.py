@@ -21,7 +21,7 @@ def zb(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.run([sys.executable, "-m", "zeroboot_kernel", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+                          timeout=timeout, env=env, stdin=subprocess.DEVNULL, cwd=ROOT)
 
 
 def test_print():
