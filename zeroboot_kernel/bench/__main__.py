@@ -1,0 +1,24 @@
+"""Dispatch `python -m zeroboot_kernel.bench SUBCOMMAND [options]` to the subcommand's module."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> module of this package with `main(argv: list[str]) -> int`
+SUBCOMMANDS = {
+    "startup": "startup",  # `run -c pass` / `import numpy` vs host python; numpy matmul speed
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        names = ", ".join(SUBCOMMANDS)
+        print(f"usage: python -m zeroboot_kernel.bench {{{names}}} [options]", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(f"{__package__}.{SUBCOMMANDS[argv[0]]}")
+    return module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
