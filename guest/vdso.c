@@ -13,6 +13,7 @@ struct zb_vdso_data { /* keep in sync with native/vdso.c */
     uint64_t tsc0;      /* guest TSC when the host took the base times */
     uint64_t mult;      /* ns per TSC tick, 32.32 fixed point; 0 = unknown, use the syscall */
     int64_t mono_ns, real_ns, boot_ns;
+    int64_t raw_ns;     /* CLOCK_MONOTONIC_RAW differs from CLOCK_MONOTONIC by the host's NTP slew */
 };
 
 /* The data page is the page below this image's ELF header (the linker's __ehdr_start). */
@@ -40,7 +41,8 @@ int __vdso_clock_gettime(clockid_t clock, struct timespec *ts) {
     if (!data()->mult) return (int)syscall2(228, clock, (long)ts);
     switch (clock) {
     case CLOCK_REALTIME: case CLOCK_REALTIME_COARSE: base = data()->real_ns; break;
-    case CLOCK_MONOTONIC: case CLOCK_MONOTONIC_COARSE: case CLOCK_MONOTONIC_RAW: base = data()->mono_ns; break;
+    case CLOCK_MONOTONIC: case CLOCK_MONOTONIC_COARSE: base = data()->mono_ns; break;
+    case CLOCK_MONOTONIC_RAW: base = data()->raw_ns; break;
     case CLOCK_BOOTTIME: base = data()->boot_ns; break;
     default: return (int)syscall2(228, clock, (long)ts); /* CPU-time clocks: the host knows */
     }

@@ -51,7 +51,7 @@ typedef struct zb_inode {
     uint32_t mode;           /* permission bits */
     uint32_t nlink;
     int readonly;            /* files put by the host (e.g. /etc/passwd) */
-    int64_t mtime_ns, ctime_ns;
+    int64_t atime_ns, mtime_ns, ctime_ns; /* atime changes only through utimensat (noatime) */
     zb_dirent *ents;         /* INO_DIR */
     size_t nents, ents_cap;
     uint32_t parent;         /* INO_DIR: for `..` listing */
@@ -88,6 +88,9 @@ typedef struct zb_resolved {
     char path[PATH_MAX];     /* canonical absolute guest path (== host path for LOC_HOST) */
     char name[NAME_MAX + 1]; /* last component */
 } zb_resolved;
+
+#define ZB_DEV_ID 0x7a62 /* st_dev of synthetic and overlay files: one filesystem, so stat and
+                           fstat of one file agree (os.path.samestat, shutil.rmtree) */
 
 #define ZB_RESOLVE_NOFOLLOW 1 /* do not follow a symlink in the last component */
 

@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #define MAX_SYMLINKS 40
-#define ZB_DEV_ID 0x7a62 /* st_dev of synthetic and overlay files */
 
 /* ---- the mount trie ---- */
 

@@ -34,7 +34,7 @@ uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode) {
     memset(in, 0, sizeof *in);
     in->type = type;
     in->mode = mode & 07777;
-    in->mtime_ns = in->ctime_ns = wall_ns();
+    in->atime_ns = in->mtime_ns = in->ctime_ns = wall_ns();
     return ino;
 }
 
@@ -258,7 +258,9 @@ int zb_ovl_clone(zb_fs *dst, const zb_fs *src) {
 void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st) {
     zb_inode *in = zb_ovl_inode(fs, ino);
     if (!in) return;
+    st->st_dev = ZB_DEV_ID;
     st->st_ino = ino;
+    st->st_blksize = 4096; /* io.open sizes its buffers from this; 0 would mean "unknown" */
     st->st_uid = in->readonly ? 0 : 1000;
     st->st_gid = in->readonly ? 0 : 1000;
     st->st_nlink = in->type == INO_DIR ? 2 : in->nlink ? in->nlink : 1;
@@ -269,5 +271,6 @@ void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st) {
     st->st_mtim.tv_nsec = in->mtime_ns % 1000000000;
     st->st_ctim.tv_sec = in->ctime_ns / 1000000000;
     st->st_ctim.tv_nsec = in->ctime_ns % 1000000000;
-    st->st_atim = st->st_mtim;
+    st->st_atim.tv_sec = in->atime_ns / 1000000000;
+    st->st_atim.tv_nsec = in->atime_ns % 1000000000;
 }

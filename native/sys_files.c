@@ -5,6 +5,7 @@
 #include "fs.h"
 
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <linux/openat2.h>
 #include <sys/ioctl.h>
 #include <sys/random.h>
@@ -42,11 +43,39 @@ static int host_open(const char *path, int dir) {
     return fd < 0 ? -errno : fd;
 }
 
+/* O_TMPFILE: an unnamed overlay file in the directory `dir`. It lives while it is open, or longer
+ * if linkat(fd, "", ..., AT_EMPTY_PATH) gives it a name. */
+static long open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags, uint64_t mode) {
+    if ((flags & O_ACCMODE) == O_RDONLY) return -EINVAL;
+    if (!dir->exists) return -ENOENT;
+    if (!dir->loc.is_dir) return -ENOTDIR;
+    if (dir->loc.kind != LOC_OVERLAY) return -EROFS;
+    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, mode & ~sb->proc.umask);
+    if (!ino) return -ENOSPC;
+    zb_ovl_open_ref(sb->fs, ino, 1); /* nlink 0: released again with its last open */
+    zb_file *f = zb_file_new(FILE_OVERLAY);
+    if (!f || !(f->where = malloc(sizeof *f->where))) {
+        free(f);
+        zb_ovl_open_ref(sb->fs, ino, -1);
+        return -ENOMEM;
+    }
+    f->ino = ino;
+    f->flags = flags & (O_ACCMODE | O_APPEND | O_NONBLOCK | O_NOATIME);
+    *f->where = *dir;
+    f->where->parent = dir->loc;
+    memset(&f->where->loc, 0, sizeof f->where->loc);
+    f->where->loc.kind = LOC_OVERLAY;
+    f->where->loc.ino = ino;
+    snprintf(f->where->name, sizeof f->where->name, "#%u", ino);
+    return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
+}
+
 static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flags, uint64_t mode) {
     zb_resolved r;
     int wr = (flags & O_ACCMODE) != O_RDONLY;
     long rc = zb_path_arg(sb, dirfd, upath, (flags & O_NOFOLLOW) ? ZB_RESOLVE_NOFOLLOW : 0, 0, &r);
     if (rc < 0) return rc;
+    if ((flags & O_TMPFILE) == O_TMPFILE) return open_tmpfile(sb, &r, flags, mode);
     if (!r.exists) {
         if (!(flags & O_CREAT)) return -ENOENT;
         if (r.parent.kind != LOC_OVERLAY) return -EROFS;
@@ -116,8 +145,15 @@ static long sys_openat2(zb_sandbox *sb, const uint64_t a[6]) {
 }
 
 static long sys_close(zb_sandbox *sb, const uint64_t a[6]) { return zb_fd_close(sb, (int)a[0]); }
+/* CLOSE_RANGE_CLOEXEC marks the fds close-on-exec instead of closing them; UNSHARE means nothing
+ * with one thread. */
 static long sys_close_range(zb_sandbox *sb, const uint64_t a[6]) {
-    for (uint64_t fd = a[0]; fd <= a[1] && fd < ZB_MAX_FDS; fd++) zb_fd_close(sb, (int)fd);
+    unsigned first = (unsigned)a[0], last = (unsigned)a[1];
+    if (a[2] & ~(uint64_t)(CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC) || first > last) return -EINVAL;
+    for (unsigned fd = first; fd <= last && fd < ZB_MAX_FDS; fd++) {
+        if (!(a[2] & CLOSE_RANGE_CLOEXEC)) zb_fd_close(sb, (int)fd);
+        else if (sb->fds->fd[fd]) sb->fds->cloexec[fd] = 1;
+    }
     return 0;
 }
 
@@ -269,11 +305,22 @@ static long sys_read(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     return f ? read_into(sb, f, a[1], a[2], -1) : -EBADF;
 }
+/* Whether the positional calls (pread, pwrite, preadv, pwritev) apply: as in Linux, files,
+ * directories (which then say EISDIR) and the memory-like devices (/dev/null, zero, urandom) have a
+ * position; pipes, the console and the UART (a tty) do not. */
+static int positional(const zb_file *f) {
+    switch (f->kind) {
+    case FILE_HOST: case FILE_OVERLAY: case FILE_DIR: return 1;
+    case FILE_DEV: return f->dev != DEV_UART;
+    default: return 0;
+    }
+}
+
 static long sys_pread64(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
     if ((int64_t)a[3] < 0) return -EINVAL;
-    if (f->kind != FILE_HOST && f->kind != FILE_OVERLAY) return -ESPIPE;
+    if (!positional(f)) return -ESPIPE;
     return read_into(sb, f, a[1], a[2], (int64_t)a[3]);
 }
 static long sys_write(zb_sandbox *sb, const uint64_t a[6]) {
@@ -284,7 +331,7 @@ static long sys_pwrite64(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
     if ((int64_t)a[3] < 0) return -EINVAL;
-    if (f->kind != FILE_OVERLAY) return f->kind == FILE_HOST ? -EBADF : -ESPIPE;
+    if (!positional(f)) return -ESPIPE;
     return write_from(sb, f, a[1], a[2], (int64_t)a[3]);
 }
 
@@ -293,6 +340,7 @@ static long sys_pwrite64(zb_sandbox *sb, const uint64_t a[6]) {
 static long vector_io(zb_sandbox *sb, const uint64_t a[6], int is_write, int64_t off) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
+    if (off >= 0 && !positional(f)) return -ESPIPE;
     uint64_t cnt = a[2];
     if (cnt > 1024) return -EINVAL;
     struct iovec iov[1024];

@@ -234,6 +234,22 @@ static long do_unlink(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int flags) 
     return zb_ovl_unlink(sb->fs, r.parent.ino, r.name);
 }
 static long sys_unlink(zb_sandbox *sb, const uint64_t a[6]) { return do_unlink(sb, AT_FDCWD, a[0], 0); }
+
+/* Hard links, within the overlay only: a view file or a file the host put in place lives on
+ * another filesystem (EXDEV), and directories cannot be linked (EPERM). */
+static long do_link(zb_sandbox *sb, int64_t olddir, uint64_t uold, int64_t newdir, uint64_t unew, int flags) {
+    if (flags & ~(AT_SYMLINK_FOLLOW | AT_EMPTY_PATH)) return -EINVAL;
+    zb_resolved from, to;
+    long rc = zb_path_arg(sb, olddir, uold, (flags & AT_SYMLINK_FOLLOW) ? 0 : ZB_RESOLVE_NOFOLLOW, flags & AT_EMPTY_PATH, &from);
+    if (rc < 0) return rc;
+    if (!from.exists) return -ENOENT;
+    if (from.loc.is_dir) return -EPERM;
+    if ((rc = creatable(sb, newdir, unew, &to)) < 0) return rc;
+    if (from.loc.kind != LOC_OVERLAY || from.loc.mnode) return -EXDEV;
+    return zb_ovl_link(sb->fs, to.parent.ino, to.name, from.loc.ino);
+}
+static long sys_link(zb_sandbox *sb, const uint64_t a[6]) { return do_link(sb, AT_FDCWD, a[0], AT_FDCWD, a[1], 0); }
+static long sys_linkat(zb_sandbox *sb, const uint64_t a[6]) { return do_link(sb, (int)a[0], a[1], (int)a[2], a[3], (int)a[4]); }
 static long sys_rmdir(zb_sandbox *sb, const uint64_t a[6]) { return do_unlink(sb, AT_FDCWD, a[0], AT_REMOVEDIR); }
 static long sys_unlinkat(zb_sandbox *sb, const uint64_t a[6]) { return do_unlink(sb, (int)a[0], a[1], (int)a[2]); }
 
@@ -330,21 +346,123 @@ static long sys_chmod(zb_sandbox *sb, const uint64_t a[6]) { return do_chmod(sb,
 static long sys_fchmodat(zb_sandbox *sb, const uint64_t a[6]) { return do_chmod(sb, (int)a[0], a[1], a[2], 0); }
 static long sys_fchmod(zb_sandbox *sb, const uint64_t a[6]) { return do_chmod(sb, (int)a[0], 0, a[1], 0); }
 
+/* One time of utimensat: 1 with *out set, 0 for UTIME_OMIT, -EINVAL for a bad tv_nsec. */
+static int utime_value(const struct timespec *t, int64_t now, int64_t *out) {
+    if (t->tv_nsec == UTIME_OMIT) return 0;
+    if (t->tv_nsec == UTIME_NOW) { *out = now; return 1; }
+    if (t->tv_nsec < 0 || t->tv_nsec >= 1000000000) return -EINVAL;
+    *out = (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+    return 1;
+}
+
 static long sys_utimensat(zb_sandbox *sb, const uint64_t a[6]) {
+    if (a[3] & ~(uint64_t)(AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)) return -EINVAL;
+    struct timespec ts[2] = {{0, UTIME_NOW}, {0, UTIME_NOW}}; /* NULL times: both now */
+    if (a[2] && zb_copy_from_guest(sb, ts, a[2], sizeof ts) < 0) return -EFAULT;
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    int64_t now = (int64_t)wall.tv_sec * 1000000000 + wall.tv_nsec, atime = 0, mtime = 0;
+    int set_a = utime_value(&ts[0], now, &atime), set_m = utime_value(&ts[1], now, &mtime);
+    if (set_a < 0 || set_m < 0) return -EINVAL;
     uint32_t ino;
-    long rc = overlay_file_for(sb, (int)a[0], a[1], (int)a[3] & AT_SYMLINK_NOFOLLOW ? ZB_RESOLVE_NOFOLLOW : 0, &ino);
+    long rc = overlay_file_for(sb, (int)a[0], a[1], (a[3] & AT_SYMLINK_NOFOLLOW) ? ZB_RESOLVE_NOFOLLOW : 0, &ino);
     if (rc < 0) return rc;
-    struct timespec ts[2];
-    int64_t now = (int64_t)time(NULL) * 1000000000;
-    int64_t mtime = now;
-    if (a[2]) {
-        if (zb_copy_from_guest(sb, ts, a[2], sizeof ts) < 0) return -EFAULT;
-        if (ts[1].tv_nsec == UTIME_OMIT) return 0;
-        if (ts[1].tv_nsec != UTIME_NOW) mtime = (int64_t)ts[1].tv_sec * 1000000000 + ts[1].tv_nsec;
-    }
-    zb_ovl_inode(sb->fs, ino)->mtime_ns = mtime;
+    zb_inode *in = zb_ovl_inode(sb->fs, ino);
+    if (set_a) in->atime_ns = atime;
+    if (set_m) in->mtime_ns = mtime;
     return 0;
 }
+
+/* ---- owners: files belong to the guest's user (1000) and keep belonging to it ---- */
+
+static int own_ids(uint64_t uid, uint64_t gid) {
+    return ((uint32_t)uid == 1000 || (uint32_t)uid == (uint32_t)-1) && ((uint32_t)gid == 1000 || (uint32_t)gid == (uint32_t)-1);
+}
+
+/* chown to the owner it already has succeeds (what shutil.copystat-style code does); giving a file
+ * away needs CAP_CHOWN, which the guest does not have (EPERM); the view is read-only (EROFS). */
+static long do_chown(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t uid, uint64_t gid, int flags) {
+    if (flags & ~(AT_SYMLINK_NOFOLLOW | AT_EMPTY_PATH)) return -EINVAL;
+    zb_resolved r;
+    long rc = zb_path_arg(sb, dirfd, upath, (flags & AT_SYMLINK_NOFOLLOW) ? ZB_RESOLVE_NOFOLLOW : 0, flags & AT_EMPTY_PATH, &r);
+    if (rc < 0) return rc;
+    if (!r.exists) return -ENOENT;
+    if (r.loc.kind != LOC_OVERLAY) return -EROFS;
+    if (zb_ovl_inode(sb->fs, r.loc.ino)->readonly || !own_ids(uid, gid)) return -EPERM;
+    return 0;
+}
+static long sys_chown(zb_sandbox *sb, const uint64_t a[6]) { return do_chown(sb, AT_FDCWD, a[0], a[1], a[2], 0); }
+static long sys_lchown(zb_sandbox *sb, const uint64_t a[6]) { return do_chown(sb, AT_FDCWD, a[0], a[1], a[2], AT_SYMLINK_NOFOLLOW); }
+static long sys_fchownat(zb_sandbox *sb, const uint64_t a[6]) { return do_chown(sb, (int)a[0], a[1], a[2], a[3], (int)a[4]); }
+static long sys_fchown(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_file *f = zb_fd_get(sb, a[0]);
+    if (!f) return -EBADF;
+    if (f->kind == FILE_HOST || (f->kind == FILE_DIR && !f->ino)) return -EROFS;
+    if (f->kind == FILE_OVERLAY && zb_ovl_inode(sb->fs, f->ino)->readonly) return -EPERM;
+    return own_ids(a[1], a[2]) ? 0 : -EPERM; /* overlay files, pipes, the console: the guest's own */
+}
+
+/* ---- extended attributes: none are stored anywhere, as on a filesystem without xattr support:
+ * listing gives nothing, reading and writing say EOPNOTSUPP (which shutil.copystat expects), and
+ * the view is read-only. ENOSYS here would break shutil.copy2 and copytree. ---- */
+
+static long xattr_target(zb_sandbox *sb, const uint64_t a[6], int by, int follow, zb_resolved *r, zb_file **f) {
+    *f = NULL;
+    if (by == 'f') {
+        if (!(*f = zb_fd_get(sb, a[0]))) return -EBADF;
+        if (!(*f)->where) return -EOPNOTSUPP; /* pipes and the console */
+        *r = *(*f)->where;
+        return 0;
+    }
+    long rc = zb_path_arg(sb, AT_FDCWD, a[0], follow ? 0 : ZB_RESOLVE_NOFOLLOW, 0, r);
+    if (rc < 0) return rc;
+    return r->exists ? 0 : -ENOENT;
+}
+
+static long xattr_name(zb_sandbox *sb, uint64_t uname) {
+    char name[256];
+    long rc = zb_guest_string(sb, uname, name, sizeof name);
+    if (rc == -ENAMETOOLONG || (rc == 0 && !name[0])) return -ERANGE;
+    return rc;
+}
+
+static long xattr_list(zb_sandbox *sb, const uint64_t a[6], int by, int follow) {
+    zb_resolved r;
+    zb_file *f;
+    long rc = xattr_target(sb, a, by, follow, &r, &f);
+    return rc == -EOPNOTSUPP ? 0 : rc; /* no names: an empty list */
+}
+static long sys_listxattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_list(sb, a, 'p', 1); }
+static long sys_llistxattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_list(sb, a, 'l', 0); }
+static long sys_flistxattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_list(sb, a, 'f', 1); }
+
+static long xattr_get(zb_sandbox *sb, const uint64_t a[6], int by, int follow) {
+    zb_resolved r;
+    zb_file *f;
+    long rc = xattr_target(sb, a, by, follow, &r, &f);
+    if (rc < 0) return rc;
+    if ((rc = xattr_name(sb, a[1])) < 0) return rc;
+    return -EOPNOTSUPP;
+}
+static long sys_getxattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_get(sb, a, 'p', 1); }
+static long sys_lgetxattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_get(sb, a, 'l', 0); }
+static long sys_fgetxattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_get(sb, a, 'f', 1); }
+
+static long xattr_change(zb_sandbox *sb, const uint64_t a[6], int by, int follow) {
+    zb_resolved r;
+    zb_file *f;
+    long rc = xattr_target(sb, a, by, follow, &r, &f);
+    if (rc < 0) return rc;
+    if ((rc = xattr_name(sb, a[1])) < 0) return rc;
+    if (r.loc.kind == LOC_HOST || r.loc.kind == LOC_SYNTH) return -EROFS;
+    return -EOPNOTSUPP;
+}
+static long sys_setxattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_change(sb, a, 'p', 1); }
+static long sys_lsetxattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_change(sb, a, 'l', 0); }
+static long sys_fsetxattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_change(sb, a, 'f', 1); }
+static long sys_removexattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_change(sb, a, 'p', 1); }
+static long sys_lremovexattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_change(sb, a, 'l', 0); }
+static long sys_fremovexattr(zb_sandbox *sb, const uint64_t a[6]) { return xattr_change(sb, a, 'f', 1); }
 
 static long sys_umask(zb_sandbox *sb, const uint64_t a[6]) {
     unsigned old = sb->proc.umask;
@@ -405,6 +523,24 @@ void zb_sys_fsmeta_register(zb_syscall_fn *t) {
     t[SYS_fchmod] = sys_fchmod;
     t[SYS_fchmodat] = sys_fchmodat;
     t[SYS_utimensat] = sys_utimensat;
+    t[SYS_link] = sys_link;
+    t[SYS_linkat] = sys_linkat;
+    t[SYS_chown] = sys_chown;
+    t[SYS_lchown] = sys_lchown;
+    t[SYS_fchown] = sys_fchown;
+    t[SYS_fchownat] = sys_fchownat;
+    t[SYS_listxattr] = sys_listxattr;
+    t[SYS_llistxattr] = sys_llistxattr;
+    t[SYS_flistxattr] = sys_flistxattr;
+    t[SYS_getxattr] = sys_getxattr;
+    t[SYS_lgetxattr] = sys_lgetxattr;
+    t[SYS_fgetxattr] = sys_fgetxattr;
+    t[SYS_setxattr] = sys_setxattr;
+    t[SYS_lsetxattr] = sys_lsetxattr;
+    t[SYS_fsetxattr] = sys_fsetxattr;
+    t[SYS_removexattr] = sys_removexattr;
+    t[SYS_lremovexattr] = sys_lremovexattr;
+    t[SYS_fremovexattr] = sys_fremovexattr;
     t[SYS_umask] = sys_umask;
     t[SYS_statfs] = sys_statfs;
     t[SYS_fstatfs] = sys_fstatfs;

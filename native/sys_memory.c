@@ -11,6 +11,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#define MMAP_MIN_ADDR 65536ul /* Linux's default vm.mmap_min_addr */
+
 /* Pages of [addr, addr+len) that are not yet allocated. */
 static uint64_t new_pages(const zb_memory *m, uint64_t addr, uint64_t len) {
     uint64_t n = 0;
@@ -64,6 +66,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
     uint64_t at;
     if (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) {
         if (addr & (ZB_PAGE - 1)) return -EINVAL;
+        if (addr < MMAP_MIN_ADDR) return -EPERM; /* as Linux answers below vm.mmap_min_addr */
         if (!user_range(m, addr, len)) return -ENOMEM;
         if ((flags & MAP_FIXED_NOREPLACE) && !zb_mem_range_free(m, addr, len)) return -EEXIST;
         if (m->pages_allocated + new_pages(m, addr, len) > m->pages_limit) return -ENOMEM;

@@ -28,6 +28,17 @@ static long sys_echild(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a;
 static long sys_zero(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
 static long sys_enosys(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -ENOSYS; }
 
+/* set*id: becoming who the guest already is (or -1, "unchanged") succeeds, as for any process;
+ * any other id needs CAP_SETUID/CAP_SETGID (EPERM). */
+static long set_ids(const uint64_t a[6], int n) {
+    for (int i = 0; i < n; i++)
+        if ((uint32_t)a[i] != GUEST_UID && (uint32_t)a[i] != (uint32_t)-1) return -EPERM;
+    return 0;
+}
+static long sys_setid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return (uint32_t)a[0] == (uint32_t)-1 ? -EINVAL : set_ids(a, 1); }
+static long sys_setreid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return set_ids(a, 2); }
+static long sys_setresid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return set_ids(a, 3); }
+
 static long sys_getresuid(zb_sandbox *sb, const uint64_t a[6]) {
     unsigned id = GUEST_UID;
     for (int i = 0; i < 3; i++)
@@ -178,7 +189,14 @@ static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
     }
 }
 
+/* The pid argument of the sched_* calls: 0 or the guest itself; there is nobody else. */
+static long sched_pid(uint64_t pid) {
+    if ((int)pid < 0) return -EINVAL;
+    return (int)pid == 0 || (int)pid == GUEST_PID ? 0 : -ESRCH;
+}
+
 static long sys_sched_getaffinity(zb_sandbox *sb, const uint64_t a[6]) {
+    if (sched_pid(a[0]) < 0) return sched_pid(a[0]);
     if (a[1] < 8 || (a[1] & 7)) return -EINVAL;
     uint64_t mask = 1; /* one CPU: OpenBLAS & co stay single-threaded */
     if (zb_copy_to_guest(sb, a[2], &mask, 8) < 0) return -EFAULT;
@@ -192,7 +210,10 @@ static long sys_getcpu(zb_sandbox *sb, const uint64_t a[6]) {
     return 0;
 }
 
+static long sys_sched_pid_only(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return sched_pid(a[0]); }
+
 static long sys_sched_getparam(zb_sandbox *sb, const uint64_t a[6]) {
+    if (sched_pid(a[0]) < 0) return sched_pid(a[0]);
     int prio = 0;
     return zb_copy_to_guest(sb, a[1], &prio, sizeof prio);
 }
@@ -237,12 +258,12 @@ void zb_sys_process_register(zb_syscall_fn *t) {
     t[SYS_getresuid] = sys_getresuid;
     t[SYS_getresgid] = sys_getresuid;
     t[SYS_getgroups] = sys_getgroups;
-    t[SYS_setuid] = sys_eperm;
-    t[SYS_setgid] = sys_eperm;
-    t[SYS_setreuid] = sys_eperm;
-    t[SYS_setregid] = sys_eperm;
-    t[SYS_setresuid] = sys_eperm;
-    t[SYS_setresgid] = sys_eperm;
+    t[SYS_setuid] = sys_setid;
+    t[SYS_setgid] = sys_setid;
+    t[SYS_setreuid] = sys_setreid;
+    t[SYS_setregid] = sys_setreid;
+    t[SYS_setresuid] = sys_setresid;
+    t[SYS_setresgid] = sys_setresid;
     t[SYS_setgroups] = sys_eperm;
     t[SYS_uname] = sys_uname;
     t[SYS_sysinfo] = sys_sysinfo;
@@ -259,8 +280,8 @@ void zb_sys_process_register(zb_syscall_fn *t) {
     t[SYS_rseq] = sys_enosys;
     t[SYS_futex] = sys_futex;
     t[SYS_sched_getaffinity] = sys_sched_getaffinity;
-    t[SYS_sched_setaffinity] = sys_zero;
-    t[SYS_sched_getscheduler] = sys_zero;
+    t[SYS_sched_setaffinity] = sys_sched_pid_only; /* accepted, but one CPU it stays */
+    t[SYS_sched_getscheduler] = sys_sched_pid_only; /* 0: SCHED_OTHER */
     t[SYS_sched_getparam] = sys_sched_getparam;
     t[SYS_getcpu] = sys_getcpu;
     t[SYS_getrandom] = sys_getrandom;

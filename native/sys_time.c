@@ -9,7 +9,18 @@
 #include <sys/time.h>
 #include <time.h>
 
+/* Dynamic CPU clocks (clock_getcpuclockid, pthread_getcpuclockid) encode a pid or tid as
+ * (~id << 3) | per_thread << 2 | type, with type PROF, VIRT or SCHED: for the guest (pid and tid 1,
+ * or 0 = self) they are its CPU clock. */
+static int is_cpu_clock(uint64_t clk) {
+    int c = (int)clk;
+    if (c >= 0 || (c & 3) == 3) return 0;
+    int id = ~(c >> 3);
+    return id == 0 || id == 1;
+}
+
 static int valid_clock(uint64_t clk) {
+    if (is_cpu_clock(clk)) return 1;
     switch (clk) {
     case CLOCK_REALTIME: case CLOCK_MONOTONIC: case CLOCK_PROCESS_CPUTIME_ID: case CLOCK_THREAD_CPUTIME_ID:
     case CLOCK_MONOTONIC_RAW: case CLOCK_REALTIME_COARSE: case CLOCK_MONOTONIC_COARSE: case CLOCK_BOOTTIME:
@@ -28,7 +39,7 @@ static void guest_cpu_time(zb_sandbox *sb, struct timespec *ts) {
 static long sys_clock_gettime(zb_sandbox *sb, const uint64_t a[6]) {
     if (!valid_clock(a[0])) return -EINVAL;
     struct timespec ts;
-    if (a[0] == CLOCK_PROCESS_CPUTIME_ID || a[0] == CLOCK_THREAD_CPUTIME_ID) guest_cpu_time(sb, &ts);
+    if (a[0] == CLOCK_PROCESS_CPUTIME_ID || a[0] == CLOCK_THREAD_CPUTIME_ID || is_cpu_clock(a[0])) guest_cpu_time(sb, &ts);
     else clock_gettime((clockid_t)a[0], &ts);
     return zb_copy_to_guest(sb, a[1], &ts, sizeof ts);
 }
@@ -66,10 +77,20 @@ static int read_timespec(zb_sandbox *sb, uint64_t addr, int64_t *ns) {
 }
 
 /* Sleep the guest until the monotonic time `wake` (the first time a syscall is served), or
- * until the wake time remembered when the same syscall was interrupted. */
-static long sleep_syscall(zb_sandbox *sb, int64_t wake) {
+ * until the wake time remembered when the same syscall was interrupted.
+ * When the sleep is paused (kick or deadline), the time left goes to `rem` (if given) right away:
+ * should a signal arrive before the sandbox resumes, the run loop fails the sleep with EINTR
+ * without serving it again, and Linux reports the time left then. If the sleep resumes and
+ * completes instead, rem holds a value the program must not look at anyway. */
+static long sleep_syscall(zb_sandbox *sb, int64_t wake, uint64_t rem) {
     if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
-    return zb_sleep_until(sb, wake);
+    long r = zb_sleep_until(sb, wake);
+    if (r == ZB_SYSCALL_STOP && rem) {
+        int64_t left = ZB_MAX(wake - zb_now_ns(), 0);
+        struct timespec ts = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
+        zb_copy_to_guest(sb, rem, &ts, sizeof ts); /* validated when the syscall started */
+    }
+    return r;
 }
 
 static long sys_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
@@ -77,11 +98,11 @@ static long sys_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
     int rc = read_timespec(sb, a[0], &ns);
     if (rc < 0) return rc;
     if (a[1] && !zb_guest_ptr(sb, a[1], sizeof(struct timespec), 1)) return -EFAULT;
-    return sleep_syscall(sb, zb_now_ns() + ns);
+    return sleep_syscall(sb, zb_now_ns() + ns, a[1]);
 }
 
 static long sys_clock_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
-    if (!valid_clock(a[0]) || a[0] == CLOCK_THREAD_CPUTIME_ID) return -EINVAL;
+    if (!valid_clock(a[0]) || a[0] == CLOCK_THREAD_CPUTIME_ID || (is_cpu_clock(a[0]) && ((int)a[0] & 4))) return -EINVAL;
     int64_t ns;
     int rc = read_timespec(sb, a[2], &ns);
     if (rc < 0) return rc;
@@ -92,10 +113,15 @@ static long sys_clock_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
         int64_t cur_ns = (int64_t)cur.tv_sec * 1000000000 + cur.tv_nsec;
         wake = now + (ns - cur_ns);
     }
-    return sleep_syscall(sb, wake);
+    uint64_t rem = (a[1] & TIMER_ABSTIME) ? 0 : a[3]; /* an absolute sleep reports nothing */
+    if (rem && !zb_guest_ptr(sb, rem, sizeof(struct timespec), 1)) return -EFAULT;
+    return sleep_syscall(sb, wake, rem);
 }
 
 static long sys_sched_yield(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
+
+/* Setting the host's clocks needs CAP_SYS_TIME, which the guest does not have. */
+static long sys_eperm(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -EPERM; }
 
 void zb_sys_time_register(zb_syscall_fn *t) {
     t[SYS_clock_gettime] = sys_clock_gettime;
@@ -105,4 +131,8 @@ void zb_sys_time_register(zb_syscall_fn *t) {
     t[SYS_nanosleep] = sys_nanosleep;
     t[SYS_clock_nanosleep] = sys_clock_nanosleep;
     t[SYS_sched_yield] = sys_sched_yield;
+    t[SYS_clock_settime] = sys_eperm;
+    t[SYS_settimeofday] = sys_eperm;
+    t[SYS_adjtimex] = sys_eperm;
+    t[SYS_clock_adjtime] = sys_eperm;
 }

@@ -89,8 +89,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_RUN_VALUE_OPTIONS = {"--timeout", "--memory", "--env"}
+
+
+def _split_program_args(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Split `run`'s own options from the program's arguments the way python does: everything after
+    -c CODE, -m MODULE or FILE belongs to the program, options included (argparse's REMAINDER
+    would take `run -m test -v` as zeroboot-kernel's own -v). Returns (ours, program's) or
+    (argv, None) when there is no `run`."""
+    if "run" not in argv:
+        return argv, None
+    i = argv.index("run") + 1
+    while i < len(argv):
+        tok = argv[i]
+        if tok in ("-c", "-m"):
+            return argv[:i + 2], argv[i + 2:]
+        if tok[:2] in ("-c", "-m") and len(tok) > 2:  # -cCODE, -mMODULE
+            return argv[:i + 1], argv[i + 1:]
+        if tok == "--":
+            return argv[:i], argv[i + 1:]
+        if tok in _RUN_VALUE_OPTIONS:
+            i += 2
+        elif tok.startswith("-"):
+            i += 1
+        else:
+            return argv[:i], argv[i:]  # FILE.py and its arguments
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ours, program = _split_program_args(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(ours)
+    if program is not None:
+        args.args = program
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="zeroboot: %(message)s")
     try:

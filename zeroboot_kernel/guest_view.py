@@ -87,8 +87,9 @@ def python_view() -> tuple[str, ...]:
     roots = [os.path.realpath(sys.executable)] + elf_deps.extension_modules(sites + stdlib_dirs())
     libs, _missing = elf_deps.library_closure(roots)
     view |= {lib for lib in libs if not elf_deps.under_any(lib, prefixes + sites)}
-    # ld.so finds libraries through its cache; local time comes from /etc/localtime
-    view |= {p for p in ("/etc/ld.so.cache", "/etc/localtime") if os.path.exists(p)}
+    # ld.so finds libraries through its cache; local time comes from /etc/localtime, other time
+    # zones (zoneinfo, datetime's tests, pandas) from the system's tz database
+    view |= {p for p in ("/etc/ld.so.cache", "/etc/localtime", "/usr/share/zoneinfo") if os.path.exists(p)}
     log.debug("guest view: %d paths", len(view))
     return tuple(sorted(view))
 

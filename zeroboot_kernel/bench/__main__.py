@@ -1,18 +1,25 @@
-"""`python -m zeroboot_kernel.bench SUITE [options]`."""
+"""Dispatch `python -m zeroboot_kernel.bench SUBCOMMAND [options]` to the subcommand's module."""
 from __future__ import annotations
 
 import importlib
 import sys
 
-SUITES = {"engine": "zeroboot_kernel.bench.engine"}
+# subcommand -> module of this package with `main(argv: list[str]) -> int`
+SUBCOMMANDS = {
+    "startup": "startup",  # `run -c pass` / `import numpy` vs host python; numpy matmul speed
+    "engine": "engine",    # forks, fork+exec, restores, chained forks, many live forks, template build
+}
 
 
-def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in SUITES:
-        print(f"usage: python -m zeroboot_kernel.bench {{{','.join(SUITES)}}} [options]", file=sys.stderr)
-        return 2
-    return int(importlib.import_module(SUITES[argv[0]]).main(argv[1:]))
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in SUBCOMMANDS:
+        names = ", ".join(SUBCOMMANDS)
+        print(f"usage: python -m zeroboot_kernel.bench {{{names}}} [options]", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(f"{__package__}.{SUBCOMMANDS[argv[0]]}")
+    return module.main(argv[1:])
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

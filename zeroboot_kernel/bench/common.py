@@ -1,15 +1,45 @@
-"""Shared helpers of the benchmarks: percentiles and result files."""
+"""Shared pieces of the benchmarks: timing, statistics, where results go and how they look."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
+import statistics
+import subprocess
+import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
+
+import zeroboot_kernel
+
+PACKAGE_ROOT = Path(zeroboot_kernel.__file__).resolve().parent.parent
 
 
-def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile (values in any order)."""
+def results_dir() -> Path:
+    """bench/results/ of the source checkout (committed), else of the current directory."""
+    base = PACKAGE_ROOT if (PACKAGE_ROOT / "pyproject.toml").exists() else Path.cwd()
+    return base / "bench" / "results"
+
+
+def summarize(samples: Sequence[float]) -> dict[str, float]:
+    """p50/p90/min/max/mean of samples (seconds), with the sample count."""
+    xs = sorted(samples)
+    if not xs:
+        return {"n": 0}
+
+    def pct(p: float) -> float:
+        k = (len(xs) - 1) * p
+        lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+    return {"n": len(xs), "p50": pct(0.5), "p90": pct(0.9), "min": xs[0], "max": xs[-1],
+            "mean": statistics.fmean(xs)}
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile, rounded for reports."""
     if not values:
         return float("nan")
     s = sorted(values)
@@ -17,24 +47,52 @@ def percentile(values: list[float], pct: float) -> float:
     return round(s[k], 4)
 
 
-def write_results(path: str, results: dict[str, Any], table: str) -> None:
-    """Write results as JSON (with machine facts) and the markdown table next to it."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    doc = {"measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "kernel": platform.release()},
-           **results}
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=2, sort_keys=True)
-    with open(os.path.splitext(path)[0] + ".md", "w") as f:
-        f.write(table + "\n")
+def time_command(cmd: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
+                 timeout: float = 300) -> tuple[float, subprocess.CompletedProcess]:
+    """Wall time of one run of cmd (seconds); raises if it fails."""
+    start = time.perf_counter()
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return elapsed, proc
 
 
-def _cpu_model() -> str:
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    info: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
+                            "cpus": os.cpu_count()}
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    return platform.processor()
+    try:
+        with open("/proc/modules") as f:
+            info["kvm_modules"] = sorted({line.split()[0] for line in f if line.startswith("kvm")})
+    except OSError:
+        pass
+    return info
+
+
+def write_results(path: Path, name: str, data: dict[str, Any], markdown: str) -> None:
+    """Write data as JSON at path (with the date and machine) and the markdown next to it (.md)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": machine(), **data}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    path.with_suffix(".md").write_text(markdown)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"

@@ -18,7 +18,9 @@ from typing import Any, Callable
 
 from ..native import Engine, ffi, lib
 from ..template import Template, TemplateConfig, default_preload
-from .common import percentile, write_results
+from pathlib import Path
+
+from .common import percentile, results_dir, write_results
 
 PRINT = "print(1)"
 ZEROBOOT_PUBLISHED = {"fork_p50_ms": 0.79, "fork_p99_ms": 1.74, "fork_exec_ms": 8.0, "concurrent_1000_s": 0.815,
@@ -216,10 +218,10 @@ def markdown(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench engine", description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer repetitions (about a minute)")
-    p.add_argument("--json", default="bench/results/engine.json", help="where to write the results")
+    p.add_argument("--json", default=None, help="where to write the results (default bench/results/engine.json)")
     args = p.parse_args(argv)
     res = measure(args.quick)
-    write_results(args.json, res, markdown(res))
+    write_results(Path(args.json) if args.json else results_dir() / "engine.json", "engine", res, markdown(res) + "\n")
     print(markdown(res))
     return 0
 

@@ -1,0 +1,120 @@
+"""Build and run the C guest programs of tests/guest_programs/ in fresh sandboxes.
+
+The programs are static binaries (gcc -static -O1) run without CPython, TinyKVM-style, so each
+test looks at one syscall's answer. Binaries are cached in tests/.guest-bin/ under a hash of their
+sources and the compiler flags; the guest sees that directory read-only (the view), a private /tmp
+and home directory, and has 256 MiB of memory.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zeroboot_kernel.engine import Event, EventKind, Sandbox
+from zeroboot_kernel.guest_view import GuestSpec
+
+HERE = Path(__file__).resolve().parent
+SOURCES = HERE / "guest_programs"
+BIN_DIR = HERE / ".guest-bin"
+CFLAGS = ["-static", "-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror"]
+GUEST_MEM = 256 << 20
+STOPPING = {EventKind.EXIT, EventKind.FAULT, EventKind.ERROR, EventKind.TIMEOUT, EventKind.INPUT}
+
+
+def have_gcc() -> bool:
+    return shutil.which("gcc") is not None
+
+
+def build(name: str) -> Path:
+    """The static binary of guest_programs/NAME.c, compiled once per content hash."""
+    src = SOURCES / f"{name}.c"
+    digest = hashlib.sha256()
+    for part in [src, *sorted(SOURCES.glob("*.h"))]:
+        digest.update(part.name.encode() + b"\0" + part.read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    out = BIN_DIR / f"{name}-{digest.hexdigest()[:16]}"
+    if out.exists():
+        return out
+    BIN_DIR.mkdir(exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    proc = subprocess.run(["gcc", *CFLAGS, f"-I{SOURCES}", "-o", str(tmp), str(src)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"gcc failed for {src}:\n{proc.stderr}")
+    os.replace(tmp, out)  # atomic: concurrent test runs never see a half-written binary
+    return out
+
+
+def spec(binary: Path, args: list[str], *, mem: int = GUEST_MEM, view: list[str] | None = None) -> GuestSpec:
+    return GuestSpec(exe=str(binary), argv=[str(binary), *args], env={"PATH": "/usr/bin:/bin", "HOME": "/home/sandbox"},
+                     view=[str(binary.parent), *(view or [])], mem_bytes=mem)
+
+
+def boot(name: str, *args: str, **kw) -> Sandbox:
+    return Sandbox.boot(spec(build(name), list(args), **kw))
+
+
+@dataclass
+class GuestRun:
+    """How a guest program ended and what it printed."""
+
+    end: Event
+    stdout: bytes = b""
+    stderr: bytes = b""
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def kind(self) -> EventKind:
+        return self.end.kind
+
+    @property
+    def status(self) -> int:
+        return self.end.status
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode(errors="replace")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode(errors="replace")
+
+    def describe(self) -> str:
+        return (f"ended with {self.end.kind.name} status={self.end.status} signal={self.end.signal} "
+                f"message={self.end.message!r}\n--- stdout ---\n{self.out}\n--- stderr ---\n{self.err}")
+
+
+def drive(sb: Sandbox, timeout: float = 30.0) -> GuestRun:
+    """Run sb until it exits, crashes, breaks a rule or times out, collecting its output."""
+    deadline = time.monotonic() + timeout
+    run = GuestRun(end=Event(EventKind.TIMEOUT))
+    while True:
+        ev = sb.run(deadline)
+        run.events.append(ev)
+        if ev.kind is EventKind.OUTPUT:
+            if ev.stream == 1:
+                run.stdout += ev.data
+            else:
+                run.stderr += ev.data
+        elif ev.kind in STOPPING:
+            run.end = ev
+            return run
+
+
+def run(name: str, *args: str, timeout: float = 30.0, **kw) -> GuestRun:
+    """Boot guest_programs/NAME with ARGS in a fresh sandbox and run it to its end."""
+    with boot(name, *args, **kw) as sb:
+        return drive(sb, timeout)
+
+
+def check(name: str, test: str, *args: str, **kw) -> GuestRun:
+    """Run one named test of a guest program; it must exit 0 having printed PASS."""
+    result = run(name, test, *args, **kw)
+    assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
+    assert f"PASS {test}" in result.out, result.describe()
+    return result
