@@ -1,0 +1,408 @@
+"""The guest agent: runs inside the VM, executes notebook cells in an IPython shell and talks to
+the host in frames over the UART (docs/PROTOCOL.md).
+
+    python guest/agent.py --preload numpy,pandas,matplotlib
+
+Start-up: open the UART, build the shell, import the preload modules, run a silent warm-up,
+send READY (the host snapshots the template there), then serve EXECUTE / COMPLETE / INSPECT
+requests one at a time. There are no threads in the VM, so everything here is synchronous.
+
+For tests on the host, ZEROBOOT_UART_FD=<fd> makes the agent use an inherited descriptor (e.g.
+one end of a socketpair) instead of /dev/ttyS0.
+"""
+from __future__ import annotations
+
+import argparse
+import builtins
+import getpass
+import importlib
+import os
+import platform
+import random
+import sys
+import traceback
+from typing import Any, NoReturn
+
+# Running as a script puts this directory first on sys.path, which is where the helpers live.
+import agent_io as aio
+from agent_io import log
+
+UART_DEVICE = "/dev/ttyS0"
+
+
+def open_uart() -> int:
+    inherited = os.environ.get("ZEROBOOT_UART_FD")
+    if inherited:
+        return int(inherited)
+    return os.open(UART_DEVICE, os.O_RDWR)
+
+
+def _as_int(value: object, fallback: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else fallback
+
+
+class Agent:
+    """Serves the host's requests with one IPython shell."""
+
+    def __init__(self, channel: aio.Channel, gate: aio.InterruptGate, shell: Any) -> None:
+        self.channel = channel
+        self.gate = gate
+        self.shell = shell
+        self.allow_stdin = False
+
+    # ---- start-up ------------------------------------------------------------------------
+
+    def preload(self, names: list[str]) -> tuple[list[str], list[str]]:
+        """Import the modules the template should hold; a failure is reported, not fatal."""
+        loaded: list[str] = []
+        errors: list[str] = []
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit from a broken module too
+                errors.append(f"{name}: {type(exc).__name__}: {exc}")
+                log(f"preload of {name} failed: {type(exc).__name__}: {exc}")
+            else:
+                loaded.append(name)
+        if "matplotlib" in sys.modules:
+            try:
+                self.shell.enable_matplotlib("inline")
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"matplotlib inline backend: {type(exc).__name__}: {exc}")
+                log(f"matplotlib inline backend: {type(exc).__name__}: {exc}")
+        return loaded, errors
+
+    def warm_up(self) -> None:
+        """Run the paths every cell takes once, with output thrown away, so that their lazy
+        imports and caches are in the template instead of being paid again in every fork."""
+        cells = [
+            "1 + 1",                       # displayhook, formatters
+            "print('')",                   # streams
+            "display(1)",                  # display publisher
+            "1 / 0",                       # traceback formatting (ultratb, pygments, stack_data)
+        ]
+        if "numpy" in sys.modules:
+            cells.append("import numpy; numpy.arange(3)")
+        if "pandas" in sys.modules:
+            cells.append("import pandas; pandas.DataFrame({'a': [1]})")
+        if "matplotlib" in sys.modules:
+            # Drawing loads the fonts; the inline backend shows and closes the figure.
+            cells.append("import matplotlib.pyplot as plt; plt.figure(figsize=(1, 1)); plt.plot([0, 1]);")
+        shell = self.shell
+        saved_ns, saved_hidden = dict(shell.user_ns), dict(shell.user_ns_hidden)
+        self.channel.quiet = True
+        self.channel.quiet_stream = None
+        try:
+            for code in cells:
+                shell.run_cell(code, store_history=False, silent=False)
+            shell.complete("", "pri", 3)
+            shell.object_inspect_mime("print")
+        except Exception as exc:  # noqa: BLE001 - a warm-up problem only costs speed
+            log(f"warm-up: {type(exc).__name__}: {exc}")
+        finally:
+            self.channel.flush_stream()
+            # Leave no trace of the warm-up: the namespace exactly as a fresh shell has it (not
+            # shell.reset(), which also drops the initial `_`), no cached outputs, no history.
+            if shell.displayhook.do_full_cache:
+                shell.displayhook.flush()
+            shell.user_ns.clear()
+            shell.user_ns.update(saved_ns)
+            shell.user_ns_hidden.clear()
+            shell.user_ns_hidden.update(saved_hidden)
+            shell.history_manager.reset(new_session=False)
+            shell.payload_manager.clear_payload()
+            shell.last_execution_succeeded = True
+            shell.last_execution_result = None
+            for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+                if hasattr(sys, name):
+                    delattr(sys, name)
+
+    def ready_payload(self, preloaded: list[str], errors: list[str]) -> dict[str, Any]:
+        import IPython
+
+        return {
+            "language_info": {
+                "name": "python",
+                "version": platform.python_version(),
+                "mimetype": "text/x-python",
+                "codemirror_mode": {"name": "ipython", "version": 3},
+                "pygments_lexer": "ipython3",
+                "nbconvert_exporter": "python",
+                "file_extension": ".py",
+            },
+            "implementation": sys.implementation.name,
+            "python_version": platform.python_version(),
+            "preloaded": preloaded,
+            "preload_errors": errors,
+            "ipython": IPython.__version__,
+        }
+
+    # ---- the request loop ----------------------------------------------------------------
+
+    def serve(self) -> int:
+        while True:
+            try:
+                frame = self.channel.read_frame()
+            except aio.ProtocolError as exc:
+                log(f"{exc}: cannot continue")
+                return 2
+            except KeyboardInterrupt:
+                continue  # only possible if a user handler re-enabled it; nothing to interrupt
+            if frame is None:
+                return 0  # the host closed the channel
+            ftype, request = frame
+            try:
+                if ftype == aio.EXECUTE:
+                    self.execute(request)
+                elif ftype == aio.COMPLETE:
+                    self.complete(request)
+                elif ftype == aio.INSPECT:
+                    self.inspect(request)
+                elif ftype == aio.INPUT_REPLY:
+                    pass  # late answer to an input() that was interrupted
+                else:
+                    log(f"unknown frame type {ftype}; ignored")
+            except KeyboardInterrupt:
+                log("interrupt outside a cell; ignored")
+            except Exception as exc:  # noqa: BLE001 - a bug here must not leave the host waiting
+                log("request failed:\n" + traceback.format_exc())
+                self._reply_failure(ftype, request, exc)
+
+    def _reply_failure(self, ftype: int, request: dict[str, Any], exc: Exception) -> None:
+        rid = request.get("id")
+        if ftype == aio.EXECUTE:
+            self.channel.send(aio.DONE, {
+                "id": rid, "status": "error",
+                "execution_count": _as_int(request.get("execution_count"), 0),
+                "user_expressions": {}, "payload": [],
+                "ename": type(exc).__name__, "evalue": aio.safe_str(exc),
+                "traceback": traceback.format_exception(exc),
+            })
+        elif ftype == aio.COMPLETE:
+            pos = _as_int(request.get("cursor_pos"), 0)
+            self.channel.send(aio.COMPLETE_REPLY, {"id": rid, "matches": [], "cursor_start": pos,
+                                                   "cursor_end": pos, "metadata": {}, "status": "ok"})
+        elif ftype == aio.INSPECT:
+            self.channel.send(aio.INSPECT_REPLY, {"id": rid, "status": "ok", "found": False,
+                                                  "data": {}, "metadata": {}})
+
+    # ---- EXECUTE ---------------------------------------------------------------------------
+
+    def execute(self, request: dict[str, Any]) -> None:
+        shell = self.shell
+        code = str(request.get("code", ""))
+        silent = bool(request.get("silent", False))
+        store_history = bool(request.get("store_history", not silent))
+        expressions = request.get("user_expressions") or {}
+        count = _as_int(request.get("execution_count"), shell.execution_count)
+        self.allow_stdin = bool(request.get("allow_stdin", False))
+        shell.execution_count = count
+        shell.request_execution_count = count
+        self.channel.new_request()
+        shell.payload_manager.clear_payload()  # nothing left over from a request that failed
+        reseed(request.get("reseed"))
+
+        error: BaseException | None = None
+        self.gate.set_enabled(True)
+        try:
+            result = shell.run_cell(code, store_history=store_history, silent=silent)
+            self.gate.set_enabled(False)
+            error = result.error_before_exec if result.error_before_exec is not None else result.error_in_exec
+            ok = result.success and not shell._last_traceback_during_displayhook
+        except KeyboardInterrupt as exc:
+            # The interrupt landed in IPython's own bookkeeping around the user's code rather
+            # than in it; report it exactly like an interrupted cell.
+            self.gate.set_enabled(False)
+            shell.showtraceback()
+            error, ok = exc, False
+        finally:
+            self.gate.set_enabled(False)
+
+        reply: dict[str, Any] = {"id": request.get("id"), "execution_count": count}
+        if ok:
+            reply["status"] = "ok"
+            if isinstance(expressions, dict):
+                reply["user_expressions"] = shell.user_expressions(expressions)
+            else:
+                reply["user_expressions"] = {}
+        else:
+            ename, evalue = shell._last_error or ("UnknownError", "")
+            if error is not None:
+                ename, evalue = type(error).__name__, aio.safe_str(error)
+            reply.update(status="error", ename=ename, evalue=evalue,
+                         traceback=list(shell._last_traceback or []), user_expressions={})
+        reply["payload"] = shell.payload_manager.read_payload()
+        shell.payload_manager.clear_payload()
+        self.channel.send(aio.DONE, reply)
+
+    # ---- input() and getpass() -------------------------------------------------------------
+
+    def raw_input(self, prompt: object = "") -> str:
+        """builtins.input: an INPUT_REQUEST frame, then block until the INPUT_REPLY."""
+        if not self.allow_stdin:
+            from IPython.core.error import StdinNotImplementedError
+
+            raise StdinNotImplementedError(
+                "raw_input was called, but this frontend does not support input requests.")
+        return self._input_request(str(prompt), password=False)
+
+    def getpass(self, prompt: str = "Password: ", stream: object = None) -> str:
+        """getpass.getpass: as input(), with the frontend told to hide what is typed."""
+        if not self.allow_stdin:
+            from IPython.core.error import StdinNotImplementedError
+
+            raise StdinNotImplementedError(
+                "getpass was called, but this frontend does not support input requests.")
+        return self._input_request(str(prompt), password=True)
+
+    def _input_request(self, prompt: str, password: bool) -> str:
+        self.channel.send(aio.INPUT_REQUEST, {"prompt": prompt, "password": password})
+        while True:
+            try:
+                frame = self.channel.read_frame()
+            except KeyboardInterrupt:
+                # As ipykernel: a short message instead of the agent's reading machinery.
+                raise KeyboardInterrupt("Interrupted by user") from None
+            except aio.ProtocolError as exc:
+                _die(f"{exc}: cannot continue", 2)
+            if frame is None:
+                _die("the host closed the channel during input()", 0)
+            ftype, payload = frame
+            if ftype == aio.INPUT_REPLY:
+                break
+            log(f"frame type {ftype} while waiting for an input reply; ignored")
+        value = payload.get("value")
+        if not isinstance(value, str):
+            value = ""
+        if value == "\x04":  # Ctrl-D in the frontend, as in ipykernel
+            raise EOFError
+        return value
+
+    # ---- COMPLETE / INSPECT ----------------------------------------------------------------
+
+    def complete(self, request: dict[str, Any]) -> None:
+        """Like ipykernel's do_complete (IPython's own completer, jedi off)."""
+        from IPython.utils.tokenutil import line_at_cursor
+
+        code = str(request.get("code", ""))
+        pos = _as_int(request.get("cursor_pos"), len(code))
+        reply = {"id": request.get("id"), "matches": [], "cursor_start": pos, "cursor_end": pos,
+                 "metadata": {}, "status": "ok"}
+        # Completion evaluates user objects (properties, __getattr__): let the host interrupt it.
+        self.gate.set_enabled(True)
+        try:
+            line, offset = line_at_cursor(code, pos)
+            text, matches = self.shell.complete("", line, pos - offset)
+            reply.update(matches=list(matches), cursor_start=pos - len(text))
+        except KeyboardInterrupt:
+            pass
+        except Exception:  # noqa: BLE001 - a completion failure is an empty completion
+            log("completion failed:\n" + traceback.format_exc())
+        finally:
+            self.gate.set_enabled(False)
+        self.channel.send(aio.COMPLETE_REPLY, reply)
+
+    def inspect(self, request: dict[str, Any]) -> None:
+        """Like ipykernel's do_inspect."""
+        from IPython.utils.tokenutil import token_at_cursor
+
+        code = str(request.get("code", ""))
+        pos = _as_int(request.get("cursor_pos"), len(code))
+        detail = _as_int(request.get("detail_level"), 0)
+        reply: dict[str, Any] = {"id": request.get("id"), "status": "ok", "found": False,
+                                 "data": {}, "metadata": {}}
+        self.gate.set_enabled(True)
+        try:
+            name = token_at_cursor(code, pos)
+            bundle = self.shell.object_inspect_mime(name, detail_level=detail, omit_sections=())
+            if not self.shell.enable_html_pager:
+                bundle.pop("text/html", None)
+            reply.update(found=True, data=bundle)
+        except (KeyError, KeyboardInterrupt):
+            pass  # not found / interrupted
+        except Exception:  # noqa: BLE001
+            log("inspection failed:\n" + traceback.format_exc())
+        finally:
+            self.gate.set_enabled(False)
+        self.channel.send(aio.INSPECT_REPLY, reply)
+
+
+def reseed(seed_hex: object) -> None:
+    """Fresh host entropy for a session that starts from the template, which otherwise would
+    replay the template's PRNG state in every fork: `random` and numpy's global RandomState."""
+    if not isinstance(seed_hex, str) or not seed_hex:
+        return
+    try:
+        seed = bytes.fromhex(seed_hex)
+    except ValueError:
+        log(f"reseed: not a hex string: {seed_hex[:40]!r}; ignored")
+        return
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        words = [int.from_bytes(seed[i:i + 4], "little") for i in range(0, len(seed), 4)] or [0]
+        try:
+            np.random.seed(words)
+        except Exception as exc:  # noqa: BLE001 - a half-imported or odd numpy
+            log(f"reseed numpy: {type(exc).__name__}: {exc}")
+
+
+def _die(message: str, status: int) -> NoReturn:
+    log(message)
+    os._exit(status)
+
+
+def _fatal_startup(message: str) -> int:
+    """Start-up failed before the channel works: fd 1 is what the host shows of the console."""
+    data = f"zeroboot agent: {message}\n".encode("utf-8", "replace")
+    try:
+        os.write(1, data)
+    except OSError:
+        pass
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="zeroboot guest agent")
+    parser.add_argument("--preload", default="", help="comma-separated modules to import at start-up")
+    args = parser.parse_args(argv)
+    modules = [name.strip() for name in args.preload.split(",") if name.strip()]
+
+    try:
+        fd = open_uart()
+    except (OSError, ValueError) as exc:
+        return _fatal_startup(f"cannot open the UART: {exc}")
+
+    gate = aio.InterruptGate()
+    channel = aio.Channel(fd, gate)
+    # Until READY nothing may reach the host as frames; start-up chatter (e.g. "building the
+    # font cache") goes to the raw console for diagnostics.
+    channel.quiet = True
+    channel.quiet_stream = lambda name, text: log(f"start-up {name}: {text}")
+    aio.install_streams(channel)
+
+    try:
+        from agent_shell import make_shell
+
+        shell = make_shell(channel)
+    except Exception:  # noqa: BLE001
+        return _fatal_startup("cannot start IPython:\n" + traceback.format_exc())
+
+    agent = Agent(channel, gate, shell)
+    builtins.input = agent.raw_input
+    getpass.getpass = agent.getpass  # type: ignore[assignment]
+
+    preloaded, errors = agent.preload(modules)
+    agent.warm_up()
+    gate.install()
+    channel.quiet = False
+    channel.quiet_stream = None
+    channel.send(aio.READY, agent.ready_payload(preloaded, errors))
+    status = agent.serve()
+    # The channel is gone: anything printed while Python shuts down goes to the raw console.
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""The guest agent's side of the cell channel (docs/PROTOCOL.md): frames over the UART, batched
+stdout/stderr, and the SIGINT gate that keeps an interrupt from tearing a frame in half.
+
+Only the standard library is used here: this module is imported before IPython, and the agent
+runs inside the VM with no threads, so everything is synchronous.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import numbers
+import os
+import signal
+import struct
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+MAGIC = 0x5A42464D          # bytes "MFBZ" little endian
+VERSION = 1
+HEADER = struct.Struct("<IHHI")  # magic, version, type, payload length
+MAX_PAYLOAD = 16 << 20
+
+# host -> guest
+EXECUTE = 1
+INPUT_REPLY = 2
+COMPLETE = 3
+INSPECT = 4
+# guest -> host
+READY = 100
+STREAM = 101
+DISPLAY = 102
+RESULT = 103
+ERROR = 104
+CLEAR_OUTPUT = 105
+INPUT_REQUEST = 106
+DONE = 107
+COMPLETE_REPLY = 108
+INSPECT_REPLY = 109
+
+STREAM_MAX_BUFFER = 4096      # send once this much text is pending (PROTOCOL.md: 4 KiB)
+STREAM_INTERVAL = 0.05        # send a completed line only if the last STREAM frame is this old
+# One STREAM frame carries at most this many characters: JSON can grow a character to 6 bytes
+# (\uXXXX), so a chunk always stays well below MAX_PAYLOAD however large a single write() is.
+STREAM_MAX_CHUNK = 1 << 20
+
+READ_SIZE = 1 << 16
+
+
+class ProtocolError(Exception):
+    """The host sent something that is not a frame: the channel cannot be resynchronised."""
+
+
+def log(message: str) -> None:
+    """Diagnostics for whoever runs the VM: the real fd 2 (the guest's raw console), never a
+    STREAM frame, so agent problems do not show up as cell output."""
+    data = ("zeroboot agent: " + message.rstrip("\n") + "\n").encode("utf-8", "replace")
+    try:
+        while data:
+            data = data[os.write(2, data):]
+    except OSError:
+        pass
+
+
+def safe_str(value: object) -> str:
+    """str(value), even for objects whose __str__ is broken (an error report must go out)."""
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - anything user-defined can fail here
+        return f"<unprintable {type(value).__name__} object>"
+
+
+def _json_default(obj: Any) -> Any:
+    """JSON for what display formatters and user_expressions may hand us: binary MIME data
+    becomes base64 (as in Jupyter messages), anything else exotic becomes text."""
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(obj)).decode("ascii")
+    if isinstance(obj, (set, frozenset)):
+        return list(obj)
+    # numpy scalars and the like register with the numbers ABCs
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        return float(obj)
+    return safe_str(obj)
+
+
+def encode_payload(payload: dict[str, Any]) -> bytes:
+    """UTF-8 JSON. Lone surrogates (possible in Python str, e.g. from surrogateescape) cannot be
+    encoded as UTF-8, so such payloads fall back to ASCII JSON with \\u escapes."""
+    try:
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":"),
+                          default=_json_default).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(payload, ensure_ascii=True, separators=(",", ":"),
+                          default=_json_default).encode("ascii")
+
+
+class InterruptGate:
+    """Decides what a SIGINT (the host's interrupt) does.
+
+    Outside a cell there is nothing to interrupt, so it is dropped. Inside a cell it raises
+    KeyboardInterrupt in the user's code, except while a frame is being written: a frame cut in
+    half would end the VM, so the interrupt is held and raised right after the frame is out.
+    """
+
+    def __init__(self) -> None:
+        self.enabled = False      # True only while user code runs (the body of a cell)
+        self.critical = 0         # depth of frame writes in progress
+        self.pending = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signo: int, frame: object) -> None:
+        if not self.enabled:
+            return
+        if self.critical:
+            self.pending = True
+            return
+        raise KeyboardInterrupt
+
+    def set_enabled(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.pending = False
+
+    def release(self) -> None:
+        """Raise an interrupt held during a frame write (called once the frame is complete)."""
+        if self.pending and self.enabled and not self.critical:
+            self.pending = False
+            raise KeyboardInterrupt
+
+
+class Channel:
+    """Frames to and from the host over one file descriptor, plus the stream batching.
+
+    All output goes through send(), which first flushes pending stream text, so the host sees
+    output in the order the cell produced it.
+    """
+
+    def __init__(self, fd: int, gate: InterruptGate) -> None:
+        self.fd = fd
+        self.gate = gate
+        self._rbuf = bytearray()  # survives an interrupted read: a frame is never half-consumed
+        # Stream batching: one pending buffer for both streams; switching stream flushes first,
+        # which keeps stdout/stderr interleaving exact.
+        self._pending: list[str] = []
+        self._pending_name = "stdout"
+        self._pending_len = 0
+        self._pending_eol = False
+        self._last_stream = float("-inf")
+        # Before READY (start-up, warm-up) nothing may reach the host as frames: `quiet` makes
+        # send() drop frames, and `quiet_stream` (if set) receives stream text instead.
+        self.quiet = False
+        self.quiet_stream: Callable[[str, str], None] | None = None
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def send(self, ftype: int, payload: dict[str, Any]) -> None:
+        """Send one frame (after any pending stream text)."""
+        if ftype != STREAM:
+            self.flush_stream()
+        if self.quiet:
+            return
+        body = encode_payload(payload)
+        if len(body) > MAX_PAYLOAD:
+            replacement = _oversize_replacement(ftype, payload, len(body))
+            if replacement is None:
+                return
+            ftype, payload = replacement
+            body = encode_payload(payload)
+        self._write_all(HEADER.pack(MAGIC, VERSION, ftype, len(body)) + body)
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        self.gate.critical += 1
+        try:
+            while view:
+                written = os.write(self.fd, view)
+                view = view[written:]
+        except OSError as exc:
+            # The host is gone (or the descriptor is broken): nobody can receive anything more,
+            # and unwinding through the user's code would only try to write again.
+            log(f"cannot write to the host: {exc}")
+            os._exit(3)
+        finally:
+            self.gate.critical -= 1
+        self.gate.release()
+
+    # ---- stream batching -----------------------------------------------------------------
+
+    def stream_write(self, name: str, text: str) -> None:
+        if not text:
+            return
+        if self._pending and name != self._pending_name:
+            self.flush_stream()
+        self._pending_name = name
+        self._pending.append(text)
+        self._pending_len += len(text)
+        if "\n" in text or "\r" in text:
+            self._pending_eol = True
+        if self._pending_len >= STREAM_MAX_BUFFER:
+            self.flush_stream()
+        elif self._pending_eol and time.monotonic() - self._last_stream >= STREAM_INTERVAL:
+            self.flush_stream()
+
+    def new_request(self) -> None:
+        """A request starts: its first line of output goes out at once, however recently the
+        previous request's last STREAM frame was sent."""
+        self._last_stream = float("-inf")
+
+    def flush_stream(self) -> None:
+        """Send all pending stream text now."""
+        if not self._pending:
+            return
+        text = "".join(self._pending)
+        name = self._pending_name
+        self._pending.clear()
+        self._pending_len = 0
+        self._pending_eol = False
+        if self.quiet:
+            if self.quiet_stream is not None:
+                self.quiet_stream(name, text)
+            return
+        for start in range(0, len(text), STREAM_MAX_CHUNK):
+            self.send(STREAM, {"name": name, "text": text[start:start + STREAM_MAX_CHUNK]})
+        self._last_stream = time.monotonic()
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def read_frame(self) -> tuple[int, dict[str, Any]] | None:
+        """The next frame (type, payload), or None when the host closed the channel.
+
+        Short reads are normal. If a KeyboardInterrupt interrupts the read, the bytes read so
+        far stay in the buffer and the next call continues the same frame.
+        """
+        while True:
+            if len(self._rbuf) >= HEADER.size:
+                magic, version, ftype, length = HEADER.unpack_from(self._rbuf)
+                if magic != MAGIC or version != VERSION or length > MAX_PAYLOAD:
+                    raise ProtocolError(f"bad frame header magic={magic:#x} version={version} "
+                                        f"length={length}")
+                end = HEADER.size + length
+                if len(self._rbuf) >= end:
+                    body = bytes(self._rbuf[HEADER.size:end])
+                    del self._rbuf[:end]
+                    try:
+                        payload = json.loads(body)
+                    except ValueError as exc:
+                        log(f"frame type {ftype}: undecodable payload ({exc}); ignored")
+                        continue
+                    if not isinstance(payload, dict):
+                        log(f"frame type {ftype}: payload is not a JSON object; ignored")
+                        continue
+                    return ftype, payload
+                want = end - len(self._rbuf)
+            else:
+                want = HEADER.size - len(self._rbuf)
+            try:
+                chunk = os.read(self.fd, max(want, READ_SIZE))
+            except OSError as exc:
+                log(f"cannot read from the host: {exc}")
+                os._exit(3)
+            if not chunk:
+                return None
+            self._rbuf += chunk
+
+
+def _oversize_replacement(ftype: int, payload: dict[str, Any],
+                          size: int) -> tuple[int, dict[str, Any]] | None:
+    """What to send instead of a frame over MAX_PAYLOAD: the host would kill the VM for it."""
+    note = f"[zeroboot: output of {size / (1 << 20):.1f} MiB dropped: a frame holds at most 16 MiB]\n"
+    if ftype in (DISPLAY, RESULT, STREAM):
+        return STREAM, {"name": "stderr", "text": note}
+    if ftype == ERROR:
+        return ERROR, {"ename": str(payload.get("ename", ""))[:1000],
+                       "evalue": str(payload.get("evalue", ""))[:10000], "traceback": [note]}
+    if ftype == DONE:
+        small = {k: v for k, v in payload.items() if k not in ("user_expressions", "payload", "traceback")}
+        small.update(user_expressions={}, payload=[])
+        if "traceback" in payload:
+            small["traceback"] = [note]
+            small["evalue"] = str(small.get("evalue", ""))[:10000]
+        return DONE, small
+    if ftype == COMPLETE_REPLY:
+        return COMPLETE_REPLY, {**payload, "matches": [], "metadata": {}}
+    if ftype == INSPECT_REPLY:
+        return INSPECT_REPLY, {**payload, "found": False, "data": {}, "metadata": {}}
+    log(f"frame type {ftype} of {size} bytes is over the limit; dropped")
+    return None
+
+
+class FrameStream(io.TextIOBase):
+    """sys.stdout / sys.stderr: text goes to the channel's batching, never to a file descriptor
+    (fd 1 and 2 are the VM's raw console, which the host does not show as cell output)."""
+
+    def __init__(self, channel: Channel, name: str) -> None:
+        super().__init__()
+        self._channel = channel
+        self._name = name
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return f"<{self._name}>"
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "UTF-8"
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return "strict"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        # There is no descriptor behind this stream; io's contract for that is
+        # UnsupportedOperation (the base class raises it, said explicitly for readers).
+        raise io.UnsupportedOperation(f"{self.name} has no file descriptor")
+
+    def write(self, text: str) -> int:  # type: ignore[override]
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self._channel.stream_write(self._name, text)
+        return len(text)
+
+    def flush(self) -> None:
+        # An explicit flush is honoured at once (as in ipykernel): without threads or timers in
+        # the VM it is the only way a cell can push out a line that the 50 ms rule held back
+        # before it goes on computing.
+        self._channel.flush_stream()
+
+
+def install_streams(channel: Channel) -> None:
+    sys.stdout = FrameStream(channel, "stdout")
+    sys.stderr = FrameStream(channel, "stderr")
