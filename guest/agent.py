@@ -158,6 +158,8 @@ class Agent:
                     self.complete(request)
                 elif ftype == aio.INSPECT:
                     self.inspect(request)
+                elif ftype == aio.RUN:
+                    run_program(request)  # never returns: the VM exits with the program
                 elif ftype == aio.INPUT_REPLY:
                     pass  # late answer to an input() that was interrupted
                 else:
@@ -345,6 +347,56 @@ def reseed(seed_hex: object) -> None:
             np.random.seed(words)
         except Exception as exc:  # noqa: BLE001 - a half-imported or odd numpy
             log(f"reseed numpy: {type(exc).__name__}: {exc}")
+
+
+def run_program(request: dict[str, Any]) -> NoReturn:
+    """RUN: behave like `python -c CODE`, `python -m MODULE` or `python FILE` with the given argv,
+    in a fresh __main__, writing straight to fd 1 and 2, then exit the VM with the status python
+    would have (`zeroboot-kernel run` forks the template and sends this, so imports the template
+    already did cost nothing)."""
+    import runpy
+    import signal
+    import types
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
+    line = 1 if os.environ.get("PYTHONUNBUFFERED") else -1  # as python: buffered unless asked not to
+    sys.stdout = open(1, "w", buffering=line, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stdin = open(os.devnull)
+    sys.argv = [str(a) for a in request.get("argv") or [""]]
+    builtins.input, getpass.getpass = _builtin_input, _builtin_getpass
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    status = 0
+    try:
+        if request.get("code") is not None:
+            exec(compile(str(request["code"]), "<string>", "exec"), main.__dict__)
+        elif request.get("module"):
+            runpy.run_module(str(request["module"]), run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(str(request.get("path")), run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None:
+            status = 0
+        elif isinstance(exc.code, int):
+            status = exc.code & 0xFF
+        else:
+            print(exc.code, file=sys.stderr)
+            status = 1
+    except BaseException as exc:  # noqa: BLE001 - report like the interpreter does
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # not this function's frame
+        traceback.print_exception(type(exc), exc, tb)
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - nothing left to report to
+            pass
+    os._exit(status)
+
+
+_builtin_input, _builtin_getpass = builtins.input, getpass.getpass
 
 
 def _die(message: str, status: int) -> NoReturn:

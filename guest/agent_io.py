@@ -28,6 +28,7 @@ EXECUTE = 1
 INPUT_REPLY = 2
 COMPLETE = 3
 INSPECT = 4
+RUN = 5
 # guest -> host
 READY = 100
 STREAM = 101

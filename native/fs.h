@@ -97,6 +97,9 @@ typedef struct zb_resolved {
 /* fs_namespace.c */
 zb_fs *zb_fs_new(char *err);
 zb_fs *zb_fs_clone(const zb_fs *fs);
+/* Give fs a trie of its own (it is shared by clones until changed). map receives (old, new)
+ * node pairs, 2*n entries (free it); nothing happens if the trie is already private. */
+int zb_fs_privatize_trie(zb_fs *fs, zb_mnode ***map, size_t *nmap, char *err);
 void zb_fs_free(zb_fs *fs);
 int zb_fs_view_add(zb_fs *fs, const char *host_path, char *err);
 int zb_fs_overlay_dir(zb_fs *fs, const char *guest_path, char *err);

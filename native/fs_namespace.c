@@ -44,6 +44,62 @@ static void mnode_free(zb_mnode *n) {
     free(n);
 }
 
+/* Deep copy of a trie; each (old, new) node pair is appended to map (2 entries per node). */
+static zb_mnode *mnode_copy(const zb_mnode *n, zb_mnode *parent, zb_mnode ***map, size_t *nmap, size_t *cap) {
+    zb_mnode *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->parent = parent;
+    c->kind = n->kind;
+    c->ino = n->ino;
+    c->dev = n->dev;
+    c->name = strdup(n->name);
+    c->target = n->target ? strdup(n->target) : NULL;
+    c->children = calloc(n->nchildren ? n->nchildren : 1, sizeof *c->children);
+    if (*nmap + 2 > *cap) {
+        size_t ncap = *cap ? *cap * 2 : 256;
+        zb_mnode **nm = realloc(*map, ncap * sizeof *nm);
+        if (nm) { *map = nm; *cap = ncap; }
+    }
+    if (!c->name || (n->target && !c->target) || !c->children || *nmap + 2 > *cap) { mnode_free(c); return NULL; }
+    (*map)[(*nmap)++] = (zb_mnode *)n;
+    (*map)[(*nmap)++] = c;
+    for (size_t i = 0; i < n->nchildren; i++) {
+        if (!(c->children[i] = mnode_copy(n->children[i], c, map, nmap, cap))) { mnode_free(c); return NULL; }
+        c->nchildren++;
+    }
+    return c;
+}
+
+int zb_fs_privatize_trie(zb_fs *fs, zb_mnode ***map, size_t *nmap, char *err) {
+    *map = NULL;
+    *nmap = 0;
+    if (atomic_load(fs->trie_refs) == 1) return 0;
+    size_t cap = 0;
+    atomic_int *refs = calloc(1, sizeof *refs);
+    zb_mnode *root = refs ? mnode_copy(fs->root, NULL, map, nmap, &cap) : NULL;
+    if (!root) {
+        free(refs);
+        free(*map);
+        *map = NULL;
+        *nmap = 0;
+        zb_seterr(err, "out of memory");
+        return -1;
+    }
+    atomic_init(refs, 1);
+    atomic_fetch_sub(fs->trie_refs, 1);
+    fs->root = root;
+    fs->trie_refs = refs;
+    return 0;
+}
+
+/* Mutations below require a trie of our own (zb_fs_privatize_trie, done by the caller, which
+ * also re-points its open files at the copy). */
+static int require_private(zb_fs *fs, char *err) {
+    if (atomic_load(fs->trie_refs) == 1) return 0;
+    zb_seterr(err, "internal: the namespace is shared; privatize it first");
+    return -1;
+}
+
 static zb_mnode *dev_add(zb_mnode *dir, const char *name, int dev) {
     zb_mnode *n = mnode_add(dir, name, MNT_DEV);
     if (n) n->dev = dev;
@@ -149,6 +205,13 @@ static int view_add(zb_fs *fs, const char *host_path, int depth, char *err) {
             if (splice_link(target, sizeof target, sofar, child->target, rest) < 0) { zb_seterr(err, "%s: path too long", host_path); return -1; }
             return view_add(fs, target, depth + 1, err);
         }
+        if (child && child->kind == MNT_OVERLAY && !last) {
+            /* a host path below an overlay directory (a script in /tmp, say): it becomes a
+             * read-only entry of the trie in front of the overlay's own files */
+            node = child;
+            memcpy(sofar, next, sizeof sofar);
+            continue;
+        }
         if (child && child->kind != MNT_SYNTH) {
             if (child->kind == MNT_HOST_DIR) inside_tree = 1;
             else if (!last) { zb_seterr(err, "%s: %s is not a directory", host_path, next); return -1; }
@@ -186,6 +249,7 @@ static int view_add(zb_fs *fs, const char *host_path, int depth, char *err) {
 
 int zb_fs_view_add(zb_fs *fs, const char *host_path, char *err) {
     if (!host_path || host_path[0] != '/') { zb_seterr(err, "view paths must be absolute: %s", host_path ? host_path : "(null)"); return -1; }
+    if (require_private(fs, err) < 0) return -1;
     return view_add(fs, host_path, 0, err);
 }
 
@@ -213,6 +277,7 @@ static zb_mnode *trie_parent(zb_fs *fs, const char *guest_path, char *name, char
 
 int zb_fs_overlay_dir(zb_fs *fs, const char *guest_path, char *err) {
     char name[NAME_MAX + 1];
+    if (require_private(fs, err) < 0) return -1;
     zb_mnode *parent = trie_parent(fs, guest_path, name, err);
     if (!parent) return -1;
     zb_mnode *n = zb_mnode_child(parent, name);
@@ -230,6 +295,7 @@ int zb_fs_overlay_dir(zb_fs *fs, const char *guest_path, char *err) {
 
 int zb_fs_put_file(zb_fs *fs, const char *guest_path, const void *data, size_t len, char *err) {
     char name[NAME_MAX + 1];
+    if (require_private(fs, err) < 0) return -1;
     zb_mnode *parent = trie_parent(fs, guest_path, name, err);
     if (!parent) return -1;
     if (zb_mnode_child(parent, name)) { zb_seterr(err, "%s already exists in the guest", guest_path); return -1; }

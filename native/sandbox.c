@@ -55,10 +55,36 @@ fail:
     return NULL;
 }
 
-int zb_sandbox_view_add(zb_sandbox *sb, const char *host_path, char *err) { return zb_fs_view_add(sb->fs, host_path, err); }
-int zb_sandbox_overlay_dir(zb_sandbox *sb, const char *guest_path, char *err) { return zb_fs_overlay_dir(sb->fs, guest_path, err); }
+static zb_mnode *remap(zb_mnode *n, zb_mnode **map, size_t nmap) {
+    for (size_t i = 0; n && i < nmap; i += 2)
+        if (map[i] == n) return map[i + 1];
+    return n;
+}
+
+/* Before changing the namespace of a sandbox that shares it with snapshots (a fork), give it a
+ * copy, and point its open files' resolved locations into that copy. */
+static int own_namespace(zb_sandbox *sb, char *err) {
+    zb_mnode **map;
+    size_t nmap;
+    if (zb_fs_privatize_trie(sb->fs, &map, &nmap, err) < 0) return -1;
+    for (int fd = 0; nmap && fd < ZB_MAX_FDS; fd++) {
+        zb_file *f = sb->fds->fd[fd];
+        if (!f || !f->where) continue;
+        f->where->loc.mnode = remap(f->where->loc.mnode, map, nmap);
+        f->where->parent.mnode = remap(f->where->parent.mnode, map, nmap);
+    }
+    free(map);
+    return 0;
+}
+
+int zb_sandbox_view_add(zb_sandbox *sb, const char *host_path, char *err) {
+    return own_namespace(sb, err) < 0 ? -1 : zb_fs_view_add(sb->fs, host_path, err);
+}
+int zb_sandbox_overlay_dir(zb_sandbox *sb, const char *guest_path, char *err) {
+    return own_namespace(sb, err) < 0 ? -1 : zb_fs_overlay_dir(sb->fs, guest_path, err);
+}
 int zb_sandbox_put_file(zb_sandbox *sb, const char *guest_path, const void *data, size_t len, char *err) {
-    return zb_fs_put_file(sb->fs, guest_path, data, len, err);
+    return own_namespace(sb, err) < 0 ? -1 : zb_fs_put_file(sb->fs, guest_path, data, len, err);
 }
 void zb_sandbox_set_overlay_limit(zb_sandbox *sb, uint64_t bytes) { sb->fs->bytes_limit = bytes ? bytes : 256ull << 20; }
 void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes) {

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zeroboot_kernel.engine import Event, EventKind, Sandbox
+from zeroboot_kernel.native import Event, EventKind, Guest
 from zeroboot_kernel.guest_view import GuestSpec
 
 HERE = Path(__file__).resolve().parent
@@ -55,8 +55,8 @@ def spec(binary: Path, args: list[str], *, mem: int = GUEST_MEM, view: list[str]
                      view=[str(binary.parent), *(view or [])], mem_bytes=mem)
 
 
-def boot(name: str, *args: str, **kw) -> Sandbox:
-    return Sandbox.boot(spec(build(name), list(args), **kw))
+def boot(name: str, *args: str, **kw) -> Guest:
+    return Guest.boot(spec(build(name), list(args), **kw))
 
 
 @dataclass
@@ -89,7 +89,7 @@ class GuestRun:
                 f"message={self.end.message!r}\n--- stdout ---\n{self.out}\n--- stderr ---\n{self.err}")
 
 
-def drive(sb: Sandbox, timeout: float = 30.0) -> GuestRun:
+def drive(sb: Guest, timeout: float = 30.0) -> GuestRun:
     """Run sb until it exits, crashes, breaks a rule or times out, collecting its output."""
     deadline = time.monotonic() + timeout
     run = GuestRun(end=Event(EventKind.TIMEOUT))

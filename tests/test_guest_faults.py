@@ -7,7 +7,7 @@ import signal
 import pytest
 
 import guest_c
-from zeroboot_kernel.engine import EventKind
+from zeroboot_kernel.native import EventKind
 
 FAULTS = [
     # test, event, signal, words the message must contain

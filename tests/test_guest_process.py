@@ -8,7 +8,7 @@ import time
 import pytest
 
 import guest_c
-from zeroboot_kernel.engine import EventKind
+from zeroboot_kernel.native import EventKind
 from zeroboot_kernel.errors import SandboxError
 
 

@@ -88,8 +88,17 @@ def test_options_before_the_program():
     assert proc.stdout == "hi ['-v', 'x']\n"
 
 
-def test_trace_syscalls():
-    proc = zb("run", "--trace-syscalls", "-c", "pass")
+def test_trace_syscalls_of_a_template_fork():
+    proc = zb("run", "--trace-syscalls", "-c", "open('/etc/hostname').read()")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("read(0x"), lines[:3]  # the agent receiving the RUN frame
+    assert any(re.match(r'openat\("/etc/hostname" 0x', line) for line in lines), lines
+    assert lines[-1].startswith("exit_group(")
+
+
+def test_trace_syscalls_of_a_fresh_interpreter():
+    proc = zb("run", "--no-template", "--trace-syscalls", "-c", "pass")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) > 20

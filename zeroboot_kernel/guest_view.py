@@ -7,6 +7,8 @@ and the extension modules load), a private in-memory /tmp and home directory, an
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import site
@@ -78,9 +80,43 @@ def stdlib_dirs() -> list[str]:
     return sorted(dirs)
 
 
+def _view_cache_file() -> Path:
+    """Where python_view() is cached: keyed by the interpreter and the modification times of the
+    directories whose contents decide the view (installing or upgrading a package changes its
+    site-packages directory, so the cache is recomputed)."""
+    stamp = [os.path.realpath(sys.executable), sys.version]
+    for d in python_prefixes() + site_dirs() + stdlib_dirs():
+        try:
+            stamp.append(f"{d}:{os.stat(d).st_mtime_ns}")
+        except OSError:
+            stamp.append(d)
+    digest = hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:20]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "zeroboot-kernel" / f"view-{digest}.json"
+
+
 @lru_cache(maxsize=1)
 def python_view() -> tuple[str, ...]:
-    """Host paths the guest needs to run this environment's Python (computed once per process)."""
+    """Host paths the guest needs to run this environment's Python (cached on disk)."""
+    cache = _view_cache_file()
+    try:
+        cached = json.loads(cache.read_text())
+        if isinstance(cached, list) and all(isinstance(p, str) for p in cached):
+            return tuple(cached)
+    except (OSError, ValueError):
+        pass
+    view = _compute_python_view()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(list(view)))
+        os.replace(tmp, cache)
+    except OSError as exc:
+        log.debug("cannot cache the guest view: %s", exc)
+    return view
+
+
+def _compute_python_view() -> tuple[str, ...]:
     prefixes = python_prefixes()
     sites = site_dirs()
     view = set(prefixes) | set(sites) | {sys.executable, str(GUEST_DIR)}

@@ -199,6 +199,12 @@ class Guest:
         if lib.zb_sandbox_restore(self.handle, snap.handle, err) < 0:
             raise SandboxError(_text(err))
 
+    def view_add(self, host_path: str) -> None:
+        """Make a host file or tree visible read-only in this guest (also in a fork)."""
+        err = _err()
+        if lib.zb_sandbox_view_add(self.handle, host_path.encode(), err) < 0:
+            raise SandboxError(_text(err))
+
     def set_trace_fd(self, fd: int | None) -> None:
         lib.zb_sandbox_set_trace_fd(self.handle, -1 if fd is None else fd)
 

@@ -14,12 +14,11 @@ import os
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from ..native import Engine, ffi, lib
 from ..template import Template, TemplateConfig, default_preload
-from pathlib import Path
-
 from .common import percentile, results_dir, write_results
 
 PRINT = "print(1)"
