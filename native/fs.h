@@ -16,7 +16,10 @@
 #include <sys/stat.h>
 
 /* mount trie node kinds */
-enum { MNT_SYNTH = 1, MNT_HOST_DIR, MNT_HOST_FILE, MNT_SYMLINK, MNT_OVERLAY, MNT_DEV, MNT_PROC_EXE };
+enum { MNT_SYNTH = 1, MNT_HOST_DIR, MNT_HOST_FILE, MNT_SYMLINK, MNT_OVERLAY, MNT_DEV, MNT_PROC_EXE, MNT_PROJECT };
+/* how a project directory (the notebook's folder, fs_project.c) is seen: ZB_PROJECT_* */
+enum { PROJ_NONE = 0, PROJ_READONLY = ZB_PROJECT_READONLY, PROJ_OVERLAY = ZB_PROJECT_OVERLAY,
+       PROJ_READWRITE = ZB_PROJECT_READWRITE };
 /* devices */
 enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART };
 
@@ -27,12 +30,14 @@ typedef struct zb_mnode {
     size_t nchildren;
     int kind;
     char *target;      /* MNT_SYMLINK */
-    uint32_t ino;      /* MNT_OVERLAY */
+    uint32_t ino;      /* MNT_OVERLAY; MNT_PROJECT: the root of its upper (overlay) layer */
     int dev;           /* MNT_DEV */
+    int proj_mode;     /* MNT_PROJECT: PROJ_* */
+    int root_fd;       /* MNT_PROJECT: O_PATH fd of the host directory, for confined host writes */
 } zb_mnode;
 
 /* overlay inodes */
-enum { INO_FREE = 0, INO_DIR, INO_FILE, INO_SYMLINK };
+enum { INO_FREE = 0, INO_DIR, INO_FILE, INO_SYMLINK, INO_WHITEOUT /* hides a project's host entry */ };
 
 typedef struct zb_block {      /* refcounted file data, shared by snapshots until written */
     atomic_int refs;
@@ -55,6 +60,7 @@ typedef struct zb_inode {
     zb_dirent *ents;         /* INO_DIR */
     size_t nents, ents_cap;
     uint32_t parent;         /* INO_DIR: for `..` listing */
+    int opaque;              /* INO_DIR in a project's upper layer: hides the host directory below */
     uint32_t opens;          /* open file descriptions: an unlinked file lives while opened */
     uint64_t size;           /* INO_FILE */
     zb_block **blocks;
@@ -79,6 +85,10 @@ typedef struct zb_loc {
     int dev;                 /* LOC_DEV */
     int is_dir;
     int host_is_dir;         /* LOC_HOST: lstat said directory */
+    int proj;                /* inside a project directory: its PROJ_* mode, else 0 */
+    zb_mnode *proj_root;     /* that project's trie node */
+    int lower;               /* project: the host has this object too (not hidden) */
+    uint32_t upper;          /* project, overlay mode: the upper-layer inode here, or 0 */
 } zb_loc;
 
 typedef struct zb_resolved {
@@ -87,6 +97,7 @@ typedef struct zb_resolved {
     zb_loc parent;           /* the containing directory (also when !exists, for creation) */
     char path[PATH_MAX];     /* canonical absolute guest path (== host path for LOC_HOST) */
     char name[NAME_MAX + 1]; /* last component */
+    int opaque;              /* project overlay: a new directory here must hide the host's */
 } zb_resolved;
 
 #define ZB_DEV_ID 0x7a62 /* st_dev of synthetic and overlay files: one filesystem, so stat and
@@ -117,10 +128,40 @@ typedef struct zb_listing {
 int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
 void zb_listing_free(zb_listing *l);
 zb_mnode *zb_mnode_child(const zb_mnode *n, const char *name);
+zb_mnode *zb_mnode_add(zb_mnode *parent, const char *name, int kind);
+/* The trie node for guest_path's parent, creating synthetic directories on the way; the last
+ * component goes to name. The trie must be private (zb_fs_require_private). */
+zb_mnode *zb_trie_parent(zb_fs *fs, const char *guest_path, char *name, char *err);
+int zb_fs_require_private(zb_fs *fs, char *err);
+/* The guest (== host) path of a trie node. */
+int zb_mnode_path(const zb_mnode *m, char *buf, size_t cap);
 
 /* A path argument of a syscall: read the guest string at upath and resolve it relative to dirfd
  * (AT_FDCWD = the cwd). With empty_ok, an empty path means dirfd itself (AT_EMPTY_PATH). */
 int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags, int empty_ok, zb_resolved *r);
+
+/* fs_project.c: a host directory seen read-only, through a private overlay, or read-write */
+int zb_fs_mount_project(zb_fs *fs, const char *host_dir, int mode, char *err);
+int zb_fs_set_project_mode(zb_fs *fs, const char *host_dir, int mode, char *err);
+zb_loc zb_proj_root_loc(zb_sandbox *sb, zb_mnode *m);
+int zb_proj_lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const char *name, zb_loc *out, char *link);
+int zb_proj_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
+/* Overlay mode: before changing r (create = r names something new), bring what it names (or its
+ * parent directory) into the upper layer; r is updated to point there. */
+int zb_proj_copy_up(zb_sandbox *sb, zb_resolved *r, int create);
+/* Overlay mode: unlink or rmdir r, leaving a whiteout where the host has an entry. */
+int zb_proj_remove(zb_sandbox *sb, zb_resolved *r, int dir);
+/* Read-write mode: the project root fd and r's path relative to it, for *at() host calls. */
+int zb_proj_host_path(const zb_resolved *r, char *rel, size_t cap);
+/* Read-write mode: an O_PATH fd of r's parent directory (confined) and r's last component. */
+int zb_proj_host_parent(const zb_resolved *r, char *name, size_t cap);
+/* Read-write mode: open r on the host, confined (for writing, creating, truncating). */
+int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode);
+long zb_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err);
+int zb_project_export(zb_sandbox *sb, const char *guest_path, const char *host_dest, char *err);
+int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
+int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
+int zb_host_lstat(const char *path, struct stat *st);
 
 /* fs_overlay.c */
 uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);

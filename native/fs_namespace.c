@@ -20,7 +20,7 @@ zb_mnode *zb_mnode_child(const zb_mnode *n, const char *name) {
     return NULL;
 }
 
-static zb_mnode *mnode_add(zb_mnode *parent, const char *name, int kind) {
+zb_mnode *zb_mnode_add(zb_mnode *parent, const char *name, int kind) {
     zb_mnode *c = calloc(1, sizeof *c);
     zb_mnode **nc = realloc(parent->children, (parent->nchildren + 1) * sizeof *nc);
     if (!c || !nc || !(c->name = strdup(name))) {
@@ -37,6 +37,7 @@ static zb_mnode *mnode_add(zb_mnode *parent, const char *name, int kind) {
 
 static void mnode_free(zb_mnode *n) {
     if (!n) return;
+    if (n->kind == MNT_PROJECT && n->root_fd >= 0) close(n->root_fd);
     for (size_t i = 0; i < n->nchildren; i++) mnode_free(n->children[i]);
     free(n->children);
     free(n->name);
@@ -52,6 +53,8 @@ static zb_mnode *mnode_copy(const zb_mnode *n, zb_mnode *parent, zb_mnode ***map
     c->kind = n->kind;
     c->ino = n->ino;
     c->dev = n->dev;
+    c->proj_mode = n->proj_mode;
+    c->root_fd = n->kind == MNT_PROJECT ? fcntl(n->root_fd, F_DUPFD_CLOEXEC, 0) : 0;
     c->name = strdup(n->name);
     c->target = n->target ? strdup(n->target) : NULL;
     c->children = calloc(n->nchildren ? n->nchildren : 1, sizeof *c->children);
@@ -94,14 +97,14 @@ int zb_fs_privatize_trie(zb_fs *fs, zb_mnode ***map, size_t *nmap, char *err) {
 
 /* Mutations below require a trie of our own (zb_fs_privatize_trie, done by the caller, which
  * also re-points its open files at the copy). */
-static int require_private(zb_fs *fs, char *err) {
+int zb_fs_require_private(zb_fs *fs, char *err) {
     if (atomic_load(fs->trie_refs) == 1) return 0;
     zb_seterr(err, "internal: the namespace is shared; privatize it first");
     return -1;
 }
 
 static zb_mnode *dev_add(zb_mnode *dir, const char *name, int dev) {
-    zb_mnode *n = mnode_add(dir, name, MNT_DEV);
+    zb_mnode *n = zb_mnode_add(dir, name, MNT_DEV);
     if (n) n->dev = dev;
     return n;
 }
@@ -119,12 +122,12 @@ zb_fs *zb_fs_new(char *err) {
     fs->ninodes = 1; /* inode 0 is never used */
     fs->inodes = calloc(1, sizeof(zb_inode));
     fs->bytes_limit = 256ull << 20;
-    zb_mnode *dev = mnode_add(fs->root, "dev", MNT_SYNTH);
-    zb_mnode *proc = mnode_add(fs->root, "proc", MNT_SYNTH);
-    zb_mnode *self = proc ? mnode_add(proc, "self", MNT_SYNTH) : NULL;
+    zb_mnode *dev = zb_mnode_add(fs->root, "dev", MNT_SYNTH);
+    zb_mnode *proc = zb_mnode_add(fs->root, "proc", MNT_SYNTH);
+    zb_mnode *self = proc ? zb_mnode_add(proc, "self", MNT_SYNTH) : NULL;
     if (!fs->inodes || !dev || !self || !dev_add(dev, "null", DEV_NULL) || !dev_add(dev, "zero", DEV_ZERO) ||
         !dev_add(dev, "urandom", DEV_URANDOM) || !dev_add(dev, "random", DEV_URANDOM) ||
-        !dev_add(dev, "ttyS0", DEV_UART) || !mnode_add(self, "exe", MNT_PROC_EXE)) {
+        !dev_add(dev, "ttyS0", DEV_UART) || !zb_mnode_add(self, "exe", MNT_PROC_EXE)) {
         zb_seterr(err, "out of memory");
         zb_fs_free(fs);
         return NULL;
@@ -227,7 +230,7 @@ static int view_add(zb_fs *fs, const char *host_path, int depth, char *err) {
             if (n < 0) { zb_seterr(err, "readlink %s: %s", next, strerror(errno)); return -1; }
             link[n] = 0;
             if (!inside_tree) {
-                zb_mnode *s = mnode_add(node, comp, MNT_SYMLINK);
+                zb_mnode *s = zb_mnode_add(node, comp, MNT_SYMLINK);
                 if (!s || !(s->target = strdup(link))) { zb_seterr(err, "out of memory"); return -1; }
             }
             if (splice_link(target, sizeof target, sofar, link, rest) < 0) { zb_seterr(err, "%s: path too long", host_path); return -1; }
@@ -237,7 +240,7 @@ static int view_add(zb_fs *fs, const char *host_path, int depth, char *err) {
         if (!inside_tree) {
             int kind = !last ? MNT_SYNTH : S_ISDIR(st.st_mode) ? MNT_HOST_DIR : MNT_HOST_FILE;
             if (child) child->kind = kind; /* a synthetic directory becomes the whole host tree */
-            else if (!(child = mnode_add(node, comp, kind))) { zb_seterr(err, "out of memory"); return -1; }
+            else if (!(child = zb_mnode_add(node, comp, kind))) { zb_seterr(err, "out of memory"); return -1; }
             node = child;
             if (kind == MNT_HOST_DIR) inside_tree = 1;
         }
@@ -249,13 +252,13 @@ static int view_add(zb_fs *fs, const char *host_path, int depth, char *err) {
 
 int zb_fs_view_add(zb_fs *fs, const char *host_path, char *err) {
     if (!host_path || host_path[0] != '/') { zb_seterr(err, "view paths must be absolute: %s", host_path ? host_path : "(null)"); return -1; }
-    if (require_private(fs, err) < 0) return -1;
+    if (zb_fs_require_private(fs, err) < 0) return -1;
     return view_add(fs, host_path, 0, err);
 }
 
 /* Walk/create synthetic directories down to the parent of guest_path; returns the parent node
  * and the last component in `name`. */
-static zb_mnode *trie_parent(zb_fs *fs, const char *guest_path, char *name, char *err) {
+zb_mnode *zb_trie_parent(zb_fs *fs, const char *guest_path, char *name, char *err) {
     if (!guest_path || guest_path[0] != '/') { zb_seterr(err, "guest paths must be absolute: %s", guest_path ? guest_path : "(null)"); return NULL; }
     zb_mnode *node = fs->root;
     const char *p = guest_path;
@@ -265,8 +268,12 @@ static zb_mnode *trie_parent(zb_fs *fs, const char *guest_path, char *name, char
     while ((r = next_component(&p, comp)) > 0) {
         if (name[0]) {
             zb_mnode *c = zb_mnode_child(node, name);
-            if (!c && !(c = mnode_add(node, name, MNT_SYNTH))) { zb_seterr(err, "out of memory"); return NULL; }
-            if (c->kind != MNT_SYNTH) { zb_seterr(err, "%s: /%s is already something else in the guest", guest_path, name); return NULL; }
+            if (!c && !(c = zb_mnode_add(node, name, MNT_SYNTH))) { zb_seterr(err, "out of memory"); return NULL; }
+            /* synthetic and overlay directories can hold trie entries (a project in /tmp, say) */
+            if (c->kind != MNT_SYNTH && c->kind != MNT_OVERLAY) {
+                zb_seterr(err, "%s: /%s is already something else in the guest", guest_path, name);
+                return NULL;
+            }
             node = c;
         }
         strcpy(name, comp);
@@ -277,14 +284,14 @@ static zb_mnode *trie_parent(zb_fs *fs, const char *guest_path, char *name, char
 
 int zb_fs_overlay_dir(zb_fs *fs, const char *guest_path, char *err) {
     char name[NAME_MAX + 1];
-    if (require_private(fs, err) < 0) return -1;
-    zb_mnode *parent = trie_parent(fs, guest_path, name, err);
+    if (zb_fs_require_private(fs, err) < 0) return -1;
+    zb_mnode *parent = zb_trie_parent(fs, guest_path, name, err);
     if (!parent) return -1;
     zb_mnode *n = zb_mnode_child(parent, name);
     if (n && n->kind == MNT_OVERLAY) return 0;
     if (n && n->kind != MNT_SYNTH) { zb_seterr(err, "%s is already visible from the host; cannot make it an overlay", guest_path); return -1; }
     uint32_t ino = zb_ovl_new_inode(fs, INO_DIR, 0777);
-    if (!ino || (!n && !(n = mnode_add(parent, name, MNT_OVERLAY)))) { zb_seterr(err, "out of memory"); return -1; }
+    if (!ino || (!n && !(n = zb_mnode_add(parent, name, MNT_OVERLAY)))) { zb_seterr(err, "out of memory"); return -1; }
     /* a synthetic directory (say /tmp, when the venv lives in /tmp) becomes writable; the view
      * entries below it stay visible and read-only */
     n->kind = MNT_OVERLAY;
@@ -295,12 +302,12 @@ int zb_fs_overlay_dir(zb_fs *fs, const char *guest_path, char *err) {
 
 int zb_fs_put_file(zb_fs *fs, const char *guest_path, const void *data, size_t len, char *err) {
     char name[NAME_MAX + 1];
-    if (require_private(fs, err) < 0) return -1;
-    zb_mnode *parent = trie_parent(fs, guest_path, name, err);
+    if (zb_fs_require_private(fs, err) < 0) return -1;
+    zb_mnode *parent = zb_trie_parent(fs, guest_path, name, err);
     if (!parent) return -1;
     if (zb_mnode_child(parent, name)) { zb_seterr(err, "%s already exists in the guest", guest_path); return -1; }
     uint32_t ino = zb_ovl_new_inode(fs, INO_FILE, 0444);
-    zb_mnode *n = ino ? mnode_add(parent, name, MNT_OVERLAY) : NULL;
+    zb_mnode *n = ino ? zb_mnode_add(parent, name, MNT_OVERLAY) : NULL;
     if (!n || zb_ovl_write(fs, ino, data, len, 0) != (long)len) { zb_seterr(err, "cannot store %s", guest_path); return -1; }
     n->ino = ino;
     zb_ovl_inode(fs, ino)->readonly = 1;
@@ -319,6 +326,7 @@ static int loc_from_mnode(zb_sandbox *sb, zb_mnode *m, zb_loc *loc) {
     case MNT_HOST_FILE: loc->kind = LOC_HOST; break;
     case MNT_SYMLINK: case MNT_PROC_EXE: loc->kind = LOC_SYMLINK; break;
     case MNT_DEV: loc->kind = LOC_DEV; loc->dev = m->dev; break;
+    case MNT_PROJECT: *loc = zb_proj_root_loc(sb, m); break;
     case MNT_OVERLAY: {
         zb_inode *in = zb_ovl_inode(sb->fs, m->ino);
         if (!in) return -ENOENT;
@@ -347,6 +355,7 @@ static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const cha
         }
         return 0;
     }
+    if (dir->proj == PROJ_OVERLAY) return zb_proj_lookup(sb, dir, path, name, out, link);
     memset(out, 0, sizeof *out);
     if (dir->kind == LOC_HOST) {
         char hp[PATH_MAX];
@@ -354,6 +363,9 @@ static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const cha
         if (join_path(hp, sizeof hp, path, name) < 0) return -ENAMETOOLONG;
         if (lstat(hp, &st) < 0) return -ENOENT;
         out->kind = LOC_HOST;
+        out->proj = dir->proj;
+        out->proj_root = dir->proj_root;
+        out->lower = 1;
         out->is_dir = out->host_is_dir = S_ISDIR(st.st_mode);
         if (S_ISLNK(st.st_mode)) {
             ssize_t n = readlink(hp, link, PATH_MAX - 1);
@@ -498,7 +510,7 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
 
 /* ---- listings ---- */
 
-static int listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino) {
+int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino) {
     for (size_t i = 0; i < l->n; i++)
         if (!strcmp(l->ents[i].name, name)) return 0;
     void *ne = realloc(l->ents, (l->n + 1) * sizeof *l->ents);
@@ -533,7 +545,13 @@ static unsigned char mnode_dtype(zb_sandbox *sb, const zb_mnode *m) {
     return DT_UNKNOWN;
 }
 
-static int list_host_dir(const char *path, zb_listing *out) {
+static int hidden(const zb_listing *hide, const char *name) {
+    for (size_t i = 0; hide && i < hide->n; i++)
+        if (!strcmp(hide->ents[i].name, name)) return 1;
+    return 0;
+}
+
+int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide) {
     struct open_how how = {.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC, .resolve = RESOLVE_NO_SYMLINKS};
     int fd = syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
     if (fd < 0) return -errno;
@@ -546,7 +564,8 @@ static int list_host_dir(const char *path, zb_listing *out) {
         for (long off = 0; off < n;) {
             struct dirent64 *d = (struct dirent64 *)(buf + off);
             off += d->d_reclen;
-            if (strcmp(d->d_name, ".") && strcmp(d->d_name, "..") && (ret = listing_add(out, d->d_name, d->d_type, d->d_ino)) < 0)
+            if (strcmp(d->d_name, ".") && strcmp(d->d_name, "..") && !hidden(hide, d->d_name) &&
+                (ret = zb_listing_add(out, d->d_name, d->d_type, d->d_ino)) < 0)
                 goto out;
         }
     }
@@ -560,18 +579,22 @@ int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
     const zb_loc *l = &r->loc;
     if (!l->is_dir) return -ENOTDIR;
     int ret = 0;
-    if ((ret = listing_add(out, ".", DT_DIR, 0)) < 0 || (ret = listing_add(out, "..", DT_DIR, 0)) < 0) goto fail;
+    if ((ret = zb_listing_add(out, ".", DT_DIR, 0)) < 0 || (ret = zb_listing_add(out, "..", DT_DIR, 0)) < 0) goto fail;
     for (size_t i = 0; l->mnode && i < l->mnode->nchildren; i++) {
         zb_mnode *c = l->mnode->children[i];
-        if ((ret = listing_add(out, c->name, mnode_dtype(sb, c), 0)) < 0) goto fail;
+        if ((ret = zb_listing_add(out, c->name, mnode_dtype(sb, c), 0)) < 0) goto fail;
     }
-    if (l->kind == LOC_HOST && (ret = list_host_dir(r->path, out)) < 0) goto fail;
+    if (l->proj == PROJ_OVERLAY) {
+        if ((ret = zb_proj_list(sb, r, out)) < 0) goto fail;
+        return 0;
+    }
+    if (l->kind == LOC_HOST && (ret = zb_list_host_dir(r->path, out, NULL)) < 0) goto fail;
     if (l->kind == LOC_OVERLAY) {
         zb_inode *in = zb_ovl_inode(sb->fs, l->ino);
         for (size_t i = 0; in && i < in->nents; i++) {
             zb_inode *c = zb_ovl_inode(sb->fs, in->ents[i].ino);
             unsigned char t = c->type == INO_DIR ? DT_DIR : c->type == INO_SYMLINK ? DT_LNK : DT_REG;
-            if ((ret = listing_add(out, in->ents[i].name, t, in->ents[i].ino)) < 0) goto fail;
+            if ((ret = zb_listing_add(out, in->ents[i].name, t, in->ents[i].ino)) < 0) goto fail;
         }
     }
     return 0;

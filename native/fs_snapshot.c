@@ -2,12 +2,13 @@
  * snapshot (a template on disk). Host files the guest had open are saved by path and opened again
  * when the template is loaded; a template whose host files are gone fails to load with an error.
  */
+#include "fs.h"
+
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "fs.h"
 #include "serial.h"
 
 #define MAX_TRIE_DEPTH 256
@@ -23,6 +24,7 @@ static void save_mnode(zb_out *o, const zb_mnode *n) {
     out_str(o, n->target);
     out_u32(o, n->ino);
     out_u32(o, (uint32_t)n->dev);
+    out_u32(o, (uint32_t)n->proj_mode);
     out_u32(o, (uint32_t)n->nchildren);
     for (size_t i = 0; i < n->nchildren; i++) save_mnode(o, n->children[i]);
 }
@@ -39,8 +41,15 @@ static zb_mnode *load_mnode(zb_in *in, zb_mnode *parent, int depth, size_t *coun
     else free(target);
     n->ino = in_u32(in);
     n->dev = (int)in_u32(in);
+    n->proj_mode = (int)in_u32(in);
+    n->root_fd = -1;
+    if (n->kind == MNT_PROJECT && !in->err) { /* the host directory, opened again */
+        char path[PATH_MAX];
+        if (zb_mnode_path(n, path, sizeof path) < 0 || (n->root_fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+            in->err = 1;
+    }
     uint32_t nch = in_u32(in);
-    if (in->err || n->kind < MNT_SYNTH || n->kind > MNT_PROC_EXE || (n->kind == MNT_SYMLINK && !n->target) ||
+    if (in->err || n->kind < MNT_SYNTH || n->kind > MNT_PROJECT || (n->kind == MNT_SYMLINK && !n->target) ||
         nch > MAX_TRIE_NODES || !(n->children = calloc(nch ? nch : 1, sizeof *n->children))) {
         in->err = 1;
         free(n->name);
@@ -65,6 +74,8 @@ static void save_inode(zb_out *o, const zb_inode *in) {
     out_u32(o, (uint32_t)in->readonly);
     out_u32(o, in->opens);
     out_u32(o, in->parent);
+    out_u32(o, (uint32_t)in->opaque);
+    out_u64(o, (uint64_t)in->atime_ns);
     out_u64(o, (uint64_t)in->mtime_ns);
     out_u64(o, (uint64_t)in->ctime_ns);
     out_u64(o, in->size);
@@ -85,12 +96,14 @@ static void save_inode(zb_out *o, const zb_inode *in) {
 static void load_inode(zb_in *in, zb_fs *fs, zb_inode *n) {
     n->type = (int)in_u32(in);
     if (n->type == INO_FREE || in->err) return;
-    if (n->type < INO_DIR || n->type > INO_SYMLINK) { in->err = 1; n->type = INO_FREE; return; }
+    if (n->type < INO_DIR || n->type > INO_WHITEOUT) { in->err = 1; n->type = INO_FREE; return; }
     n->mode = in_u32(in) & 07777;
     n->nlink = in_u32(in);
     n->readonly = (int)in_u32(in);
     n->opens = in_u32(in);
     n->parent = in_u32(in);
+    n->opaque = (int)in_u32(in);
+    n->atime_ns = (int64_t)in_u64(in);
     n->mtime_ns = (int64_t)in_u64(in);
     n->ctime_ns = (int64_t)in_u64(in);
     n->size = in_u64(in);

@@ -86,6 +86,30 @@ int zb_sandbox_overlay_dir(zb_sandbox *sb, const char *guest_path, char *err) {
 int zb_sandbox_put_file(zb_sandbox *sb, const char *guest_path, const void *data, size_t len, char *err) {
     return own_namespace(sb, err) < 0 ? -1 : zb_fs_put_file(sb->fs, guest_path, data, len, err);
 }
+int zb_sandbox_mount_project(zb_sandbox *sb, const char *host_dir, int mode, char *err) {
+    return own_namespace(sb, err) < 0 ? -1 : zb_fs_mount_project(sb->fs, host_dir, mode, err);
+}
+int zb_sandbox_set_project_mode(zb_sandbox *sb, const char *host_dir, int mode, char *err) {
+    return own_namespace(sb, err) < 0 ? -1 : zb_fs_set_project_mode(sb->fs, host_dir, mode, err);
+}
+long zb_sandbox_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err) {
+    return zb_project_diff(sb, host_dir, buf, len, err);
+}
+int zb_sandbox_export(zb_sandbox *sb, const char *guest_path, const char *host_dest, char *err) {
+    return zb_project_export(sb, guest_path, host_dest, err);
+}
+
+int zb_sandbox_chdir(zb_sandbox *sb, const char *guest_path, char *err) {
+    zb_resolved r;
+    int rc = zb_fs_resolve(sb, sb->proc.cwd[0] ? sb->proc.cwd : "/", guest_path, 0, &r);
+    if (rc < 0 || !r.exists || !r.loc.is_dir) {
+        zb_seterr(err, "%s is not a directory in the sandbox", guest_path);
+        return -1;
+    }
+    snprintf(sb->proc.cwd, sizeof sb->proc.cwd, "%s", r.path);
+    return 0;
+}
+
 void zb_sandbox_set_overlay_limit(zb_sandbox *sb, uint64_t bytes) { sb->fs->bytes_limit = bytes ? bytes : 256ull << 20; }
 void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes) {
     uint64_t pages = bytes ? bytes / ZB_PAGE : sb->mem.npages;

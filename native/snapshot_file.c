@@ -15,7 +15,7 @@
 #include "snapshot.h"
 
 #define STATE_MAGIC 0x50414e53425a0a01ull /* "\x01\nZBSNAP" */
-#define STATE_FORMAT 2
+#define STATE_FORMAT 3
 #define STATE_MAX_BYTES (2ull << 30)
 
 static int copy_range(int in_fd, int out_fd, off_t start, off_t end) {

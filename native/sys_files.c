@@ -70,28 +70,51 @@ static long open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags,
     return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
 }
 
+/* Open r for writing/creating in a read-write project: on the host, confined to the tree. */
+static long open_project_host(zb_sandbox *sb, zb_resolved *r, uint64_t flags, uint64_t mode) {
+    int fd = zb_proj_host_open(r, (int)(flags & (O_ACCMODE | O_CREAT | O_EXCL | O_TRUNC | O_APPEND)),
+                               (unsigned)(mode & ~sb->proc.umask));
+    if (fd < 0) return fd;
+    zb_hostfd *h = zb_hostfd_new(fd);
+    zb_file *f = h ? zb_file_new(FILE_HOST) : NULL;
+    if (!f) { if (h) zb_hostfd_unref(h); else close(fd); return -ENOMEM; }
+    f->host = h;
+    f->flags = flags & (O_ACCMODE | O_APPEND | O_NONBLOCK);
+    r->exists = 1;
+    r->loc.kind = LOC_HOST;
+    r->loc.lower = 1;
+    if (!(f->where = malloc(sizeof *r))) { zb_file_unref(sb->fs, f); return -ENOMEM; }
+    *f->where = *r;
+    return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
+}
+
 static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flags, uint64_t mode) {
     zb_resolved r;
     int wr = (flags & O_ACCMODE) != O_RDONLY;
     long rc = zb_path_arg(sb, dirfd, upath, (flags & O_NOFOLLOW) ? ZB_RESOLVE_NOFOLLOW : 0, 0, &r);
     if (rc < 0) return rc;
     if ((flags & O_TMPFILE) == O_TMPFILE) return open_tmpfile(sb, &r, flags, mode);
+    if (!r.exists && !(flags & O_CREAT)) return -ENOENT;
+    if (r.exists && (flags & O_CREAT) && (flags & O_EXCL)) return -EEXIST;
+    if (r.exists && (flags & O_DIRECTORY) && !r.loc.is_dir) return -ENOTDIR;
+    if (r.exists && r.loc.is_dir && (wr || (flags & O_TRUNC))) return -EISDIR;
+    int proj = r.exists ? r.loc.proj : r.parent.proj;
+    if (proj && (wr || (flags & O_TRUNC) || !r.exists) && !(r.exists && r.loc.mnode)) {
+        if (proj == PROJ_READONLY) return -EROFS;
+        if (proj == PROJ_READWRITE) return open_project_host(sb, &r, flags, mode);
+        if ((rc = zb_proj_copy_up(sb, &r, !r.exists)) < 0) return rc; /* overlay: work on the upper copy */
+    }
     if (!r.exists) {
-        if (!(flags & O_CREAT)) return -ENOENT;
         if (r.parent.kind != LOC_OVERLAY) return -EROFS;
         uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, mode & ~sb->proc.umask);
         if (!ino) return -ENOSPC;
         if ((rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0) return rc;
         r.exists = 1;
         r.loc.kind = LOC_OVERLAY;
-        r.loc.ino = ino;
+        r.loc.ino = r.loc.upper = ino;
         r.loc.mnode = NULL;
         r.loc.is_dir = 0;
-    } else if ((flags & O_CREAT) && (flags & O_EXCL)) {
-        return -EEXIST;
     }
-    if ((flags & O_DIRECTORY) && !r.loc.is_dir) return -ENOTDIR;
-    if (r.loc.is_dir && (wr || (flags & O_TRUNC))) return -EISDIR;
     zb_file *f = NULL;
     switch (r.loc.kind) {
     case LOC_SYMLINK:
@@ -266,6 +289,15 @@ static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int6
         if (!n) return 0;
         int w = zb_output(sb, f->stream, p, n);
         return w > 0 ? w : -EAGAIN;
+    }
+    case FILE_HOST: { /* only a read-write project's files are opened for writing */
+        struct stat st;
+        uint64_t pos = off >= 0 ? (uint64_t)off : f->offset;
+        if (off < 0 && (f->flags & O_APPEND)) pos = fstat(f->host->fd, &st) == 0 ? (uint64_t)st.st_size : pos;
+        long r = pwrite(f->host->fd, p, n, (off_t)pos);
+        if (r < 0) return -errno;
+        if (off < 0) f->offset = pos + (uint64_t)r;
+        return r;
     }
     case FILE_OVERLAY: {
         zb_inode *in = zb_ovl_inode(sb->fs, f->ino);
@@ -501,7 +533,9 @@ static long sys_ftruncate(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
     if ((int64_t)a[1] < 0) return -EINVAL;
-    if (f->kind != FILE_OVERLAY || (f->flags & O_ACCMODE) == O_RDONLY) return -EINVAL;
+    if ((f->flags & O_ACCMODE) == O_RDONLY) return -EINVAL;
+    if (f->kind == FILE_HOST) return ftruncate(f->host->fd, (off_t)a[1]) < 0 ? -errno : 0; /* read-write project */
+    if (f->kind != FILE_OVERLAY) return -EINVAL;
     return zb_ovl_truncate(sb->fs, f->ino, a[1]);
 }
 

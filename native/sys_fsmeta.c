@@ -109,7 +109,10 @@ static long do_access(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mo
                           flags & AT_EMPTY_PATH, &r);
     if (rc < 0) return rc;
     if (!r.exists) return -ENOENT;
-    if (mode & W_OK) {
+    if ((mode & W_OK) && r.loc.proj && !r.loc.mnode) {
+        if (r.loc.proj == PROJ_READONLY) return -EROFS;
+        if (r.loc.proj == PROJ_READWRITE && access(r.path, W_OK) < 0) return -errno;
+    } else if (mode & W_OK) {
         zb_inode *in = r.loc.kind == LOC_OVERLAY ? zb_ovl_inode(sb->fs, r.loc.ino) : NULL;
         if (r.loc.kind == LOC_HOST || r.loc.kind == LOC_SYNTH) return -EROFS;
         if (in && in->readonly) return -EACCES;
@@ -175,20 +178,45 @@ static long sys_fchdir(zb_sandbox *sb, const uint64_t a[6]) {
 }
 
 /* A name that can be created in the overlay: the parent must be an overlay directory. */
+/* Creating r happens on the host (read-write project): the caller does it there. */
+#define ON_HOST 1
+/* r is in an overlay project: removing it may need a whiteout (zb_proj_remove). */
+#define IN_PROJECT 2
+
 static long creatable(zb_sandbox *sb, int64_t dirfd, uint64_t upath, zb_resolved *r) {
     long rc = zb_path_arg(sb, dirfd, upath, ZB_RESOLVE_NOFOLLOW, 0, r);
     if (rc < 0) return rc;
     if (r->exists) return -EEXIST;
+    if (r->parent.proj == PROJ_READONLY) return -EROFS;
+    if (r->parent.proj == PROJ_READWRITE) return ON_HOST;
+    if (r->parent.proj == PROJ_OVERLAY && (rc = zb_proj_copy_up(sb, r, 1)) < 0) return rc;
     if (r->parent.kind != LOC_OVERLAY) return -EROFS;
     return 0;
 }
+
+/* A host call on r's parent directory in a read-write project: fn(parent_fd, name). */
+static long on_host(const zb_resolved *r, long (*fn)(int pfd, const char *name, const void *arg), const void *arg) {
+    char name[NAME_MAX + 1];
+    int pfd = zb_proj_host_parent(r, name, sizeof name);
+    if (pfd < 0) return pfd;
+    long rc = fn(pfd, name, arg);
+    close(pfd);
+    return rc;
+}
+
+static long host_mkdir(int pfd, const char *name, const void *mode) { return mkdirat(pfd, name, *(const mode_t *)mode) < 0 ? -errno : 0; }
+static long host_symlink(int pfd, const char *name, const void *target) { return symlinkat(target, pfd, name) < 0 ? -errno : 0; }
+static long host_unlink(int pfd, const char *name, const void *flags) { return unlinkat(pfd, name, *(const int *)flags) < 0 ? -errno : 0; }
 
 static long do_mkdir(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mode) {
     zb_resolved r;
     long rc = creatable(sb, dirfd, upath, &r);
     if (rc < 0) return rc;
-    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_DIR, mode & ~sb->proc.umask);
+    mode_t m = (mode_t)(mode & ~sb->proc.umask & 07777);
+    if (rc == ON_HOST) return on_host(&r, host_mkdir, &m);
+    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_DIR, m);
     if (!ino) return -ENOSPC;
+    zb_ovl_inode(sb->fs, ino)->opaque = r.opaque;
     return zb_ovl_link(sb->fs, r.parent.ino, r.name, ino);
 }
 static long sys_mkdir(zb_sandbox *sb, const uint64_t a[6]) { return do_mkdir(sb, AT_FDCWD, a[0], a[1]); }
@@ -201,6 +229,7 @@ static long do_symlink(zb_sandbox *sb, uint64_t utarget, int64_t dirfd, uint64_t
     if (!target[0]) return -ENOENT;
     zb_resolved r;
     if ((rc = creatable(sb, dirfd, upath, &r)) < 0) return rc;
+    if (rc == ON_HOST) return on_host(&r, host_symlink, target);
     uint32_t ino = zb_ovl_new_inode(sb->fs, INO_SYMLINK, 0777);
     if (!ino) return -ENOSPC;
     if (!(zb_ovl_inode(sb->fs, ino)->target = strdup(target))) return -ENOMEM;
@@ -215,6 +244,9 @@ static long overlay_entry(zb_sandbox *sb, int64_t dirfd, uint64_t upath, zb_reso
     if (rc < 0) return rc;
     if (!r->exists) return -ENOENT;
     if (r->loc.mnode) return r->loc.kind == LOC_OVERLAY ? -EBUSY : -EROFS; /* a mount point */
+    if (r->loc.proj == PROJ_READONLY) return -EROFS;
+    if (r->loc.proj == PROJ_READWRITE) return ON_HOST;
+    if (r->loc.proj == PROJ_OVERLAY) return IN_PROJECT;
     if (r->loc.kind != LOC_OVERLAY || r->parent.kind != LOC_OVERLAY) return -EROFS;
     return 0;
 }
@@ -224,6 +256,11 @@ static long do_unlink(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int flags) 
     zb_resolved r;
     long rc = overlay_entry(sb, dirfd, upath, &r);
     if (rc < 0) return rc;
+    if (rc != 0) {
+        if ((flags & AT_REMOVEDIR) && !r.loc.is_dir) return -ENOTDIR;
+        if (!(flags & AT_REMOVEDIR) && r.loc.is_dir) return -EISDIR;
+        return rc == ON_HOST ? on_host(&r, host_unlink, &flags) : zb_proj_remove(sb, &r, flags & AT_REMOVEDIR);
+    }
     zb_inode *in = zb_ovl_inode(sb->fs, r.loc.ino);
     if (flags & AT_REMOVEDIR) {
         if (in->type != INO_DIR) return -ENOTDIR;
@@ -245,7 +282,7 @@ static long do_link(zb_sandbox *sb, int64_t olddir, uint64_t uold, int64_t newdi
     if (!from.exists) return -ENOENT;
     if (from.loc.is_dir) return -EPERM;
     if ((rc = creatable(sb, newdir, unew, &to)) < 0) return rc;
-    if (from.loc.kind != LOC_OVERLAY || from.loc.mnode) return -EXDEV;
+    if (rc == ON_HOST || from.loc.kind != LOC_OVERLAY || from.loc.mnode) return -EXDEV;
     return zb_ovl_link(sb->fs, to.parent.ino, to.name, from.loc.ino);
 }
 static long sys_link(zb_sandbox *sb, const uint64_t a[6]) { return do_link(sb, AT_FDCWD, a[0], AT_FDCWD, a[1], 0); }
@@ -253,15 +290,47 @@ static long sys_linkat(zb_sandbox *sb, const uint64_t a[6]) { return do_link(sb,
 static long sys_rmdir(zb_sandbox *sb, const uint64_t a[6]) { return do_unlink(sb, AT_FDCWD, a[0], AT_REMOVEDIR); }
 static long sys_unlinkat(zb_sandbox *sb, const uint64_t a[6]) { return do_unlink(sb, (int)a[0], a[1], (int)a[2]); }
 
+/* rename within a read-write project: renameat2 between the two confined parent directories */
+static long rename_on_host(const zb_resolved *from, const zb_resolved *to, uint64_t flags) {
+    char n1[NAME_MAX + 1], n2[NAME_MAX + 1];
+    int p1 = zb_proj_host_parent(from, n1, sizeof n1);
+    if (p1 < 0) return p1;
+    int p2 = zb_proj_host_parent(to, n2, sizeof n2);
+    if (p2 < 0) { close(p1); return p2; }
+    long rc = syscall(SYS_renameat2, p1, n1, p2, n2, (unsigned)flags) < 0 ? -errno : 0;
+    close(p1);
+    close(p2);
+    return rc;
+}
+
 static long do_rename(zb_sandbox *sb, int64_t olddir, uint64_t uold, int64_t newdir, uint64_t unew, uint64_t flags) {
     if (flags & ~(uint64_t)RENAME_NOREPLACE) return -EINVAL; /* RENAME_EXCHANGE/WHITEOUT unsupported */
     zb_resolved from, to;
     long rc = overlay_entry(sb, olddir, uold, &from);
     if (rc < 0) return rc;
+    long where = rc;
     if ((rc = zb_path_arg(sb, newdir, unew, ZB_RESOLVE_NOFOLLOW, 0, &to)) < 0) return rc;
-    if (to.parent.kind != LOC_OVERLAY || (to.exists && (to.loc.mnode || to.loc.kind != LOC_OVERLAY))) return -EROFS;
     size_t fl = strlen(from.path);
     if (!strncmp(to.path, from.path, fl) && to.path[fl] == '/') return -EINVAL; /* into itself */
+    int to_proj = to.exists ? to.loc.proj : to.parent.proj;
+    if (where != 0 || to_proj) { /* a project on either side: both must be the same project */
+        if (from.loc.proj != to_proj || from.loc.proj_root != (to.exists ? to.loc.proj_root : to.parent.proj_root))
+            return -EXDEV;
+        if (to_proj == PROJ_READONLY || (to.exists && to.loc.mnode)) return -EROFS;
+        if (where == ON_HOST) return rename_on_host(&from, &to, flags);
+        if (from.loc.is_dir && from.loc.kind == LOC_HOST) return -EXDEV; /* host directories stay put */
+        if ((rc = zb_proj_copy_up(sb, &from, 0)) < 0) return rc;
+        if (to.exists) {
+            if (flags & RENAME_NOREPLACE) return -EEXIST;
+            if (!strcmp(to.path, from.path)) return 0;
+            if (from.loc.is_dir != to.loc.is_dir) return from.loc.is_dir ? -ENOTDIR : -EISDIR;
+            if ((rc = zb_proj_remove(sb, &to, to.loc.is_dir)) < 0) return rc;
+        }
+        if ((rc = zb_proj_copy_up(sb, &to, 1)) < 0) return rc;
+        if ((rc = zb_ovl_link(sb->fs, to.parent.ino, to.name, from.loc.ino)) < 0) return rc;
+        return zb_proj_remove(sb, &from, 0); /* drops the old name, leaving a whiteout if the host has one */
+    }
+    if (to.parent.kind != LOC_OVERLAY || (to.exists && (to.loc.mnode || to.loc.kind != LOC_OVERLAY))) return -EROFS;
     if (to.exists) {
         if (flags & RENAME_NOREPLACE) return -EEXIST;
         if (to.loc.ino == from.loc.ino) return 0;
@@ -274,6 +343,7 @@ static long do_rename(zb_sandbox *sb, int64_t olddir, uint64_t uold, int64_t new
     if ((rc = zb_ovl_link(sb->fs, to.parent.ino, to.name, from.loc.ino)) < 0) return rc;
     return zb_ovl_unlink(sb->fs, from.parent.ino, from.name);
 }
+
 static long sys_rename(zb_sandbox *sb, const uint64_t a[6]) { return do_rename(sb, AT_FDCWD, a[0], AT_FDCWD, a[1], 0); }
 static long sys_renameat(zb_sandbox *sb, const uint64_t a[6]) { return do_rename(sb, (int)a[0], a[1], (int)a[2], a[3], 0); }
 static long sys_renameat2(zb_sandbox *sb, const uint64_t a[6]) { return do_rename(sb, (int)a[0], a[1], (int)a[2], a[3], a[4]); }
@@ -323,6 +393,8 @@ static long overlay_file_for(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int 
     }
     if ((rc = zb_path_arg(sb, dirfd, upath, flags, flags & AT_EMPTY_PATH, &r)) < 0) return rc;
     if (!r.exists) return -ENOENT;
+    if (r.loc.proj == PROJ_OVERLAY && !r.loc.mnode && (rc = zb_proj_copy_up(sb, &r, 0)) < 0) return rc;
+    if (r.loc.proj == PROJ_READWRITE) return -EOPNOTSUPP; /* metadata of host files stays the host's */
     if (r.loc.kind != LOC_OVERLAY) return -EROFS;
     if (zb_ovl_inode(sb->fs, r.loc.ino)->readonly) return -EPERM;
     *ino = r.loc.ino;
@@ -330,6 +402,15 @@ static long overlay_file_for(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int 
 }
 
 static long sys_truncate(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_resolved r;
+    if ((int64_t)a[1] < 0) return -EINVAL;
+    if (zb_path_arg(sb, AT_FDCWD, a[0], 0, 0, &r) == 0 && r.exists && r.loc.proj == PROJ_READWRITE) {
+        int fd = zb_proj_host_open(&r, O_WRONLY, 0);
+        if (fd < 0) return fd;
+        long rc = ftruncate(fd, (off_t)a[1]) < 0 ? -errno : 0;
+        close(fd);
+        return rc;
+    }
     uint32_t ino;
     long rc = overlay_file_for(sb, AT_FDCWD, a[0], 0, &ino);
     return rc < 0 ? rc : zb_ovl_truncate(sb->fs, ino, a[1]);

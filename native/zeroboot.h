@@ -108,6 +108,22 @@ int zb_sandbox_put_file(zb_sandbox *sb, const char *guest_path, const void *data
 void zb_sandbox_set_overlay_limit(zb_sandbox *sb, uint64_t bytes);
 /* Cap on guest-allocated memory (mmap/brk fail with ENOMEM beyond). 0 = the whole guest memory. */
 void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes);
+/* A host directory (the notebook's folder) visible at its own path: READONLY (writes fail with
+ * EROFS), OVERLAY (writes go to a private in-memory layer on top; the host is never changed) or
+ * READWRITE (writes go to the host, confined to that tree). Works on forks too. */
+#define ZB_PROJECT_READONLY 1
+#define ZB_PROJECT_OVERLAY 2
+#define ZB_PROJECT_READWRITE 3
+int zb_sandbox_mount_project(zb_sandbox *sb, const char *host_dir, int mode, char *err);
+int zb_sandbox_set_project_mode(zb_sandbox *sb, const char *host_dir, int mode, char *err);
+/* What the overlay of a project holds: lines "A\tpath" (created), "M\tpath" (changed),
+ * "D\tpath" (deleted), relative to host_dir. Returns the bytes needed (call again with more room
+ * if larger than len), or -1 with err. */
+long zb_sandbox_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err);
+/* Copy a file or directory as the guest sees it to host_dest (inside the project tree). */
+int zb_sandbox_export(zb_sandbox *sb, const char *guest_path, const char *host_dest, char *err);
+/* Set the guest's working directory (an existing directory in its namespace). */
+int zb_sandbox_chdir(zb_sandbox *sb, const char *guest_path, char *err);
 /* Load an ELF executable (static, or dynamic through its PT_INTERP) and set up its stack.
  * exe_path is a guest path inside the view; argv/envp are NULL-terminated. */
 int zb_sandbox_exec(zb_sandbox *sb, const char *exe_path, const char *cwd,

@@ -205,6 +205,49 @@ class Guest:
         if lib.zb_sandbox_view_add(self.handle, host_path.encode(), err) < 0:
             raise SandboxError(_text(err))
 
+    PROJECT_MODES = {"readonly": lib.ZB_PROJECT_READONLY, "overlay": lib.ZB_PROJECT_OVERLAY,
+                     "readwrite": lib.ZB_PROJECT_READWRITE}
+
+    def mount_project(self, host_dir: str, mode: str = "overlay") -> None:
+        """Show host_dir at its own path: readonly, overlay (private writes) or readwrite."""
+        err = _err()
+        if lib.zb_sandbox_mount_project(self.handle, host_dir.encode(), self._mode(mode), err) < 0:
+            raise SandboxError(_text(err))
+
+    def set_project_mode(self, host_dir: str, mode: str) -> None:
+        err = _err()
+        if lib.zb_sandbox_set_project_mode(self.handle, host_dir.encode(), self._mode(mode), err) < 0:
+            raise SandboxError(_text(err))
+
+    def _mode(self, mode: str) -> int:
+        if mode not in self.PROJECT_MODES:
+            raise SandboxError(f"unknown files mode {mode!r}: use one of {', '.join(self.PROJECT_MODES)}")
+        return int(self.PROJECT_MODES[mode])
+
+    def project_diff(self, host_dir: str) -> list[tuple[str, str]]:
+        """What the overlay changed under host_dir: [("A"|"M"|"D", relative path), ...]."""
+        err = _err()
+        size = 65536
+        while True:
+            buf = ffi.new("char[]", size)
+            n = lib.zb_sandbox_project_diff(self.handle, host_dir.encode(), buf, size, err)
+            if n < 0:
+                raise SandboxError(_text(err))
+            if n < size:
+                text = ffi.string(buf).decode(errors="replace")
+                return [tuple(line.split("\t", 1)) for line in text.splitlines() if "\t" in line]  # type: ignore[misc]
+            size = n + 1
+
+    def export(self, guest_path: str, host_dest: str) -> None:
+        err = _err()
+        if lib.zb_sandbox_export(self.handle, guest_path.encode(), host_dest.encode(), err) < 0:
+            raise SandboxError(_text(err))
+
+    def chdir(self, guest_path: str) -> None:
+        err = _err()
+        if lib.zb_sandbox_chdir(self.handle, guest_path.encode(), err) < 0:
+            raise SandboxError(_text(err))
+
     def set_trace_fd(self, fd: int | None) -> None:
         lib.zb_sandbox_set_trace_fd(self.handle, -1 if fd is None else fd)
 
