@@ -28,14 +28,17 @@ class EngineDied(ZerobootError):
 
 class EngineClient:
     def __init__(self, *, template: str = "default", mode: str = "chained", timeout: float | None = None,
-                 checkpoints: int = 20, on_log: Callable[[str], None] | None = None) -> None:
+                 checkpoints: int = 20, project: str | None = None, files: str = "overlay",
+                 on_log: Callable[[str], None] | None = None) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = parent_end
         self._send_lock = threading.Lock()
         self._next_id = 0
         cmd = [sys.executable, "-m", "zeroboot_kernel.engine_server", "--fd", str(child_end.fileno()),
                "--parent", str(os.getpid()), "--template", template, "--mode", mode,
-               "--timeout", str(timeout or 0), "--checkpoints", str(checkpoints)]
+               "--timeout", str(timeout or 0), "--checkpoints", str(checkpoints), "--files", files]
+        if project:
+            cmd += ["--project", project]
         self.proc = subprocess.Popen(cmd, pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL,
                                      start_new_session=True)  # never in the kernel's process group
         child_end.close()

@@ -88,6 +88,12 @@ class EngineServer:
         if op == "timeout":
             s.timeout = float(msg["seconds"]) or None
             return {"status": "ok", "text": f"cell timeout: {s.timeout or 'none'}"}
+        if op == "files":
+            return {"status": "ok", "text": s.set_files(str(msg["mode"]))}
+        if op == "diff":
+            return {"status": "ok", "changes": [list(c) for c in s.diff()]}
+        if op == "export":
+            return {"status": "ok", "text": s.export(str(msg["path"]), msg.get("dest"))}
         if op == "checkpoints":
             return {"status": "ok", "checkpoints": s.describe_checkpoints()}
         if op == "stats":
@@ -120,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default="chained")
     p.add_argument("--timeout", type=float, default=0)
     p.add_argument("--checkpoints", type=int, default=20)
+    p.add_argument("--project", default=None, help="host directory shown in the guest (the notebook's)")
+    p.add_argument("--files", default="overlay", choices=("overlay", "readonly", "readwrite"))
     args = p.parse_args(argv)
     die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel decides what an interrupt means
@@ -129,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine.default()
         config = TemplateConfig(args.template, default_preload())
         template = Template.ensure(config, engine, progress=lambda m: wire.send(sock, {"event": "log", "text": m}))
-        session = Session(template, mode=args.mode, keep=args.checkpoints, timeout=args.timeout or None)
+        session = Session(template, mode=args.mode, keep=args.checkpoints, timeout=args.timeout or None,
+                          project_dir=args.project, files=args.files)
     except ZerobootError as exc:
         wire.send(sock, {"event": "fatal", "text": str(exc)})
         return 1

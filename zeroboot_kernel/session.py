@@ -11,6 +11,7 @@ Completion and inspection run against the current state and are rolled back afte
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -34,17 +35,31 @@ class Checkpoint:
     taken: float
 
 
+FILES_MODES = ("overlay", "readonly", "readwrite")
+
+
 class Session:
     def __init__(self, template: Template, *, mode: str = "chained", keep: int = 20,
-                 timeout: float | None = None, interrupt_grace: float = 2.0) -> None:
+                 timeout: float | None = None, interrupt_grace: float = 2.0,
+                 project_dir: str | None = None, files: str = "overlay") -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        if files not in FILES_MODES:
+            raise ValueError(f"files mode must be one of {FILES_MODES}, not {files!r}")
         self.template = template
         self.mode = mode
         self.keep = keep
         self.timeout = timeout
         self.interrupt_grace = interrupt_grace
+        self.project_dir = os.path.realpath(project_dir) if project_dir else None
+        self.files = files
         self.sandbox = template.fork()
+        if self.project_dir:
+            # the notebook's folder at its own path, and the cell's working directory
+            self.sandbox.guest.mount_project(self.project_dir, files)
+            self.sandbox.guest.chdir(self.project_dir)
+        # what "a fresh sandbox" means for this session: the template plus the notebook's folder
+        self.clean = self.sandbox.snapshot()
         self.checkpoints: deque[Checkpoint] = deque()
         self.head: Snapshot | None = None   # chained state while isolated cells run
         self.timings: deque[dict[str, float]] = deque(maxlen=200)
@@ -78,8 +93,8 @@ class Session:
 
     def _before_cell(self, code: str, execution_count: int) -> Snapshot:
         if self.mode == "isolated":
-            self.sandbox.restore(self.template.snapshot, fresh=True)
-            return self.template.snapshot
+            self.sandbox.restore(self.clean, fresh=True)
+            return self.clean
         snap = self.sandbox.snapshot()
         self.checkpoints.append(Checkpoint(execution_count, code, snap, time.time()))
         while len(self.checkpoints) > self.keep:
@@ -89,7 +104,7 @@ class Session:
     def _rollback(self, exc: Exception, checkpoint: Snapshot, execution_count: int,
                   on_message: MessageCallback | None) -> dict[str, Any]:
         ename = type(exc).__name__
-        self.sandbox.restore(checkpoint, fresh=checkpoint is self.template.snapshot)
+        self.sandbox.restore(checkpoint, fresh=checkpoint is self.clean)
         self.rollbacks += 1
         if self.mode == "chained" and self.checkpoints and self.checkpoints[-1].snapshot is checkpoint:
             self.checkpoints.pop().snapshot.release()  # the cell is undone: nothing to rewind to
@@ -130,7 +145,7 @@ class Session:
                 self.head.release()
                 self.head = None
             else:
-                self.sandbox.restore(self.template.snapshot, fresh=True)
+                self.sandbox.restore(self.clean, fresh=True)
         self.mode = mode
         return f"{mode} mode: " + ("every cell runs in a fresh sandbox forked from the template"
                                    if mode == "isolated" else "each cell continues from the previous one")
@@ -143,11 +158,11 @@ class Session:
         if self.head is not None:
             self.head.release()
             self.head = None
-        self.sandbox.restore(self.template.snapshot, fresh=True)
+        self.sandbox.restore(self.clean, fresh=True)
 
     # ---- requests that must not change the state ----
     def _throwaway(self, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        snap = self.template.snapshot if self.mode == "isolated" else self.sandbox.snapshot()
+        snap = self.clean if self.mode == "isolated" else self.sandbox.snapshot()
         try:
             if self.mode == "isolated":
                 self.sandbox.restore(snap, fresh=True)
@@ -157,7 +172,7 @@ class Session:
             return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
         finally:
             self.sandbox.restore(snap, fresh=self.mode == "isolated")
-            if snap is not self.template.snapshot:
+            if snap is not self.clean:
                 snap.release()
 
     def complete(self, code: str, cursor_pos: int) -> dict[str, Any]:
@@ -165,6 +180,36 @@ class Session:
 
     def inspect(self, code: str, cursor_pos: int, detail_level: int = 0) -> dict[str, Any]:
         return self._throwaway(lambda: self.sandbox.inspect(code, cursor_pos, detail_level))
+
+    # ---- the notebook's files ----
+    def _need_project(self) -> str:
+        if not self.project_dir:
+            raise SandboxError("this session has no notebook directory mounted")
+        return self.project_dir
+
+    def set_files(self, files: str) -> str:
+        """%sandbox files MODE: how the notebook's folder is seen from now on."""
+        directory = self._need_project()
+        if files not in FILES_MODES:
+            raise SandboxError(f"unknown files mode {files!r}: use overlay, readonly or readwrite")
+        self.sandbox.guest.set_project_mode(directory, files)
+        self.files = files
+        return {"overlay": f"{directory}: reads from the host, writes stay private to the sandbox",
+                "readonly": f"{directory}: read-only (writes fail with EROFS)",
+                "readwrite": f"{directory}: writes go to the host (inside this folder only)"}[files]
+
+    def diff(self) -> list[tuple[str, str]]:
+        """What the sandbox created (A), changed (M) or deleted (D) in the notebook's folder."""
+        return self.sandbox.guest.project_diff(self._need_project())
+
+    def export(self, path: str, dest: str | None = None) -> str:
+        """Copy a file or folder as the sandbox sees it into the notebook's folder on the host."""
+        directory = self._need_project()
+        src = path if os.path.isabs(path) else os.path.join(directory, path)
+        target = dest or path
+        target = target if os.path.isabs(target) else os.path.join(directory, target)
+        self.sandbox.guest.export(src, target)
+        return f"exported {path} to {target}"
 
     # ---- reporting ----
     def describe_checkpoints(self) -> list[dict[str, Any]]:
@@ -182,6 +227,7 @@ class Session:
 
         return {
             "mode": self.mode,
+            "files": {"directory": self.project_dir, "mode": self.files},
             "template": {"name": self.template.name, "directory": str(self.template.directory),
                          "preload": self.template.manifest.get("preload", []),
                          "built": self.template.manifest.get("created")},
@@ -198,6 +244,7 @@ class Session:
         }
 
     def close(self) -> None:
+        self.clean.release()
         for cp in self.checkpoints:
             cp.snapshot.release()
         self.checkpoints.clear()
