@@ -8,6 +8,7 @@ import sys
 SUBCOMMANDS = {
     "startup": "startup",  # `run -c pass` / `import numpy` vs host python; numpy matmul speed
     "engine": "engine",    # forks, fork+exec, restores, chained forks, many live forks, template build
+    "files": "files",      # reading a 200 MB file of the notebook's folder, guest vs host
 }
 
 
