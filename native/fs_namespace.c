@@ -489,6 +489,7 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
     switch (l->kind) {
     case LOC_HOST:
         if (lstat(r->path, st) < 0) return -errno;
+        if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;
         return 0;
     case LOC_OVERLAY:
         zb_ovl_stat(sb->fs, l->ino, st);

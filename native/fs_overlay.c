@@ -260,7 +260,7 @@ void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st) {
     if (!in) return;
     st->st_dev = ZB_DEV_ID;
     st->st_ino = ino;
-    st->st_blksize = 4096; /* io.open sizes its buffers from this; 0 would mean "unknown" */
+    st->st_blksize = in->type == INO_FILE ? ZB_IO_BLKSIZE : 4096; /* io.open sizes its buffers from this */
     st->st_uid = in->readonly ? 0 : 1000;
     st->st_gid = in->readonly ? 0 : 1000;
     st->st_nlink = in->type == INO_DIR ? 2 : in->nlink ? in->nlink : 1;

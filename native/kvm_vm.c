@@ -105,13 +105,28 @@ fail:
     return NULL;
 }
 
+static uint64_t fnv(uint64_t h, uint64_t v) {
+    for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    return h;
+}
+
 uint64_t zb_engine_fingerprint(zb_engine *e) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a over the CPUID table and the XSAVE facts */
-    const uint8_t *p = (const uint8_t *)e->cpuid->entries;
-    size_t n = e->cpuid->nent * sizeof(struct kvm_cpuid_entry2);
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-    h = (h ^ e->xsave_size) * 1099511628211ull;
-    return (h ^ e->xcr0) * 1099511628211ull;
+    /* The CPU features that decide which code glibc, CPython and numpy pick (and so what a
+     * template's memory holds): vendor, leaf 1/7/0xD/0x80000001 feature bits, XSAVE layout.
+     * Per-CPU fields (APIC ids, cache topology) vary between calls and stay out. */
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned i = 0; i < e->cpuid->nent; i++) {
+        const struct kvm_cpuid_entry2 *c = &e->cpuid->entries[i];
+        switch (c->function) {
+        case 0: h = fnv(fnv(h, c->ebx), ((uint64_t)c->edx << 32) | c->ecx); break;
+        case 1: case 0x80000001: h = fnv(fnv(h, c->function), ((uint64_t)c->edx << 32) | c->ecx); break;
+        case 7: case 0xd:
+            h = fnv(fnv(h, ((uint64_t)c->function << 32) | c->index), ((uint64_t)c->ebx << 32) | c->eax);
+            h = fnv(h, ((uint64_t)c->edx << 32) | c->ecx);
+            break;
+        }
+    }
+    return fnv(fnv(h, e->xsave_size), e->xcr0);
 }
 
 void zb_engine_close(zb_engine *e) {

@@ -17,7 +17,10 @@ static long stat_to_guest(zb_sandbox *sb, const struct stat *st, uint64_t addr) 
 static long stat_file(zb_sandbox *sb, zb_file *f, struct stat *st) {
     memset(st, 0, sizeof *st);
     switch (f->kind) {
-    case FILE_HOST: return fstat(f->host->fd, st) < 0 ? -errno : 0;
+    case FILE_HOST:
+        if (fstat(f->host->fd, st) < 0) return -errno;
+        if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;
+        return 0;
     case FILE_OVERLAY: zb_ovl_stat(sb->fs, f->ino, st); return 0;
     case FILE_DEV: zb_dev_stat(f->dev, st); return 0;
     case FILE_CONSOLE: case FILE_PIPE:

@@ -119,7 +119,9 @@ def python_view() -> tuple[str, ...]:
 def _compute_python_view() -> tuple[str, ...]:
     prefixes = python_prefixes()
     sites = site_dirs()
-    view = set(prefixes) | set(sites) | {sys.executable, str(GUEST_DIR)}
+    # the interpreter by its real path: `python` and `python3` in a venv must give the same view
+    # (and so the same template key); the venv's own bin/ is inside its prefix anyway
+    view = set(prefixes) | set(sites) | {os.path.realpath(sys.executable), str(GUEST_DIR)}
     roots = [os.path.realpath(sys.executable)] + elf_deps.extension_modules(sites + stdlib_dirs())
     libs, _missing = elf_deps.library_closure(roots)
     view |= {lib for lib in libs if not elf_deps.under_any(lib, prefixes + sites)}
