@@ -22,6 +22,9 @@ import random
 import sys
 import traceback
 from typing import Any, NoReturn
+# User code may replace builtins (`builtins.len = ...`); the agent's own code must not follow,
+# so the builtins it uses are bound as this module's globals.
+from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
 # Running as a script puts this directory first on sys.path, which is where the helpers live.
 import agent_io as aio

@@ -17,6 +17,9 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+# User code may replace builtins (`builtins.len = ...`); the agent's own code must not follow,
+# so the builtins it uses are bound as this module's globals.
+from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
 MAGIC = 0x5A42464D          # bytes "MFBZ" little endian
 VERSION = 1

@@ -8,6 +8,9 @@ import os
 import sys
 from types import TracebackType
 from typing import Any
+# User code may replace builtins (`builtins.len = ...`); the agent's own code must not follow,
+# so the builtins it uses are bound as this module's globals.
+from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
 from IPython.core import page
 from IPython.core.autocall import ZMQExitAutocall

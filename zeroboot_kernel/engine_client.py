@@ -42,7 +42,11 @@ class EngineClient:
         self.proc = subprocess.Popen(cmd, pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL,
                                      start_new_session=True)  # never in the kernel's process group
         child_end.close()
-        self.info = self._wait_ready(on_log or (lambda text: log.info("%s", text)))
+        try:
+            self.info = self._wait_ready(on_log or (lambda text: log.info("%s", text)))
+        except BaseException:
+            self.close(timeout=0.2)  # a failed start must not leave the engine process behind
+            raise
 
     def _wait_ready(self, on_log: Callable[[str], None]) -> dict[str, Any]:
         while True:
@@ -52,7 +56,6 @@ class EngineClient:
             elif msg.get("event") == "ready":
                 return msg
             elif msg.get("event") == "fatal":
-                self.close()
                 raise ZerobootError(str(msg.get("text")))
 
     def _recv(self) -> dict[str, Any]:
