@@ -13,13 +13,16 @@ log = logging.getLogger("zeroboot_kernel")
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .guest_view import python_spec
-    from .runner import interrupt_exit_code, run_to_completion
+    from .runner import interrupt_exit_code, run_from_template, run_to_completion
 
     extra_view: list[str] = []
+    request: dict[str, object] = {}
     if args.c is not None:
         py_args = ["-c", args.c, *args.args]
+        request = {"argv": ["-c", *args.args], "code": args.c}
     elif args.m is not None:
         py_args = ["-m", args.m, *args.args]
+        request = {"argv": [args.m, *args.args], "module": args.m}
     elif args.args:
         script = os.path.abspath(args.args[0])
         if not os.path.isfile(script):
@@ -27,14 +30,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
             return 2
         extra_view.append(script)
         py_args = [script, *args.args[1:]]
+        request = {"argv": [script, *args.args[1:]], "path": script}
     else:
         print("zeroboot-kernel run: give -c CODE, -m MODULE or FILE.py", file=sys.stderr)
         return 2
     env = dict(kv.split("=", 1) for kv in args.env)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    spec = python_spec(py_args, env=env, extra_view=extra_view, mem_bytes=args.memory << 20)
     try:
-        return run_to_completion(spec, timeout=args.timeout, trace=args.trace_syscalls)
+        if args.no_template or args.memory != 1024:
+            spec = python_spec(py_args, env=env, extra_view=extra_view, mem_bytes=args.memory << 20)
+            return run_to_completion(spec, timeout=args.timeout, trace=args.trace_syscalls)
+        from .template import Template
+
+        template = Template.ensure(progress=lambda msg: print(f"zeroboot: {msg}", file=sys.stderr, flush=True))
+        return run_from_template(template, {**request, "env": env}, extra_view=extra_view,
+                                 timeout=args.timeout, trace=args.trace_syscalls)
     except KeyboardInterrupt:
         return interrupt_exit_code()
 
@@ -61,6 +71,41 @@ def _cmd_template(args: argparse.Namespace) -> int:
     return 0 if removed else 1
 
 
+def _cmd_install(args: argparse.Namespace) -> int:
+    from .install import Destination, build_default_template, install_kernelspecs
+
+    dest = Destination.choose(user=args.user, sys_prefix=args.sys_prefix, prefix=args.prefix)
+    for path in install_kernelspecs(dest):
+        print(f"installed kernelspec {os.path.basename(path)} in {path}")
+    if args.no_template:
+        print("skipped the template: the first kernel start builds it (a few seconds)")
+        return 0
+    directory = build_default_template(args.template, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(f"template {args.template!r} ready at {directory}")
+    return 0
+
+
+def _cmd_uninstall(args: argparse.Namespace) -> int:
+    from .install import Destination, uninstall_kernelspecs
+
+    located = args.user or args.sys_prefix or args.prefix is not None
+    dest = Destination.choose(user=args.user, sys_prefix=args.sys_prefix, prefix=args.prefix) if located else None
+    removed = uninstall_kernelspecs(dest)
+    for path in removed:
+        print(f"removed kernelspec {path}")
+    if not removed:
+        print("no zeroboot kernelspecs found")
+    print("templates stay in the cache: `zeroboot-kernel template list` / `template rm NAME` manage them")
+    return 0
+
+
+def _add_location_options(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="your Jupyter data directory")
+    where.add_argument("--sys-prefix", action="store_true", help="this Python environment (sys.prefix)")
+    where.add_argument("--prefix", metavar="P", default=None, help="P/share/jupyter/kernels")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zeroboot-kernel", description="Python in KVM sandboxes, as a Jupyter kernel.")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
@@ -72,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=None, help="stop the guest after this many seconds")
     run.add_argument("--memory", type=int, default=1024, metavar="MIB", help="guest memory (default 1024 MiB)")
     run.add_argument("--env", action="append", default=[], metavar="K=V", help="extra guest environment variable")
+    run.add_argument("--no-template", action="store_true",
+                     help="boot a fresh interpreter instead of forking the template (slower; what `run` did "
+                          "before templates)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="FILE.py and/or arguments for the program")
     run.set_defaults(func=_cmd_run)
 
@@ -86,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     rm = tsub.add_parser("rm", help="delete a template")
     rm.add_argument("name")
     tpl.set_defaults(func=_cmd_template)
+
+    inst = sub.add_parser("install", help="install the zeroboot and zeroboot-isolated kernelspecs and build the "
+                                          "default template (system-wide unless told otherwise)")
+    _add_location_options(inst)
+    inst.add_argument("--template", default="default", help="template to build (default: default)")
+    inst.add_argument("--no-template", action="store_true", help="do not build the template now")
+    inst.set_defaults(func=_cmd_install)
+    uninst = sub.add_parser("uninstall", help="remove the zeroboot kernelspecs (from everywhere Jupyter finds them "
+                                              "unless a location is given)")
+    _add_location_options(uninst)
+    uninst.set_defaults(func=_cmd_uninstall)
     return p
 
 

@@ -1,0 +1,201 @@
+"""`python -m zeroboot_kernel.bench.kernel`: execute round trips of the zeroboot kernel next to
+stock ipykernel (`python3`), in one run.
+
+A round trip is what a frontend waits for: from sending execute_request until it has both the
+execute_reply (shell) and the idle status (IOPub) of that request. Cases:
+  1+1      the smallest cell with a result
+  print    one line of stdout
+  matmul   a 512x512 float64 numpy matmul (BLAS single-threaded in both kernels, as in the guest)
+  plot     a small matplotlib line plot through the inline backend (a PNG display_data)
+The kernels alternate case by case, so drift hits both alike. The zeroboot kernel runs in chained
+mode, where every cell also pays for its checkpoint. Results: p50/p99 per case and kernel, the
+ratio zeroboot/python3, as a table and as JSON (with a markdown summary next to it).
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Empty
+from typing import Any
+
+from . import common
+
+STOCK = "python3"
+OURS = "zeroboot"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    code: str
+    setup: str = ""
+
+
+CASES = (
+    Case("1+1", "1+1"),
+    Case("print", "print('hello, world')"),
+    Case("matmul", "b = a @ a", "import numpy as np\na = np.random.default_rng(0).random((512, 512))"),
+    Case("plot", "plt.plot([1, 3, 2]); plt.show()", "%matplotlib inline\nimport matplotlib.pyplot as plt"),
+)
+
+
+def _thread_env() -> dict[str, str]:
+    from ..guest_view import THREAD_ENV
+
+    return dict(THREAD_ENV)
+
+
+def _ensure_our_kernelspec() -> str | None:
+    """Install the zeroboot kernelspecs into a temporary prefix if Jupyter does not know them;
+    returns that directory (added to JUPYTER_PATH) or None."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(OURS)
+        return None
+    except NoSuchKernel:
+        pass
+    from ..install import Destination, install_kernelspecs
+
+    prefix = tempfile.mkdtemp(prefix="zeroboot-bench-kernelspec-")
+    atexit.register(shutil.rmtree, prefix, True)
+    install_kernelspecs(Destination(prefix=prefix))
+    data = os.path.join(prefix, "share", "jupyter")
+    os.environ["JUPYTER_PATH"] = os.pathsep.join([data, *filter(None, [os.environ.get("JUPYTER_PATH")])])
+    return prefix
+
+
+class BenchKernel:
+    """One kernel and a blocking client that measures round trips."""
+
+    def __init__(self, name: str, timeout: float) -> None:
+        from jupyter_client.manager import KernelManager
+
+        self.name = name
+        self.timeout = timeout
+        self.km = KernelManager(kernel_name=name)
+        t0 = time.perf_counter()
+        # Single-threaded BLAS for the stock kernel too: the guest has one vCPU and no threads.
+        self.km.start_kernel(env={**os.environ, **_thread_env()})
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=timeout)
+        self.round_trip("1")  # the zeroboot engine starts in the background: be sure it is up
+        self.startup = time.perf_counter() - t0
+
+    def round_trip(self, code: str) -> float:
+        """Seconds until both the reply and the idle status are in (blocking waits, no spinning:
+        each returns as soon as its message is there, so the time is that of the later one)."""
+        t0 = time.perf_counter()
+        msg_id = self.kc.execute(code, store_history=False)
+        deadline = time.monotonic() + self.timeout
+        status = self._wait(self.kc.get_shell_msg, msg_id, deadline, lambda m: True)["content"]["status"]
+        self._wait(self.kc.get_iopub_msg, msg_id, deadline,
+                   lambda m: m["msg_type"] == "status" and m["content"]["execution_state"] == "idle")
+        elapsed = time.perf_counter() - t0
+        if status != "ok":
+            raise RuntimeError(f"{self.name}: {code!r} failed ({status})")
+        return elapsed
+
+    def _wait(self, get: Any, msg_id: str, deadline: float, wanted: Any) -> dict[str, Any]:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{self.name}: no reply/idle within {self.timeout} s")
+            try:
+                msg = get(timeout=remaining)
+            except Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id and wanted(msg):
+                return msg
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
+
+
+def _pct(samples: list[float], p: float) -> float:
+    xs = sorted(samples)
+    k = min(len(xs) - 1, max(0, int(round(p / 100 * len(xs) + 0.5)) - 1))
+    return xs[k]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure every case on both kernels; returns the results (times in milliseconds)."""
+    _ensure_our_kernelspec()
+    names = [args.kernel, args.stock]
+    kernels = {name: BenchKernel(name, args.timeout) for name in names}
+    try:
+        samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+        for case in CASES:
+            for k in kernels.values():
+                if case.setup:
+                    k.round_trip(case.setup)
+                for _ in range(args.warmup):
+                    k.round_trip(case.code)
+            for _ in range(args.iterations):
+                for name, k in kernels.items():  # interleaved
+                    samples[name].setdefault(case.name, []).append(k.round_trip(case.code) * 1e3)
+        startup = {name: round(k.startup * 1e3, 1) for name, k in kernels.items()}
+    finally:
+        for k in kernels.values():
+            k.close()
+    results: dict[str, Any] = {"iterations": args.iterations, "warmup": args.warmup, "kernels": names,
+                               "startup_ms": startup, "cases": {}}
+    for case in CASES:
+        row: dict[str, Any] = {"code": case.code}
+        for name in names:
+            xs = samples[name][case.name]
+            row[name] = {"p50_ms": round(_pct(xs, 50), 3), "p99_ms": round(_pct(xs, 99), 3),
+                         "min_ms": round(min(xs), 3), "n": len(xs)}
+        ours, stock = row[args.kernel], row[args.stock]
+        row["ratio_p50"] = round(ours["p50_ms"] / stock["p50_ms"], 2)
+        row["ratio_p99"] = round(ours["p99_ms"] / stock["p99_ms"], 2)
+        results["cases"][case.name] = row
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    ours, stock = results["kernels"]
+    rows = [[name, r[ours]["p50_ms"], r[ours]["p99_ms"], r[stock]["p50_ms"], r[stock]["p99_ms"],
+             f"{r['ratio_p50']}x", f"{r['ratio_p99']}x"] for name, r in results["cases"].items()]
+    rows.append(["kernel start (to first reply)", results["startup_ms"][ours], "", results["startup_ms"][stock], "",
+                 f"{results['startup_ms'][ours] / results['startup_ms'][stock]:.2f}x", ""])
+    table = common.markdown_table(["case", f"{ours} p50 ms", f"{ours} p99 ms", f"{stock} p50 ms",
+                                   f"{stock} p99 ms", "ratio p50", "ratio p99"], rows)
+    return (f"# Kernel execute round trip ({results['iterations']} runs per case, request -> reply + idle)\n\n"
+            f"{table}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench.kernel", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-n", "--iterations", type=int, default=100, help="measured runs per case and kernel")
+    p.add_argument("--warmup", type=int, default=5, help="unmeasured runs per case first")
+    p.add_argument("--kernel", default=OURS, help=f"the zeroboot kernelspec (default {OURS})")
+    p.add_argument("--stock", default=STOCK, help=f"the kernelspec to compare with (default {STOCK})")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one kernel start or cell")
+    p.add_argument("--json", type=Path, default=common.results_dir() / "kernel.json",
+                   help="where the results go (a .md summary is written next to it)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    results = run(args)
+    text = markdown(results)
+    common.write_results(args.json, "kernel", results, text)
+    print(text)
+    print(f"results: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,588 @@
+"""The Jupyter kernel: ipykernel's Kernel, with every cell run in a KVM sandbox by the engine.
+
+    python -m zeroboot_kernel.kernel -f {connection_file}
+
+ipykernel does the wire protocol (ZMQ channels, busy/idle, execute_input, stop_on_error, abort
+replies); this class maps requests to the engine process (engine_server.py, reached through
+EngineClient) and the engine's events to IOPub messages. The engine runs the guest; the kernel
+process never runs user code, so it stays responsive whatever a cell does.
+
+Threads: the main thread runs the shell channel's asyncio loop; a blocking engine request runs in
+a worker thread (asyncio.to_thread) which publishes the engine's events live on IOPub (the IOPub
+socket is thread-safe), answers input requests on the stdin channel, and returns the reply. The
+control thread handles interrupt and shutdown meanwhile. The engine process is spawned by a
+dedicated long-lived thread (EngineOwner), see there for why.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import platform
+import select
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import zmq
+from ipykernel._version import kernel_protocol_version
+from ipykernel.jsonutil import json_clean
+from ipykernel.kernelbase import Kernel
+from traitlets import List
+
+from . import __version__
+from . import magics as mg
+from .engine_client import EngineClient, EngineDied
+from .kernel_config import KernelSettings
+from .kernel_history import CellHistory
+
+# Engine events forwarded to IOPub as they are (their "content" is the message content).
+OUTPUT_EVENTS = ("display_data", "update_display_data", "execute_result", "error", "clear_output")
+# Give the last reply and idle status time to leave before the kernel stops itself.
+STOP_DELAY = 0.5
+# An engine that dies while starting, without a reason, gets one more try.
+START_ATTEMPTS = 2
+EXIT_ENGINE_FAILED = 1
+
+
+def _local_language_info() -> dict[str, Any]:
+    """language_info of this interpreter: the guest runs this very interpreter (the template key
+    includes sys.executable), so this is exact until the engine reports the guest's own."""
+    return {
+        "name": "python",
+        "version": platform.python_version(),
+        "mimetype": "text/x-python",
+        "codemirror_mode": {"name": "ipython", "version": sys.version_info[0]},
+        "pygments_lexer": f"ipython{sys.version_info[0]}",
+        "nbconvert_exporter": "python",
+        "file_extension": ".py",
+    }
+
+
+class _InputAbandoned(Exception):
+    """The engine stopped waiting for the frontend's answer (interrupt) or the kernel is stopping."""
+
+
+class _MagicFailed(Exception):
+    def __init__(self, ename: str, evalue: str) -> None:
+        super().__init__(evalue)
+        self.ename = ename
+        self.evalue = evalue
+
+
+class EngineOwner(threading.Thread):
+    """Starts the engine process and lives as long as it does.
+
+    The engine arms PR_SET_PDEATHSIG so that it dies with the kernel; Linux sends that signal when
+    the *thread* that spawned the process exits, not the process. Spawning from an executor thread
+    would kill the engine whenever the pool retires that thread, and spawning from the main thread
+    would block the kernel while a template is built. So one thread spawns it, then stays to
+    watch it (pidfd) and report an unexpected exit.
+    """
+
+    def __init__(self, settings: KernelSettings, log: logging.Logger, on_exit: Any) -> None:
+        super().__init__(name="zeroboot-engine-owner", daemon=True)
+        self.settings = settings
+        self.log = log
+        self.on_exit = on_exit
+        self.future: concurrent.futures.Future[EngineClient] = concurrent.futures.Future()
+        self.closing = threading.Event()
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            client = self._start()
+        except BaseException as exc:  # noqa: BLE001 - reported to the first request
+            self.log.error("zeroboot: the sandbox engine did not start: %s", exc)
+            self.future.set_exception(exc)
+            return
+        self.log.info("zeroboot: sandbox engine ready in %.2f s (pid %d, template %s)",
+                      time.monotonic() - t0, client.proc.pid, client.info.get("template"))
+        self.future.set_result(client)
+        self._watch(client)
+
+    def _start(self) -> EngineClient:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                # The engine logs only while it has to build the template (first start, or after
+                # an upgrade): seconds of waiting worth seeing at the kernel's default log level.
+                # Jupyter starts a kernel in the notebook's folder: the guest sees it at the same
+                # path and starts there, so relative paths in the notebook work unchanged.
+                return EngineClient(template=self.settings.template, mode=self.settings.mode,
+                                    timeout=self.settings.cell_timeout, checkpoints=self.settings.checkpoints,
+                                    project=os.getcwd(), files=self.settings.files,
+                                    on_log=lambda text: self.log.warning("zeroboot: %s", text))
+            except EngineDied as exc:
+                # The process vanished without saying why (a ZerobootError, e.g. no /dev/kvm or a
+                # broken template, arrives as a "fatal" message instead and is not retried).
+                if attempt == START_ATTEMPTS:
+                    raise
+                self.log.warning("zeroboot: the sandbox engine died while starting (%s); starting it again", exc)
+        raise AssertionError("unreachable")
+
+    def _watch(self, client: EngineClient) -> None:
+        try:
+            fd = os.pidfd_open(client.proc.pid)
+        except (OSError, AttributeError):
+            self.closing.wait()  # no pidfd: stay alive (see above); death shows at the next request
+            return
+        try:
+            select.select([fd], [], [])
+        finally:
+            os.close(fd)
+        if not self.closing.is_set():
+            code = client.proc.poll()
+            if code is None:
+                status = "unknown status"
+            else:
+                status = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            self.on_exit(f"the sandbox engine process (pid {client.proc.pid}) exited ({status})")
+
+
+class ZerobootKernel(Kernel):
+    implementation = "zeroboot"
+    implementation_version = __version__
+    language = "python"
+
+    help_links = List([
+        {"text": "Python Reference", "url": "https://docs.python.org/3/"},
+        {"text": "IPython Reference", "url": "https://ipython.readthedocs.io/en/stable/"},
+        {"text": "NumPy Reference", "url": "https://numpy.org/doc/stable/reference/"},
+        {"text": "pandas Reference", "url": "https://pandas.pydata.org/pandas-docs/stable/"},
+        {"text": "Matplotlib Reference", "url": "https://matplotlib.org/stable/contents.html"},
+    ]).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = KernelSettings.from_env()
+        self.mode = self.settings.mode
+        self.cell_timeout = self.settings.cell_timeout
+        self.history = CellHistory()
+        # One engine request at a time: EngineClient is not concurrent, and the control channel
+        # accepts shell requests too. Interrupts bypass it (EngineClient.interrupt is thread-safe).
+        self._engine_lock = threading.Lock()
+        self._executing = threading.Event()   # a cell is running in the guest
+        self._stopping = False                # shutdown or self-stop under way
+        self._stop_scheduled = False
+        self.fatal: str | None = None         # why the kernel stopped itself
+        self._round_trips: deque[float] = deque(maxlen=200)
+        self._owner = EngineOwner(self.settings, self.log, self._on_engine_exit)
+        self._owner.start()
+
+    # ---- kernel_info ----------------------------------------------------------------------
+
+    @property
+    def language_info(self) -> dict[str, Any]:  # type: ignore[override]
+        info = _local_language_info()
+        client = self._client_if_ready()
+        if client is not None:
+            info.update(client.info.get("language_info") or {})
+        return info
+
+    @property
+    def banner(self) -> str:
+        return (f"Python {self.language_info['version']} in a zeroboot KVM sandbox: every cell runs in a "
+                f"copy-on-write fork ({self.mode} mode, template {self.settings.template!r}).\n"
+                f"%rewind undoes cells; %sandbox help lists the kernel's magics.")
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        # Not super().kernel_info: it advertises "debugger" when debugpy is importable and
+        # "kernel subshells" whenever ipykernel runs a shell-channel thread. Neither works here:
+        # nothing can attach a debugger to the guest, and one sandbox runs one cell at a time.
+        return {
+            "protocol_version": kernel_protocol_version,
+            "implementation": self.implementation,
+            "implementation_version": self.implementation_version,
+            "language_info": self.language_info,
+            "banner": self.banner,
+            "help_links": list(self.help_links),
+            "supported_features": [],
+        }
+
+    # ---- the engine -----------------------------------------------------------------------
+
+    async def _client(self) -> EngineClient:
+        """The engine client, once the engine is ready (raises what made its start fail)."""
+        return await asyncio.wrap_future(self._owner.future)
+
+    def _client_if_ready(self) -> EngineClient | None:
+        f = self._owner.future
+        if f.done() and f.exception() is None:
+            return f.result()
+        return None
+
+    def _on_engine_exit(self, reason: str) -> None:
+        """From the owner thread: the engine went away while the kernel was not shutting down."""
+        if self._stopping:
+            return
+        with self._engine_lock:  # a request in flight reports it first (its reply goes out)
+            pass
+        self._schedule_stop(reason)
+
+    def _schedule_stop(self, reason: str) -> None:
+        """The sandbox is gone for good: stop the kernel so that clients see a dead kernel, not a
+        hung one. Thread-safe; the delay lets the current reply and idle status go out first."""
+        if self.fatal is None:
+            self.fatal = reason
+            self.log.error("zeroboot: %s; stopping the kernel", reason)
+        if self._stop_scheduled or self._stopping:
+            return
+        loop = getattr(self, "io_loop", None)
+        if loop is None:  # the kernel has not started its loop yet: the next request stops it
+            return
+        self._stop_scheduled = True
+        loop.add_callback(lambda: loop.call_later(STOP_DELAY, self._stop_loops))
+
+    def _stop_loops(self) -> None:
+        # As Kernel.shutdown_request does, minus the reply.
+        self._stopping = True
+        if self.control_stream:
+            control_loop = self.control_stream.io_loop
+            control_loop.add_callback(control_loop.stop)
+        self.io_loop.add_callback(self.io_loop.stop)
+        if self.shell_stream and self.shell_stream.io_loop != self.io_loop:
+            shell_loop = self.shell_stream.io_loop
+            shell_loop.add_callback(shell_loop.stop)
+
+    def close_engine(self, timeout: float = 0.5) -> None:
+        self._stopping = True
+        self._owner.closing.set()
+        client = self._client_if_ready()
+        if client is not None:
+            client.close(timeout)
+
+    # ---- IOPub ----------------------------------------------------------------------------
+
+    def _publish(self, parent: dict[str, Any], msg_type: str, content: dict[str, Any]) -> None:
+        if self.session is not None:
+            self.session.send(self.iopub_socket, msg_type, content, parent=parent, ident=self._topic(msg_type))
+
+    def _error_reply(self, parent: dict[str, Any], count: int, ename: str, evalue: str,
+                     silent: bool = False) -> dict[str, Any]:
+        """An error the kernel itself reports: shown like a Python exception, and the reply."""
+        traceback = [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]
+        if not silent:
+            self._publish(parent, "error", {"ename": ename, "evalue": evalue, "traceback": traceback})
+        return {"status": "error", "execution_count": count, "ename": ename, "evalue": evalue,
+                "traceback": traceback, "user_expressions": {}, "payload": []}
+
+    # ---- execute --------------------------------------------------------------------------
+
+    async def do_execute(self, code: str, silent: bool, store_history: bool = True,  # type: ignore[override]
+                         user_expressions: dict[str, str] | None = None, allow_stdin: bool = False,
+                         *, cell_meta: dict[str, Any] | None = None, cell_id: str | None = None) -> dict[str, Any]:
+        count = self.execution_count  # ipykernel has already counted this request
+        parent = self.get_parent("shell")
+        ident = self._get_shell_context_var(self._shell_parent_ident)
+        entry = self.history.record(count, code) if store_history and not silent else None
+        try:
+            plan = mg.split_cell(code)
+            client = await self._client()
+            for magic in plan.magics:
+                text = await asyncio.to_thread(self._run_magic, client, magic)
+                if text and not silent:
+                    self._publish(parent, "stream", {"name": "stdout", "text": text})
+            if not plan.touches_guest and not user_expressions:
+                return {"status": "ok", "execution_count": count, "user_expressions": {}, "payload": []}
+            if not plan.touches_guest:
+                # user_expressions are evaluated by the guest after the (here empty) cell
+                store_history = False
+            t0 = time.perf_counter()
+            reply = await asyncio.to_thread(self._run_cell, client, plan.code, count, silent, store_history,
+                                            user_expressions or {}, allow_stdin, parent, ident, entry)
+            self._round_trips.append((time.perf_counter() - t0) * 1e3)
+            return reply
+        except mg.MagicUsageError as exc:
+            return self._error_reply(parent, count, "UsageError", str(exc), silent)
+        except _MagicFailed as exc:
+            return self._error_reply(parent, count, exc.ename, exc.evalue, silent)
+        except EngineDied as exc:
+            if self._stopping:
+                return self._error_reply(parent, count, "EngineDied", f"{exc} (the kernel is shutting down)", True)
+            self._schedule_stop(str(exc))
+            return self._error_reply(parent, count, "EngineDied",
+                                     f"{exc}. The sandbox is gone, so the kernel stops now; restart the kernel "
+                                     f"to continue (the kernel log has the engine's last messages).", silent)
+        except Exception as exc:  # noqa: BLE001 - an execute_reply must always go out
+            if self._owner.future.done() and self._owner.future.exception() is exc:
+                self._schedule_stop(f"the sandbox engine did not start: {exc}")
+                return self._error_reply(parent, count, type(exc).__name__,
+                                         f"the sandbox engine did not start: {exc}. The kernel stops now; "
+                                         f"fix the problem and restart the kernel.", silent)
+            self.log.exception("zeroboot: internal error while executing a cell")
+            return self._error_reply(parent, count, type(exc).__name__,
+                                     f"internal error in the zeroboot kernel: {exc} (the kernel log has the "
+                                     f"details; please report it)", silent)
+
+    def _run_cell(self, client: EngineClient, code: str, count: int, silent: bool, store_history: bool,
+                  user_expressions: dict[str, str], allow_stdin: bool, parent: dict[str, Any], ident: Any,
+                  entry: Any) -> dict[str, Any]:
+        """Worker thread: run one cell in the guest, forwarding its events live."""
+        reply_event: dict[str, Any] | None = None
+        with self._engine_lock:
+            self._executing.set()
+            try:
+                for ev in client.request("execute", code=code, execution_count=count, silent=silent,
+                                         store_history=store_history, user_expressions=user_expressions,
+                                         allow_stdin=allow_stdin):
+                    kind = ev.get("event")
+                    if kind == "stream":
+                        self._publish(parent, "stream", {"name": ev.get("name", "stdout"), "text": ev.get("text", "")})
+                    elif kind in OUTPUT_EVENTS:
+                        content = dict(ev.get("content") or {})
+                        if kind == "execute_result":
+                            content["execution_count"] = count
+                            if entry is not None:
+                                entry.output = (content.get("data") or {}).get("text/plain")
+                        self._publish(parent, kind, content)
+                    elif kind == "input_request":
+                        try:
+                            value = self._input_request(str(ev.get("prompt", "")), ident, parent,
+                                                        password=bool(ev.get("password")),
+                                                        abandon_fd=client.sock.fileno())
+                        except _InputAbandoned:
+                            continue  # the engine already answered the guest (interrupt)
+                        client.input_reply(value)
+                    elif kind == "reply":
+                        reply_event = ev  # the last one yielded is this request's
+                    elif kind == "log":
+                        self.log.info("zeroboot: %s", ev.get("text"))
+            finally:
+                self._executing.clear()
+        if reply_event is None:
+            raise EngineDied("the engine ended the cell without a reply")
+        content = dict(reply_event.get("content") or {})
+        content.pop("id", None)
+        content["execution_count"] = count
+        content.setdefault("status", "error")
+        content.setdefault("user_expressions", {})
+        content.setdefault("payload", [])
+        if content["status"] == "error":
+            content.setdefault("ename", "UnknownError")
+            content.setdefault("evalue", "")
+            content.setdefault("traceback", [])
+        return content
+
+    # ---- kernel magics --------------------------------------------------------------------
+
+    def _call(self, client: EngineClient, op: str, **fields: Any) -> dict[str, Any]:
+        content = client.call(op, **fields)
+        if content.get("status") != "ok":
+            raise _MagicFailed(str(content.get("ename") or "SandboxError"),
+                               str(content.get("evalue") or f"the engine could not do {op!r}"))
+        return content
+
+    def _run_magic(self, client: EngineClient, magic: mg.Magic) -> str:
+        """Worker thread: run one kernel magic; returns what it prints."""
+        if isinstance(magic, mg.SandboxCommand) and magic.sub == "help":
+            return mg.HELP
+        with self._engine_lock:
+            if isinstance(magic, mg.Rewind):
+                return str(self._call(client, "rewind", n=magic.n).get("text", "")) + "\n"
+            sub = magic.sub
+            if sub == "mode":
+                if magic.arg is None:
+                    return f"{self.mode} mode (switch with `%sandbox mode chained|isolated`)\n"
+                text = self._call(client, "mode", mode=magic.arg).get("text", "")
+                self.mode = magic.arg
+                return f"{text}\n"
+            if sub == "timeout":
+                if magic.arg is not None:
+                    self._call(client, "timeout", seconds=magic.seconds)
+                    self.cell_timeout = magic.seconds or None
+                return f"cell timeout: {self._timeout_text()}\n"
+            if sub == "checkpoints":
+                return mg.format_checkpoints(self._call(client, "checkpoints").get("checkpoints") or [], self.mode)
+            if sub == "stats":
+                stats = self._call(client, "stats").get("stats") or {}
+                trips = sorted(self._round_trips)
+                return mg.format_stats(stats, {
+                    "timeout": self._timeout_text(),
+                    "round_trip_ms_p50": trips[len(trips) // 2] if trips else None,
+                    "engine_pid": client.proc.pid,
+                })
+            if sub == "files":
+                if magic.arg is None:
+                    stats = self._call(client, "stats").get("stats") or {}
+                    files = stats.get("files") or {}
+                    return f"{files.get('directory')}: {files.get('mode')} (change with `%sandbox files MODE`)\n"
+                return str(self._call(client, "files", mode=magic.arg).get("text", "")) + "\n"
+            if sub == "diff":
+                stats = self._call(client, "stats").get("stats") or {}
+                return mg.format_diff(self._call(client, "diff").get("changes") or [],
+                                      (stats.get("files") or {}).get("directory"))
+            if sub == "export":
+                return str(self._call(client, "export", path=magic.arg, dest=magic.dest).get("text", "")) + "\n"
+            if sub == "reset":
+                self._call(client, "restart")
+                return ("the sandbox is back to the clean template state; every checkpoint was dropped "
+                        f"({self.mode} mode)\n")
+        raise mg.MagicUsageError(f"unhandled %sandbox subcommand {magic!r}")
+
+    def _timeout_text(self) -> str:
+        return f"{self.cell_timeout:g} s" if self.cell_timeout else "none"
+
+    # ---- stdin ----------------------------------------------------------------------------
+
+    def _input_request(self, prompt: str, ident: Any, parent: dict[str, Any], password: bool = False,
+                       *, abandon_fd: int | None = None) -> str:
+        """ipykernel's _input_request (same routing: the stdin channel, the request's ident and
+        parent), but it runs in a worker thread, where no KeyboardInterrupt can end the wait. So it
+        also watches the engine channel: the engine writes nothing while the guest waits for
+        input unless an interrupt ended that wait, and then the answer is no longer wanted.
+        Returns the raw value ("\\x04" included: the guest turns that into EOFError)."""
+        assert self.session is not None
+        while True:  # drop stale replies
+            try:
+                self.stdin_socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EAGAIN:
+                    break
+                raise
+        self.session.send(self.stdin_socket, "input_request",
+                          json_clean({"prompt": prompt, "password": password}), parent, ident=ident)
+        watched: list[Any] = [self.stdin_socket] + ([abandon_fd] if abandon_fd is not None else [])
+        while not self._stopping:
+            rlist, _, xlist = zmq.select(watched, [], [self.stdin_socket], 0.1)
+            if self.stdin_socket in rlist or xlist:
+                rident, reply = self.session.recv(self.stdin_socket)
+                if (rident, reply) == (None, None):
+                    continue
+                try:
+                    return str(reply["content"]["value"])  # type: ignore[index]
+                except (KeyError, TypeError):
+                    self.log.error("zeroboot: bad input_reply: %s", reply)
+                    return ""
+            if rlist:
+                raise _InputAbandoned()
+        raise _InputAbandoned()
+
+    # ---- interrupt / shutdown -------------------------------------------------------------
+
+    async def interrupt_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """Interrupt the running cell through the engine. Never signals a process group
+        (ipykernel's _send_interrupt_children would SIGINT the kernel and its children): the
+        engine raises KeyboardInterrupt in the guest, and if the cell is still running after its
+        grace period it discards the fork and rolls the state back; the cell's reply says which."""
+        if not self.session:
+            return
+        content: dict[str, Any] = {"status": "ok"}
+        client = self._client_if_ready()
+        if client is not None and self._executing.is_set():
+            try:
+                client.interrupt()
+            except EngineDied as exc:
+                content = {"status": "error", "ename": "EngineDied", "evalue": str(exc), "traceback": []}
+        self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        # A restart is a new kernel process (the client starts it); here everything just stops.
+        self.close_engine(timeout=0.5)
+        return {"status": "ok", "restart": restart}
+
+    def pre_handler_hook(self) -> None:
+        # ipykernel turns SIGINT into KeyboardInterrupt while a handler runs. Interrupts come as
+        # messages here, and a stray SIGINT (Ctrl-C in the terminal that started Jupyter) must
+        # not break the kernel's bookkeeping in the middle of a request: keep it ignored.
+        pass
+
+    def post_handler_hook(self) -> None:
+        pass
+
+    async def create_subshell_request(self, socket: Any, ident: Any, parent: dict[str, Any]) -> None:
+        if not self.session:
+            return
+        content = {"status": "error", "ename": "NotImplementedError", "traceback": [],
+                   "evalue": "zeroboot kernels have no subshells: one sandbox runs one cell at a time"}
+        self.session.send(socket, "create_subshell_reply", content, parent, ident)
+
+    # ---- complete / inspect / is_complete / history ---------------------------------------
+
+    def _request_if_free(self, client: EngineClient, op: str, **fields: Any) -> dict[str, Any] | None:
+        """Worker thread: a side request (complete, inspect); None if the engine is busy (a
+        request on the control channel while a cell runs) rather than waiting for the cell."""
+        if not self._engine_lock.acquire(blocking=False):
+            return None
+        try:
+            return client.call(op, **fields)
+        finally:
+            self._engine_lock.release()
+
+    async def _side_request(self, op: str, **fields: Any) -> dict[str, Any] | None:
+        try:
+            client = await self._client()
+            content = await asyncio.to_thread(self._request_if_free, client, op, **fields)
+        except EngineDied as exc:
+            self._schedule_stop(str(exc))
+            return None
+        except Exception as exc:  # noqa: BLE001 - an empty answer beats no answer
+            self.log.warning("zeroboot: %s request failed: %s", op, exc)
+            return None
+        if content is None or content.get("status") != "ok":
+            if content is not None:
+                self.log.warning("zeroboot: %s request failed: %s", op, content.get("evalue"))
+            return None
+        return content
+
+    async def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:  # type: ignore[override]
+        cursor_pos = len(code) if cursor_pos is None else cursor_pos
+        content = await self._side_request("complete", code=code, cursor_pos=cursor_pos) or {}
+        return {"status": "ok", "matches": list(content.get("matches") or []),
+                "cursor_start": int(content.get("cursor_start", cursor_pos)),
+                "cursor_end": int(content.get("cursor_end", cursor_pos)),
+                "metadata": content.get("metadata") or {}}
+
+    async def do_inspect(self, code: str, cursor_pos: int | None, detail_level: int = 0,  # type: ignore[override]
+                         omit_sections: Any = ()) -> dict[str, Any]:
+        cursor_pos = len(code) if cursor_pos is None else cursor_pos
+        content = await self._side_request("inspect", code=code, cursor_pos=cursor_pos, detail_level=detail_level) or {}
+        return {"status": "ok", "found": bool(content.get("found")), "data": content.get("data") or {},
+                "metadata": content.get("metadata") or {}}
+
+    async def do_is_complete(self, code: str) -> dict[str, Any]:  # type: ignore[override]
+        # IPython's rules in the kernel process: no need to ask the guest, and instant.
+        status, indent = mg._transformer().check_complete(code)
+        reply: dict[str, Any] = {"status": status}
+        if status == "incomplete":
+            reply["indent"] = " " * (indent or 0)
+        return reply
+
+    async def do_history(self, hist_access_type: str, output: bool, raw: bool,  # type: ignore[override]
+                         session: int | None = None, start: int | None = None, stop: int | None = None,
+                         n: int | None = None, pattern: str | None = None, unique: bool = False,
+                         **_: Any) -> dict[str, Any]:
+        return self.history.reply(hist_access_type, output=output, session=session, start=start, stop=stop,
+                                  n=n, pattern=pattern, unique=unique)
+
+
+def _exit_watchdog(seconds: float, code: int) -> None:
+    """Interpreter shutdown joins worker threads; never let a stuck one keep a dead kernel alive."""
+    def bail() -> None:
+        time.sleep(seconds)
+        os._exit(code)
+    threading.Thread(target=bail, name="zeroboot-exit-watchdog", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ipykernel.kernelapp import IPKernelApp
+
+    # capture_fd_output=False: the engine process shares the kernel's stderr for its log, which
+    # belongs in the kernel log, not in whichever notebook cell happens to be running.
+    app = IPKernelApp.instance(kernel_class=ZerobootKernel, capture_fd_output=False)
+    app.initialize(argv)
+    kernel: ZerobootKernel = app.kernel
+    try:
+        app.start()
+    finally:
+        kernel.close_engine(timeout=0.5)
+    code = EXIT_ENGINE_FAILED if kernel.fatal else 0
+    _exit_watchdog(3.0, code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The kernel's settings, from the environment variables its kernelspec sets.
+
+    ZEROBOOT_MODE          chained (default) or isolated
+    ZEROBOOT_TEMPLATE      template name (default "default"); built on first use
+    ZEROBOOT_CELL_TIMEOUT  seconds a cell may run, 0 or empty for no limit
+    ZEROBOOT_CHECKPOINTS   how many checkpoints %rewind can go back to (default 20)
+    ZEROBOOT_FILES         how the notebook's folder is seen: overlay (default), readonly, readwrite
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .errors import ZerobootError
+
+MODES = ("chained", "isolated")
+FILES_MODES = ("overlay", "readonly", "readwrite")
+_TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a directory name in the template cache
+
+
+class KernelConfigError(ZerobootError):
+    """An environment variable of the kernelspec has a value the kernel cannot use."""
+
+
+@dataclass(frozen=True)
+class KernelSettings:
+    mode: str = "chained"
+    template: str = "default"
+    cell_timeout: float | None = None
+    checkpoints: int = 20
+    files: str = "overlay"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> KernelSettings:
+        env = os.environ if env is None else env
+        mode = (env.get("ZEROBOOT_MODE") or "chained").strip().lower()
+        if mode not in MODES:
+            raise KernelConfigError(f"ZEROBOOT_MODE={env.get('ZEROBOOT_MODE')!r}: use chained or isolated "
+                                    f"(set it in the kernelspec's kernel.json \"env\")")
+        template = (env.get("ZEROBOOT_TEMPLATE") or "default").strip()
+        if not _TEMPLATE_NAME.match(template):
+            raise KernelConfigError(f"ZEROBOOT_TEMPLATE={template!r}: a template name is letters, digits, '_', "
+                                    f"'-' and '.' (see `zeroboot-kernel template list`)")
+        raw_timeout = (env.get("ZEROBOOT_CELL_TIMEOUT") or "0").strip()
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            timeout = -1.0
+        if timeout < 0 or not math.isfinite(timeout):
+            raise KernelConfigError(f"ZEROBOOT_CELL_TIMEOUT={raw_timeout!r}: give seconds >= 0 (0 = no limit)")
+        raw_keep = (env.get("ZEROBOOT_CHECKPOINTS") or "20").strip()
+        if not raw_keep.isdigit():
+            raise KernelConfigError(f"ZEROBOOT_CHECKPOINTS={raw_keep!r}: give a whole number >= 0 "
+                                    f"(how many cells %rewind can undo)")
+        files = (env.get("ZEROBOOT_FILES") or "overlay").strip().lower()
+        if files not in FILES_MODES:
+            raise KernelConfigError(f"ZEROBOOT_FILES={env.get('ZEROBOOT_FILES')!r}: use overlay, readonly or readwrite")
+        return cls(mode=mode, template=template, cell_timeout=timeout or None, checkpoints=int(raw_keep), files=files)

@@ -1,0 +1,248 @@
+"""Kernel magics: `%rewind` and `%sandbox`, handled by the kernel process, never by the guest.
+
+They act on the sandbox *around* the guest (its checkpoints, mode, time limit), so they cannot
+run inside it: a cell's leading magic lines are split off here and run by the kernel; the rest of
+the cell (if any) goes to the guest. A cell that is only magics never touches the guest.
+
+    %rewind [N]                          state as before the last N cells (default 1)
+    %sandbox mode [chained|isolated]     show or switch the execution mode
+    %sandbox checkpoints                 the checkpoints %rewind can go back to
+    %sandbox stats                       fork/exec timings, memory of the live fork, template
+    %sandbox timeout [SECONDS]           show or set the per-cell time limit (0 = none)
+    %sandbox reset                       back to a clean sandbox (drops every checkpoint)
+    %sandbox files [overlay|readonly|readwrite]  how the notebook's folder is seen
+    %sandbox diff                        what the sandbox changed in the notebook's folder
+    %sandbox export PATH [DEST]          copy a file or folder from the sandbox to the host folder
+    %sandbox help                        this text
+"""
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Union
+
+MAGIC_NAMES = ("rewind", "sandbox")
+MODES = ("chained", "isolated")
+SUBCOMMANDS = ("mode", "checkpoints", "stats", "timeout", "reset", "files", "diff", "export", "help")
+FILES_MODES = ("overlay", "readonly", "readwrite")
+
+HELP = """\
+zeroboot kernel magics (run by the kernel, before the rest of the cell goes to the sandbox):
+
+  %rewind [N]                        go back to the state before the last N cells (default 1)
+  %sandbox mode [chained|isolated]   show or switch the mode:
+                                       chained   each cell continues from the previous one
+                                       isolated  each cell starts from a clean sandbox
+  %sandbox checkpoints               list the checkpoints %rewind can return to
+  %sandbox stats                     fork/exec timings, memory of the live fork, template in use
+  %sandbox timeout [SECONDS]         show or set the time limit per cell (0 = no limit)
+  %sandbox reset                     back to a clean sandbox, dropping every checkpoint
+  %sandbox files [MODE]              show or set how the notebook's folder is seen:
+                                       overlay    reads from the host, writes stay in the sandbox
+                                       readonly   writes fail (read-only file system)
+                                       readwrite  writes go to the host folder (trusted notebooks)
+  %sandbox diff                      what the sandbox created (A), changed (M), deleted (D) there
+  %sandbox export PATH [DEST]        copy PATH as the sandbox sees it into the host folder
+  %sandbox help                      this text
+
+A cell that crashes, runs past its time limit or ignores an interrupt is rolled back: it costs
+that cell, never the session. Magics must come before any code in a cell.
+"""
+
+# A kernel magic line: `%rewind ...` or `%sandbox ...` at the start of a line (leading blanks
+# allowed among the leading lines of a cell only).
+_MAGIC_LINE = re.compile(r"^\s*%(rewind|sandbox)(?:\s+(.*))?\s*$")
+
+
+class MagicUsageError(ValueError):
+    """A kernel magic was written wrongly; the message says how to write it."""
+
+
+@dataclass(frozen=True)
+class Rewind:
+    n: int = 1
+
+
+@dataclass(frozen=True)
+class SandboxCommand:
+    sub: str                   # one of SUBCOMMANDS
+    arg: str | None = None     # mode for `mode`/`files`, seconds (as text) for `timeout`, PATH for `export`
+    dest: str | None = None    # DEST for `export`
+
+    @property
+    def seconds(self) -> float:
+        """The timeout argument as a number (validated at parse time)."""
+        return float(self.arg or 0)
+
+
+Magic = Union[Rewind, SandboxCommand]
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    magics: tuple[Magic, ...]
+    code: str                  # what goes to the guest; "" when the cell is only magics
+
+    @property
+    def touches_guest(self) -> bool:
+        return bool(self.code.strip())
+
+
+def split_cell(code: str) -> CellPlan:
+    """Split a cell into its leading kernel magics and the code for the guest.
+
+    Blank and comment lines may sit between leading magics. A kernel magic after the first line
+    of code is an error (it would otherwise reach the guest's IPython as an unknown magic).
+    """
+    lines = code.splitlines(keepends=True)
+    magics: list[Magic] = []
+    i = 0
+    while i < len(lines):
+        stripped = lines[i].strip()
+        if not stripped or stripped.startswith("#"):
+            i += 1
+            continue
+        m = _MAGIC_LINE.match(lines[i])
+        if not m:
+            break
+        magics.append(parse_magic(m.group(1), m.group(2) or ""))
+        i += 1
+    if not magics:
+        rest = code
+    else:
+        rest = "".join(lines[i:])
+    if _has_late_kernel_magic(rest):
+        raise MagicUsageError("%rewind and %sandbox are run by the kernel and must come before any code "
+                              "in the cell: move them to the top of the cell or into a cell of their own")
+    return CellPlan(tuple(magics), rest if rest.strip() else "")
+
+
+def _has_late_kernel_magic(code: str) -> bool:
+    """True if IPython would turn some line of `code` into a call of %rewind or %sandbox."""
+    if "%rewind" not in code and "%sandbox" not in code:
+        return False  # the common case, without parsing
+    try:
+        transformed = _transformer().transform_cell(code)
+    except Exception:  # noqa: BLE001 - invalid code: let the guest report the syntax error
+        return False
+    return re.search(r"run_line_magic\(\s*['\"](rewind|sandbox)['\"]", transformed) is not None
+
+
+@lru_cache(maxsize=1)
+def _transformer() -> Any:
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager()
+
+
+def parse_magic(name: str, rest: str) -> Magic:
+    """Parse one magic line given its name ("rewind"/"sandbox") and the text after it."""
+    rest = rest.split("#", 1)[0].strip()  # allow a trailing comment
+    try:
+        args = shlex.split(rest)
+    except ValueError as exc:
+        raise MagicUsageError(f"cannot parse %{name} {rest}: {exc}") from None
+    if name == "rewind":
+        return _parse_rewind(args)
+    return _parse_sandbox(args)
+
+
+def _parse_rewind(args: list[str]) -> Rewind:
+    if not args:
+        return Rewind(1)
+    if len(args) == 1 and args[0].isdigit() and int(args[0]) >= 1:
+        return Rewind(int(args[0]))
+    raise MagicUsageError(f"usage: %rewind [N] with N a whole number >= 1 (got: {' '.join(args)})")
+
+
+def _parse_sandbox(args: list[str]) -> SandboxCommand:
+    if not args:
+        return SandboxCommand("help")
+    sub, params = args[0], args[1:]
+    if sub not in SUBCOMMANDS:
+        raise MagicUsageError(f"unknown %sandbox subcommand {sub!r}: use one of {', '.join(SUBCOMMANDS)} "
+                              f"(`%sandbox help` explains them)")
+    if sub == "mode":
+        if len(params) > 1 or (params and params[0] not in MODES):
+            raise MagicUsageError(f"usage: %sandbox mode [chained|isolated] (got: {' '.join(params)})")
+        return SandboxCommand("mode", params[0] if params else None)
+    if sub == "timeout":
+        if not params:
+            return SandboxCommand("timeout")
+        try:
+            seconds = float(params[0])
+        except ValueError:
+            seconds = -1.0
+        if len(params) > 1 or seconds < 0 or not math.isfinite(seconds):
+            raise MagicUsageError(f"usage: %sandbox timeout [SECONDS] with SECONDS >= 0, 0 for no limit "
+                                  f"(got: {' '.join(params)})")
+        return SandboxCommand("timeout", params[0])
+    if sub == "files":
+        if len(params) > 1 or (params and params[0] not in FILES_MODES):
+            raise MagicUsageError(f"usage: %sandbox files [overlay|readonly|readwrite] (got: {' '.join(params)})")
+        return SandboxCommand("files", params[0] if params else None)
+    if sub == "export":
+        if not 1 <= len(params) <= 2:
+            raise MagicUsageError("usage: %sandbox export PATH [DEST] (paths relative to the notebook's folder)")
+        return SandboxCommand("export", params[0], params[1] if len(params) == 2 else None)
+    if params:
+        raise MagicUsageError(f"%sandbox {sub} takes no arguments (got: {' '.join(params)})")
+    return SandboxCommand(sub)
+
+
+# ---- what the magics print ----------------------------------------------------------------
+
+def format_checkpoints(rows: list[dict[str, Any]], mode: str) -> str:
+    if mode == "isolated":
+        head = "isolated mode: every cell starts from the template; %rewind needs chained mode.\n"
+    else:
+        head = ""
+    if not rows:
+        return head + "no checkpoints yet (one is taken before every cell run in chained mode)\n"
+    lines = [head + f"{len(rows)} checkpoint(s), newest last; `%rewind N` returns to the N-th from the end:",
+             f"  {'N':>3}  {'before':>7}  {'private':>10}  {'age':>8}  cell"]
+    for back, row in zip(range(len(rows), 0, -1), rows):
+        lines.append(f"  {back:>3}  [{row.get('before_cell', '?')}]".ljust(15)
+                     + f"  {row.get('private_kib', 0):>7} KiB  {row.get('age_s', 0):>7}s  {row.get('code', '')}")
+    return "\n".join(lines) + "\n"
+
+
+def format_diff(changes: list[list[str]], directory: str | None) -> str:
+    if not changes:
+        return f"no changes to {directory or 'the notebook folder'} in the sandbox\n"
+    labels = {"A": "created", "M": "changed", "D": "deleted"}
+    lines = [f"changes in the sandbox to {directory} (the host folder is untouched; %sandbox export copies):"]
+    lines += [f"  {tag} {path}   ({labels.get(tag, tag)})" for tag, path in changes]
+    return "\n".join(lines) + "\n"
+
+
+def format_stats(stats: dict[str, Any], kernel: dict[str, Any]) -> str:
+    tpl = stats.get("template") or {}
+
+    def ms(value: Any) -> str:
+        return "-" if value is None else f"{value:.2f} ms"
+
+    rows = [
+        ("mode", stats.get("mode")),
+        ("notebook folder", "{directory} ({mode})".format(**stats["files"]) if (stats.get("files") or {}).get("directory")
+         else "not mounted"),
+        ("cell timeout", kernel.get("timeout") or "none"),
+        ("cells run in the sandbox", stats.get("cells_run")),
+        ("rollbacks (crash/timeout/interrupt)", stats.get("rollbacks")),
+        ("checkpoints kept", f"{stats.get('checkpoints')} ({stats.get('checkpoint_kib', 0) / 1024:.1f} MiB private)"),
+        ("checkpoint (fork point) p50", ms(stats.get("checkpoint_ms_p50"))),
+        ("cell execution in the VM p50", ms(stats.get("execute_ms_p50"))),
+        ("cell round trip in the kernel p50", ms(kernel.get("round_trip_ms_p50"))),
+        ("memory of the live fork",
+         f"{stats.get('guest_memory_mib')} MiB of {stats.get('guest_memory_limit_mib')} MiB"),
+        ("guest syscalls / VM exits", f"{stats.get('syscalls')} / {stats.get('exits')}"),
+        ("template", f"{tpl.get('name')} (preloaded: {', '.join(tpl.get('preload') or []) or 'nothing'}; "
+                     f"built {tpl.get('built')})"),
+        ("template directory", tpl.get("directory")),
+        ("engine process", kernel.get("engine_pid")),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows) + "\n"
