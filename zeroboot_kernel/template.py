@@ -170,14 +170,18 @@ class Template:
                 "zeroboot_version": __version__,
                 "python": sys.version.split()[0],
                 "executable": sys.executable,
+                "environment": os.path.realpath(sys.prefix),
                 "boot_seconds": round(booted, 3),
                 "build_seconds": round(time.monotonic() - t0, 3),
                 "image_bytes_on_disk": os.stat(tmp / "memory.img").st_blocks * 512,
                 "ready": ready,
             }
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-            for old in [d for d in _list_dirs() if d.name.rsplit("-", 1)[0] == config.name and d != target]:
-                shutil.rmtree(old, ignore_errors=True)  # stale versions of this name
+            for old in _list_dirs():  # older builds of this name for this same environment
+                m = _read_manifest(old) or {}
+                if old != target and old.name.rsplit("-", 1)[0] == config.name and \
+                        m.get("environment") in (None, manifest["environment"]):
+                    shutil.rmtree(old, ignore_errors=True)
             if target.exists():
                 shutil.rmtree(target)
             os.rename(tmp, target)
