@@ -189,6 +189,8 @@ typedef struct zb_signals {
     uint64_t pending;        /* raised by the host (zb_sandbox_raise), delivered on resume */
     uint64_t altstack_sp, altstack_size;
     int altstack_flags;
+    int fault_sig, fault_code; /* a pending CPU fault's signal and si_code (SEGV_MAPERR, ...) */
+    uint64_t fault_addr;       /* and its si_addr, delivered with it */
 } zb_signals;
 
 /* ---- the UART (uart16550.c) ---- */
@@ -244,6 +246,7 @@ struct zb_sandbox {
     int finished;            /* exited, crashed or broke a rule: cannot run again */
     atomic_int kick_requested;
     atomic_int running;
+    int64_t run_started_ns;  /* while zb_sandbox_run runs: when it started (guest CPU clocks) */
     pthread_t runner;        /* valid while running */
     int trace_fd;
 

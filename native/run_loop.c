@@ -226,6 +226,11 @@ static int handle_exception(zb_sandbox *sb, zb_vm *vm, int vector, zb_event *ev)
     }
     if (zb_signal_has_handler(sb, sig) && !(sb->sig.blocked & (1ull << (sig - 1)))) {
         sb->sig.pending |= 1ull << (sig - 1); /* the guest handles it itself (e.g. faulthandler) */
+        sb->sig.fault_sig = sig;
+        sb->sig.fault_addr = addr;
+        /* si_code as Linux reports it: page faults say whether the page was mapped */
+        sb->sig.fault_code = vector == 14 ? ((err & 1) ? 2 /* SEGV_ACCERR */ : 1 /* SEGV_MAPERR */)
+                           : vector == 6 ? 2 /* ILL_ILLOPN */ : vector == 0 ? 1 /* FPE_INTDIV */ : 0x80 /* SI_KERNEL */;
         if (deliver_signals(sb, ev)) return 1;
         return set_user_state(sb, vm, ev) < 0;
     }
@@ -373,6 +378,7 @@ int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     }
     zb_vm *vm = e->vm;
     int64_t t0 = zb_now_ns();
+    sb->run_started_ns = t0;
     sigset_t block, old;
     sigemptyset(&block);
     sigaddset(&block, ZB_KICK_SIGNAL);
@@ -415,6 +421,7 @@ out:
     while (sigtimedwait(&block, NULL, &zero) > 0) {}
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     sb->stats.run_ns += (uint64_t)(zb_now_ns() - t0);
+    sb->run_started_ns = 0;
     return 0;
 }
 

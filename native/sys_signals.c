@@ -196,8 +196,14 @@ static int push_frame(zb_sandbox *sb, int sig, const zb_sigaction *act) {
     mc->fpstate = fp;
     f->uc.sigmask = sb->sig.blocked;
     f->info.signo = sig;
-    f->info.code = 0; /* SI_USER */
-    f->info.u.kill.pid = 0;
+    if (sig == sb->sig.fault_sig) { /* a CPU fault: its code and address */
+        f->info.code = sb->sig.fault_code;
+        f->info.u.addr = sb->sig.fault_addr;
+        sb->sig.fault_sig = 0;
+    } else {
+        f->info.code = 0; /* SI_USER */
+        f->info.u.kill.pid = 0;
+    }
     r->rip = act->handler;
     r->rsp = frame;
     r->rdi = (uint64_t)sig;
