@@ -6,7 +6,6 @@
 
 #include <elf.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -25,9 +24,8 @@ static int open_program(zb_sandbox *sb, const char *path, char *canonical, char 
     int rc = zb_fs_resolve(sb, sb->proc.cwd[0] ? sb->proc.cwd : "/", path, 0, &r);
     if (rc < 0 || !r.exists) { zb_seterr(err, "%s: not found in the guest's view: %s", path, strerror(rc < 0 ? -rc : ENOENT)); return -1; }
     if (r.loc.kind != LOC_HOST || r.loc.is_dir) { zb_seterr(err, "%s: not a regular file from the host view", path); return -1; }
-    struct open_how how = {.flags = O_RDONLY | O_CLOEXEC, .resolve = RESOLVE_NO_SYMLINKS};
-    int fd = syscall(SYS_openat2, AT_FDCWD, r.path, &how, sizeof how);
-    if (fd < 0) { zb_seterr(err, "%s: %s", r.path, strerror(errno)); return -1; }
+    int fd = zb_host_open_ro(r.path, 0);
+    if (fd < 0) { zb_seterr(err, "%s: %s", r.path, strerror(-fd)); return -1; }
     if (canonical) snprintf(canonical, PATH_MAX, "%s", r.path);
     return fd;
 }

@@ -161,10 +161,12 @@ int zb_proj_host_parent(const zb_resolved *r, char *name, size_t cap);
 /* Read-write mode: open r on the host, confined (for writing, creating, truncating). */
 int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode);
 long zb_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err);
-int zb_project_export(zb_sandbox *sb, const char *guest_path, const char *host_dest, char *err);
+long zb_guest_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset, void *buf, size_t len, char *err);
+long zb_guest_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
 int zb_host_lstat(const char *path, struct stat *st);
+int zb_host_open_ro(const char *path, int dir);
 
 /* fs_overlay.c */
 uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);

@@ -388,71 +388,39 @@ long zb_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len
     return (long)t.used;
 }
 
-/* Copy src (an overlay or host file) to host file rel, below the project's root fd. */
-static int export_file(zb_sandbox *sb, const zb_resolved *src, int root_fd, const char *rel) {
-    struct open_how how = {.flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, .mode = 0644,
-                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
-    int out = (int)syscall(SYS_openat2, root_fd, rel, &how, sizeof how);
-    if (out < 0) return -errno;
-    uint8_t *buf = malloc(COPY_CHUNK);
-    int rc = buf ? 0 : -ENOMEM, in = -1;
-    if (!rc && src->loc.kind != LOC_OVERLAY && (in = open(src->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0) rc = -errno;
-    for (uint64_t off = 0; !rc;) {
-        long n = src->loc.kind == LOC_OVERLAY ? zb_ovl_read(sb->fs, src->loc.ino, buf, COPY_CHUNK, off)
-                                              : (long)pread(in, buf, COPY_CHUNK, (off_t)off);
-        if (n < 0) { rc = src->loc.kind == LOC_OVERLAY ? (int)n : -errno; break; }
-        if (n == 0) break;
-        if (pwrite(out, buf, (size_t)n, (off_t)off) != n) rc = errno ? -errno : -EIO;
-        off += (uint64_t)n;
+/* ---- reading what the guest sees (for export, done by the host side) ---- */
+
+long zb_guest_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset, void *buf, size_t len, char *err) {
+    zb_resolved r;
+    int rc = zb_fs_resolve(sb, sb->proc.cwd, guest_path, 0, &r);
+    if (rc < 0 || !r.exists) { zb_seterr(err, "%s does not exist in the sandbox", guest_path); return -1; }
+    if (r.loc.is_dir) { zb_seterr(err, "%s is a directory", guest_path); return -1; }
+    if (r.loc.kind == LOC_OVERLAY) {
+        long n = zb_ovl_read(sb->fs, r.loc.ino, buf, len, offset);
+        if (n < 0) { zb_seterr(err, "%s: %s", guest_path, strerror((int)-n)); return -1; }
+        return n;
     }
-    free(buf);
-    if (in >= 0) close(in);
-    close(out);
-    return rc;
+    if (r.loc.kind != LOC_HOST) { zb_seterr(err, "%s is not a regular file", guest_path); return -1; }
+    int fd = zb_host_open_ro(r.path, 0);
+    if (fd < 0) { zb_seterr(err, "%s: %s", guest_path, strerror(-fd)); return -1; }
+    long n = pread(fd, buf, len, (off_t)offset);
+    if (n < 0) zb_seterr(err, "%s: %s", guest_path, strerror(errno));
+    close(fd);
+    return n;
 }
 
-static int export_tree(zb_sandbox *sb, const zb_resolved *src, int root_fd, const char *rel, int depth) {
-    if (depth > 64) return -ELOOP;
-    if (!src->loc.is_dir) return export_file(sb, src, root_fd, rel);
-    struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC, .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%s", rel);
-    char *slash = strrchr(parent, '/');
-    const char *name = slash ? slash + 1 : parent;
-    if (slash) *slash = 0;
-    int pfd = slash ? (int)syscall(SYS_openat2, root_fd, parent, &how, sizeof how) : dup(root_fd);
-    if (pfd < 0) return -errno;
-    int rc = mkdirat(pfd, name, 0755) < 0 && errno != EEXIST ? -errno : 0;
-    close(pfd);
+long zb_guest_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err) {
+    zb_resolved r;
     zb_listing l;
-    if (rc < 0 || (rc = zb_fs_list(sb, src, &l)) < 0) return rc;
-    for (size_t i = 0; i < l.n && !rc; i++) {
+    int rc = zb_fs_resolve(sb, sb->proc.cwd, guest_path, 0, &r);
+    if (rc < 0 || !r.exists || !r.loc.is_dir) { zb_seterr(err, "%s is not a directory in the sandbox", guest_path); return -1; }
+    if ((rc = zb_fs_list(sb, &r, &l)) < 0) { zb_seterr(err, "%s: %s", guest_path, strerror(-rc)); return -1; }
+    text_out t = {buf, len, 0};
+    for (size_t i = 0; i < l.n; i++) {
         if (!strcmp(l.ents[i].name, ".") || !strcmp(l.ents[i].name, "..")) continue;
-        zb_resolved child;
-        char sub[PATH_MAX];
-        snprintf(sub, sizeof sub, "%s/%s", rel, l.ents[i].name);
-        if ((rc = zb_fs_resolve(sb, src->path, l.ents[i].name, ZB_RESOLVE_NOFOLLOW, &child)) < 0) break;
-        if (child.exists && (child.loc.is_dir || child.loc.kind == LOC_OVERLAY || child.loc.kind == LOC_HOST))
-            rc = export_tree(sb, &child, root_fd, sub, depth + 1);
+        emit(&t, l.ents[i].type == DT_DIR ? 'd' : l.ents[i].type == DT_LNK ? 'l' : 'f', l.ents[i].name);
     }
     zb_listing_free(&l);
-    return rc;
-}
-
-int zb_project_export(zb_sandbox *sb, const char *guest_path, const char *host_dest, char *err) {
-    zb_resolved src, dst;
-    int rc = zb_fs_resolve(sb, sb->proc.cwd, guest_path, 0, &src);
-    if (rc < 0 || !src.exists) { zb_seterr(err, "%s does not exist in the sandbox", guest_path); return -1; }
-    if ((rc = zb_fs_resolve(sb, sb->proc.cwd, host_dest, ZB_RESOLVE_NOFOLLOW, &dst)) < 0 || !(dst.loc.proj || dst.parent.proj)) {
-        zb_seterr(err, "%s is not inside the notebook's directory: only there can files be exported", host_dest);
-        return -1;
-    }
-    char rel[PATH_MAX];
-    int root_fd = zb_proj_host_path(&dst, rel, sizeof rel);
-    if (root_fd < 0 || !strcmp(rel, ".")) { zb_seterr(err, "cannot export over the notebook's directory itself"); return -1; }
-    if ((rc = export_tree(sb, &src, root_fd, rel, 0)) < 0) {
-        zb_seterr(err, "exporting %s to %s failed: %s", guest_path, host_dest, strerror(-rc));
-        return -1;
-    }
-    return 0;
+    if (buf && t.used < len) buf[t.used] = 0;
+    return (long)t.used;
 }

@@ -5,7 +5,6 @@
 #include "fs.h"
 
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -234,9 +233,8 @@ static int reopen(zb_sandbox *ctx, zb_file *f, const char *path, char *err) {
     if (!(f->where = malloc(sizeof r))) { zb_seterr(err, "out of memory"); return -1; }
     *f->where = r;
     if (r.loc.kind == LOC_HOST && (f->kind == FILE_HOST || f->kind == FILE_DIR)) {
-        struct open_how how = {.flags = O_RDONLY | O_CLOEXEC | (r.loc.is_dir ? O_DIRECTORY : 0), .resolve = RESOLVE_NO_SYMLINKS};
-        int fd = (int)syscall(SYS_openat2, AT_FDCWD, r.path, &how, sizeof how);
-        if (fd < 0) { zb_seterr(err, "the template had host file %s open, which cannot be opened now: %s", r.path, strerror(errno)); return -1; }
+        int fd = zb_host_open_ro(r.path, r.loc.is_dir);
+        if (fd < 0) { zb_seterr(err, "the template had host file %s open, which cannot be opened now: %s", r.path, strerror(-fd)); return -1; }
         if (!(f->host = zb_hostfd_new(fd))) { close(fd); zb_seterr(err, "out of memory"); return -1; }
     }
     return 0;

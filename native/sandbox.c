@@ -95,8 +95,11 @@ int zb_sandbox_set_project_mode(zb_sandbox *sb, const char *host_dir, int mode, 
 long zb_sandbox_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err) {
     return zb_project_diff(sb, host_dir, buf, len, err);
 }
-int zb_sandbox_export(zb_sandbox *sb, const char *guest_path, const char *host_dest, char *err) {
-    return zb_project_export(sb, guest_path, host_dest, err);
+long zb_sandbox_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset, void *buf, size_t len, char *err) {
+    return zb_guest_read_file(sb, guest_path, offset, buf, len, err);
+}
+long zb_sandbox_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err) {
+    return zb_guest_list_dir(sb, guest_path, buf, len, err);
 }
 
 int zb_sandbox_chdir(zb_sandbox *sb, const char *guest_path, char *err) {

@@ -5,11 +5,12 @@
  * do. Both phases allow only listed syscalls (everything else fails with EPERM) and set
  * no_new_privs:
  *   ZB_LOCKDOWN_SETUP  what the engine process (CPython + this engine) needs to start, load or build
- *                      templates and run guests: no exec, no new sockets, no ptrace, no mounts,
- *                      no module loading, no bpf, no namespaces, signals only to itself.
+ *                      templates and run guests: no exec, no new processes or threads, no network
+ *                      sockets, no ptrace, no mounts, no module loading, no bpf, no namespaces,
+ *                      signals only to itself.
  *   ZB_LOCKDOWN_RUN    stacked on top once the session is ready: additionally no file creation,
  *                      renaming, deletion or truncation of host files, host files opened read-only
- *                      only, and no new processes or threads.
+ *                      only (openat2, whose flags a filter cannot read, is gone too).
  * Filters stack: a later phase can only remove permissions.
  */
 #include "engine.h"
@@ -101,7 +102,7 @@ static const int setup_only[] = {
     SYS_openat2, SYS_mkdir, SYS_mkdirat, SYS_rename, SYS_renameat, SYS_renameat2, SYS_unlink, SYS_unlinkat,
     SYS_rmdir, SYS_chmod, SYS_fchmod, SYS_fchmodat, SYS_utimensat, SYS_copy_file_range, SYS_fallocate,
     SYS_fsync, SYS_fdatasync, SYS_symlink, SYS_symlinkat, SYS_truncate, SYS_chdir, SYS_fchdir, SYS_sendfile,
-    SYS_clone, SYS_clone3, SYS_wait4, SYS_flock, SYS_fstatfs, SYS_statfs,
+    SYS_flock, SYS_fstatfs, SYS_statfs,
 };
 
 static void build(prog_t *p, int phase) {

@@ -120,8 +120,12 @@ int zb_sandbox_set_project_mode(zb_sandbox *sb, const char *host_dir, int mode, 
  * "D\tpath" (deleted), relative to host_dir. Returns the bytes needed (call again with more room
  * if larger than len), or -1 with err. */
 long zb_sandbox_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err);
-/* Copy a file or directory as the guest sees it to host_dest (inside the project tree). */
-int zb_sandbox_export(zb_sandbox *sb, const char *guest_path, const char *host_dest, char *err);
+/* Read a regular file as the guest sees it (overlay or host): bytes read, 0 at its end, or -1. */
+long zb_sandbox_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset, void *buf, size_t len,
+                          char *err);
+/* A directory as the guest sees it: lines "d\tname", "f\tname" or "l\tname" (symlink). Returns
+ * the bytes needed (call again with more room if larger than len), or -1 with err. */
+long zb_sandbox_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
 /* Set the guest's working directory (an existing directory in its namespace). */
 int zb_sandbox_chdir(zb_sandbox *sb, const char *guest_path, char *err);
 /* Load an ELF executable (static, or dynamic through its PT_INTERP) and set up its stack.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import logging
 import os
 import select
@@ -18,8 +19,10 @@ import sys
 from typing import Any
 
 from . import engine_wire as wire
+from . import export
 from .errors import ZerobootError
 from .native import Engine
+from .guest_view import python_view
 from .session import Session
 from .template import Template, TemplateConfig, default_preload
 
@@ -92,8 +95,11 @@ class EngineServer:
             return {"status": "ok", "text": s.set_files(str(msg["mode"]))}
         if op == "diff":
             return {"status": "ok", "changes": [list(c) for c in s.diff()]}
-        if op == "export":
-            return {"status": "ok", "text": s.export(str(msg["path"]), msg.get("dest"))}
+        if op == "export_read":  # the kernel writes them: this process may not write host files
+            return {"status": "ok", "items": export.to_wire(s.export_items(str(msg["path"]))),
+                    "root": s.project_dir}
+        if op == "lockdown_check":
+            return {"status": "ok", "checks": lockdown_check()}
         if op == "checkpoints":
             return {"status": "ok", "checkpoints": s.describe_checkpoints()}
         if op == "stats":
@@ -118,6 +124,26 @@ class EngineServer:
                 self.send({"event": "reply", "id": msg.get("id"), "content": reply})
 
 
+def lockdown_check() -> dict[str, str]:
+    """Try what the seccomp filter must refuse; report what happened (for tests and %sandbox stats)."""
+    def attempt(fn: Any) -> str:
+        try:
+            fn()
+            return "allowed"
+        except OSError as exc:
+            return errno.errorcode.get(exc.errno or 0, str(exc))
+
+    def spawn() -> None:
+        pid = os.posix_spawn("/bin/true", ["true"], {})
+        os.waitpid(pid, 0)
+
+    def write_host_file() -> None:
+        os.close(os.open("/dev/null", os.O_WRONLY))
+
+    return {"network": attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()),
+            "spawn": attempt(spawn), "host_file_write": attempt(write_host_file)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="zeroboot_kernel.engine_server")
     p.add_argument("--fd", type=int, required=True)
@@ -135,10 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(fileno=args.fd)
     try:
         engine = Engine.default()
+        python_view()  # computed before the lockdown: it may run ldconfig
+        engine.lockdown("setup")
         config = TemplateConfig(args.template, default_preload())
         template = Template.ensure(config, engine, progress=lambda m: wire.send(sock, {"event": "log", "text": m}))
         session = Session(template, mode=args.mode, keep=args.checkpoints, timeout=args.timeout or None,
                           project_dir=args.project, files=args.files)
+        if args.files != "readwrite":  # readwrite writes the notebook's folder from this process
+            engine.lockdown("run")
+            session.host_writes_allowed = False
     except ZerobootError as exc:
         wire.send(sock, {"event": "fatal", "text": str(exc)})
         return 1

@@ -34,8 +34,10 @@ from ipykernel.kernelbase import Kernel
 from traitlets import List
 
 from . import __version__
+from . import export
 from . import magics as mg
 from .engine_client import EngineClient, EngineDied
+from .errors import ZerobootError
 from .kernel_config import KernelSettings
 from .kernel_history import CellHistory
 
@@ -416,7 +418,14 @@ class ZerobootKernel(Kernel):
                 return mg.format_diff(self._call(client, "diff").get("changes") or [],
                                       (stats.get("files") or {}).get("directory"))
             if sub == "export":
-                return str(self._call(client, "export", path=magic.arg, dest=magic.dest).get("text", "")) + "\n"
+                # the engine reads what the sandbox sees; the kernel writes it, inside the folder
+                got = self._call(client, "export_read", path=magic.arg)
+                try:
+                    written = export.write(export.from_wire(got.get("items") or []), magic.dest or magic.arg, got["root"])
+                except (OSError, ZerobootError) as exc:
+                    raise _MagicFailed(type(exc).__name__, f"export of {magic.arg} failed: {exc}") from None
+                return f"exported {magic.arg}: {len(written)} file(s) written to the host\n" + \
+                    "".join(f"  {path}\n" for path in written)
             if sub == "reset":
                 self._call(client, "restart")
                 return ("the sandbox is back to the clean template state; every checkpoint was dropped "

@@ -90,6 +90,14 @@ class Engine:
     def handle(self) -> Any:
         return self._handle
 
+    def lockdown(self, phase: str) -> None:
+        """seccomp on this whole process (native/seccomp.c), irreversibly: "setup" (no exec, no
+        network, no new processes) or "run" (also no host file writes)."""
+        err = _err()
+        code = {"setup": lib.ZB_LOCKDOWN_SETUP, "run": lib.ZB_LOCKDOWN_RUN}[phase]
+        if lib.zb_engine_lockdown(self.handle, code, err) < 0:
+            raise SandboxError(_text(err))
+
     def close(self) -> None:
         self._finalizer()
 
@@ -238,10 +246,33 @@ class Guest:
                 return [tuple(line.split("\t", 1)) for line in text.splitlines() if "\t" in line]  # type: ignore[misc]
             size = n + 1
 
-    def export(self, guest_path: str, host_dest: str) -> None:
+    def read_file(self, guest_path: str) -> bytes:
+        """A regular file's content as the guest sees it (overlay edits included)."""
         err = _err()
-        if lib.zb_sandbox_export(self.handle, guest_path.encode(), host_dest.encode(), err) < 0:
-            raise SandboxError(_text(err))
+        chunk = ffi.new("char[]", 1 << 20)
+        out = bytearray()
+        while True:
+            n = lib.zb_sandbox_read_file(self.handle, guest_path.encode(), len(out), chunk, 1 << 20, err)
+            if n < 0:
+                raise SandboxError(_text(err))
+            if n == 0:
+                return bytes(out)
+            out += ffi.buffer(chunk, n)
+
+    def list_dir(self, guest_path: str) -> list[tuple[str, str]] | None:
+        """(kind, name) of a directory's entries as the guest sees them (kind d, f or l), or None
+        when guest_path is not a directory."""
+        err = _err()
+        size = 65536
+        while True:
+            buf = ffi.new("char[]", size)
+            n = lib.zb_sandbox_list_dir(self.handle, guest_path.encode(), buf, size, err)
+            if n < 0:
+                return None
+            if n < size:
+                text = ffi.string(buf).decode(errors="surrogateescape")
+                return [(line[0], line[2:]) for line in text.splitlines() if len(line) > 2]
+            size = n + 1
 
     def chdir(self, guest_path: str) -> None:
         err = _err()

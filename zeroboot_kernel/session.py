@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import export
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
 from .native import Snapshot
 from .sandbox import InputCallback, MessageCallback, Sandbox, StreamCallback
@@ -53,6 +54,7 @@ class Session:
         self.interrupt_grace = interrupt_grace
         self.project_dir = os.path.realpath(project_dir) if project_dir else None
         self.files = files
+        self.host_writes_allowed = True  # False once the engine process is locked down (run phase)
         self.sandbox = template.fork()
         if self.project_dir:
             # the notebook's folder at its own path, and the cell's working directory
@@ -192,6 +194,10 @@ class Session:
         directory = self._need_project()
         if files not in FILES_MODES:
             raise SandboxError(f"unknown files mode {files!r}: use overlay, readonly or readwrite")
+        if files == "readwrite" and not self.host_writes_allowed:
+            raise SandboxError("readwrite must be chosen when the kernel starts (ZEROBOOT_FILES=readwrite in the "
+                               "kernelspec's env): the sandbox engine process is locked down against writing "
+                               "host files")
         self.sandbox.guest.set_project_mode(directory, files)
         self.files = files
         return {"overlay": f"{directory}: reads from the host, writes stay private to the sandbox",
@@ -202,14 +208,16 @@ class Session:
         """What the sandbox created (A), changed (M) or deleted (D) in the notebook's folder."""
         return self.sandbox.guest.project_diff(self._need_project())
 
-    def export(self, path: str, dest: str | None = None) -> str:
-        """Copy a file or folder as the sandbox sees it into the notebook's folder on the host."""
+    def export_items(self, path: str) -> list[export.ExportItem]:
+        """What %sandbox export PATH would write: the file or tree at PATH as the sandbox sees it."""
         directory = self._need_project()
-        src = path if os.path.isabs(path) else os.path.join(directory, path)
-        target = dest or path
-        target = target if os.path.isabs(target) else os.path.join(directory, target)
-        self.sandbox.guest.export(src, target)
-        return f"exported {path} to {target}"
+        return export.collect(self.sandbox.guest, path if os.path.isabs(path) else os.path.join(directory, path))
+
+    def export(self, path: str, dest: str | None = None) -> str:
+        """Copy a file or folder as the sandbox sees it into the notebook's folder on the host
+        (in-process use; the kernel writes on its side with export.write)."""
+        written = export.write(self.export_items(path), dest or path, self._need_project())
+        return f"exported {path}: {len(written)} file(s) written"
 
     # ---- reporting ----
     def describe_checkpoints(self) -> list[dict[str, Any]]:
