@@ -14,6 +14,7 @@ struct zb_vdso_data { /* keep in sync with native/vdso.c */
     uint64_t mult;      /* ns per TSC tick, 32.32 fixed point; 0 = unknown, use the syscall */
     int64_t mono_ns, real_ns, boot_ns;
     int64_t raw_ns;     /* CLOCK_MONOTONIC_RAW differs from CLOCK_MONOTONIC by the host's NTP slew */
+    uint64_t generation; /* bumped by every rewrite */
 };
 
 /* The data page is the page below this image's ELF header (the linker's __ehdr_start). */
@@ -29,24 +30,35 @@ static inline long syscall2(long nr, long a, long b) {
     return ret;
 }
 
-static inline int64_t ns_since_base(void) {
-    uint32_t lo, hi;
-    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
-    uint64_t ticks = (((uint64_t)hi << 32) | lo) - data()->tsc0;
-    return (int64_t)(((unsigned __int128)ticks * data()->mult) >> 32);
+/* One of the data page's base times plus the time since the host took it. The host rewrites the
+ * page whenever the sandbox resumes, and the guest can be stopped anywhere (a signal, a deadline):
+ * a reader stopped between its rdtsc and its use of the page would mix an old TSC reading with new
+ * base times and go back in time. So it reads under the page's generation and retries when a
+ * rewrite happened in between. */
+static inline int64_t now_ns(const volatile int64_t *base) {
+    const volatile struct zb_vdso_data *d = data();
+    for (;;) {
+        uint64_t gen = d->generation;
+        uint32_t lo, hi;
+        __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi) : : "memory");
+        uint64_t ticks = (((uint64_t)hi << 32) | lo) - d->tsc0;
+        int64_t ns = *base + (int64_t)(((unsigned __int128)ticks * d->mult) >> 32);
+        __asm__ volatile("" : : : "memory");
+        if (d->generation == gen) return ns;
+    }
 }
 
 int __vdso_clock_gettime(clockid_t clock, struct timespec *ts) {
-    int64_t base;
+    const volatile int64_t *base;
     if (!data()->mult) return (int)syscall2(228, clock, (long)ts);
     switch (clock) {
-    case CLOCK_REALTIME: case CLOCK_REALTIME_COARSE: base = data()->real_ns; break;
-    case CLOCK_MONOTONIC: case CLOCK_MONOTONIC_COARSE: base = data()->mono_ns; break;
-    case CLOCK_MONOTONIC_RAW: base = data()->raw_ns; break;
-    case CLOCK_BOOTTIME: base = data()->boot_ns; break;
+    case CLOCK_REALTIME: case CLOCK_REALTIME_COARSE: base = &data()->real_ns; break;
+    case CLOCK_MONOTONIC: case CLOCK_MONOTONIC_COARSE: base = &data()->mono_ns; break;
+    case CLOCK_MONOTONIC_RAW: base = &data()->raw_ns; break;
+    case CLOCK_BOOTTIME: base = &data()->boot_ns; break;
     default: return (int)syscall2(228, clock, (long)ts); /* CPU-time clocks: the host knows */
     }
-    int64_t ns = base + ns_since_base();
+    int64_t ns = now_ns(base);
     ts->tv_sec = ns / 1000000000;
     ts->tv_nsec = ns % 1000000000;
     return 0;
@@ -55,7 +67,7 @@ int __vdso_clock_gettime(clockid_t clock, struct timespec *ts) {
 int __vdso_gettimeofday(struct timeval *tv, void *tz) {
     if (!data()->mult) return (int)syscall2(96, (long)tv, (long)tz);
     if (tv) {
-        int64_t ns = data()->real_ns + ns_since_base();
+        int64_t ns = now_ns(&data()->real_ns);
         tv->tv_sec = ns / 1000000000;
         tv->tv_usec = (ns % 1000000000) / 1000;
     }
@@ -64,7 +76,7 @@ int __vdso_gettimeofday(struct timeval *tv, void *tz) {
 }
 
 time_t __vdso_time(time_t *t) {
-    time_t s = data()->mult ? (time_t)((data()->real_ns + ns_since_base()) / 1000000000) : (time_t)syscall2(201, 0, 0);
+    time_t s = data()->mult ? (time_t)(now_ns(&data()->real_ns) / 1000000000) : (time_t)syscall2(201, 0, 0);
     if (t) *t = s;
     return s;
 }

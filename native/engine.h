@@ -69,6 +69,8 @@ typedef struct zb_vm {
     uint64_t slot_hva, slot_size;
     int slot_present;
     uint64_t tsc_khz;
+    timer_t wake_timer;      /* during a run: sends the kick signal at the deadline or the guest's alarm */
+    int wake_timer_live;
 } zb_vm;
 
 struct zb_engine {
@@ -176,6 +178,8 @@ typedef struct zb_cpu {
     int pending_syscall;     /* a syscall was interrupted and is re-served on resume */
     uint64_t pending_nr;
     int64_t pending_wake_ns; /* for an interrupted sleep: absolute wake time */
+    int context_restored;    /* set by rt_sigreturn: regs (rax included) are the restored context,
+                                not a syscall's result, whatever value rax holds */
 } zb_cpu;
 
 /* ---- signals (sys_signals.c) ---- */
@@ -191,6 +195,8 @@ typedef struct zb_signals {
     int altstack_flags;
     int fault_sig, fault_code; /* a pending CPU fault's signal and si_code (SEGV_MAPERR, ...) */
     uint64_t fault_addr;       /* and its si_addr, delivered with it */
+    int64_t alarm_ns;          /* ITIMER_REAL expiry, host CLOCK_MONOTONIC ns; 0 = disarmed (sys_itimer.c) */
+    int64_t alarm_interval_ns; /* its period, 0 = one-shot */
 } zb_signals;
 
 /* ---- the UART (uart16550.c) ---- */
@@ -283,18 +289,29 @@ void zb_sys_time_register(zb_syscall_fn *t);
 void zb_sys_process_register(zb_syscall_fn *t);
 void zb_sys_signals_register(zb_syscall_fn *t);
 void zb_sys_poll_register(zb_syscall_fn *t);
+void zb_sys_itimer_register(zb_syscall_fn *t);
 
 /* sleeping inside a syscall: waits until wake_ns or a kick/deadline. 0 = slept fully,
  * ZB_SYSCALL_STOP = interrupted (sb->stop set). */
 long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns);
 extern __thread int64_t zb_run_deadline_ns;
+/* Set by the handler of ZB_KICK_SIGNAL on this thread (kvm_vm.c); the run loop clears it before KVM_RUN. */
+extern __thread volatile sig_atomic_t zb_kick_signal_seen;
+/* The guest changed its alarm: re-arm the running sandbox's wake-up timer (run_loop.c). */
+void zb_run_timer_update(zb_sandbox *sb);
+/* Queue SIGALRM if the guest's alarm expired by `now` (and re-arm a periodic one); 1 if it did. */
+int zb_alarm_check(zb_sandbox *sb, int64_t now);
 
 /* ---- signals (sys_signals.c) ---- */
 /* Deliver the lowest pending unblocked signal: 0 = done or nothing to do, 1 = the default action
  * kills the guest (*killed_by), -1 = the guest's stack cannot take a frame (*killed_by = SIGSEGV). */
 int zb_signal_deliver(zb_sandbox *sb, int *killed_by);
 int zb_signal_has_handler(const zb_sandbox *sb, int sig);
-int zb_signals_sigreturn(zb_sandbox *sb);
+/* 1 if `sig` arriving now would interrupt a blocked syscall (unblocked, and handled or fatal). */
+int zb_signal_interrupts(const zb_sandbox *sb, int sig);
+/* rt_sigreturn: restore the interrupted context into sb->cpu.regs and set context_restored;
+ * or -errno (regs untouched) for a frame that cannot be read. */
+long zb_signals_sigreturn(zb_sandbox *sb);
 
 /* ---- ELF loading (elf_loader.c) and vDSO (vdso.c) ---- */
 int zb_elf_exec(zb_sandbox *sb, const char *exe_guest_path, const char *const *argv,

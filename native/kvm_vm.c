@@ -18,7 +18,14 @@
 #define STAR_VALUE 0x0020000800000000ull
 #define SFMASK_VALUE 0x47700ull /* clear TF, IF, DF, NT, AC, IOPL on entry */
 
-static void kick_handler(int sig) { (void)sig; }
+__thread volatile sig_atomic_t zb_kick_signal_seen;
+
+/* Tells the run loop that an EINTR came from the engine's own signal (a kick or its wake-up
+ * timer), not from a signal the caller must see. */
+static void kick_handler(int sig) {
+    (void)sig;
+    zb_kick_signal_seen = 1;
+}
 
 void zb_seterr(char *err, const char *fmt, ...) {
     if (!err) return;

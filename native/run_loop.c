@@ -138,12 +138,16 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     int64_t t0 = zb_now_ns();
     sb->has_stop = 0;
     sb->stop_retry = 0;
+    sb->cpu.context_restored = 0;
     long ret = zb_syscall_dispatch(sb, nr, a);
     int64_t dt = zb_now_ns() - t0;
     sb->stats.syscalls++;
     sb->stats.syscall_ns += (uint64_t)dt;
     if (sb->trace_fd >= 0) trace_syscall(sb, nr, a, ret, dt);
-    if (ret == ZB_SYSCALL_STOP) {
+    if (sb->cpu.context_restored) { /* rt_sigreturn: rax is the interrupted code's, not a result */
+        sb->cpu.context_restored = 0;
+        ret = (long)r->rax;
+    } else if (ret == ZB_SYSCALL_STOP) {
         sb->cpu.pending_syscall = !sb->finished;
         sb->cpu.pending_nr = nr;
         *ev = sb->stop_ev;
@@ -311,7 +315,9 @@ long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
             zb_stop_event(sb, kind, 1);
             return ZB_SYSCALL_STOP;
         }
+        if (zb_alarm_check(sb, now) && zb_signal_interrupts(sb, SIGALRM)) return -EINTR;
         int64_t until = zb_run_deadline_ns ? ZB_MIN(wake_ns, zb_run_deadline_ns) : wake_ns;
+        if (sb->sig.alarm_ns) until = ZB_MIN(until, sb->sig.alarm_ns);
         int64_t ns = ZB_MIN(until - now, (int64_t)3600 * 1000000000);
         struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
         ppoll(NULL, 0, &ts, &wait_sigmask); /* returns early on the kick signal */
@@ -335,9 +341,20 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     for (;;) {
         if (atomic_exchange(&sb->kick_requested, 0)) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_KICK; return; }
         if (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_TIMEOUT; return; }
+        if (sb->sig.alarm_ns && zb_alarm_check(sb, zb_now_ns())) {
+            /* SIGALRM interrupts user code: take the registers back and enter its handler */
+            if (sync_regs(sb, vm, ev) < 0 || deliver_signals(sb, ev) || set_user_state(sb, vm, ev) < 0) return;
+            zb_run_timer_update(sb);
+            continue;
+        }
+        zb_kick_signal_seen = 0;
         if (ioctl(vm->vcpu_fd, KVM_RUN, 0) < 0) {
             if (errno == EINTR || errno == EAGAIN) {
+                if (sb->sig.alarm_ns && zb_now_ns() >= sb->sig.alarm_ns) continue; /* the wake timer: the alarm */
                 if (!atomic_load(&sb->kick_requested) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {
+                    /* our own signal with nothing to do: the wake-up timer of an alarm that the loop
+                     * already handled (it noticed the time first) */
+                    if (zb_kick_signal_seen) continue;
                     /* another signal (e.g. the caller's SIGINT): let the caller look at it */
                     memset(ev, 0, sizeof *ev);
                     ev->kind = ZB_EVENT_KICK;
@@ -351,6 +368,34 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         sb->stats.exits++;
         if (handle_exit(sb, vm, ev)) return;
     }
+}
+
+/* The run's POSIX timer sends the kick signal to this thread at the earlier of the run deadline and
+ * the guest's alarm, so that KVM_RUN or a sleep returns in time for either. */
+static int arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
+    int64_t at = zb_run_deadline_ns;
+    if (sb->sig.alarm_ns && (!at || sb->sig.alarm_ns < at)) at = sb->sig.alarm_ns;
+    if (!at && !vm->wake_timer_live) return 0;
+    if (!vm->wake_timer_live) {
+        struct sigevent sev;
+        memset(&sev, 0, sizeof sev);
+        sev.sigev_notify = SIGEV_THREAD_ID;
+        sev.sigev_signo = ZB_KICK_SIGNAL;
+        sev._sigev_un._tid = (pid_t)syscall(SYS_gettid);
+        if (timer_create(CLOCK_MONOTONIC, &sev, &vm->wake_timer) < 0) return -1;
+        vm->wake_timer_live = 1;
+    }
+    struct itimerspec its;
+    memset(&its, 0, sizeof its); /* at == 0 disarms */
+    its.it_value.tv_sec = at / 1000000000;
+    its.it_value.tv_nsec = at % 1000000000;
+    return timer_settime(vm->wake_timer, TIMER_ABSTIME, &its, NULL);
+}
+
+void zb_run_timer_update(zb_sandbox *sb) {
+    zb_vm *vm = sb->engine->vm;
+    if (!vm || vm->attached != sb || !atomic_load(&sb->running)) return; /* armed when it next runs */
+    if (arm_wake_timer(sb, vm) < 0) zb_log(sb, "cannot arm the alarm timer: %s", strerror(errno));
 }
 
 static int set_kvm_sigmask(zb_vm *vm, const sigset_t *mask) {
@@ -387,33 +432,21 @@ int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     sigdelset(&wait_sigmask, ZB_KICK_SIGNAL);
     sb->runner = pthread_self();
     atomic_store(&sb->running, 1);
-    timer_t timer;
-    int have_timer = 0;
     if (set_kvm_sigmask(vm, &wait_sigmask) < 0) {
         error_event(sb, ev, "KVM_SET_SIGNAL_MASK: %s", strerror(errno));
         goto out;
     }
     zb_run_deadline_ns = deadline_ns;
-    if (deadline_ns) {
-        struct sigevent sev;
-        memset(&sev, 0, sizeof sev);
-        sev.sigev_notify = SIGEV_THREAD_ID;
-        sev.sigev_signo = ZB_KICK_SIGNAL;
-        sev._sigev_un._tid = (pid_t)syscall(SYS_gettid);
-        struct itimerspec its;
-        memset(&its, 0, sizeof its);
-        its.it_value.tv_sec = deadline_ns / 1000000000;
-        its.it_value.tv_nsec = deadline_ns % 1000000000;
-        if (timer_create(CLOCK_MONOTONIC, &sev, &timer) < 0 || timer_settime(timer, TIMER_ABSTIME, &its, NULL) < 0) {
-            error_event(sb, ev, "cannot arm the run deadline timer: %s", strerror(errno));
-            goto out;
-        }
-        have_timer = 1;
+    if (arm_wake_timer(sb, vm) < 0) {
+        error_event(sb, ev, "cannot arm the run's wake-up timer: %s", strerror(errno));
+        goto out;
     }
+    zb_alarm_check(sb, t0); /* an alarm that expired while the sandbox was idle goes off now */
     zb_vdso_refresh(sb, vm);
     run_guest(sb, vm, ev);
 out:
-    if (have_timer) timer_delete(timer);
+    if (vm->wake_timer_live) timer_delete(vm->wake_timer);
+    vm->wake_timer_live = 0;
     zb_run_deadline_ns = 0;
     atomic_store(&sb->running, 0);
     /* drop a kick that arrived after we stopped looking, then restore the caller's mask */

@@ -135,6 +135,7 @@ static int load_state(zb_engine *e, zb_in *in, zb_guest_state *st, uint64_t *mem
     st->cpu.pending_syscall = (int)in_u32(in);
     st->cpu.pending_nr = in_u64(in);
     in_bytes(in, &st->sig, sizeof st->sig);
+    st->sig.alarm_ns = st->sig.alarm_interval_ns = 0; /* a monotonic time from another boot means nothing */
     in_str_into(in, st->proc.exe, sizeof st->proc.exe);
     in_str_into(in, st->proc.cwd, sizeof st->proc.cwd);
     st->proc.tid_address = in_u64(in);

@@ -61,6 +61,13 @@ int zb_signal_has_handler(const zb_sandbox *sb, int sig) {
     return h != (uint64_t)(uintptr_t)SIG_DFL && h != (uint64_t)(uintptr_t)SIG_IGN;
 }
 
+int zb_signal_interrupts(const zb_sandbox *sb, int sig) {
+    if (sb->sig.blocked & KSIG_BIT(sig)) return 0;
+    uint64_t h = sb->sig.action[sig].handler;
+    if (h == (uint64_t)(uintptr_t)SIG_IGN) return 0;
+    return h != (uint64_t)(uintptr_t)SIG_DFL || !default_ignored(sig);
+}
+
 static long sys_rt_sigaction(zb_sandbox *sb, const uint64_t a[6]) {
     int sig = (int)a[0];
     if (sig < 1 || sig > 64 || a[3] != 8) return -EINVAL;
@@ -238,7 +245,7 @@ int zb_signal_deliver(zb_sandbox *sb, int *killed_by) {
     return 0;
 }
 
-int zb_signals_sigreturn(zb_sandbox *sb) {
+long zb_signals_sigreturn(zb_sandbox *sb) {
     struct kvm_regs *r = &sb->cpu.regs;
     struct k_ucontext uc;
     if (zb_copy_from_guest(sb, &uc, r->rsp, sizeof uc) < 0) return -EFAULT;
@@ -270,7 +277,8 @@ int zb_signals_sigreturn(zb_sandbox *sb) {
     r->rip = mc->rip;
     r->rflags = (mc->eflags & 0x0dd5) | 0x202; /* arithmetic flags, TF, DF; IF always set */
     sb->sig.blocked = uc.sigmask & ~UNBLOCKABLE;
-    return (long)r->rax;
+    sb->cpu.context_restored = 1;
+    return 0;
 }
 
 void zb_sys_signals_register(zb_syscall_fn *t) {

@@ -1,7 +1,8 @@
 /* sys_time.c - clocks and sleeping. Guest time is the host's time (never the snapshot's); the
  * hot clock calls normally never get here because the guest's vDSO answers them (vdso.c). A guest
  * sleep blocks the engine interruptibly: a kick or the run deadline pauses it and the sleep goes on,
- * to its original wake time, when the sandbox resumes.
+ * to its original wake time, when the sandbox resumes; the guest's own alarm (sys_itimer.c) ends it
+ * with EINTR.
  */
 #include "engine.h"
 
@@ -86,7 +87,7 @@ static int read_timespec(zb_sandbox *sb, uint64_t addr, int64_t *ns) {
 static long sleep_syscall(zb_sandbox *sb, int64_t wake, uint64_t rem) {
     if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
     long r = zb_sleep_until(sb, wake);
-    if (r == ZB_SYSCALL_STOP && rem) {
+    if ((r == ZB_SYSCALL_STOP || r == -EINTR) && rem) { /* -EINTR: the guest's alarm went off */
         int64_t left = ZB_MAX(wake - zb_now_ns(), 0);
         struct timespec ts = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
         zb_copy_to_guest(sb, rem, &ts, sizeof ts); /* validated when the syscall started */

@@ -17,6 +17,7 @@ static void fill_table(void) {
     zb_sys_process_register(table);
     zb_sys_signals_register(table);
     zb_sys_poll_register(table);
+    zb_sys_itimer_register(table);
 }
 
 const char *zb_syscall_name(uint64_t nr) {

@@ -16,6 +16,7 @@ struct zb_vdso_data { /* keep in sync with guest/vdso.c */
     uint64_t tsc0, mult;
     int64_t mono_ns, real_ns, boot_ns;
     int64_t raw_ns;           /* CLOCK_MONOTONIC_RAW: not slewed by NTP, so its own base */
+    uint64_t generation;      /* bumped by every rewrite: a guest reader stopped mid-read retries */
 };
 
 uint64_t zb_vdso_load(zb_sandbox *sb, char *err) {
@@ -57,6 +58,8 @@ void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm) {
     d.real_ns = clock_ns(CLOCK_REALTIME);
     d.boot_ns = clock_ns(CLOCK_BOOTTIME);
     d.raw_ns = clock_ns(CLOCK_MONOTONIC_RAW);
-    memcpy(sb->mem.host + sb->vdso_data, &d, sizeof d);
+    struct zb_vdso_data *page = (struct zb_vdso_data *)(sb->mem.host + sb->vdso_data);
+    d.generation = page->generation + 1;
+    memcpy(page, &d, sizeof d);
     zb_mem_dirty(&sb->mem, sb->vdso_data, sizeof d);
 }

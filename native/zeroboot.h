@@ -146,6 +146,9 @@ void zb_sandbox_kick(zb_sandbox *sb);
 /* Deliver a signal (e.g. SIGINT = 2) to the guest's handler when it next runs. Returns -1 with err
  * when the guest has no handler for it (the default action would kill it). */
 int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err);
+/* Disarm the guest's alarm()/setitimer(ITIMER_REAL) timer; 1 if one was armed. A cell's alarm must
+ * not go off in the agent after the cell ended. */
+int zb_sandbox_cancel_alarm(zb_sandbox *sb);
 int zb_sandbox_finished(zb_sandbox *sb);
 void zb_sandbox_stats(zb_sandbox *sb, zb_stats *out);
 /* Take the engine's log lines for this sandbox (unimplemented syscalls etc.), '\n' separated.

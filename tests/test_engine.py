@@ -112,6 +112,44 @@ def test_interrupt_raises_keyboard_interrupt(sb: Sandbox) -> None:
     assert int(text(sb.execute("x"))) > 0
 
 
+ALARM_SETUP = """
+import signal, time
+class Expired(Exception): pass
+def on_alarm(signum, frame): raise Expired(signum)
+signal.signal(signal.SIGALRM, on_alarm)
+def spin():
+    n = 0
+    while True:
+        n += 1
+"""
+
+
+def test_signal_alarm_bounds_a_sleep_and_a_busy_loop(sb: Sandbox) -> None:
+    """The way graders bound a student's function: signal.alarm / setitimer with a handler."""
+    sb.execute(ALARM_SETUP)
+    r = sb.execute("t0 = time.monotonic()\ntry:\n    signal.alarm(1); time.sleep(30)\n"
+                   "except Expired: print(round(time.monotonic() - t0))")
+    assert r.stdout == "1\n", r
+    r = sb.execute("t0 = time.monotonic()\ntry:\n    signal.setitimer(signal.ITIMER_REAL, 0.2); spin()\n"
+                   "except Expired: print(time.monotonic() - t0 < 1.0)")
+    assert r.stdout == "True\n", r
+
+
+def test_an_alarm_left_armed_ends_with_its_cell(sb: Sandbox) -> None:
+    sb.execute(ALARM_SETUP + "signal.setitimer(signal.ITIMER_REAL, 0.3)")
+    time.sleep(0.5)  # past the alarm: it must not go off in the agent or in the next cell
+    r = sb.execute("time.sleep(0.5); signal.getitimer(signal.ITIMER_REAL)")
+    assert r.status == "ok" and text(r) == "(0.0, 0.0)", r
+
+
+def test_an_unhandled_alarm_kills_only_its_fork(template: Template) -> None:
+    with template.fork() as doomed:
+        with pytest.raises(SandboxError, match="SIGALRM"):
+            doomed.execute("import signal, time\nsignal.alarm(1)\ntime.sleep(5)", timeout=10)
+    with template.fork() as other:
+        assert other.execute("print('alive')").stdout == "alive\n"
+
+
 def test_memory_cap_fails_cleanly(sb: Sandbox) -> None:
     r = sb.execute("import numpy as np\na = np.ones(10**10)")
     assert r.status == "error" and r.error["ename"] in ("MemoryError", "_ArrayMemoryError")

@@ -88,3 +88,37 @@ def test_host_signal_without_a_guest_handler_is_refused():
             sb.raise_signal(2)
         result = guest_c.drive(sb)
     assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
+
+
+def test_alarm_interrupts_a_sleep():
+    result = guest_c.check("signals", "alarm_sleep")
+    assert 950 <= int(result.out.split("alarm after ")[1].split()[0]) < 3000
+
+
+def test_periodic_itimer_interrupts_a_busy_loop():
+    guest_c.check("signals", "itimer_busy")
+
+
+def test_alarm_with_default_action_kills_and_ignored_alarm_does_not():
+    killed = guest_c.run("signals", "alarm_default")
+    assert killed.kind is EventKind.FAULT and killed.end.signal == 14, killed.describe()
+    guest_c.check("signals", "alarm_default", "ignored")
+
+
+def test_cpu_time_itimers_are_refused_and_bad_arguments_fail():
+    guest_c.check("signals", "itimer_cpu")
+
+
+def test_registers_and_flags_survive_signal_delivery():
+    guest_c.check("signals", "regs_survive_signals")
+
+
+def test_clock_never_jumps_when_the_host_stops_the_guest_often():
+    """Each stop is a timeout, a SIGINT and a resume, which rewrites the vDSO's data page."""
+    with guest_c.boot("signals", "clock_across_stops") as sb:
+        _run_until_output(sb, "reading the clock")
+        for _ in range(10):
+            assert sb.run(time.monotonic() + 0.03).kind is EventKind.TIMEOUT
+            sb.raise_signal(2)
+        result = guest_c.drive(sb)
+    assert result.kind is EventKind.EXIT and result.status == 0, result.describe()

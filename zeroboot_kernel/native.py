@@ -175,6 +175,10 @@ class Guest:
         if lib.zb_sandbox_raise(self.handle, signo, err) < 0:
             raise SandboxError(_text(err))
 
+    def cancel_alarm(self) -> bool:
+        """Disarm the guest's alarm()/setitimer(ITIMER_REAL) timer; True if one was armed."""
+        return bool(lib.zb_sandbox_cancel_alarm(self.handle))
+
     @property
     def finished(self) -> bool:
         return bool(lib.zb_sandbox_finished(self.handle))

@@ -3,6 +3,7 @@ A Sandbox wraps a Guest running the guest agent; see zeroboot_kernel.engine for 
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 StreamCallback = Callable[[str, str], None]            # (name, text)
 MessageCallback = Callable[[str, dict[str, Any]], None]  # (msg_type, content)
 InputCallback = Callable[[str, bool], str]             # (prompt, password) -> reply
+
+log = logging.getLogger(__name__)
 
 DEFAULT_OUTPUT_LIMIT = 64 << 20
 INTERRUPT_GRACE = 2.0
@@ -118,6 +121,9 @@ class Sandbox:
         run = _CellRun(on_stream, on_message, on_input, output_limit)
         self.guest.push_input(frames.encode(FrameType.EXECUTE, request))
         reply = self._serve(run, monotonic_deadline(timeout), interrupt_grace, poll)
+        if not self.guest.finished and self.guest.cancel_alarm():
+            # an alarm belongs to its cell: going off later it would hit the agent between cells
+            log.info("cell %d left an alarm armed; it was cancelled when the cell ended", execution_count)
         if not silent and store_history:
             self.execution_count = execution_count
         status = str(reply.get("status", "error"))

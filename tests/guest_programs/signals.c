@@ -4,6 +4,7 @@
 
 #include <setjmp.h>
 #include <signal.h>
+#include <sys/time.h>
 #include <time.h>
 
 static volatile sig_atomic_t got_sig, got_count;
@@ -171,6 +172,158 @@ static void test_segv_handler(int argc, char **argv) {
     printf("fault address %p\n", (void *)fault_addr);
 }
 
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* alarm(): the handler interrupts a sleep after the alarm's time; alarm() reports the seconds left
+ * on the previous alarm; alarm(0) disarms. */
+static void test_alarm_sleep(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    install(SIGALRM, 0);
+    CHECK_EQ(alarm(30), 0u);
+    CHECK_EQ(alarm(1), 30u);            /* 30 s left, rounded */
+    int64_t t0 = now_ns();
+    struct timespec req = {10, 0}, rem = {0, 0};
+    CHECK_ERR(nanosleep(&req, &rem), EINTR);
+    int64_t waited = now_ns() - t0;
+    CHECK_EQ(got_sig, SIGALRM);
+    CHECK(waited >= 950000000 && waited < 3000000000, "woke after %ld ns", (long)waited);
+    CHECK(rem.tv_sec >= 7 && rem.tv_sec <= 9, "remaining %ld s", (long)rem.tv_sec);
+    CHECK_EQ(alarm(0), 0u);             /* it went off: nothing left */
+    alarm(5);
+    CHECK_EQ(alarm(0), 5u);
+    struct itimerval cur;
+    OK(getitimer(ITIMER_REAL, &cur));
+    CHECK(cur.it_value.tv_sec == 0 && cur.it_value.tv_usec == 0, "disarmed timer reads %ld.%06ld",
+          (long)cur.it_value.tv_sec, (long)cur.it_value.tv_usec);
+    printf("alarm after %ld ms\n", (long)(waited / 1000000));
+}
+
+/* A periodic ITIMER_REAL interrupts a computation that makes no syscalls, again and again. */
+static void test_itimer_busy(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    install(SIGALRM, SA_RESTART);
+    struct itimerval tv = {{0, 50000}, {0, 50000}}, old, cur;
+    OK(setitimer(ITIMER_REAL, &tv, &old));
+    CHECK(old.it_value.tv_sec == 0 && old.it_value.tv_usec == 0, "no previous timer");
+    OK(getitimer(ITIMER_REAL, &cur));
+    CHECK(cur.it_interval.tv_usec == 50000 && cur.it_value.tv_sec == 0 && cur.it_value.tv_usec <= 50000,
+          "getitimer: value %ld.%06ld interval %ld", (long)cur.it_value.tv_sec, (long)cur.it_value.tv_usec,
+          (long)cur.it_interval.tv_usec);
+    int64_t t0 = now_ns();
+    volatile uint64_t spins = 0;
+    while (got_count < 4 && now_ns() - t0 < 5000000000) spins++;
+    int64_t took = now_ns() - t0;
+    struct itimerval off = {{0, 0}, {0, 0}};
+    OK(setitimer(ITIMER_REAL, &off, NULL));
+    CHECK(got_count >= 4, "%d SIGALRMs in %ld ms", (int)got_count, (long)(took / 1000000));
+    CHECK(took >= 150000000, "4 periods of 50 ms took %ld ms", (long)(took / 1000000));
+    printf("%d alarms in %ld ms\n", (int)got_count, (long)(took / 1000000));
+}
+
+/* SIGALRM with the default action ends the program, as on Linux; an ignored one does nothing. */
+static void test_alarm_default(int argc, char **argv) {
+    (void)argv;
+    if (argc > 2) { /* "ignored" */
+        signal(SIGALRM, SIG_IGN);
+        struct itimerval tv = {{0, 0}, {0, 100000}};
+        OK(setitimer(ITIMER_REAL, &tv, NULL));
+        struct timespec req = {0, 300000000};
+        OK(nanosleep(&req, NULL));  /* not interrupted */
+        return;
+    }
+    alarm(1);
+    pause();
+    FAIL("pause() returned after SIGALRM with the default action");
+}
+
+/* CPU-time timers are not implemented: arming one is refused, reading or disarming works. */
+static void test_itimer_cpu(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    struct itimerval tv = {{0, 0}, {0, 100000}}, off = {{0, 0}, {0, 0}}, cur;
+    CHECK_ERR(setitimer(ITIMER_VIRTUAL, &tv, NULL), EINVAL);
+    CHECK_ERR(setitimer(ITIMER_PROF, &tv, NULL), EINVAL);
+    OK(setitimer(ITIMER_PROF, &off, NULL));
+    OK(getitimer(ITIMER_VIRTUAL, &cur));
+    CHECK_ERR(syscall(SYS_setitimer, 7, &tv, NULL), EINVAL);
+    struct itimerval bad = {{0, 0}, {0, 1000000}};
+    CHECK_ERR(setitimer(ITIMER_REAL, &bad, NULL), EINVAL);
+    CHECK_ERR(syscall(SYS_setitimer, ITIMER_REAL, (void *)8, NULL), EFAULT);
+    CHECK_ERR(syscall(SYS_getitimer, ITIMER_REAL, (void *)8), EFAULT);
+}
+
+/* Every register of the interrupted code, all 64 bits, and its flags survive signal delivery and
+ * rt_sigreturn: a loop holds patterns (bits 31 and 63 set) in the caller-saved registers and CF
+ * while a 2 ms timer interrupts it, and checks them after every stretch of spinning. */
+static void test_regs_survive_signals(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    install(SIGALRM, 0);
+    struct itimerval tv = {{0, 2000}, {0, 2000}};
+    OK(setitimer(ITIMER_REAL, &tv, NULL));
+    uint64_t bad = 0, rounds = 0;
+    int64_t t0 = now_ns();
+    while (got_count < 40 && now_ns() - t0 < 10000000000) {
+        rounds++;
+        __asm__ volatile(
+            "movabs $0x8000000180000001, %%rax\n\t"
+            "movabs $0x8000000280000002, %%rdx\n\t"
+            "movabs $0x8000000380000003, %%rsi\n\t"
+            "movabs $0x8000000480000004, %%rdi\n\t"
+            "movabs $0x8000000580000005, %%r8\n\t"
+            "movabs $0x8000000680000006, %%r9\n\t"
+            "movabs $0x8000000780000007, %%r10\n\t"
+            "movabs $0x8000000880000008, %%r11\n\t"
+            "mov $200000, %%ecx\n\t"
+            "stc\n\t"
+            "1: dec %%ecx\n\t"          /* dec leaves CF alone */
+            "jnz 1b\n\t"
+            "jnc 3f\n\t"
+            "movabs $0x8000000180000001, %%rcx\n\t cmp %%rcx, %%rax\n\t jne 3f\n\t"
+            "movabs $0x8000000280000002, %%rcx\n\t cmp %%rcx, %%rdx\n\t jne 3f\n\t"
+            "movabs $0x8000000380000003, %%rcx\n\t cmp %%rcx, %%rsi\n\t jne 3f\n\t"
+            "movabs $0x8000000480000004, %%rcx\n\t cmp %%rcx, %%rdi\n\t jne 3f\n\t"
+            "movabs $0x8000000580000005, %%rcx\n\t cmp %%rcx, %%r8\n\t jne 3f\n\t"
+            "movabs $0x8000000680000006, %%rcx\n\t cmp %%rcx, %%r9\n\t jne 3f\n\t"
+            "movabs $0x8000000780000007, %%rcx\n\t cmp %%rcx, %%r10\n\t jne 3f\n\t"
+            "movabs $0x8000000880000008, %%rcx\n\t cmp %%rcx, %%r11\n\t jne 3f\n\t"
+            "jmp 4f\n\t"
+            "3: incq %[bad]\n\t"
+            "4:\n\t"
+            : [bad] "+m"(bad)
+            :
+            : "rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "cc", "memory");
+    }
+    struct itimerval off = {{0, 0}, {0, 0}};
+    OK(setitimer(ITIMER_REAL, &off, NULL));
+    CHECK(got_count >= 40, "only %d signals", (int)got_count);
+    CHECK(bad == 0, "%lu of %lu rounds saw a clobbered register or flag", (unsigned long)bad, (unsigned long)rounds);
+    printf("%d signals over %lu rounds\n", (int)got_count, (unsigned long)rounds);
+}
+
+/* The host stops the guest many times while it reads the clock (test_guest_process.py raises SIGINT
+ * each time, and every resume rewrites the vDSO's data page): the clock never jumps or goes back. */
+static void test_clock_across_stops(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    install(SIGINT, 0);
+    fprintf(stderr, "reading the clock\n");
+    int64_t prev = now_ns(), start = prev, worst = 0;
+    while (got_count < 10 && prev - start < 20000000000) {
+        int64_t t = now_ns();
+        if (t < prev || t - prev > 1000000000) worst = t - prev;
+        prev = t;
+    }
+    CHECK(got_count >= 10, "only %d signals", (int)got_count);
+    CHECK(worst == 0, "the clock moved by %ld ns between two reads", (long)worst);
+}
+
 static const zb_test tests[] = {
     {"sigint_sleep", test_sigint_sleep},
     {"sigint_busy", test_sigint_busy},
@@ -178,6 +331,12 @@ static const zb_test tests[] = {
     {"no_handler", test_no_handler},
     {"self", test_self},
     {"segv_handler", test_segv_handler},
+    {"alarm_sleep", test_alarm_sleep},
+    {"itimer_busy", test_itimer_busy},
+    {"alarm_default", test_alarm_default},
+    {"itimer_cpu", test_itimer_cpu},
+    {"regs_survive_signals", test_regs_survive_signals},
+    {"clock_across_stops", test_clock_across_stops},
     {NULL, NULL},
 };
 
