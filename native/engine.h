@@ -267,6 +267,7 @@ struct zb_sandbox {
     char log[ZB_LOG_MAX];
     size_t log_len;
     uint64_t logged_unknown[8]; /* bitmap of syscall numbers already logged as unimplemented */
+    int logged_no_network;   /* socket() refusals so far (the first one is logged) */
 };
 
 /* ---- syscalls (syscalls.c dispatches to the sys_*.c families) ---- */
@@ -290,6 +291,8 @@ void zb_sys_process_register(zb_syscall_fn *t);
 void zb_sys_signals_register(zb_syscall_fn *t);
 void zb_sys_poll_register(zb_syscall_fn *t);
 void zb_sys_itimer_register(zb_syscall_fn *t);
+void zb_sys_socket_register(zb_syscall_fn *t);
+void zb_sys_epoll_register(zb_syscall_fn *t);
 
 /* sleeping inside a syscall: waits until wake_ns or a kick/deadline. 0 = slept fully,
  * ZB_SYSCALL_STOP = interrupted (sb->stop set). */

@@ -24,11 +24,60 @@ void zb_hostfd_unref(zb_hostfd *h) {
     }
 }
 
+zb_pipe *zb_pipe_new(void) {
+    zb_pipe *p = calloc(1, sizeof *p);
+    if (p) atomic_init(&p->refs, 0);
+    return p;
+}
+
 static void pipe_unref(zb_pipe *p) {
     if (p && atomic_fetch_sub(&p->refs, 1) == 1) {
         free(p->buf);
         free(p);
     }
+}
+
+void zb_file_attach_rx(zb_file *f, zb_pipe *p) {
+    atomic_fetch_add(&p->refs, 1);
+    p->readers++;
+    f->rx = p;
+}
+
+void zb_file_attach_tx(zb_file *f, zb_pipe *p) {
+    atomic_fetch_add(&p->refs, 1);
+    p->writers++;
+    f->tx = p;
+}
+
+void zb_file_detach_rx(zb_file *f) {
+    if (!f->rx) return;
+    f->rx->readers--;
+    pipe_unref(f->rx);
+    f->rx = NULL;
+}
+
+void zb_file_detach_tx(zb_file *f) {
+    if (!f->tx) return;
+    f->tx->writers--;
+    pipe_unref(f->tx);
+    f->tx = NULL;
+}
+
+void zb_epoll_free(zb_epoll *e) {
+    if (!e) return;
+    free(e->items);
+    free(e);
+}
+
+zb_epoll *zb_epoll_copy(const zb_epoll *e) {
+    zb_epoll *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    if (e->n) {
+        if (!(c->items = malloc((size_t)e->n * sizeof *c->items))) { free(c); return NULL; }
+        memcpy(c->items, e->items, (size_t)e->n * sizeof *c->items);
+    }
+    c->n = c->cap = e->n;
+    return c;
 }
 
 zb_file *zb_file_new(int kind) {
@@ -42,11 +91,9 @@ zb_file *zb_file_new(int kind) {
 
 static void file_free(zb_fs *fs, zb_file *f) {
     zb_hostfd_unref(f->host);
-    if (f->pipe) {
-        if (f->pipe_write_end) f->pipe->writers--;
-        else f->pipe->readers--;
-        pipe_unref(f->pipe);
-    }
+    zb_file_detach_rx(f);
+    zb_file_detach_tx(f);
+    zb_epoll_free(f->epoll);
     if (f->ino && fs) zb_ovl_open_ref(fs, f->ino, -1);
     free(f->where);
     if (f->listing) {
@@ -75,8 +122,10 @@ static zb_file *file_copy(const zb_file *s) {
     d->refs = 0;
     d->where = NULL;
     d->listing = NULL;
-    d->pipe = NULL;
+    d->rx = d->tx = NULL;
+    d->epoll = NULL;
     if (s->host) atomic_fetch_add(&s->host->refs, 1);
+    if (s->epoll && !(d->epoll = zb_epoll_copy(s->epoll))) goto fail;
     if (s->where) {
         if (!(d->where = malloc(sizeof *d->where))) goto fail;
         *d->where = *s->where;
@@ -98,9 +147,8 @@ fail:
 }
 
 static zb_pipe *pipe_copy(const zb_pipe *s) {
-    zb_pipe *p = calloc(1, sizeof *p);
+    zb_pipe *p = zb_pipe_new();
     if (!p) return NULL;
-    atomic_init(&p->refs, 0);
     if (s->len) {
         if (!(p->buf = malloc(s->len))) { free(p); return NULL; }
         memcpy(p->buf, s->buf, s->len);
@@ -109,14 +157,30 @@ static zb_pipe *pipe_copy(const zb_pipe *s) {
     return p;
 }
 
+/* The clone of stream s, made once per clone of a table (both ends of a pipe share it). */
+typedef struct {
+    const zb_pipe *old[2 * ZB_MAX_FDS];
+    zb_pipe *new[2 * ZB_MAX_FDS];
+    int n;
+} pipe_map;
+
+static zb_pipe *map_pipe(pipe_map *m, const zb_pipe *s) {
+    for (int k = 0; k < m->n; k++) if (m->old[k] == s) return m->new[k];
+    zb_pipe *p = pipe_copy(s);
+    if (!p) return NULL;
+    m->old[m->n] = s;
+    m->new[m->n++] = p;
+    return p;
+}
+
 zb_fdtable *zb_fdtable_clone(const zb_fdtable *t) {
     zb_fdtable *n = zb_fdtable_new();
     const zb_file *old[ZB_MAX_FDS];
     zb_file *new[ZB_MAX_FDS];
-    const zb_pipe *oldp[ZB_MAX_FDS];
-    zb_pipe *newp[ZB_MAX_FDS];
-    int nmap = 0, npipes = 0;
-    if (!n) return NULL;
+    pipe_map *pipes = calloc(1, sizeof *pipes);
+    int nmap = 0;
+    if (!n || !pipes) goto fail;
+    n->next_file_id = t->next_file_id;
     for (int i = 0; i < ZB_MAX_FDS; i++) {
         const zb_file *f = t->fd[i];
         if (!f) continue;
@@ -124,19 +188,10 @@ zb_fdtable *zb_fdtable_clone(const zb_fdtable *t) {
         for (int k = 0; k < nmap; k++) if (old[k] == f) { c = new[k]; break; }
         if (!c) {
             if (!(c = file_copy(f))) goto fail;
-            if (f->pipe) {
-                zb_pipe *p = NULL;
-                for (int k = 0; k < npipes; k++) if (oldp[k] == f->pipe) { p = newp[k]; break; }
-                if (!p) {
-                    if (!(p = pipe_copy(f->pipe))) { c->refs = 1; file_free(NULL, c); goto fail; }
-                    oldp[npipes] = f->pipe;
-                    newp[npipes++] = p;
-                }
-                atomic_fetch_add(&p->refs, 1);
-                c->pipe = p;
-                if (c->pipe_write_end) p->writers++;
-                else p->readers++;
-            }
+            zb_pipe *rx = f->rx ? map_pipe(pipes, f->rx) : NULL, *tx = f->tx ? map_pipe(pipes, f->tx) : NULL;
+            if ((f->rx && !rx) || (f->tx && !tx)) { c->refs = 1; file_free(NULL, c); goto fail; }
+            if (rx) zb_file_attach_rx(c, rx);
+            if (tx) zb_file_attach_tx(c, tx);
             old[nmap] = f;
             new[nmap++] = c;
         }
@@ -144,8 +199,12 @@ zb_fdtable *zb_fdtable_clone(const zb_fdtable *t) {
         n->fd[i] = c;
         n->cloexec[i] = t->cloexec[i];
     }
+    free(pipes);
     return n;
 fail:
+    if (pipes) /* copies no file took a reference to */
+        for (int k = 0; k < pipes->n; k++) if (atomic_load(&pipes->new[k]->refs) == 0) { free(pipes->new[k]->buf); free(pipes->new[k]); }
+    free(pipes);
     zb_fdtable_free(n, NULL);
     return NULL;
 }
@@ -156,6 +215,7 @@ zb_file *zb_fd_get(zb_sandbox *sb, uint64_t fd) {
 }
 
 int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec) {
+    if (!f->id) f->id = ++sb->fds->next_file_id;
     for (int i = min < 0 ? 0 : min; i < ZB_MAX_FDS; i++) {
         if (!sb->fds->fd[i]) {
             sb->fds->fd[i] = f;

@@ -185,19 +185,37 @@ void zb_block_unref(zb_block *b);
 void zb_ovl_open_ref(zb_fs *fs, uint32_t ino, int delta);
 
 /* fdtable.c: open file descriptions (shared by dup'ed fds) and the fd table */
-enum { FILE_HOST = 1, FILE_OVERLAY, FILE_DIR, FILE_DEV, FILE_CONSOLE, FILE_PIPE };
+enum { FILE_HOST = 1, FILE_OVERLAY, FILE_DIR, FILE_DEV, FILE_CONSOLE, FILE_PIPE, FILE_SOCKET, FILE_EPOLL };
+#define ZB_STREAM_CAP (1u << 20) /* bytes a pipe or a socket direction holds */
 
 typedef struct zb_hostfd {    /* a host fd shared by clones: we always use pread with our offset */
     atomic_int refs;
     int fd;
 } zb_hostfd;
 
+/* A byte stream in one direction: a pipe, or one direction of a socketpair. */
 typedef struct zb_pipe {
     atomic_int refs;
     uint8_t *buf;
     size_t len, cap;
-    int readers, writers;
+    int readers, writers;    /* open file descriptions reading / writing it */
 } zb_pipe;
+
+/* An epoll instance's interest list (sys_epoll.c). An item names a guest fd and the id of the
+ * open file description it had when added: closing that description silently ends the item, as in
+ * Linux, because the fd then holds another description (or none). */
+typedef struct zb_epoll_item {
+    int fd;
+    uint64_t file_id;
+    uint32_t events;         /* EPOLLIN, EPOLLOUT, ..., EPOLLONESHOT */
+    uint64_t data;
+    int disarmed;            /* EPOLLONESHOT after it fired */
+} zb_epoll_item;
+
+typedef struct zb_epoll {
+    zb_epoll_item *items;
+    int n, cap;
+} zb_epoll;
 
 typedef struct zb_file {
     int refs;
@@ -208,15 +226,18 @@ typedef struct zb_file {
     uint32_t ino;            /* FILE_OVERLAY, overlay directories */
     int dev;                 /* FILE_DEV */
     int stream;              /* FILE_CONSOLE: 1 stdout, 2 stderr */
-    zb_pipe *pipe;           /* FILE_PIPE */
-    int pipe_write_end;
-    zb_resolved *where;      /* what was opened (NULL for consoles and pipes) */
+    zb_pipe *rx, *tx;        /* FILE_PIPE: rx (read end) or tx (write end); FILE_SOCKET: both, the
+                                peer's tx is this end's rx; NULL after shutdown() */
+    zb_epoll *epoll;         /* FILE_EPOLL */
+    uint64_t id;             /* unique in its fd table's lineage, given when first installed */
+    zb_resolved *where;      /* what was opened (NULL for consoles, pipes, sockets, epolls) */
     zb_listing *listing;     /* FILE_DIR: taken at the first getdents64 */
 } zb_file;
 
 struct zb_fdtable {
     zb_file *fd[ZB_MAX_FDS];
     uint8_t cloexec[ZB_MAX_FDS];
+    uint64_t next_file_id;
 };
 
 zb_fdtable *zb_fdtable_new(void);
@@ -231,6 +252,28 @@ int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec);
 int zb_fd_close(zb_sandbox *sb, int fd);
 zb_hostfd *zb_hostfd_new(int fd);
 void zb_hostfd_unref(zb_hostfd *h);
+zb_pipe *zb_pipe_new(void);
+/* Attach a stream to f as its rx or tx (counting f as a reader or writer); takes a reference. */
+void zb_file_attach_rx(zb_file *f, zb_pipe *p);
+void zb_file_attach_tx(zb_file *f, zb_pipe *p);
+/* Detach them again (shutdown, close). */
+void zb_file_detach_rx(zb_file *f);
+void zb_file_detach_tx(zb_file *f);
+void zb_epoll_free(zb_epoll *e);
+zb_epoll *zb_epoll_copy(const zb_epoll *e);
+
+/* sys_files.c: reading and writing streams (pipes and sockets) */
+long zb_stream_read(zb_file *f, uint8_t *p, size_t n);
+long zb_stream_write(zb_file *f, const uint8_t *p, size_t n);
+/* Install two new files at the lowest free fds and write the pair to the guest's int[2] at
+ * fds_addr (validated by the caller); takes both references, also on failure. */
+int zb_fd_install_pair(zb_sandbox *sb, zb_file *first, zb_file *second, int cloexec, uint64_t fds_addr);
+
+/* sys_poll.c: readiness (poll events) of an open file, and waiting when nothing is ready */
+short zb_file_ready(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart);
+long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns);
+/* epoll readiness of an epoll file (sys_epoll.c), for poll() on an epoll fd */
+int zb_epoll_any_ready(zb_sandbox *sb, const zb_epoll *e, int *waits_uart);
 
 /* fs_snapshot.c: the namespace, overlay and fd table in a saved snapshot */
 struct zb_out;

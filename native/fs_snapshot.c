@@ -173,9 +173,14 @@ zb_fs *zb_fs_load(zb_in *in) {
 
 /* ---- the fd table ---- */
 
+static uint32_t pipe_index(const zb_pipe *const *pipes, uint32_t n, const zb_pipe *p) {
+    for (uint32_t k = 0; p && k < n; k++) if (pipes[k] == p) return k;
+    return UINT32_MAX;
+}
+
 void zb_fds_save(const zb_fdtable *t, zb_out *o) {
     const zb_file *files[ZB_MAX_FDS];
-    const zb_pipe *pipes[ZB_MAX_FDS];
+    const zb_pipe *pipes[2 * ZB_MAX_FDS];
     uint32_t nfiles = 0, npipes = 0;
     for (int i = 0; i < ZB_MAX_FDS; i++) {
         const zb_file *f = t->fd[i];
@@ -183,12 +188,10 @@ void zb_fds_save(const zb_fdtable *t, zb_out *o) {
         uint32_t k = 0;
         while (k < nfiles && files[k] != f) k++;
         if (k == nfiles) files[nfiles++] = f;
-        if (f->pipe) {
-            uint32_t p = 0;
-            while (p < npipes && pipes[p] != f->pipe) p++;
-            if (p == npipes) pipes[npipes++] = f->pipe;
-        }
+        if (f->rx && pipe_index(pipes, npipes, f->rx) == UINT32_MAX) pipes[npipes++] = f->rx;
+        if (f->tx && pipe_index(pipes, npipes, f->tx) == UINT32_MAX) pipes[npipes++] = f->tx;
     }
+    out_u64(o, t->next_file_id);
     out_u32(o, npipes);
     for (uint32_t p = 0; p < npipes; p++) {
         out_u64(o, pipes[p]->len);
@@ -197,16 +200,24 @@ void zb_fds_save(const zb_fdtable *t, zb_out *o) {
     out_u32(o, nfiles);
     for (uint32_t k = 0; k < nfiles; k++) {
         const zb_file *f = files[k];
-        uint32_t pipe_index = UINT32_MAX;
-        for (uint32_t p = 0; p < npipes; p++) if (pipes[p] == f->pipe) pipe_index = p;
         out_u32(o, (uint32_t)f->kind);
         out_u32(o, (uint32_t)f->flags);
         out_u64(o, f->offset);
         out_u32(o, f->ino);
         out_u32(o, (uint32_t)f->dev);
         out_u32(o, (uint32_t)f->stream);
-        out_u32(o, pipe_index);
-        out_u32(o, (uint32_t)f->pipe_write_end);
+        out_u64(o, f->id);
+        out_u32(o, pipe_index(pipes, npipes, f->rx));
+        out_u32(o, pipe_index(pipes, npipes, f->tx));
+        out_u32(o, f->epoll ? (uint32_t)f->epoll->n : 0);
+        for (int e = 0; f->epoll && e < f->epoll->n; e++) {
+            const zb_epoll_item *it = &f->epoll->items[e];
+            out_u32(o, (uint32_t)it->fd);
+            out_u64(o, it->file_id);
+            out_u32(o, it->events);
+            out_u64(o, it->data);
+            out_u32(o, (uint32_t)it->disarmed);
+        }
         out_str(o, f->where ? f->where->path : NULL);
     }
     uint32_t nfds = 0;
@@ -220,6 +231,25 @@ void zb_fds_save(const zb_fdtable *t, zb_out *o) {
         out_u32(o, k);
         out_u32(o, t->cloexec[i]);
     }
+}
+
+static int load_epoll(zb_in *in, zb_file *f) {
+    uint32_t n = in_u32(in);
+    if (in->err || n > ZB_MAX_FDS || (f->kind != FILE_EPOLL && n)) return -1;
+    if (f->kind != FILE_EPOLL) return 0;
+    if (!(f->epoll = calloc(1, sizeof *f->epoll)) || (n && !(f->epoll->items = calloc(n, sizeof *f->epoll->items)))) return -1;
+    f->epoll->cap = (int)n;
+    for (uint32_t e = 0; e < n; e++) {
+        zb_epoll_item *it = &f->epoll->items[e];
+        it->fd = (int)in_u32(in);
+        it->file_id = in_u64(in);
+        it->events = in_u32(in);
+        it->data = in_u64(in);
+        it->disarmed = in_u32(in) != 0;
+        if (in->err || it->fd < 0 || it->fd >= ZB_MAX_FDS) return -1;
+        f->epoll->n++;
+    }
+    return 0;
 }
 
 /* Rebuild what an open file pointed at: resolve its path again (the namespace is the loaded one)
@@ -248,11 +278,14 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
     zb_fdtable *t = zb_fdtable_new();
     zb_pipe **pipes = NULL;
     zb_file **files = NULL;
-    uint32_t npipes = in_u32(in), nfiles = 0;
-    if (!t || in->err || npipes > MAX_FILES || !(pipes = calloc(npipes + 1, sizeof *pipes))) goto corrupt;
+    uint32_t npipes = 0, nfiles = 0;
+    if (!t) goto corrupt;
+    t->next_file_id = in_u64(in);
+    npipes = in_u32(in);
+    if (in->err || npipes > 2 * ZB_MAX_FDS || !(pipes = calloc(npipes + 1, sizeof *pipes))) { npipes = 0; goto corrupt; }
     for (uint32_t p = 0; p < npipes; p++) {
         uint64_t len = in_u64(in);
-        if (in->err || len > (1u << 20) || !(pipes[p] = calloc(1, sizeof **pipes))) goto corrupt;
+        if (in->err || len > ZB_STREAM_CAP || !(pipes[p] = zb_pipe_new())) goto corrupt;
         if (len && !(pipes[p]->buf = malloc(len))) goto corrupt;
         in_bytes(in, pipes[p]->buf, len);
         pipes[p]->len = pipes[p]->cap = len;
@@ -269,17 +302,16 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
         f->ino = in_u32(in);
         f->dev = (int)in_u32(in);
         f->stream = (int)in_u32(in);
-        uint32_t pipe_index = in_u32(in);
-        f->pipe_write_end = (int)in_u32(in);
+        f->id = in_u64(in);
+        uint32_t rx = in_u32(in), tx = in_u32(in);
+        if (in->err || f->kind < FILE_HOST || f->kind > FILE_EPOLL || f->id > t->next_file_id) goto corrupt;
+        int streams = f->kind == FILE_PIPE || f->kind == FILE_SOCKET;
+        if ((rx != UINT32_MAX && (!streams || rx >= npipes)) || (tx != UINT32_MAX && (!streams || tx >= npipes))) goto corrupt;
+        if (rx != UINT32_MAX) zb_file_attach_rx(f, pipes[rx]);
+        if (tx != UINT32_MAX) zb_file_attach_tx(f, pipes[tx]);
+        if (load_epoll(in, f) < 0) goto corrupt;
         char *path = in_str(in, PATH_MAX);
-        if (in->err || f->kind < FILE_HOST || f->kind > FILE_PIPE) { free(path); goto corrupt; }
-        if (f->kind == FILE_PIPE) {
-            if (pipe_index >= npipes) { free(path); goto corrupt; }
-            f->pipe = pipes[pipe_index];
-            atomic_fetch_add(&f->pipe->refs, 1);
-            if (f->pipe_write_end) f->pipe->writers++;
-            else f->pipe->readers++;
-        }
+        if (in->err) { free(path); goto corrupt; }
         if (f->ino && !zb_ovl_inode(fs, f->ino)) { free(path); goto corrupt; }
         int rc = path && path[0] ? reopen(&ctx, f, path, err) : 0;
         free(path);
@@ -294,6 +326,8 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
         files[k]->refs++;
         t->cloexec[fd] = cloexec ? 1 : 0;
     }
+    for (uint32_t p = 0; p < npipes; p++) /* listed but unused (only a corrupt file does that) */
+        if (!atomic_load(&pipes[p]->refs)) { free(pipes[p]->buf); free(pipes[p]); }
     for (uint32_t k = 0; k < nfiles; k++)
         if (!files[k]->refs) { files[k]->refs = 1; zb_file_unref(NULL, files[k]); }
     free(files);
@@ -302,10 +336,11 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
 corrupt:
     zb_seterr(err, "the template's file table is corrupt");
 fail:
-    for (uint32_t k = 0; files && k < nfiles; k++)
-        if (files[k] && !files[k]->refs) { files[k]->refs = 1; files[k]->ino = 0; zb_file_unref(NULL, files[k]); }
+    /* streams no file holds first: freeing the files below frees the others */
     for (uint32_t p = 0; pipes && p < npipes; p++)
         if (pipes[p] && !atomic_load(&pipes[p]->refs)) { free(pipes[p]->buf); free(pipes[p]); }
+    for (uint32_t k = 0; files && k < nfiles; k++)
+        if (files[k] && !files[k]->refs) { files[k]->refs = 1; files[k]->ino = 0; zb_file_unref(NULL, files[k]); }
     free(files);
     free(pipes);
     zb_fdtable_free(t, NULL);

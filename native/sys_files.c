@@ -200,10 +200,12 @@ static long read_dev(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n) {
     return -EINVAL;
 }
 
-static long read_pipe(zb_file *f, uint8_t *p, size_t n) {
-    zb_pipe *pp = f->pipe;
-    if (f->pipe_write_end) return -EBADF;
-    if (!pp->len) return pp->writers ? -EAGAIN : 0; /* one guest thread: nobody could ever write */
+/* A pipe end or a socket reads its rx stream. With nothing queued it never blocks: the guest is
+ * one thread, so if a writer exists it is the guest itself, and waiting would wait forever. */
+long zb_stream_read(zb_file *f, uint8_t *p, size_t n) {
+    zb_pipe *pp = f->rx;
+    if (!pp) return f->kind == FILE_SOCKET ? 0 : -EBADF; /* a socket shut down for reading reads EOF */
+    if (!pp->len) return pp->writers ? -EAGAIN : 0;
     n = ZB_MIN(n, pp->len);
     memcpy(p, pp->buf, n);
     memmove(pp->buf, pp->buf + n, pp->len - n);
@@ -211,11 +213,11 @@ static long read_pipe(zb_file *f, uint8_t *p, size_t n) {
     return (long)n;
 }
 
-static long write_pipe(zb_file *f, const uint8_t *p, size_t n) {
-    zb_pipe *pp = f->pipe;
-    if (!f->pipe_write_end) return -EBADF;
+long zb_stream_write(zb_file *f, const uint8_t *p, size_t n) {
+    zb_pipe *pp = f->tx;
+    if (!pp) return f->kind == FILE_SOCKET ? -EPIPE : -EBADF; /* shut down for writing */
     if (!pp->readers) return -EPIPE;
-    if (pp->len + n > (1u << 20)) n = (1u << 20) - pp->len; /* a pipe holds at most 1 MiB */
+    if (pp->len + n > ZB_STREAM_CAP) n = ZB_STREAM_CAP - pp->len;
     if (!n) return -EAGAIN;
     if (pp->len + n > pp->cap) {
         size_t cap = ZB_MAX(pp->len + n, pp->cap * 2);
@@ -245,7 +247,7 @@ static long read_into(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int64
     case FILE_OVERLAY: r = zb_ovl_read(sb->fs, f->ino, p, n, pos); break;
     case FILE_DIR: return -EISDIR;
     case FILE_DEV: return read_dev(sb, f, p, n);
-    case FILE_PIPE: return off < 0 ? read_pipe(f, p, n) : -ESPIPE;
+    case FILE_PIPE: case FILE_SOCKET: return off < 0 ? zb_stream_read(f, p, n) : -ESPIPE;
     case FILE_CONSOLE: return -EBADF;
     default: return -EBADF;
     }
@@ -274,7 +276,7 @@ int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len) {
 }
 
 static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int64_t off) {
-    if ((f->flags & O_ACCMODE) == O_RDONLY && f->kind != FILE_CONSOLE && f->kind != FILE_PIPE) return -EBADF;
+    if ((f->flags & O_ACCMODE) == O_RDONLY && f->kind != FILE_CONSOLE && f->kind != FILE_PIPE && f->kind != FILE_SOCKET) return -EBADF;
     n = ZB_MIN(n, IO_MAX);
     const uint8_t *p = zb_guest_ptr(sb, addr, n, 0);
     if (!p) return -EFAULT;
@@ -321,7 +323,7 @@ static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int6
             }
             return r;
         }
-    case FILE_PIPE: return off < 0 ? write_pipe(f, p, n) : -ESPIPE;
+    case FILE_PIPE: case FILE_SOCKET: return off < 0 ? zb_stream_write(f, p, n) : -ESPIPE;
     case FILE_DIR: return -EISDIR;
     default: return -EBADF;
     }
@@ -491,7 +493,7 @@ static long sys_ioctl(zb_sandbox *sb, const uint64_t a[6]) {
     }
     case FIONREAD: {
         int n = f->kind == FILE_DEV && f->dev == DEV_UART ? (int)zb_uart_rx_available(&sb->uart)
-              : f->kind == FILE_PIPE ? (int)f->pipe->len : 0;
+              : f->rx ? (int)f->rx->len : 0;
         return zb_copy_to_guest(sb, a[2], &n, sizeof n);
     }
     default:
@@ -499,24 +501,31 @@ static long sys_ioctl(zb_sandbox *sb, const uint64_t a[6]) {
     }
 }
 
+int zb_fd_install_pair(zb_sandbox *sb, zb_file *first, zb_file *second, int cloexec, uint64_t fds_addr) {
+    int fds[2];
+    fds[0] = zb_fd_install(sb, first, 0, cloexec);
+    if (fds[0] < 0) { zb_file_unref(sb->fs, second); return fds[0]; }
+    fds[1] = zb_fd_install(sb, second, 0, cloexec);
+    if (fds[1] < 0) { zb_fd_close(sb, fds[0]); return fds[1]; }
+    if (zb_copy_to_guest(sb, fds_addr, fds, sizeof fds) < 0) { /* validated by the caller */
+        zb_fd_close(sb, fds[0]);
+        zb_fd_close(sb, fds[1]);
+        return -EFAULT;
+    }
+    return 0;
+}
+
 static long sys_pipe2(zb_sandbox *sb, const uint64_t a[6]) {
     if (a[1] & ~(uint64_t)(O_CLOEXEC | O_NONBLOCK)) return -EINVAL;
     if (!zb_guest_ptr(sb, a[0], 2 * sizeof(int), 1)) return -EFAULT;
-    zb_pipe *p = calloc(1, sizeof *p);
+    zb_pipe *p = zb_pipe_new();
     zb_file *r = zb_file_new(FILE_PIPE), *w = zb_file_new(FILE_PIPE);
     if (!p || !r || !w) { free(p); free(r); free(w); return -ENOMEM; }
-    atomic_init(&p->refs, 2);
-    p->readers = p->writers = 1;
-    r->pipe = w->pipe = p;
-    w->pipe_write_end = 1;
+    zb_file_attach_rx(r, p);
+    zb_file_attach_tx(w, p);
     r->flags = O_RDONLY | (a[1] & O_NONBLOCK);
     w->flags = O_WRONLY | (a[1] & O_NONBLOCK);
-    int fds[2];
-    fds[0] = zb_fd_install(sb, r, 0, a[1] & O_CLOEXEC);
-    if (fds[0] < 0) { zb_file_unref(sb->fs, w); return fds[0]; }
-    fds[1] = zb_fd_install(sb, w, 0, a[1] & O_CLOEXEC);
-    if (fds[1] < 0) { zb_fd_close(sb, fds[0]); return fds[1]; }
-    return zb_copy_to_guest(sb, a[0], fds, sizeof fds);
+    return zb_fd_install_pair(sb, r, w, a[1] & O_CLOEXEC, a[0]);
 }
 static long sys_pipe(zb_sandbox *sb, const uint64_t a[6]) {
     uint64_t b[6] = {a[0], 0, 0, 0, 0, 0};

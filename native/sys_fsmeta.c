@@ -23,8 +23,8 @@ static long stat_file(zb_sandbox *sb, zb_file *f, struct stat *st) {
         return 0;
     case FILE_OVERLAY: zb_ovl_stat(sb->fs, f->ino, st); return 0;
     case FILE_DEV: zb_dev_stat(f->dev, st); return 0;
-    case FILE_CONSOLE: case FILE_PIPE:
-        st->st_mode = S_IFIFO | 0600;
+    case FILE_CONSOLE: case FILE_PIPE: case FILE_SOCKET: case FILE_EPOLL:
+        st->st_mode = f->kind == FILE_SOCKET ? S_IFSOCK | 0777 : f->kind == FILE_EPOLL ? 0600 : S_IFIFO | 0600;
         st->st_blksize = 4096;
         st->st_uid = st->st_gid = 1000;
         return 0;

@@ -3,21 +3,20 @@
  * The guest is one thread and its files are in memory or read-only host files, so almost
  * everything is ready at once. The exceptions: the UART is readable only when the host queued
  * input (a guest waiting on it gives the caller an INPUT event, as a blocking read does), and pipe
- * ends follow their buffer. If nothing is ready, the guest sleeps until its timeout, since no other
+ * and socket ends follow their buffers. epoll (sys_epoll.c) uses the same readiness. If nothing is ready, the guest sleeps until its timeout, since no other
  * thread could make anything ready in the meantime.
  */
+#include "fs.h"
+
 #include <poll.h>
 #include <sys/select.h>
 #include <sys/syscall.h>
 
-#include "fs.h"
-
 #define MAX_POLL_FDS 4096
 
-/* Ready events of fd for the requested ones; *waits_uart is set when it waits on UART input. */
-static short fd_ready(zb_sandbox *sb, int fd, short want, int *waits_uart) {
-    zb_file *f = zb_fd_get(sb, (uint64_t)fd);
-    if (!f) return POLLNVAL;
+/* Ready events of an open file for the requested ones; *waits_uart is set when it waits on UART
+ * input. Stream ends (pipes, sockets) follow their buffers and their peers. */
+short zb_file_ready(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart) {
     short in = POLLIN | POLLRDNORM, out = POLLOUT | POLLWRNORM, got = 0;
     switch (f->kind) {
     case FILE_CONSOLE: got = out; break;
@@ -31,16 +30,28 @@ static short fd_ready(zb_sandbox *sb, int fd, short want, int *waits_uart) {
         }
         break;
     case FILE_PIPE:
-        if (f->pipe_write_end) got = f->pipe->readers ? out : POLLERR;
-        else got = f->pipe->len ? in : f->pipe->writers ? 0 : POLLHUP;
+        if (f->tx) got = f->tx->readers ? out : POLLERR;
+        else got = f->rx->len ? in : f->rx->writers ? 0 : POLLHUP;
         break;
+    case FILE_SOCKET: /* Linux's unix stream sockets: EOF reads as POLLIN | POLLRDHUP, both ways shut as POLLHUP */
+        if (!f->rx || f->rx->len || !f->rx->writers) got |= in;
+        if (!f->rx || !f->rx->writers) got |= POLLRDHUP;
+        if (f->tx && f->tx->readers && f->tx->len < ZB_STREAM_CAP) got |= out;
+        if ((!f->tx || !f->tx->readers) && (!f->rx || !f->rx->writers)) got |= POLLHUP;
+        break;
+    case FILE_EPOLL: got = zb_epoll_any_ready(sb, f->epoll, waits_uart) ? in : 0; break;
     default: got = in | out; break;
     }
     return (short)(got & (want | POLLERR | POLLHUP | POLLNVAL));
 }
 
-/* Wait for nothing in particular until the timeout, or stop for UART input. */
-static long wait_or_stop(zb_sandbox *sb, int waits_uart, int64_t timeout_ns) {
+static short fd_ready(zb_sandbox *sb, int fd, short want, int *waits_uart) {
+    const zb_file *f = zb_fd_get(sb, (uint64_t)fd);
+    return f ? zb_file_ready(sb, f, want, waits_uart) : POLLNVAL;
+}
+
+/* Nothing is ready: wait for nothing in particular until the timeout, or stop for UART input. */
+long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns) {
     if (timeout_ns == 0) return 0;
     if (waits_uart) {
         zb_stop_event(sb, ZB_EVENT_INPUT, 1);
@@ -61,7 +72,7 @@ static long do_poll(zb_sandbox *sb, uint64_t ufds, uint64_t nfds, int64_t timeou
         ready += pfd[i].revents != 0;
     }
     if (ready) return ready;
-    long r = wait_or_stop(sb, waits_uart, timeout_ns);
+    long r = zb_poll_wait(sb, waits_uart, timeout_ns);
     return r < 0 ? r : 0;
 }
 
@@ -100,7 +111,7 @@ static long do_select(zb_sandbox *sb, int64_t nfds, uint64_t rd, uint64_t wr, ui
         if (got & (POLLOUT | POLLERR) && (want & POLLOUT)) { zb_bit_set(rout, (uint64_t)fd); ready++; }
     }
     if (!ready) {
-        long r = wait_or_stop(sb, waits_uart, timeout_ns);
+        long r = zb_poll_wait(sb, waits_uart, timeout_ns);
         if (r < 0) return r;
     }
     if ((rd && zb_copy_to_guest(sb, rd, rin, bytes) < 0) || (wr && zb_copy_to_guest(sb, wr, rout, bytes) < 0)) return -EFAULT;

@@ -150,6 +150,15 @@ def test_an_unhandled_alarm_kills_only_its_fork(template: Template) -> None:
         assert other.execute("print('alive')").stdout == "alive\n"
 
 
+def test_top_level_await_and_asyncio(sb: Sandbox) -> None:
+    """IPython's top-level await and asyncio.run need epoll and a socketpair (the loop's self-pipe)."""
+    sb.execute("import asyncio\nasync def answer(delay):\n    await asyncio.sleep(delay)\n    return 42")
+    assert text(sb.execute("await answer(0.05)")) == "42"
+    assert text(sb.execute("asyncio.run(answer(0.01))")) == "42"
+    r = sb.execute("async def main():\n    return await asyncio.gather(answer(0.02), answer(0.01))\nasyncio.run(main())")
+    assert text(r) == "[42, 42]", r
+
+
 def test_memory_cap_fails_cleanly(sb: Sandbox) -> None:
     r = sb.execute("import numpy as np\na = np.ones(10**10)")
     assert r.status == "error" and r.error["ename"] in ("MemoryError", "_ArrayMemoryError")

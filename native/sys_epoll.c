@@ -1,0 +1,173 @@
+/* sys_epoll.c - epoll over the guest's fds (what asyncio's default selector uses).
+ *
+ * An epoll fd holds an interest list of (fd, open file description) items. Readiness is the one
+ * poll() computes (zb_file_ready), so it is level-triggered; EPOLLET is accepted and behaves as
+ * level-triggered (an edge-triggered reader drains until EAGAIN anyway), EPOLLONESHOT disarms an
+ * item once it was reported. As in Linux, closing the last fd of a description drops its items,
+ * and regular files and directories cannot be added (EPERM). With nothing ready, epoll_wait sleeps
+ * until its timeout (no other thread could make anything ready) or stops for UART input.
+ * Nested epoll fds work; adding an epoll fd that itself watches epoll fds is refused with ELOOP,
+ * which rules out cycles.
+ */
+#include "fs.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
+
+#define EPOLL_KNOWN_EVENTS (EPOLLIN | EPOLLPRI | EPOLLOUT | EPOLLERR | EPOLLHUP | EPOLLRDNORM | EPOLLRDBAND | \
+                            EPOLLWRNORM | EPOLLWRBAND | EPOLLMSG | EPOLLRDHUP | EPOLLEXCLUSIVE | EPOLLWAKEUP | \
+                            EPOLLONESHOT | EPOLLET)
+#define EPOLL_POLL_BITS 0xffffu /* the readiness bits, which equal poll()'s */
+
+static zb_epoll *epoll_of(zb_sandbox *sb, uint64_t fd, long *err) {
+    zb_file *f = zb_fd_get(sb, fd);
+    *err = !f ? -EBADF : f->kind != FILE_EPOLL ? -EINVAL : 0;
+    return *err ? NULL : f->epoll;
+}
+
+static long create(zb_sandbox *sb, int cloexec) {
+    zb_file *f = zb_file_new(FILE_EPOLL);
+    if (!f || !(f->epoll = calloc(1, sizeof *f->epoll))) { free(f); return -ENOMEM; }
+    f->flags = O_RDWR;
+    return zb_fd_install(sb, f, 0, cloexec);
+}
+
+static long sys_epoll_create(zb_sandbox *sb, const uint64_t a[6]) { return (int)a[0] <= 0 ? -EINVAL : create(sb, 0); }
+static long sys_epoll_create1(zb_sandbox *sb, const uint64_t a[6]) {
+    return a[0] & ~(uint64_t)EPOLL_CLOEXEC ? -EINVAL : create(sb, (a[0] & EPOLL_CLOEXEC) != 0);
+}
+
+/* The item's file, or NULL once its description was closed (the fd is empty or holds another). */
+static const zb_file *item_file(zb_sandbox *sb, const zb_epoll_item *it) {
+    const zb_file *f = zb_fd_get(sb, (uint64_t)it->fd);
+    return f && f->id == it->file_id ? f : NULL;
+}
+
+static void drop_closed_items(zb_sandbox *sb, zb_epoll *e) {
+    int kept = 0;
+    for (int i = 0; i < e->n; i++)
+        if (item_file(sb, &e->items[i])) e->items[kept++] = e->items[i];
+    e->n = kept;
+}
+
+static zb_epoll_item *find(zb_epoll *e, int fd) {
+    for (int i = 0; i < e->n; i++) if (e->items[i].fd == fd) return &e->items[i];
+    return NULL;
+}
+
+static int watches_epoll(zb_sandbox *sb, const zb_epoll *e) {
+    for (int i = 0; i < e->n; i++) {
+        const zb_file *f = item_file(sb, &e->items[i]);
+        if (f && f->kind == FILE_EPOLL) return 1;
+    }
+    return 0;
+}
+
+static long sys_epoll_ctl(zb_sandbox *sb, const uint64_t a[6]) {
+    long err;
+    zb_epoll *e = epoll_of(sb, a[0], &err);
+    if (!e) return err;
+    int op = (int)a[1], fd = (int)a[2];
+    zb_file *target = zb_fd_get(sb, a[2]);
+    if (!target) return -EBADF;
+    if (a[2] == a[0]) return -EINVAL;
+    if (target->kind == FILE_HOST || target->kind == FILE_OVERLAY || target->kind == FILE_DIR) return -EPERM;
+    struct epoll_event ev = {0, {0}};
+    if (op != EPOLL_CTL_DEL && zb_copy_from_guest(sb, &ev, a[3], sizeof ev) < 0) return -EFAULT;
+    if (op != EPOLL_CTL_DEL && (ev.events & ~(uint32_t)EPOLL_KNOWN_EVENTS)) return -EINVAL;
+    drop_closed_items(sb, e);
+    zb_epoll_item *it = find(e, fd);
+    switch (op) {
+    case EPOLL_CTL_ADD:
+        if (it) return -EEXIST;
+        if (target->kind == FILE_EPOLL && watches_epoll(sb, target->epoll)) return -ELOOP;
+        if (e->n == e->cap) {
+            int cap = e->cap ? 2 * e->cap : 8;
+            zb_epoll_item *items = realloc(e->items, (size_t)cap * sizeof *items);
+            if (!items) return -ENOMEM;
+            e->items = items;
+            e->cap = cap;
+        }
+        e->items[e->n++] = (zb_epoll_item){.fd = fd, .file_id = target->id, .events = ev.events, .data = ev.data.u64};
+        return 0;
+    case EPOLL_CTL_MOD:
+        if (!it) return -ENOENT;
+        if (ev.events & EPOLLEXCLUSIVE) return -EINVAL;
+        it->events = ev.events;
+        it->data = ev.data.u64;
+        it->disarmed = 0;
+        return 0;
+    case EPOLL_CTL_DEL:
+        if (!it) return -ENOENT;
+        *it = e->items[--e->n];
+        return 0;
+    default:
+        return -EINVAL;
+    }
+}
+
+static uint32_t item_ready(zb_sandbox *sb, const zb_epoll_item *it, int *waits_uart) {
+    const zb_file *f = item_file(sb, it);
+    if (!f || it->disarmed) return 0;
+    short want = (short)((it->events | EPOLLERR | EPOLLHUP) & EPOLL_POLL_BITS);
+    return (uint16_t)zb_file_ready(sb, f, want, waits_uart);
+}
+
+int zb_epoll_any_ready(zb_sandbox *sb, const zb_epoll *e, int *waits_uart) {
+    for (int i = 0; i < e->n; i++)
+        if (item_ready(sb, &e->items[i], waits_uart)) return 1;
+    return 0;
+}
+
+static long do_wait(zb_sandbox *sb, uint64_t epfd, uint64_t events, int maxevents, int64_t timeout_ns) {
+    long err;
+    zb_epoll *e = epoll_of(sb, epfd, &err);
+    if (!e) return err;
+    if (maxevents <= 0 || maxevents > INT_MAX / (int)sizeof(struct epoll_event)) return -EINVAL;
+    struct epoll_event *out = zb_guest_ptr(sb, events, (uint64_t)maxevents * sizeof *out, 1);
+    if (!out) return -EFAULT;
+    drop_closed_items(sb, e);
+    int n = 0, waits_uart = 0;
+    for (int i = 0; i < e->n && n < maxevents; i++) {
+        zb_epoll_item *it = &e->items[i];
+        uint32_t got = item_ready(sb, it, &waits_uart);
+        if (!got) continue;
+        out[n].events = got;
+        out[n].data.u64 = it->data;
+        n++;
+        if (it->events & EPOLLONESHOT) it->disarmed = 1;
+    }
+    if (n) return n;
+    long r = zb_poll_wait(sb, waits_uart, timeout_ns);
+    return r < 0 ? r : 0;
+}
+
+static int64_t ms_timeout(uint64_t ms) { return (int)ms < 0 ? -1 : (int64_t)(int)ms * 1000000; }
+
+static long sys_epoll_wait(zb_sandbox *sb, const uint64_t a[6]) { return do_wait(sb, a[0], a[1], (int)a[2], ms_timeout(a[3])); }
+
+/* The signal mask argument is not applied: signals reach the guest only between its syscalls and
+ * when the host raises them, so there is no race for it to close. */
+static long sys_epoll_pwait(zb_sandbox *sb, const uint64_t a[6]) { return do_wait(sb, a[0], a[1], (int)a[2], ms_timeout(a[3])); }
+
+static long sys_epoll_pwait2(zb_sandbox *sb, const uint64_t a[6]) {
+    int64_t ns = -1;
+    if (a[3]) {
+        struct timespec ts;
+        if (zb_copy_from_guest(sb, &ts, a[3], sizeof ts) < 0) return -EFAULT;
+        if (ts.tv_sec < 0 || ts.tv_nsec < 0 || ts.tv_nsec >= 1000000000) return -EINVAL;
+        ns = ts.tv_sec > 1000000000 ? INT64_MAX / 4 : (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    }
+    return do_wait(sb, a[0], a[1], (int)a[2], ns);
+}
+
+void zb_sys_epoll_register(zb_syscall_fn *t) {
+    t[SYS_epoll_create] = sys_epoll_create;
+    t[SYS_epoll_create1] = sys_epoll_create1;
+    t[SYS_epoll_ctl] = sys_epoll_ctl;
+    t[SYS_epoll_wait] = sys_epoll_wait;
+    t[SYS_epoll_pwait] = sys_epoll_pwait;
+    t[SYS_epoll_pwait2] = sys_epoll_pwait2;
+}
