@@ -272,6 +272,8 @@ int zb_fd_install_pair(zb_sandbox *sb, zb_file *first, zb_file *second, int cloe
 /* sys_poll.c: readiness (poll events) of an open file, and waiting when nothing is ready */
 short zb_file_ready(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart);
 long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns);
+/* A guest struct timespec timeout in ns: -1 for a NULL pointer (wait forever); *err on a bad one. */
+int64_t zb_poll_timeout_ns(zb_sandbox *sb, uint64_t addr, int *err);
 /* epoll readiness of an epoll file (sys_epoll.c), for poll() on an epoll fd */
 int zb_epoll_any_ready(zb_sandbox *sb, const zb_epoll *e, int *waits_uart);
 

@@ -153,14 +153,9 @@ static long sys_epoll_wait(zb_sandbox *sb, const uint64_t a[6]) { return do_wait
 static long sys_epoll_pwait(zb_sandbox *sb, const uint64_t a[6]) { return do_wait(sb, a[0], a[1], (int)a[2], ms_timeout(a[3])); }
 
 static long sys_epoll_pwait2(zb_sandbox *sb, const uint64_t a[6]) {
-    int64_t ns = -1;
-    if (a[3]) {
-        struct timespec ts;
-        if (zb_copy_from_guest(sb, &ts, a[3], sizeof ts) < 0) return -EFAULT;
-        if (ts.tv_sec < 0 || ts.tv_nsec < 0 || ts.tv_nsec >= 1000000000) return -EINVAL;
-        ns = ts.tv_sec > 1000000000 ? INT64_MAX / 4 : (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-    }
-    return do_wait(sb, a[0], a[1], (int)a[2], ns);
+    int err = 0;
+    int64_t ns = zb_poll_timeout_ns(sb, a[3], &err);
+    return err ? err : do_wait(sb, a[0], a[1], (int)a[2], ns);
 }
 
 void zb_sys_epoll_register(zb_syscall_fn *t) {

@@ -76,7 +76,7 @@ static long do_poll(zb_sandbox *sb, uint64_t ufds, uint64_t nfds, int64_t timeou
     return r < 0 ? r : 0;
 }
 
-static int64_t timespec_ns(zb_sandbox *sb, uint64_t addr, int *err) {
+int64_t zb_poll_timeout_ns(zb_sandbox *sb, uint64_t addr, int *err) {
     struct timespec ts;
     if (!addr) return -1;
     if (zb_copy_from_guest(sb, &ts, addr, sizeof ts) < 0) { *err = -EFAULT; return 0; }
@@ -91,7 +91,7 @@ static long sys_poll(zb_sandbox *sb, const uint64_t a[6]) {
 
 static long sys_ppoll(zb_sandbox *sb, const uint64_t a[6]) {
     int err = 0;
-    int64_t ns = timespec_ns(sb, a[2], &err);
+    int64_t ns = zb_poll_timeout_ns(sb, a[2], &err);
     return err ? err : do_poll(sb, a[0], a[1], ns);
 }
 
@@ -132,7 +132,7 @@ static long sys_select(zb_sandbox *sb, const uint64_t a[6]) {
 
 static long sys_pselect6(zb_sandbox *sb, const uint64_t a[6]) {
     int err = 0;
-    int64_t ns = timespec_ns(sb, a[4], &err);
+    int64_t ns = zb_poll_timeout_ns(sb, a[4], &err);
     return err ? err : do_select(sb, (int64_t)(int)a[0], a[1], a[2], a[3], ns);
 }
 
