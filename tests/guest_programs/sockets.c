@@ -164,6 +164,10 @@ static void test_epoll(int argc, char **argv) {
     CHECK_ERR(epoll_ctl(ep, EPOLL_CTL_ADD, outer, &ev), ELOOP);
     struct pollfd pfd = {.fd = ep, .events = POLLIN};
     CHECK_EQ(poll(&pfd, 1, 0), 1);
+    /* epoll_pwait2 takes a timespec */
+    struct timespec zero = {0, 0}, bad = {0, 2000000000};
+    CHECK_EQ(syscall(SYS_epoll_pwait2, outer, got, 8, &zero, NULL, 8), 1);
+    CHECK_ERR(syscall(SYS_epoll_pwait2, outer, got, 8, &bad, NULL, 8), EINVAL);
     /* errors */
     int file = OK(open("/tmp/plain", O_CREAT | O_RDWR, 0600));
     CHECK_ERR(epoll_ctl(ep, EPOLL_CTL_ADD, file, &ev), EPERM);
