@@ -83,6 +83,8 @@ static long open_project_host(zb_sandbox *sb, zb_resolved *r, uint64_t flags, ui
     r->exists = 1;
     r->loc.kind = LOC_HOST;
     r->loc.lower = 1;
+    r->loc.proj = PROJ_READWRITE;
+    r->loc.proj_root = r->parent.proj_root;
     if (!(f->where = malloc(sizeof *r))) { zb_file_unref(sb->fs, f); return -ENOMEM; }
     *f->where = *r;
     return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);

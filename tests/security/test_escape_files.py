@@ -155,3 +155,28 @@ def test_a_malformed_frame_ends_only_that_vm(how):
     assert r.kind is EventKind.ERROR and "malformed UART frame" in r.end.message, r.describe()
     assert "SURVIVED" not in r.out
     battery.engine_still_works()
+
+
+def test_a_file_shrinking_under_a_mapping_does_not_kill_the_engine(tmp_path):
+    """Regression: project files were mapped into guest memory; after the guest truncated one (read-
+    write mode), the engine died of SIGBUS copying the mapping for write(). Run in a child process,
+    so that a regression fails this test instead of killing the test run."""
+    proj = tmp_path / "notebook"
+    proj.mkdir()
+    here = Path(__file__).resolve().parent
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]
+        import battery, guest_c
+        with battery.boot("escape_files", "mmap_truncate", {str(proj / "f.bin")!r}) as sb:
+            sb.mount_project({str(proj)!r}, "readwrite")
+            r = guest_c.drive(sb)
+        print("KIND", r.kind.name)
+        print(r.out[-3000:])
+        guest_c.check("process", "identity")
+        print("ENGINE ALIVE")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"the engine process died (status {proc.returncode}): {proc.stderr[-2000:]}"
+    assert "KIND EXIT" in proc.stdout and "SURVIVED mmap_truncate" in proc.stdout, proc.stdout
+    assert "ATTEMPT write_mapping ok" in proc.stdout and "ENGINE ALIVE" in proc.stdout
