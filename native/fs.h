@@ -165,6 +165,11 @@ int zb_project_export(zb_sandbox *sb, const char *guest_path, const char *host_d
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
 int zb_host_lstat(const char *path, struct stat *st);
+/* Open a host file of the view or of a project for reading (dir: a directory), symlink-free.
+ * Only regular files and directories are opened: -EACCES for FIFOs, sockets and devices. */
+int zb_host_open(const char *path, int dir);
+/* fd if it (a host file just opened) is a regular file or a directory, else -EACCES (closing it). */
+int zb_host_fd_ordinary(int fd);
 
 /* fs_overlay.c */
 uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);

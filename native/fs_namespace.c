@@ -552,6 +552,29 @@ static int hidden(const zb_listing *hide, const char *name) {
     return 0;
 }
 
+/* The guest only ever gets regular files and directories of the host. A FIFO in a view or in the
+ * notebook's folder would block the engine in open() or read() (the kick signal is blocked while
+ * a syscall is served, so neither an interrupt nor the deadline could end that wait), and a device
+ * node would be a way past the sandbox. So host files are opened with O_NONBLOCK (an open never
+ * waits for a FIFO's other end) and O_NOCTTY, and anything but a regular file or a directory is
+ * closed again at once. */
+int zb_host_fd_ordinary(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) return fd;
+    close(fd);
+    return -EACCES;
+}
+
+int zb_host_open(const char *path, int dir) {
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return S_ISLNK(st.st_mode) ? -ELOOP : -EACCES;
+    struct open_how how = {.flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (dir ? O_DIRECTORY : 0),
+                           .resolve = RESOLVE_NO_SYMLINKS};
+    int fd = (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
+    if (fd < 0) return -errno;
+    return zb_host_fd_ordinary(fd); /* the file could have been swapped since the lstat */
+}
+
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide) {
     struct open_how how = {.flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC, .resolve = RESOLVE_NO_SYMLINKS};
     int fd = syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);

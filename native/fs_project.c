@@ -148,10 +148,11 @@ int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode) {
     char rel[PATH_MAX];
     int root = zb_proj_host_path(r, rel, sizeof rel);
     if (root < 0) return root;
-    struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC | O_NOFOLLOW), .mode = (flags & O_CREAT) ? mode : 0,
-                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
+    /* O_NONBLOCK: opening a FIFO for writing would otherwise wait for a reader (zb_host_open) */
+    struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY),
+                           .mode = (flags & O_CREAT) ? mode : 0, .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
     int fd = (int)syscall(SYS_openat2, root, rel, &how, sizeof how);
-    return fd < 0 ? -errno : fd;
+    return fd < 0 ? -errno : zb_host_fd_ordinary(fd);
 }
 
 /* ---- lookups and listings in overlay mode ---- */
@@ -251,8 +252,8 @@ static int upper_parent(zb_sandbox *sb, const zb_resolved *r, uint32_t *out) {
 }
 
 static int copy_host_file(zb_sandbox *sb, const char *path, uint32_t ino) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return -errno;
+    int fd = zb_host_open(path, 0);
+    if (fd < 0) return fd;
     uint8_t *buf = malloc(COPY_CHUNK);
     int rc = buf ? 0 : -ENOMEM;
     for (uint64_t off = 0; !rc;) {
@@ -390,13 +391,14 @@ long zb_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len
 
 /* Copy src (an overlay or host file) to host file rel, below the project's root fd. */
 static int export_file(zb_sandbox *sb, const zb_resolved *src, int root_fd, const char *rel) {
-    struct open_how how = {.flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, .mode = 0644,
+    struct open_how how = {.flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, .mode = 0644,
                            .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
     int out = (int)syscall(SYS_openat2, root_fd, rel, &how, sizeof how);
     if (out < 0) return -errno;
+    if ((out = zb_host_fd_ordinary(out)) < 0) return out;
     uint8_t *buf = malloc(COPY_CHUNK);
     int rc = buf ? 0 : -ENOMEM, in = -1;
-    if (!rc && src->loc.kind != LOC_OVERLAY && (in = open(src->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0) rc = -errno;
+    if (!rc && src->loc.kind != LOC_OVERLAY && (in = zb_host_open(src->path, 0)) < 0) rc = in;
     for (uint64_t off = 0; !rc;) {
         long n = src->loc.kind == LOC_OVERLAY ? zb_ovl_read(sb->fs, src->loc.ino, buf, COPY_CHUNK, off)
                                               : (long)pread(in, buf, COPY_CHUNK, (off_t)off);

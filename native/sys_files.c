@@ -37,12 +37,6 @@ int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags
     return zb_fs_resolve(sb, base, path, resolve_flags, r);
 }
 
-static int host_open(const char *path, int dir) {
-    struct open_how how = {.flags = O_RDONLY | O_CLOEXEC | (dir ? O_DIRECTORY : 0), .resolve = RESOLVE_NO_SYMLINKS};
-    int fd = syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
-    return fd < 0 ? -errno : fd;
-}
-
 /* O_TMPFILE: an unnamed overlay file in the directory `dir`. It lives while it is open, or longer
  * if linkat(fd, "", ..., AT_EMPTY_PATH) gives it a name. */
 static long open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags, uint64_t mode) {
@@ -123,7 +117,7 @@ static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flag
         return -ELOOP;
     case LOC_HOST: {
         if (wr || (flags & O_TRUNC)) return -EROFS;
-        int fd = host_open(r.path, r.loc.is_dir);
+        int fd = zb_host_open(r.path, r.loc.is_dir);
         if (fd < 0) return fd == -ELOOP ? -ELOOP : fd;
         zb_hostfd *h = zb_hostfd_new(fd);
         if (!h || !(f = zb_file_new(r.loc.is_dir ? FILE_DIR : FILE_HOST))) { if (h) zb_hostfd_unref(h); else close(fd); return -ENOMEM; }

@@ -180,3 +180,39 @@ def test_a_file_shrinking_under_a_mapping_does_not_kill_the_engine(tmp_path):
     assert proc.returncode == 0, f"the engine process died (status {proc.returncode}): {proc.stderr[-2000:]}"
     assert "KIND EXIT" in proc.stdout and "SURVIVED mmap_truncate" in proc.stdout, proc.stdout
     assert "ATTEMPT write_mapping ok" in proc.stdout and "ENGINE ALIVE" in proc.stdout
+
+
+def test_special_files_in_the_folder_are_not_opened(tmp_path):
+    """Regression: a FIFO in the notebook's folder blocked the engine in open() (no deadline or
+    interrupt reaches a blocked host call), and device nodes were opened like files."""
+    proj = tmp_path / "notebook"
+    proj.mkdir()
+    os.mkfifo(proj / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(proj / "sock"))
+    paths = [proj / "fifo", proj / "sock"]
+    if os.geteuid() == 0:
+        os.mknod(proj / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        paths.append(proj / "null")
+
+    def unblock() -> None:  # should the engine block after all, free it so the test can fail
+        time.sleep(10)
+        try:
+            os.close(os.open(proj / "fifo", os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+
+    threading.Thread(target=unblock, daemon=True).start()
+    try:
+        for mode in ("readonly", "overlay", "readwrite"):
+            t0 = time.monotonic()
+            with battery.boot("escape_files", "open_special", *map(str, paths)) as sb:
+                sb.mount_project(str(proj), mode)
+                r = battery.guest_c.drive(sb, timeout=5)
+            assert time.monotonic() - t0 < 3, f"the engine blocked opening a special file ({mode})"
+            battery.completed(r, "open_special")
+            got = battery.attempts(r)
+            assert len(got) == 2 * len(paths)
+            assert all(v == ("err", "EACCES") for v in got.values()), (mode, got)
+    finally:
+        sock.close()
