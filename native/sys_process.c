@@ -142,10 +142,16 @@ static long sys_exit_group(zb_sandbox *sb, const uint64_t a[6]) {
     return ZB_SYSCALL_STOP;
 }
 
+/* Linux's TASK_SIZE_MAX: the highest user address + 1 (47-bit canonical user half, minus the guard
+ * page). A base at or above it is refused with EPERM, as Linux does: a non-canonical FS/GS base
+ * cannot be loaded into the vCPU (KVM_SET_SREGS or the VM entry fails), so the guest would die of
+ * a confusing fault on its next instruction instead of getting an error. */
+#define USER_ADDR_LIMIT 0x7ffffffff000ull
+
 static long sys_arch_prctl(zb_sandbox *sb, const uint64_t a[6]) {
     switch (a[0]) {
-    case ARCH_SET_FS: sb->cpu.fs_base = a[1]; return 0;
-    case ARCH_SET_GS: sb->cpu.gs_base = a[1]; return 0;
+    case ARCH_SET_FS: if (a[1] >= USER_ADDR_LIMIT) return -EPERM; sb->cpu.fs_base = a[1]; return 0;
+    case ARCH_SET_GS: if (a[1] >= USER_ADDR_LIMIT) return -EPERM; sb->cpu.gs_base = a[1]; return 0;
     case ARCH_GET_FS: return zb_copy_to_guest(sb, a[1], &sb->cpu.fs_base, 8);
     case ARCH_GET_GS: return zb_copy_to_guest(sb, a[1], &sb->cpu.gs_base, 8);
     default: return -EINVAL; /* CET, AMX permission requests, ... */

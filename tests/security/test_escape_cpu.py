@@ -32,7 +32,8 @@ PORT_ERRORS = {
 # harmless at CPL3: the guest goes on, in user mode, with nothing gained (checked per case below)
 MAY_SURVIVE = {"vmcall", "vmmcall", "sgdt", "rep_insb_uart", "syscall_no_stack", "syscall_flags", "lstar_jump",
                "fs_noncanonical", "gs_noncanonical"}
-MUST_SURVIVE = {"sgdt", "rep_insb_uart", "syscall_no_stack", "syscall_flags", "lstar_jump"}
+MUST_SURVIVE = {"sgdt", "rep_insb_uart", "syscall_no_stack", "syscall_flags", "lstar_jump", "fs_noncanonical",
+                "gs_noncanonical"}
 
 
 def survived_detail(out: str, name: str) -> int | None:
@@ -79,3 +80,11 @@ def check_harmless(name: str, detail: int) -> None:
         assert detail == 1  # getpid answered although rsp was 0, then in the exception stack
     elif name == "syscall_flags":
         assert detail & 0x3000 == 0  # IOPL stays 0
+
+
+@pytest.mark.parametrize("name", ["fs_noncanonical", "gs_noncanonical"])
+def test_noncanonical_tls_base_is_refused(name):
+    """Regression: ARCH_SET_FS/GS took any value; a non-canonical base made the vCPU fault on the
+    next instruction (SIGSEGV/SIGILL at an unrelated address) instead of failing the call."""
+    r = battery.run("escape_cpu", name)
+    assert r.kind is EventKind.EXIT and survived_detail(r.out, name) == 1, r.describe()
