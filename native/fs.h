@@ -183,6 +183,12 @@ int zb_ovl_truncate(zb_fs *fs, uint32_t ino, uint64_t size);
 int zb_ovl_clone(zb_fs *dst, const zb_fs *src);
 void zb_ovl_free_all(zb_fs *fs);
 void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st);
+/* A symlink inode's target, charged to the overlay's limit: 0, -ENOSPC or -ENOMEM. */
+int zb_ovl_set_target(zb_fs *fs, uint32_t ino, const char *target);
+/* Release an inode that was never linked or opened (a creation that failed half way). */
+void zb_ovl_discard(zb_fs *fs, uint32_t ino);
+/* What an inode's metadata (inode, entry names, symlink target) is charged to the limit. */
+uint64_t zb_ovl_meta_cost(const zb_inode *in);
 void zb_block_unref(zb_block *b);
 /* Count open file descriptions of an inode; an unlinked, no longer open file is released. */
 void zb_ovl_open_ref(zb_fs *fs, uint32_t ino, int delta);

@@ -104,7 +104,7 @@ static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flag
         if (r.parent.kind != LOC_OVERLAY) return -EROFS;
         uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, mode & ~sb->proc.umask);
         if (!ino) return -ENOSPC;
-        if ((rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0) return rc;
+        if ((rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0) { zb_ovl_discard(sb->fs, ino); return rc; }
         r.exists = 1;
         r.loc.kind = LOC_OVERLAY;
         r.loc.ino = r.loc.upper = ino;

@@ -220,7 +220,8 @@ static long do_mkdir(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mod
     uint32_t ino = zb_ovl_new_inode(sb->fs, INO_DIR, m);
     if (!ino) return -ENOSPC;
     zb_ovl_inode(sb->fs, ino)->opaque = r.opaque;
-    return zb_ovl_link(sb->fs, r.parent.ino, r.name, ino);
+    if ((rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0) zb_ovl_discard(sb->fs, ino);
+    return rc;
 }
 static long sys_mkdir(zb_sandbox *sb, const uint64_t a[6]) { return do_mkdir(sb, AT_FDCWD, a[0], a[1]); }
 static long sys_mkdirat(zb_sandbox *sb, const uint64_t a[6]) { return do_mkdir(sb, (int)a[0], a[1], a[2]); }
@@ -235,8 +236,9 @@ static long do_symlink(zb_sandbox *sb, uint64_t utarget, int64_t dirfd, uint64_t
     if (rc == ON_HOST) return on_host(&r, host_symlink, target);
     uint32_t ino = zb_ovl_new_inode(sb->fs, INO_SYMLINK, 0777);
     if (!ino) return -ENOSPC;
-    if (!(zb_ovl_inode(sb->fs, ino)->target = strdup(target))) return -ENOMEM;
-    return zb_ovl_link(sb->fs, r.parent.ino, r.name, ino);
+    if ((rc = zb_ovl_set_target(sb->fs, ino, target)) < 0 || (rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0)
+        zb_ovl_discard(sb->fs, ino);
+    return rc;
 }
 static long sys_symlink(zb_sandbox *sb, const uint64_t a[6]) { return do_symlink(sb, a[0], AT_FDCWD, a[1]); }
 static long sys_symlinkat(zb_sandbox *sb, const uint64_t a[6]) { return do_symlink(sb, a[0], (int)a[1], a[2]); }

