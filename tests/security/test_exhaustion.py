@@ -81,3 +81,21 @@ def test_a_guest_spinning_without_syscalls_is_stopped_at_its_deadline():
         assert sb.run(time.monotonic() + 0.2).kind is EventKind.TIMEOUT  # and it can be paused again
     assert time.monotonic() - t0 < 3
     battery.engine_still_works()
+
+
+@pytest.mark.parametrize("what, per_item", [("symlinks", 4000), ("names", 255)])
+def test_overlay_metadata_counts_against_the_overlay_limit(what, per_item):
+    """Regression: only file data counted against the overlay's limit; symlink targets, names and
+    inodes did not, so a guest could make the engine hold gigabytes (~4 KiB per symlink, copied
+    again by every snapshot) without ever seeing ENOSPC."""
+    limit = 16 * MIB
+    before = host_rss_mib()
+    with battery.boot("exhaust", what) as sb:
+        lib.zb_sandbox_set_overlay_limit(sb.handle, limit)
+        r = battery.guest_c.drive(sb, timeout=120)
+        grown = host_rss_mib() - before
+    battery.completed(r, what)
+    assert result(r, "errno") == "ENOSPC"
+    made = int(result(r, "symlinks" if what == "symlinks" else "files"))
+    assert limit // (per_item + 1024) <= made <= limit // per_item, made
+    assert grown <= 4 * limit // MIB, f"the host grew by {grown} MiB for a {limit // MIB} MiB overlay"
