@@ -437,7 +437,11 @@ static int utime_value(const struct timespec *t, int64_t now, int64_t *out) {
     if (t->tv_nsec == UTIME_OMIT) return 0;
     if (t->tv_nsec == UTIME_NOW) { *out = now; return 1; }
     if (t->tv_nsec < 0 || t->tv_nsec >= 1000000000) return -EINVAL;
-    *out = (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+    /* times are kept in ns: clamp what does not fit (~292 years either side of 1970), as a
+     * filesystem clamps to the range it can store, instead of overflowing */
+    const int64_t max_sec = INT64_MAX / 1000000000 - 1;
+    int64_t sec = t->tv_sec > max_sec ? max_sec : t->tv_sec < -max_sec ? -max_sec : t->tv_sec;
+    *out = sec * 1000000000 + t->tv_nsec;
     return 1;
 }
 

@@ -113,7 +113,7 @@ static long sys_select(zb_sandbox *sb, const uint64_t a[6]) {
     if (a[4]) {
         struct { int64_t sec, usec; } tv;
         if (zb_copy_from_guest(sb, &tv, a[4], sizeof tv) < 0) return -EFAULT;
-        if (tv.sec < 0 || tv.usec < 0) return -EINVAL;
+        if (tv.sec < 0 || tv.usec < 0 || tv.usec >= 1000000) return -EINVAL; /* as Linux; and usec * 1000 fits */
         ns = tv.sec > 1000000000 ? INT64_MAX / 4 : tv.sec * 1000000000 + tv.usec * 1000;
     }
     return do_select(sb, (int64_t)(int)a[0], a[1], a[2], a[3], ns);

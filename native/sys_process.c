@@ -178,12 +178,16 @@ static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
         if (a[3]) {
             struct timespec ts;
             if (zb_copy_from_guest(sb, &ts, a[3], sizeof ts) < 0) return -EFAULT;
-            int64_t ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+            if (ts.tv_sec < 0 || ts.tv_nsec < 0 || ts.tv_nsec >= 1000000000) return -EINVAL; /* as Linux */
+            /* in ns, with seconds clamped (to the year 2116) so that neither this product nor the
+             * sums below overflow: a timeout that far away never ends anyway */
+            const int64_t max_sec = INT64_MAX / 1000000000 / 2;
+            int64_t ns = (ts.tv_sec > max_sec ? max_sec : (int64_t)ts.tv_sec) * 1000000000 + ts.tv_nsec;
             if (op == FUTEX_WAIT) wake = zb_now_ns() + ns;
             else {
                 struct timespec now;
                 clock_gettime((a[1] & FUTEX_CLOCK_REALTIME) ? CLOCK_REALTIME : CLOCK_MONOTONIC, &now);
-                wake = zb_now_ns() + ns - ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec);
+                wake = zb_now_ns() + (ns - ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec));
             }
         }
         if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
