@@ -375,12 +375,15 @@ static long sys_getdents64(zb_sandbox *sb, const uint64_t a[6]) {
             if (!used) return -EINVAL;
             break;
         }
-        struct dirent64 *d = (struct dirent64 *)(out + used);
-        d->d_ino = e->ino;
-        d->d_off = (int64_t)f->offset + 1;
-        d->d_reclen = (unsigned short)reclen;
-        d->d_type = e->type;
-        memcpy(d->d_name, e->name, namelen + 1);
+        /* built aligned here, then copied: the guest's buffer may sit at any address */
+        struct { struct dirent64 d; char name[NAME_MAX + 8]; } rec;
+        memset(&rec, 0, reclen);
+        rec.d.d_ino = e->ino;
+        rec.d.d_off = (int64_t)f->offset + 1;
+        rec.d.d_reclen = (unsigned short)reclen;
+        rec.d.d_type = e->type;
+        memcpy(rec.d.d_name, e->name, namelen + 1);
+        memcpy(out + used, &rec, reclen);
         used += reclen;
         f->offset++;
     }

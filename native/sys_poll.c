@@ -53,13 +53,16 @@ static long wait_or_stop(zb_sandbox *sb, int waits_uart, int64_t timeout_ns) {
 
 static long do_poll(zb_sandbox *sb, uint64_t ufds, uint64_t nfds, int64_t timeout_ns) {
     if (nfds > MAX_POLL_FDS) return -EINVAL;
-    struct pollfd *pfd = nfds ? zb_guest_ptr(sb, ufds, nfds * sizeof *pfd, 1) : NULL;
-    if (nfds && !pfd) return -EFAULT;
+    /* the guest's array may sit at any address: work on an aligned copy (as Linux copies it in) */
+    struct pollfd pfd[MAX_POLL_FDS];
+    size_t bytes = nfds * sizeof *pfd;
+    if (nfds && (!zb_guest_ptr(sb, ufds, bytes, 1) || zb_copy_from_guest(sb, pfd, ufds, bytes) < 0)) return -EFAULT;
     int ready = 0, waits_uart = 0;
     for (uint64_t i = 0; i < nfds; i++) {
         pfd[i].revents = pfd[i].fd < 0 ? 0 : fd_ready(sb, pfd[i].fd, pfd[i].events, &waits_uart);
         ready += pfd[i].revents != 0;
     }
+    if (nfds && zb_copy_to_guest(sb, ufds, pfd, bytes) < 0) return -EFAULT;
     if (ready) return ready;
     long r = wait_or_stop(sb, waits_uart, timeout_ns);
     return r < 0 ? r : 0;
