@@ -3,7 +3,8 @@
 # and run each for SECONDS (default 60). Harnesses: uart (frame parser, assembler, 16550 model) and
 # syscall (the syscall dispatcher over guest memory holding fuzzer bytes). Needs clang and its
 # libFuzzer runtime (Debian: clang, libclang-rt-14-dev). The committed seeds in fuzz/corpus/NAME
-# are read; new inputs go to build/fuzz/corpus-NAME, crashes to build/fuzz/artifacts-NAME/.
+# are read; new inputs go to build/fuzz/corpus-NAME, crashes to build/fuzz/artifacts-NAME/
+# (FUZZ_OUT=DIR puts the build and both there instead).
 # Exits 1 if a harness found a crash, a sanitizer report or a broken invariant.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ if [ -z "$cc" ]; then
 fi
 [ -n "$cc" ] || { echo "fuzz: clang not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 2; }
 
-out=build/fuzz
+out="${FUZZ_OUT:-build/fuzz}"
 mkdir -p "$out"
 # the syscall name table, as _build_native.py generates it for the extension
 python3 - "$out/syscall_names.c" <<'PY'
