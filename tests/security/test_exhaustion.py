@@ -109,3 +109,47 @@ def test_pipe_buffers_are_bounded():
     battery.completed(r, "pipes")
     assert int(result(r, "pipe_size")) == 65536
     assert int(result(r, "pipes")) >= 500 and int(result(r, "mib")) <= 40
+
+
+# ---- at the session level: a cell of the kernel ----
+
+@pytest.fixture(scope="module")
+def template():
+    from zeroboot_kernel.template import Template
+    return Template.ensure()
+
+
+SPIN_IN_C = ("import ctypes\nzb_code = ctypes.create_string_buffer(b'\\xeb\\xfe')  # jmp $\n"
+             "ctypes.CFUNCTYPE(None)(ctypes.addressof(zb_code))()")
+
+
+def test_c_code_spinning_forever_is_stopped_and_rolled_back(template):
+    """ctypes calls machine code that loops forever: no bytecode runs, so KeyboardInterrupt can never
+    be raised. The deadline stops it, the cell is rolled back, earlier state is intact."""
+    import time
+    from zeroboot_kernel.session import Session
+    s = Session(template, timeout=1.5)
+    try:
+        assert s.execute("kept = 41", execution_count=1)["status"] == "ok"
+        t0 = time.monotonic()
+        reply = s.execute("lost = 1\n" + SPIN_IN_C, execution_count=2)
+        assert time.monotonic() - t0 < 5
+        assert reply["status"] == "error" and reply["ename"] == "SandboxTimeout", reply
+        out: list[str] = []
+        s.execute("print(kept + 1, 'lost' in globals())", execution_count=3, on_stream=lambda n, t: out.append(t))
+        assert "".join(out) == "42 False\n"
+    finally:
+        s.close()
+
+
+def test_c_code_spinning_ignores_an_interrupt_and_is_rolled_back(template):
+    import threading
+    from zeroboot_kernel.session import Session
+    s = Session(template, interrupt_grace=0.5)
+    try:
+        threading.Timer(0.5, s.sandbox.interrupt).start()
+        reply = s.execute(SPIN_IN_C, execution_count=1)
+        assert reply["status"] == "error" and reply["ename"] == "SandboxTimeout", reply
+        assert s.execute("1 + 1", execution_count=2)["status"] == "ok"
+    finally:
+        s.close()
