@@ -153,3 +153,41 @@ def test_c_code_spinning_ignores_an_interrupt_and_is_rolled_back(template):
         assert s.execute("1 + 1", execution_count=2)["status"] == "ok"
     finally:
         s.close()
+
+
+FORGED = {
+    # user code writes frames of its own to the agent's channel, in the agent's place
+    "result_not_a_dict": (103, '{"execution_count": "x", "data": [1, 2], "metadata": 7}'),
+    "display_odd": (102, '{"data": "str", "metadata": [], "transient": 5, "update": "yes"}'),
+    "error_odd": (104, '{"ename": 1, "evalue": null, "traceback": "not a list"}'),
+    "stream_odd": (101, '{"name": 42, "text": ["x"]}'),
+    "unknown_type": (999, '{}'),
+    "done_early": (107, '{"id": "nope", "status": 17}'),
+    "complete_reply_mid_cell": (108, '{"id": 1, "matches": 5}'),
+    "input_request_without_stdin": (106, '{"prompt": 5, "password": "x"}'),
+    "clear_output": (105, '{"wait": "maybe"}'),
+    "not_json": (101, '\\xff\\xfe not json'),
+    "json_list": (101, '[1, 2, 3]'),
+    "deep_json": (101, '[' * 100000 + ']' * 100000),
+    "big_stream": (101, '{"name": "stdout", "text": "' + 'y' * (8 << 20) + '"}'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORGED))
+def test_frames_forged_by_user_code_never_break_the_host(template, case):
+    from zeroboot_kernel.session import Session
+    ftype, payload = FORGED[case]
+    code = ("import os, struct\nzb_p = " + repr(payload) + ".encode('latin-1')\n"
+            "zb_fd = os.open('/dev/ttyS0', os.O_WRONLY)\n"
+            f"zb_f = struct.pack('<IHHI', 0x5a42464d, 1, {ftype}, len(zb_p)) + zb_p\n"
+            "while zb_f:\n    zb_f = zb_f[os.write(zb_fd, zb_f):]\n")
+    s = Session(template, timeout=30)
+    try:
+        assert s.execute("kept = 1", execution_count=1)["status"] == "ok"
+        reply = s.execute(code, execution_count=2)  # never raises, whatever the frame
+        assert reply["status"] in ("ok", "error"), reply
+        out: list[str] = []
+        reply = s.execute("print(kept)", execution_count=3, on_stream=lambda n, t: out.append(t))
+        assert reply["status"] == "ok" and "1\n" in "".join(out), (case, reply, out)
+    finally:
+        s.close()
