@@ -381,6 +381,9 @@ static long vector_io(zb_sandbox *sb, const uint64_t a[6], int is_write, int64_t
     for (uint64_t i = 0; i < cnt; i++) {
         uint64_t base = (uint64_t)(uintptr_t)iov[i].iov_base, len = iov[i].iov_len;
         if (!len) continue;
+        /* the position of this buffer must fit in an off_t (Linux: EINVAL when pos + count
+         * overflows); off + total itself would be a signed overflow */
+        if (off >= 0 && (uint64_t)total > (uint64_t)(INT64_MAX - off)) return total ? total : -EINVAL;
         long r = is_write ? write_from(sb, f, base, len, off < 0 ? -1 : off + total)
                           : read_into(sb, f, base, len, off < 0 ? -1 : off + total);
         if (r == ZB_SYSCALL_STOP && total) { sb->has_stop = 0; return total; } /* partial, not blocked */
@@ -424,8 +427,9 @@ static long sys_lseek(zb_sandbox *sb, const uint64_t a[6]) {
     case SEEK_HOLE: if (off >= size) return -ENXIO; base = 0; off = size; break;
     default: return -EINVAL;
     }
-    if (base + off < 0) return -EINVAL;
-    f->offset = (uint64_t)(base + off);
+    int64_t pos;
+    if (__builtin_add_overflow(base, off, &pos) || pos < 0) return -EINVAL; /* (no signed overflow) */
+    f->offset = (uint64_t)pos;
     return (long)f->offset;
 }
 
@@ -544,7 +548,10 @@ static long sys_fallocate(zb_sandbox *sb, const uint64_t a[6]) {
     if (!f) return -EBADF;
     if (f->kind != FILE_OVERLAY) return -EOPNOTSUPP;
     if (a[1] != 0) return -EOPNOTSUPP;
-    uint64_t end = a[2] + a[3];
+    int64_t off = (int64_t)a[2], len = (int64_t)a[3], sum;
+    if (off < 0 || len <= 0) return -EINVAL;                  /* as Linux */
+    if (__builtin_add_overflow(off, len, &sum)) return -EFBIG; /* (offset + len wrapped before) */
+    uint64_t end = (uint64_t)sum;
     zb_inode *in = zb_ovl_inode(sb->fs, f->ino);
     return end > in->size ? zb_ovl_truncate(sb->fs, f->ino, end) : 0;
 }
