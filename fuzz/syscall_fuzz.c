@@ -77,6 +77,8 @@ static const char *keep(const char *s) { return strdup(s); } /* for the path tab
 
 static void add_path(const char *p) { paths[npaths++] = p; }
 
+static void remove_root(void);
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
@@ -116,6 +118,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     add_path(keep(join(proj_rw, "out/x")));
     add_path(proj_rw);
     fprintf(stderr, "syscall_fuzz: host files under %s\n", root);
+    atexit(remove_root);
     return 0;
 }
 
@@ -125,6 +128,17 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
     if (ftw->level > 0) remove(path);
     return 0;
 }
+
+static int rm_all(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* At a normal exit the host files go (after a crash they stay, for the report). */
+static void remove_root(void) { nftw(root, rm_all, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* The read-write folder starts each input as it was made in LLVMFuzzerInitialize. */
 static void reset_rw(void) {
