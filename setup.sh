@@ -13,9 +13,18 @@ command -v gcc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 [ "$extras" = "notebook,test" ] && ! command -v bwrap >/dev/null 2>&1 && need_apt+=(bubblewrap)
+[ "$extras" = "notebook,test" ] && ! command -v clang >/dev/null 2>&1 && need_apt+=(clang)  # fuzz/ smoke test
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: installing Debian packages: ${need_apt[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+# the fuzzers (tests/test_fuzz_smoke.py) need clang's libFuzzer runtime, packaged per clang version
+if [ "$extras" = "notebook,test" ] && command -v clang >/dev/null 2>&1 &&
+   ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }' |
+     clang -x c - -fsanitize=fuzzer -o /dev/null >/dev/null 2>&1; then
+    rt="libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
+    echo "setup: installing Debian package: $rt"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$rt" >/dev/null
 fi
 
 if [ ! -e /dev/kvm ]; then

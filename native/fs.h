@@ -166,7 +166,11 @@ long zb_guest_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
 int zb_host_lstat(const char *path, struct stat *st);
+/* Open a host file of the view or of a project for reading (dir: a directory), symlink-free.
+ * Only regular files and directories are opened: -EACCES for FIFOs, sockets and devices. */
 int zb_host_open_ro(const char *path, int dir);
+/* fd if it (a host file just opened) is a regular file or a directory, else -EACCES (closing it). */
+int zb_host_fd_ordinary(int fd);
 
 /* fs_overlay.c */
 uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);
@@ -180,13 +184,22 @@ int zb_ovl_truncate(zb_fs *fs, uint32_t ino, uint64_t size);
 int zb_ovl_clone(zb_fs *dst, const zb_fs *src);
 void zb_ovl_free_all(zb_fs *fs);
 void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st);
+/* A symlink inode's target, charged to the overlay's limit: 0, -ENOSPC or -ENOMEM. */
+int zb_ovl_set_target(zb_fs *fs, uint32_t ino, const char *target);
+/* Release an inode that was never linked or opened (a creation that failed half way). */
+void zb_ovl_discard(zb_fs *fs, uint32_t ino);
+/* What an inode's metadata (inode, entry names, symlink target) is charged to the limit. */
+uint64_t zb_ovl_meta_cost(const zb_inode *in);
 void zb_block_unref(zb_block *b);
 /* Count open file descriptions of an inode; an unlinked, no longer open file is released. */
 void zb_ovl_open_ref(zb_fs *fs, uint32_t ino, int delta);
 
 /* fdtable.c: open file descriptions (shared by dup'ed fds) and the fd table */
 enum { FILE_HOST = 1, FILE_OVERLAY, FILE_DIR, FILE_DEV, FILE_CONSOLE, FILE_PIPE, FILE_SOCKET, FILE_EPOLL };
-#define ZB_STREAM_CAP (1u << 20) /* bytes a pipe or a socket direction holds */
+/* Bytes a pipe or a socket direction holds: what Linux's pipes hold by default (16 pages). Stream
+ * buffers are engine memory and every snapshot copies them: with 1 MiB per pipe, a guest filling
+ * ~500 pipes held 0.5 GiB of the engine's memory per snapshot. */
+#define ZB_STREAM_CAP 65536u
 
 typedef struct zb_hostfd {    /* a host fd shared by clones: we always use pread with our offset */
     atomic_int refs;

@@ -551,13 +551,28 @@ static int hidden(const zb_listing *hide, const char *name) {
     return 0;
 }
 
-/* Open a host file of the view for reading. The path is canonical: the namespace walk lstat'ed
- * every component and turned host symlinks into guest-side lookups, and the guest cannot run
- * between that walk and this open (one vCPU, stopped in the syscall), so O_NOFOLLOW on the last
- * component suffices. Plain openat lets the engine's run-phase seccomp filter check the flags. */
+/* The guest only ever gets regular files and directories of the host. A FIFO in a view or in the
+ * notebook's folder would block the engine in open() or read() (the kick signal is blocked while
+ * a syscall is served, so neither an interrupt nor the deadline could end that wait), and a device
+ * node would be a way past the sandbox. So anything but a regular file or a directory is closed
+ * again at once. */
+int zb_host_fd_ordinary(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) return fd;
+    close(fd);
+    return -EACCES;
+}
+
+/* Open a host file of the view or of a project for reading. The path is canonical: the namespace
+ * walk lstat'ed every component and turned host symlinks into guest-side lookups, and the guest
+ * cannot run between that walk and this open (one vCPU, stopped in the syscall), so O_NOFOLLOW on
+ * the last component suffices. O_NONBLOCK | O_NOCTTY: an open never waits for a FIFO's other end
+ * or takes a terminal. Plain open (not openat2) lets the run-phase seccomp filter check the flags. */
 int zb_host_open_ro(const char *path, int dir) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (dir ? O_DIRECTORY : 0));
-    return fd < 0 ? -errno : fd;
+    struct stat st; /* before opening: opening a socket file fails with ENXIO, which would say too little */
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return S_ISLNK(st.st_mode) ? -ELOOP : -EACCES;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | (dir ? O_DIRECTORY : 0));
+    return fd < 0 ? -errno : zb_host_fd_ordinary(fd); /* the file could have been swapped since the lstat */
 }
 
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide) {

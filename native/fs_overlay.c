@@ -14,6 +14,28 @@ static int64_t wall_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* Engine memory an overlay object costs besides its file data: an inode, a directory entry with
+ * its name, a symlink's target. It is charged to the same limit as the data (as a tmpfs charges
+ * inodes and names), otherwise a guest could make the engine hold gigabytes of names and 4 KiB
+ * symlink targets, which every snapshot of it copies again. */
+#define INODE_COST ((uint64_t)sizeof(zb_inode))
+static uint64_t name_cost(const char *name) { return sizeof(zb_dirent) + strlen(name) + 1; }
+
+static int charge(zb_fs *fs, uint64_t bytes) {
+    if (fs->bytes_used + bytes > fs->bytes_limit) return -ENOSPC;
+    fs->bytes_used += bytes;
+    return 0;
+}
+
+static void uncharge(zb_fs *fs, uint64_t bytes) { fs->bytes_used -= ZB_MIN(bytes, fs->bytes_used); }
+
+uint64_t zb_ovl_meta_cost(const zb_inode *in) {
+    if (in->type == INO_FREE) return 0;
+    uint64_t cost = INODE_COST + (in->target ? strlen(in->target) + 1 : 0);
+    for (size_t i = 0; i < in->nents; i++) cost += name_cost(in->ents[i].name);
+    return cost;
+}
+
 zb_inode *zb_ovl_inode(zb_fs *fs, uint32_t ino) {
     if (!ino || ino >= fs->ninodes || fs->inodes[ino].type == INO_FREE) return NULL;
     return &fs->inodes[ino];
@@ -23,10 +45,11 @@ uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode) {
     uint32_t ino = 0;
     for (uint32_t i = 1; i < fs->ninodes; i++)
         if (fs->inodes[i].type == INO_FREE) { ino = i; break; }
+    if (charge(fs, INODE_COST) < 0) return 0;
     if (!ino) {
-        if (fs->ninodes >= 1u << 20) return 0;
+        if (fs->ninodes >= 1u << 20) { uncharge(fs, INODE_COST); return 0; }
         zb_inode *n = realloc(fs->inodes, (fs->ninodes + 1) * sizeof *n);
-        if (!n) return 0;
+        if (!n) { uncharge(fs, INODE_COST); return 0; }
         fs->inodes = n;
         ino = fs->ninodes++;
     }
@@ -43,6 +66,7 @@ void zb_block_unref(zb_block *b) {
 }
 
 static void inode_release(zb_fs *fs, zb_inode *in) {
+    uncharge(fs, zb_ovl_meta_cost(in));
     for (size_t i = 0; i < in->nents; i++) free(in->ents[i].name);
     free(in->ents);
     for (size_t i = 0; i < in->nblocks; i++) {
@@ -60,6 +84,20 @@ void zb_ovl_open_ref(zb_fs *fs, uint32_t ino, int delta) {
     if (delta > 0) in->opens += delta;
     else if (in->opens >= (uint32_t)-delta) in->opens += delta;
     if (in->opens == 0 && in->nlink == 0 && in->type != INO_DIR) inode_release(fs, in);
+}
+
+void zb_ovl_discard(zb_fs *fs, uint32_t ino) {
+    zb_inode *in = zb_ovl_inode(fs, ino);
+    if (in && !in->nlink && !in->opens) inode_release(fs, in);
+}
+
+int zb_ovl_set_target(zb_fs *fs, uint32_t ino, const char *target) {
+    zb_inode *in = zb_ovl_inode(fs, ino);
+    if (!in || in->target) return -EINVAL;
+    uint64_t cost = strlen(target) + 1;
+    if (charge(fs, cost) < 0) return -ENOSPC;
+    if (!(in->target = strdup(target))) { uncharge(fs, cost); return -ENOMEM; }
+    return 0;
 }
 
 void zb_ovl_free_all(zb_fs *fs) {
@@ -90,8 +128,9 @@ int zb_ovl_link(zb_fs *fs, uint32_t dir, const char *name, uint32_t ino) {
         d->ents = ne;
         d->ents_cap = cap;
     }
+    if (charge(fs, name_cost(name)) < 0) return -ENOSPC;
     char *copy = strdup(name);
-    if (!copy) return -ENOMEM;
+    if (!copy) { uncharge(fs, name_cost(name)); return -ENOMEM; }
     d = zb_ovl_inode(fs, dir); /* (no realloc of the inode array happened, but stay explicit) */
     d->ents[d->nents].name = copy;
     d->ents[d->nents].ino = ino;
@@ -108,6 +147,7 @@ int zb_ovl_unlink(zb_fs *fs, uint32_t dir, const char *name) {
     for (size_t i = 0; i < d->nents; i++) {
         if (strcmp(d->ents[i].name, name)) continue;
         uint32_t ino = d->ents[i].ino;
+        uncharge(fs, name_cost(d->ents[i].name));
         free(d->ents[i].name);
         d->ents[i] = d->ents[--d->nents];
         d->mtime_ns = wall_ns();

@@ -148,10 +148,11 @@ int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode) {
     char rel[PATH_MAX];
     int root = zb_proj_host_path(r, rel, sizeof rel);
     if (root < 0) return root;
-    struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC | O_NOFOLLOW), .mode = (flags & O_CREAT) ? mode : 0,
-                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
+    /* O_NONBLOCK: opening a FIFO for writing would otherwise wait for a reader (zb_host_open) */
+    struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY),
+                           .mode = (flags & O_CREAT) ? mode : 0, .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
     int fd = (int)syscall(SYS_openat2, root, rel, &how, sizeof how);
-    return fd < 0 ? -errno : fd;
+    return fd < 0 ? -errno : zb_host_fd_ordinary(fd);
 }
 
 /* ---- lookups and listings in overlay mode ---- */
@@ -241,7 +242,7 @@ static int upper_parent(zb_sandbox *sb, const zb_resolved *r, uint32_t *out) {
             int mode = lstat(walked, &st) == 0 ? (int)(st.st_mode & 07777) : 0755;
             if (!(c = zb_ovl_new_inode(sb->fs, INO_DIR, (uint32_t)mode))) return -ENOSPC;
             int rc = zb_ovl_link(sb->fs, cur, comp, c);
-            if (rc < 0) return rc;
+            if (rc < 0) { zb_ovl_discard(sb->fs, c); return rc; }
         }
         cur = c;
         p = slash + 1;
@@ -251,8 +252,8 @@ static int upper_parent(zb_sandbox *sb, const zb_resolved *r, uint32_t *out) {
 }
 
 static int copy_host_file(zb_sandbox *sb, const char *path, uint32_t ino) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return -errno;
+    int fd = zb_host_open_ro(path, 0);
+    if (fd < 0) return fd;
     uint8_t *buf = malloc(COPY_CHUNK);
     int rc = buf ? 0 : -ENOMEM;
     for (uint64_t off = 0; !rc;) {
@@ -296,7 +297,7 @@ int zb_proj_copy_up(zb_sandbox *sb, zb_resolved *r, int create) {
         if (n < 0) return -errno;
         target[n] = 0;
         ino = zb_ovl_new_inode(sb->fs, INO_SYMLINK, 0777);
-        if (ino && !(zb_ovl_inode(sb->fs, ino)->target = strdup(target))) return -ENOMEM;
+        if (ino && (rc = zb_ovl_set_target(sb->fs, ino, target)) < 0) { zb_ovl_discard(sb->fs, ino); return rc; }
     } else if (S_ISREG(st.st_mode)) {
         ino = zb_ovl_new_inode(sb->fs, INO_FILE, st.st_mode & 07777);
         if (ino && (rc = copy_host_file(sb, r->path, ino)) < 0) {
@@ -309,7 +310,7 @@ int zb_proj_copy_up(zb_sandbox *sb, zb_resolved *r, int create) {
     if (!ino) return -ENOSPC;
     zb_inode *in = zb_ovl_inode(sb->fs, ino);
     in->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    if ((rc = zb_ovl_link(sb->fs, parent, r->name, ino)) < 0) return rc;
+    if ((rc = zb_ovl_link(sb->fs, parent, r->name, ino)) < 0) { zb_ovl_discard(sb->fs, ino); return rc; }
     r->loc.kind = LOC_OVERLAY;
     r->loc.ino = r->loc.upper = ino;
     r->loc.lower = S_ISDIR(st.st_mode);
@@ -342,7 +343,9 @@ int zb_proj_remove(zb_sandbox *sb, zb_resolved *r, int dir) {
     }
     if (!had_lower) return 0;
     uint32_t wh = zb_ovl_new_inode(sb->fs, INO_WHITEOUT, 0);
-    return wh ? zb_ovl_link(sb->fs, parent, r->name, wh) : -ENOSPC;
+    if (!wh) return -ENOSPC;
+    if ((rc = zb_ovl_link(sb->fs, parent, r->name, wh)) < 0) zb_ovl_discard(sb->fs, wh);
+    return rc;
 }
 
 /* ---- diff and export ---- */

@@ -138,6 +138,7 @@ static void load_inode(zb_in *in, zb_fs *fs, zb_inode *n) {
     if (target && target[0]) n->target = target;
     else free(target);
     if (n->type == INO_SYMLINK && !n->target) in->err = 1;
+    fs->bytes_used += zb_ovl_meta_cost(n); /* as when it was created (fs_overlay.c) */
 }
 
 void zb_fs_save(const zb_fs *fs, zb_out *o) {

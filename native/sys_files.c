@@ -77,6 +77,8 @@ static long open_project_host(zb_sandbox *sb, zb_resolved *r, uint64_t flags, ui
     r->exists = 1;
     r->loc.kind = LOC_HOST;
     r->loc.lower = 1;
+    r->loc.proj = PROJ_READWRITE;
+    r->loc.proj_root = r->parent.proj_root;
     if (!(f->where = malloc(sizeof *r))) { zb_file_unref(sb->fs, f); return -ENOMEM; }
     *f->where = *r;
     return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
@@ -102,7 +104,7 @@ static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flag
         if (r.parent.kind != LOC_OVERLAY) return -EROFS;
         uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, mode & ~sb->proc.umask);
         if (!ino) return -ENOSPC;
-        if ((rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0) return rc;
+        if ((rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0) { zb_ovl_discard(sb->fs, ino); return rc; }
         r.exists = 1;
         r.loc.kind = LOC_OVERLAY;
         r.loc.ino = r.loc.upper = ino;
@@ -377,6 +379,9 @@ static long vector_io(zb_sandbox *sb, const uint64_t a[6], int is_write, int64_t
     for (uint64_t i = 0; i < cnt; i++) {
         uint64_t base = (uint64_t)(uintptr_t)iov[i].iov_base, len = iov[i].iov_len;
         if (!len) continue;
+        /* the position of this buffer must fit in an off_t (Linux: EINVAL when pos + count
+         * overflows); off + total itself would be a signed overflow */
+        if (off >= 0 && (uint64_t)total > (uint64_t)(INT64_MAX - off)) return total ? total : -EINVAL;
         long r = is_write ? write_from(sb, f, base, len, off < 0 ? -1 : off + total)
                           : read_into(sb, f, base, len, off < 0 ? -1 : off + total);
         if (r == ZB_SYSCALL_STOP && total) { sb->has_stop = 0; return total; } /* partial, not blocked */
@@ -420,8 +425,9 @@ static long sys_lseek(zb_sandbox *sb, const uint64_t a[6]) {
     case SEEK_HOLE: if (off >= size) return -ENXIO; base = 0; off = size; break;
     default: return -EINVAL;
     }
-    if (base + off < 0) return -EINVAL;
-    f->offset = (uint64_t)(base + off);
+    int64_t pos;
+    if (__builtin_add_overflow(base, off, &pos) || pos < 0) return -EINVAL; /* (no signed overflow) */
+    f->offset = (uint64_t)pos;
     return (long)f->offset;
 }
 
@@ -474,7 +480,7 @@ static long sys_fcntl(zb_sandbox *sb, const uint64_t a[6]) {
         return zb_copy_to_guest(sb, a[2], &fl, sizeof fl);
     }
     case F_SETLK: case F_SETLKW: case F_OFD_SETLK: case F_OFD_SETLKW: return 0;
-    case F_GETPIPE_SZ: return f->kind == FILE_PIPE ? 1 << 20 : -EBADF;
+    case F_GETPIPE_SZ: return f->kind == FILE_PIPE ? (long)ZB_STREAM_CAP : -EBADF;
     default: return -EINVAL;
     }
 }
@@ -547,7 +553,10 @@ static long sys_fallocate(zb_sandbox *sb, const uint64_t a[6]) {
     if (!f) return -EBADF;
     if (f->kind != FILE_OVERLAY) return -EOPNOTSUPP;
     if (a[1] != 0) return -EOPNOTSUPP;
-    uint64_t end = a[2] + a[3];
+    int64_t off = (int64_t)a[2], len = (int64_t)a[3], sum;
+    if (off < 0 || len <= 0) return -EINVAL;                  /* as Linux */
+    if (__builtin_add_overflow(off, len, &sum)) return -EFBIG; /* (offset + len wrapped before) */
+    uint64_t end = (uint64_t)sum;
     zb_inode *in = zb_ovl_inode(sb->fs, f->ino);
     return end > in->size ? zb_ovl_truncate(sb->fs, f->ino, end) : 0;
 }

@@ -220,7 +220,8 @@ static long do_mkdir(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mod
     uint32_t ino = zb_ovl_new_inode(sb->fs, INO_DIR, m);
     if (!ino) return -ENOSPC;
     zb_ovl_inode(sb->fs, ino)->opaque = r.opaque;
-    return zb_ovl_link(sb->fs, r.parent.ino, r.name, ino);
+    if ((rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0) zb_ovl_discard(sb->fs, ino);
+    return rc;
 }
 static long sys_mkdir(zb_sandbox *sb, const uint64_t a[6]) { return do_mkdir(sb, AT_FDCWD, a[0], a[1]); }
 static long sys_mkdirat(zb_sandbox *sb, const uint64_t a[6]) { return do_mkdir(sb, (int)a[0], a[1], a[2]); }
@@ -235,8 +236,9 @@ static long do_symlink(zb_sandbox *sb, uint64_t utarget, int64_t dirfd, uint64_t
     if (rc == ON_HOST) return on_host(&r, host_symlink, target);
     uint32_t ino = zb_ovl_new_inode(sb->fs, INO_SYMLINK, 0777);
     if (!ino) return -ENOSPC;
-    if (!(zb_ovl_inode(sb->fs, ino)->target = strdup(target))) return -ENOMEM;
-    return zb_ovl_link(sb->fs, r.parent.ino, r.name, ino);
+    if ((rc = zb_ovl_set_target(sb->fs, ino, target)) < 0 || (rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0)
+        zb_ovl_discard(sb->fs, ino);
+    return rc;
 }
 static long sys_symlink(zb_sandbox *sb, const uint64_t a[6]) { return do_symlink(sb, a[0], AT_FDCWD, a[1]); }
 static long sys_symlinkat(zb_sandbox *sb, const uint64_t a[6]) { return do_symlink(sb, a[0], (int)a[1], a[2]); }
@@ -373,12 +375,15 @@ static long sys_getdents64(zb_sandbox *sb, const uint64_t a[6]) {
             if (!used) return -EINVAL;
             break;
         }
-        struct dirent64 *d = (struct dirent64 *)(out + used);
-        d->d_ino = e->ino;
-        d->d_off = (int64_t)f->offset + 1;
-        d->d_reclen = (unsigned short)reclen;
-        d->d_type = e->type;
-        memcpy(d->d_name, e->name, namelen + 1);
+        /* built aligned here, then copied: the guest's buffer may sit at any address */
+        struct { struct dirent64 d; char name[NAME_MAX + 8]; } rec;
+        memset(&rec, 0, reclen);
+        rec.d.d_ino = e->ino;
+        rec.d.d_off = (int64_t)f->offset + 1;
+        rec.d.d_reclen = (unsigned short)reclen;
+        rec.d.d_type = e->type;
+        memcpy(rec.d.d_name, e->name, namelen + 1);
+        memcpy(out + used, &rec, reclen);
         used += reclen;
         f->offset++;
     }
@@ -435,7 +440,11 @@ static int utime_value(const struct timespec *t, int64_t now, int64_t *out) {
     if (t->tv_nsec == UTIME_OMIT) return 0;
     if (t->tv_nsec == UTIME_NOW) { *out = now; return 1; }
     if (t->tv_nsec < 0 || t->tv_nsec >= 1000000000) return -EINVAL;
-    *out = (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+    /* times are kept in ns: clamp what does not fit (~292 years either side of 1970), as a
+     * filesystem clamps to the range it can store, instead of overflowing */
+    const int64_t max_sec = INT64_MAX / 1000000000 - 1;
+    int64_t sec = t->tv_sec > max_sec ? max_sec : t->tv_sec < -max_sec ? -max_sec : t->tv_sec;
+    *out = sec * 1000000000 + t->tv_nsec;
     return 1;
 }
 

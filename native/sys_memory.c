@@ -24,7 +24,27 @@ static int user_range(const zb_memory *m, uint64_t addr, uint64_t len) {
     return addr >= ZB_LOW_REGION && addr + len >= addr && addr + len <= m->size;
 }
 
-/* Fill [addr, addr+len) from an open file at offset: host files are mapped copy-on-write, other
+/* Copy up to len bytes of a host file at off into guest memory (the rest stays zero). */
+static long copy_host_file(zb_memory *m, int fd, uint64_t addr, uint64_t len, uint64_t off) {
+    uint64_t done = 0;
+    while (done < len) {
+        ssize_t n = pread(fd, m->host + addr + done, len - done, (off_t)(off + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return -errno;
+        if (n == 0) break;
+        done += (uint64_t)n;
+    }
+    zb_mem_dirty(m, addr, len);
+    return 0;
+}
+
+/* Whether a host file can shrink under a mapping through the guest or the notebook's user: a file
+ * of a project (the notebook's folder), as opposed to the view's installed, read-only software. */
+static int host_file_may_shrink(const zb_file *f) {
+    return !f->where || f->where->loc.proj || f->where->parent.proj || (f->flags & O_ACCMODE) != O_RDONLY;
+}
+
+/* Fill [addr, addr+len) from an open file at offset: view files are mapped copy-on-write, other
  * files are copied. */
 static long fill_from_file(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len, uint64_t off) {
     zb_memory *m = &sb->mem;
@@ -34,6 +54,11 @@ static long fill_from_file(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t l
         uint64_t size = (uint64_t)st.st_size;
         if (off >= size) return 0;
         uint64_t n = ZB_MIN(len, ZB_PAGE_UP(size - off));
+        /* Pages of a file mapping past the file's end raise SIGBUS in whoever touches them, and the
+         * engine touches guest memory (syscall buffers, snapshots): a project file truncated under
+         * the guest's mapping (by the guest itself in read-write mode, or by the user's editor)
+         * would kill the engine process. Such files are copied; only the view is mapped. */
+        if (host_file_may_shrink(f)) return copy_host_file(m, f->host->fd, addr, n, off);
         return zb_mem_map_file(m, addr, n, f->host->fd, off);
     }
     if (f->kind == FILE_OVERLAY) {

@@ -64,13 +64,16 @@ long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns) {
 
 static long do_poll(zb_sandbox *sb, uint64_t ufds, uint64_t nfds, int64_t timeout_ns) {
     if (nfds > MAX_POLL_FDS) return -EINVAL;
-    struct pollfd *pfd = nfds ? zb_guest_ptr(sb, ufds, nfds * sizeof *pfd, 1) : NULL;
-    if (nfds && !pfd) return -EFAULT;
+    /* the guest's array may sit at any address: work on an aligned copy (as Linux copies it in) */
+    struct pollfd pfd[MAX_POLL_FDS];
+    size_t bytes = nfds * sizeof *pfd;
+    if (nfds && (!zb_guest_ptr(sb, ufds, bytes, 1) || zb_copy_from_guest(sb, pfd, ufds, bytes) < 0)) return -EFAULT;
     int ready = 0, waits_uart = 0;
     for (uint64_t i = 0; i < nfds; i++) {
         pfd[i].revents = pfd[i].fd < 0 ? 0 : fd_ready(sb, pfd[i].fd, pfd[i].events, &waits_uart);
         ready += pfd[i].revents != 0;
     }
+    if (nfds && zb_copy_to_guest(sb, ufds, pfd, bytes) < 0) return -EFAULT;
     if (ready) return ready;
     long r = zb_poll_wait(sb, waits_uart, timeout_ns);
     return r < 0 ? r : 0;
@@ -124,7 +127,7 @@ static long sys_select(zb_sandbox *sb, const uint64_t a[6]) {
     if (a[4]) {
         struct { int64_t sec, usec; } tv;
         if (zb_copy_from_guest(sb, &tv, a[4], sizeof tv) < 0) return -EFAULT;
-        if (tv.sec < 0 || tv.usec < 0) return -EINVAL;
+        if (tv.sec < 0 || tv.usec < 0 || tv.usec >= 1000000) return -EINVAL; /* as Linux; and usec * 1000 fits */
         ns = tv.sec > 1000000000 ? INT64_MAX / 4 : tv.sec * 1000000000 + tv.usec * 1000;
     }
     return do_select(sb, (int64_t)(int)a[0], a[1], a[2], a[3], ns);

@@ -142,10 +142,16 @@ static long sys_exit_group(zb_sandbox *sb, const uint64_t a[6]) {
     return ZB_SYSCALL_STOP;
 }
 
+/* Linux's TASK_SIZE_MAX: the highest user address + 1 (47-bit canonical user half, minus the guard
+ * page). A base at or above it is refused with EPERM, as Linux does: a non-canonical FS/GS base
+ * cannot be loaded into the vCPU (KVM_SET_SREGS or the VM entry fails), so the guest would die of
+ * a confusing fault on its next instruction instead of getting an error. */
+#define USER_ADDR_LIMIT 0x7ffffffff000ull
+
 static long sys_arch_prctl(zb_sandbox *sb, const uint64_t a[6]) {
     switch (a[0]) {
-    case ARCH_SET_FS: sb->cpu.fs_base = a[1]; return 0;
-    case ARCH_SET_GS: sb->cpu.gs_base = a[1]; return 0;
+    case ARCH_SET_FS: if (a[1] >= USER_ADDR_LIMIT) return -EPERM; sb->cpu.fs_base = a[1]; return 0;
+    case ARCH_SET_GS: if (a[1] >= USER_ADDR_LIMIT) return -EPERM; sb->cpu.gs_base = a[1]; return 0;
     case ARCH_GET_FS: return zb_copy_to_guest(sb, a[1], &sb->cpu.fs_base, 8);
     case ARCH_GET_GS: return zb_copy_to_guest(sb, a[1], &sb->cpu.gs_base, 8);
     default: return -EINVAL; /* CET, AMX permission requests, ... */
@@ -172,12 +178,16 @@ static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
         if (a[3]) {
             struct timespec ts;
             if (zb_copy_from_guest(sb, &ts, a[3], sizeof ts) < 0) return -EFAULT;
-            int64_t ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+            if (ts.tv_sec < 0 || ts.tv_nsec < 0 || ts.tv_nsec >= 1000000000) return -EINVAL; /* as Linux */
+            /* in ns, with seconds clamped (to the year 2116) so that neither this product nor the
+             * sums below overflow: a timeout that far away never ends anyway */
+            const int64_t max_sec = INT64_MAX / 1000000000 / 2;
+            int64_t ns = (ts.tv_sec > max_sec ? max_sec : (int64_t)ts.tv_sec) * 1000000000 + ts.tv_nsec;
             if (op == FUTEX_WAIT) wake = zb_now_ns() + ns;
             else {
                 struct timespec now;
                 clock_gettime((a[1] & FUTEX_CLOCK_REALTIME) ? CLOCK_REALTIME : CLOCK_MONOTONIC, &now);
-                wake = zb_now_ns() + ns - ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec);
+                wake = zb_now_ns() + (ns - ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec));
             }
         }
         if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;

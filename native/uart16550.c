@@ -62,6 +62,7 @@ int zb_uart_clone(zb_uart *dst, const zb_uart *src) {
 }
 
 int zb_uart_push_input(zb_uart *u, const void *data, size_t len) {
+    if (!len) return 0; /* (rx may still be NULL: no pointer arithmetic on it) */
     if (u->rx_pos && u->rx_pos == u->rx_len) u->rx_pos = u->rx_len = 0;
     if (u->rx_pos > (1u << 20)) { /* compact once a lot has been read */
         memmove(u->rx, u->rx + u->rx_pos, u->rx_len - u->rx_pos);
@@ -78,6 +79,8 @@ size_t zb_uart_rx_available(const zb_uart *u) { return u->rx_len - u->rx_pos; }
 
 size_t zb_uart_read(zb_uart *u, void *buf, size_t len) {
     size_t n = ZB_MIN(len, zb_uart_rx_available(u));
+    if (!n) return 0; /* nothing queued: rx may be NULL (a guest reading the data port before any
+                         input), and NULL + 0 and memcpy from NULL are undefined behaviour */
     memcpy(buf, u->rx + u->rx_pos, n);
     u->rx_pos += n;
     return n;

@@ -30,11 +30,12 @@ def have_gcc() -> bool:
     return shutil.which("gcc") is not None
 
 
-def build(name: str) -> Path:
-    """The static binary of guest_programs/NAME.c, compiled once per content hash."""
-    src = SOURCES / f"{name}.c"
+def build(name: str, sources: Path = SOURCES) -> Path:
+    """The static binary of SOURCES/NAME.c (guest_programs/ by default; tests/security/guest/
+    for the escape battery), compiled once per content hash. check.h is always on the path."""
+    src = sources / f"{name}.c"
     digest = hashlib.sha256()
-    for part in [src, *sorted(SOURCES.glob("*.h"))]:
+    for part in [src, *sorted(SOURCES.glob("*.h")), *sorted(sources.glob("*.h"))]:
         digest.update(part.name.encode() + b"\0" + part.read_bytes())
     digest.update(" ".join(CFLAGS).encode())
     out = BIN_DIR / f"{name}-{digest.hexdigest()[:16]}"
@@ -42,7 +43,7 @@ def build(name: str) -> Path:
         return out
     BIN_DIR.mkdir(exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    proc = subprocess.run(["gcc", *CFLAGS, f"-I{SOURCES}", "-o", str(tmp), str(src)],
+    proc = subprocess.run(["gcc", *CFLAGS, f"-I{SOURCES}", f"-I{sources}", "-o", str(tmp), str(src)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"gcc failed for {src}:\n{proc.stderr}")
@@ -55,8 +56,8 @@ def spec(binary: Path, args: list[str], *, mem: int = GUEST_MEM, view: list[str]
                      view=[str(binary.parent), *(view or [])], mem_bytes=mem)
 
 
-def boot(name: str, *args: str, **kw) -> Guest:
-    return Guest.boot(spec(build(name), list(args), **kw))
+def boot(name: str, *args: str, sources: Path = SOURCES, **kw) -> Guest:
+    return Guest.boot(spec(build(name, sources), list(args), **kw))
 
 
 @dataclass
@@ -93,16 +94,14 @@ def drive(sb: Guest, timeout: float = 30.0) -> GuestRun:
     """Run sb until it exits, crashes, breaks a rule or times out, collecting its output."""
     deadline = time.monotonic() + timeout
     run = GuestRun(end=Event(EventKind.TIMEOUT))
+    out, err = bytearray(), bytearray()  # (bytes += bytes is quadratic for floods of output)
     while True:
         ev = sb.run(deadline)
         run.events.append(ev)
         if ev.kind is EventKind.OUTPUT:
-            if ev.stream == 1:
-                run.stdout += ev.data
-            else:
-                run.stderr += ev.data
+            (out if ev.stream == 1 else err).extend(ev.data)
         elif ev.kind in STOPPING:
-            run.end = ev
+            run.end, run.stdout, run.stderr = ev, bytes(out), bytes(err)
             return run
 
 

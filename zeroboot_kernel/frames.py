@@ -47,7 +47,7 @@ def decode_payload(data: bytes) -> dict[str, Any]:
     """The JSON object of a frame payload; a malformed one is reported, not trusted."""
     try:
         obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # (deep nesting: RecursionError)
         raise ValueError(f"guest sent a frame that is not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ValueError("guest sent a frame whose payload is not a JSON object")

@@ -118,15 +118,18 @@ class Sandbox:
         }
         self.fresh = False
         self._interrupt.clear()
-        run = _CellRun(on_stream, on_message, on_input, output_limit)
+        run = _CellRun(on_stream, on_message, on_input, output_limit, expect=(FrameType.DONE, self._request_id))
         self.guest.push_input(frames.encode(FrameType.EXECUTE, request))
-        reply = self._serve(run, monotonic_deadline(timeout), interrupt_grace, poll)
+        reply = dict(self._serve(run, monotonic_deadline(timeout), interrupt_grace, poll))
         if not self.guest.finished and self.guest.cancel_alarm():
             # an alarm belongs to its cell: going off later it would hit the agent between cells
             log.info("cell %d left an alarm armed; it was cancelled when the cell ended", execution_count)
         if not silent and store_history:
             self.execution_count = execution_count
-        status = str(reply.get("status", "error"))
+        # the reply comes from the guest, where user code can write frames too: only two statuses
+        status = reply["status"] = "ok" if reply.get("status") == "ok" else "error"
+        if not isinstance(reply.get("execution_count"), int):
+            reply["execution_count"] = execution_count
         return ExecuteResult(status=status, execution_count=int(reply.get("execution_count", execution_count)),
                              result=run.result, error=run.error if status != "ok" else None,
                              stdout="".join(run.stdout), stderr="".join(run.stderr), displays=run.displays,
@@ -144,7 +147,9 @@ class Sandbox:
         self._check_usable()
         self._request_id += 1
         self.guest.push_input(frames.encode(ftype, {"id": self._request_id, **payload}))
-        return self._serve(_CellRun(None, None, None, DEFAULT_OUTPUT_LIMIT), monotonic_deadline(timeout), INTERRUPT_GRACE)
+        answer = FrameType.COMPLETE_REPLY if ftype == FrameType.COMPLETE else FrameType.INSPECT_REPLY
+        return self._serve(_CellRun(None, None, None, DEFAULT_OUTPUT_LIMIT, expect=(answer, self._request_id)),
+                           monotonic_deadline(timeout), INTERRUPT_GRACE)
 
     # ---- the event loop of one request ----
     def _serve(self, run: _CellRun, deadline: float | None, grace: float,
@@ -208,11 +213,13 @@ class _CellRun:
     """Collects what one request produced and forwards it to the callbacks."""
 
     def __init__(self, on_stream: StreamCallback | None, on_message: MessageCallback | None,
-                 on_input: InputCallback | None, output_limit: int) -> None:
+                 on_input: InputCallback | None, output_limit: int,
+                 expect: tuple[int, int] | None = None) -> None:
         self.on_stream = on_stream
         self.on_message = on_message
         self.on_input = on_input
         self.limit = output_limit
+        self.expect = expect  # (frame type, request id) of the frame that ends this request
         self.sent = 0
         self.truncated = False
         self.interrupted = False
@@ -269,6 +276,8 @@ class _CellRun:
             value = self.on_input(str(p.get("prompt", "")), bool(p.get("password"))) if self.on_input else ""
             sb.guest.push_input(frames.encode(FrameType.INPUT_REPLY, {"value": value}))
         elif ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY):
+            if self.expect is not None and (ftype, p.get("id")) != self.expect:
+                return None  # the end of another request, or a frame user code forged: not ours
             if ftype == FrameType.DONE and p.get("status") == "error" and self.error is None:
                 self.error = {k: p.get(k) for k in ("ename", "evalue", "traceback")}
             return p

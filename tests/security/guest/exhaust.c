@@ -1,0 +1,116 @@
+/* exhaust.c - a guest that tries to exhaust what the host gives it.
+ *
+ *   exhaust mem             touch anonymous memory until mmap fails
+ *   exhaust fds PATH        open PATH until the fd table is full (a host file: host fds)
+ *   exhaust symlinks        overlay symlinks with 4 KiB targets until ENOSPC (engine metadata)
+ *   exhaust names           overlay files with 255-byte names until ENOSPC
+ *   exhaust pipes           fill pipes until the fd table is full
+ *   exhaust output          one write() of 64 MiB to stdout, then a flood of small writes
+ *   exhaust spin            loop forever without a syscall
+ * Each prints "RESULT key=value ..." lines for the host to check.
+ */
+#include "check.h"
+
+#include <sys/stat.h>
+
+static void test_mem(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    size_t total = 0, chunk = 16 << 20;
+    for (;;) {
+        char *p = mmap(NULL, chunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) break;
+        for (size_t i = 0; i < chunk; i += PAGE) p[i] = 1;
+        total += chunk;
+    }
+    int e = errno;
+    void *big = mmap(NULL, 1ul << 40, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    printf("RESULT mib=%zu errno=%s huge=%s brk=%s\n", total >> 20, strerrorname_np(e),
+           big == MAP_FAILED ? strerrorname_np(errno) : "mapped", sbrk(1 << 30) == (void *)-1 ? "refused" : "grown");
+}
+
+static void test_fds(int argc, char **argv) {
+    const char *path = argc > 2 ? argv[2] : "/dev/null";
+    int n = 0, fd;
+    while ((fd = open(path, O_RDONLY)) >= 0) n++;
+    printf("RESULT opened=%d errno=%s\n", n, strerrorname_np(errno));
+}
+
+static void test_symlinks(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    static char target[4000];
+    memset(target, 'x', sizeof target - 1);
+    char name[64];
+    int n = 0;
+    for (;; n++) {
+        snprintf(name, sizeof name, "/tmp/l%d", n);
+        target[0] = (char)('a' + n % 26);
+        if (symlink(target, name) < 0) break;
+        if (n > 400000) break;
+    }
+    printf("RESULT symlinks=%d errno=%s\n", n, strerrorname_np(errno));
+}
+
+static void test_names(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    char name[300];
+    int n = 0;
+    memset(name, 0, sizeof name);
+    strcpy(name, "/tmp/");
+    memset(name + 5, 'n', 255);
+    for (;; n++) {
+        snprintf(name + 5, 20, "%08d", n);
+        name[13] = 'n'; /* keep the 255-byte length */
+        int fd = open(name, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd < 0) break;
+        close(fd);
+        if (n > 400000) break;
+    }
+    printf("RESULT files=%d errno=%s\n", n, strerrorname_np(errno));
+}
+
+static void test_pipes(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    static char block[65536];
+    memset(block, 'p', sizeof block);
+    int p[2], n = 0;
+    long bytes = 0;
+    while (pipe2(p, O_NONBLOCK) == 0) {
+        n++;
+        long w;
+        while ((w = write(p[1], block, sizeof block)) > 0) bytes += w;
+    }
+    printf("RESULT pipes=%d mib=%ld pipe_size=%ld\n", n, bytes >> 20, (long)fcntl(3, F_GETPIPE_SZ));
+}
+
+static void test_output(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    size_t len = 64 << 20;
+    char *big = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memset(big, 'o', len);
+    long w = write(2, big, len);
+    long total = 0;
+    for (int i = 0; i < 4000; i++) total += write(2, big, 4096);
+    printf("RESULT first=%ld flood=%ld\n", w, total);
+}
+
+static void test_spin(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "about to spin\n");
+    for (volatile unsigned long i = 0;; i++) {}
+}
+
+static const zb_test tests[] = {
+    {"mem", test_mem}, {"fds", test_fds}, {"symlinks", test_symlinks}, {"names", test_names},
+    {"pipes", test_pipes}, {"output", test_output}, {"spin", test_spin}, {NULL, NULL},
+};
+
+int main(int argc, char **argv) {
+    setvbuf(stderr, NULL, _IONBF, 0);
+    return zb_run(tests, argc, argv);
+}
