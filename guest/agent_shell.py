@@ -54,6 +54,35 @@ def _without_agent_frames(tb: TracebackType | None) -> TracebackType | None:
     return kept[0]
 
 
+SANDBOX_NOTE = ("zeroboot: cells run as one thread in a VM sandbox; starting threads or processes "
+                "(threading, concurrent.futures, subprocess, multiprocessing) is not supported here.")
+# Functions of the standard library that start a process; an EAGAIN raised below them is the
+# sandbox refusing clone().
+_PROCESS_STARTERS = frozenset({"_execute_child", "_fork_exec", "_launch", "_posix_spawn", "fork_exec"})
+
+
+def _starts_a_process(tb: TracebackType | None) -> bool:
+    """Raised below a process starter, or inside multiprocessing (whose locks need /dev/shm)."""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name in _PROCESS_STARTERS or f"{os.sep}multiprocessing{os.sep}" in code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _explain_sandbox_refusal(value: BaseException | None) -> None:
+    """Add a note saying why, to the error of a thread or process the sandbox refused to start:
+    the messages Python gives ("can't start new thread", "Resource temporarily unavailable")
+    do not say that it will never work here."""
+    if value is None or not hasattr(value, "add_note") or SANDBOX_NOTE in getattr(value, "__notes__", ()):
+        return
+    thread = isinstance(value, RuntimeError) and str(value) == "can't start new thread"
+    process = isinstance(value, OSError) and _starts_a_process(value.__traceback__)
+    if thread or process:
+        value.add_note(SANDBOX_NOTE)
+
+
 class FrameDisplayPublisher(DisplayPublisher):
     """display() / update_display() / clear_output() as DISPLAY and CLEAR_OUTPUT frames."""
 
@@ -175,6 +204,7 @@ class AgentShell(InteractiveShell):
         # (input() refusing or being interrupted, a stream write raising), which tell the user
         # nothing about their code.
         etype, value, tb = super()._get_exc_info(exc_tuple)
+        _explain_sandbox_refusal(value)
         return etype, value, _without_agent_frames(tb)
 
     def _showtraceback(self, etype: type[BaseException], evalue: BaseException, stb: list[str]) -> None:
