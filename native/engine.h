@@ -248,6 +248,7 @@ struct zb_sandbox {
     uint64_t vdso_data;      /* guest address of the vDSO data page, 0 if none */
     zb_snapshot *base;       /* the snapshot this sandbox's memory is relative to (host_dirty and
                                 KVM's dirty log say what changed since), or NULL */
+    uint64_t snapshots_taken; /* by zb_sandbox_snapshot: every 8th also moves pages out of mostly dead stores */
 
     int finished;            /* exited, crashed or broke a rule: cannot run again */
     atomic_int kick_requested;

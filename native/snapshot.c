@@ -25,10 +25,12 @@ static zb_store *store_new(uint64_t npages, char *err) {
     if (!s) { zb_seterr(err, "out of memory"); return NULL; }
     atomic_init(&s->refs, 1);
     s->npages = npages;
+    if (!(s->page_refs = calloc(ZB_MAX(npages, 1), sizeof *s->page_refs))) { zb_seterr(err, "out of memory"); free(s); return NULL; }
     s->fd = memfd_create("zeroboot-snapshot", MFD_CLOEXEC);
     if (s->fd < 0 || ftruncate(s->fd, (off_t)(ZB_MAX(npages, 1) * ZB_PAGE)) < 0) {
         zb_seterr(err, "cannot create snapshot store: %s", strerror(errno));
         if (s->fd >= 0) close(s->fd);
+        free(s->page_refs);
         free(s);
         return NULL;
     }
@@ -36,6 +38,7 @@ static zb_store *store_new(uint64_t npages, char *err) {
     if (s->map == MAP_FAILED) {
         zb_seterr(err, "cannot map snapshot store: %s", strerror(errno));
         close(s->fd);
+        free(s->page_refs);
         free(s);
         return NULL;
     }
@@ -45,14 +48,30 @@ static zb_store *store_new(uint64_t npages, char *err) {
 static void store_unref(zb_store *s) {
     if (s && atomic_fetch_sub(&s->refs, 1) == 1) {
         munmap(s->map, ZB_MAX(s->npages, 1) * ZB_PAGE);
-        close(s->fd);
+        close(s->fd); /* a sandbox that maps some of its pages keeps the memory of those alive */
+        free(s->page_refs);
         free(s);
     }
 }
 
+/* A page entry starts or stops pointing at a store page. */
+static void page_hold(zb_store *s, uint32_t index) {
+    atomic_fetch_add(&s->refs, 1);
+    if (s->page_refs[index]++ == 0) s->live_pages++;
+}
+
+static void page_drop(zb_store *s, uint32_t index) {
+    if (!s) return;
+    if (--s->page_refs[index] == 0) s->live_pages--;
+    store_unref(s);
+}
+
+/* Fewer than half of the store's pages are still used by any snapshot. */
+static int store_mostly_dead(const zb_store *s) { return 2 * s->live_pages < s->npages; }
+
 static void chunk_unref(zb_chunk *c) {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
-    for (int i = 0; i < CHUNK_PAGES; i++) store_unref(c->page[i].store);
+    for (int i = 0; i < CHUNK_PAGES; i++) page_drop(c->page[i].store, c->page[i].index);
     free(c);
 }
 
@@ -64,14 +83,14 @@ static zb_chunk *chunk_copy(const zb_chunk *src) {
     if (src) {
         memcpy(c->page, src->page, sizeof c->page);
         for (int i = 0; i < CHUNK_PAGES; i++)
-            if (c->page[i].store) atomic_fetch_add(&c->page[i].store->refs, 1);
+            if (c->page[i].store) page_hold(c->page[i].store, c->page[i].index);
     }
     return c;
 }
 
 static void page_set(zb_page *p, uint32_t kind, zb_store *store, uint32_t index) {
-    if (store) atomic_fetch_add(&store->refs, 1);
-    store_unref(p->store);
+    if (store) page_hold(store, index);
+    page_drop(p->store, p->index);
     p->store = store;
     p->index = index;
     p->kind = kind;
@@ -255,6 +274,26 @@ static int sync_from_vm(zb_sandbox *sb, char *err) {
     return sb->finished ? 0 : zb_vm_save_xsave(vm, sb, err);
 }
 
+/* The pages a new snapshot s stores itself: those its sandbox wrote since the previous snapshot,
+ * and those it would otherwise share from a store that is mostly dead (fewer than half of its
+ * pages still used). A store lives while any page of it is used, so without the second kind one
+ * page that no later cell rewrites keeps a whole cell's store alive for the session: a soak of
+ * 10,000 cells grew the engine by 1.2 GiB per 1,000 cells. With it, such a store goes away once
+ * the older snapshots that still use it are released. */
+static uint64_t *take_pages(const zb_snapshot *s, const uint64_t *dirty, uint64_t words, int look_for_dead) {
+    uint64_t *take = malloc(words * sizeof *take);
+    if (!take) return NULL;
+    memcpy(take, dirty, words * sizeof *take);
+    for (uint64_t c = 0; look_for_dead && c < s->nchunks; c++) {
+        const zb_chunk *ch = s->chunks[c];
+        for (uint64_t i = 0; ch && i < CHUNK_PAGES; i++) {
+            const zb_page *p = &ch->page[i];
+            if (p->kind == PAGE_STORED && store_mostly_dead(p->store)) zb_bit_set(take, c * CHUNK_PAGES + i);
+        }
+    }
+    return take;
+}
+
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     if (sb->finished) { zb_seterr(err, "cannot snapshot a sandbox that has finished"); return NULL; }
     if (sync_from_vm(sb, err) < 0) return NULL;
@@ -274,21 +313,29 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
         if (s->chunks[c]) atomic_fetch_add(&s->chunks[c]->refs, 1);
     }
     const uint64_t *dirty = sb->mem.host_dirty, words = (sb->mem.npages + 63) / 64;
-    uint64_t ndirty = 0;
-    for (uint64_t w = 0; w < words; w++) ndirty += (uint64_t)__builtin_popcountll(dirty[w]);
-    if (!(s->own = store_new(ndirty, err))) { free(copied); goto fail; }
+    /* looking costs a pass over every chunk (~0.2 ms), so only every 8th snapshot looks */
+    uint64_t *take = take_pages(s, dirty, words, sb->snapshots_taken++ % 8 == 0), ntake = 0;
+    if (!take) { free(copied); zb_seterr(err, "out of memory"); goto fail; }
+    for (uint64_t w = 0; w < words; w++) ntake += (uint64_t)__builtin_popcountll(take[w]);
+    if (!(s->own = store_new(ntake, err))) { free(copied); free(take); goto fail; }
     uint64_t used = 0;
     for (uint64_t w = 0; w < words; w++) {
-        for (uint64_t bits = dirty[w]; bits; bits &= bits - 1) {
+        for (uint64_t bits = take[w]; bits; bits &= bits - 1) {
             uint64_t pfn = w * 64 + (uint64_t)__builtin_ctzll(bits), c = pfn / CHUNK_PAGES;
             if (!copied[c]) {
                 zb_chunk *nc = chunk_copy(s->chunks[c]);
-                if (!nc) { free(copied); zb_seterr(err, "out of memory"); goto fail; }
+                if (!nc) { free(copied); free(take); zb_seterr(err, "out of memory"); goto fail; }
                 chunk_unref(s->chunks[c]);
                 s->chunks[c] = nc;
                 copied[c] = 1;
             }
             zb_page *p = &s->chunks[c]->page[pfn % CHUNK_PAGES];
+            if (!zb_bit(dirty, pfn)) { /* unchanged, but its store is mostly dead: take a copy */
+                memcpy(s->own->map + used * ZB_PAGE, p->store->map + (uint64_t)p->index * ZB_PAGE, ZB_PAGE);
+                page_set(p, PAGE_STORED, s->own, (uint32_t)used);
+                used++;
+                continue;
+            }
             const uint8_t *src = sb->mem.host + pfn * ZB_PAGE;
             if (!zb_bit(sb->mem.allocated, pfn) || page_is_zero(src)) {
                 page_set(p, PAGE_ZERO, NULL, 0); /* freed or zero: costs no store page */
@@ -300,8 +347,9 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
         }
     }
     free(copied);
-    if (used < ndirty) { /* give back the store pages zero pages did not need */
-        munmap(s->own->map + used * ZB_PAGE, (ndirty - used) * ZB_PAGE);
+    free(take);
+    if (used < ntake) { /* give back the store pages zero pages did not need */
+        munmap(s->own->map + used * ZB_PAGE, (ntake - used) * ZB_PAGE);
         if (ftruncate(s->own->fd, (off_t)(ZB_MAX(used, 1) * ZB_PAGE)) < 0) { zb_seterr(err, "ftruncate: %s", strerror(errno)); goto fail; }
         s->own->npages = used;
     }

@@ -11,10 +11,12 @@
 enum { PAGE_IMAGE = 0, PAGE_ZERO, PAGE_STORED };
 
 typedef struct zb_store {
-    atomic_int refs;
+    atomic_int refs;         /* page entries that point here, plus the snapshot that made it */
     int fd;
     uint8_t *map;
     uint64_t npages;
+    uint32_t *page_refs;     /* per page: the page entries that point at it */
+    uint64_t live_pages;     /* pages with page_refs > 0 */
 } zb_store;
 
 typedef struct zb_page {

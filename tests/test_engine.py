@@ -86,6 +86,34 @@ def test_snapshot_and_restore(sb: Sandbox) -> None:
     assert sb.execute("w").error["ename"] == "NameError"
 
 
+def _snapshot_stores() -> int:
+    """memfds of snapshot stores open in this process (the engine runs in it)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += "zeroboot-snapshot" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return n
+
+
+def test_a_long_chain_of_checkpoints_keeps_a_bounded_number_of_stores(sb: Sandbox) -> None:
+    """Every cell keeps one new small object and rewrites 8 MB of scratch; the last 5 checkpoints
+    are kept, as the kernel keeps its last 20. A page no later cell rewrites must not keep its
+    whole cell's store (8 MB) alive: stores and memory stay flat, and old checkpoints stay right."""
+    sb.execute("import numpy as np\nscratch = np.zeros(1 << 20)\nkept = []")
+    keep: list = []
+    before = _snapshot_stores()
+    for k in range(40):
+        sb.execute(f"kept.append(bytearray(b'x' * 3000))\nscratch[:] = {k}")
+        keep.append(sb.snapshot())
+        while len(keep) > 5:
+            keep.pop(0).release()
+    assert _snapshot_stores() - before <= 15
+    sb.restore(keep[0])
+    assert text(sb.execute("len(kept), int(scratch[-1])")) == "(36, 35)"
+
+
 def test_rich_output(sb: Sandbox) -> None:
     r = sb.execute("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
     assert any("image/png" in d["data"] for d in r.displays), r
