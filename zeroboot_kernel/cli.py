@@ -85,6 +85,12 @@ def _cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench.__main__ import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
 def _cmd_uninstall(args: argparse.Namespace) -> int:
     from .install import Destination, uninstall_kernelspecs
 
@@ -145,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
                                               "unless a location is given)")
     _add_location_options(uninst)
     uninst.set_defaults(func=_cmd_uninstall)
+    bench = sub.add_parser("bench", help="run the benchmarks (`bench all [--quick]`, `bench engine`, `bench soak`, "
+                                         "...; same as python -m zeroboot_kernel.bench)")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="SECTION [OPTIONS]")
+    bench.set_defaults(func=_cmd_bench)
     return p
 
 

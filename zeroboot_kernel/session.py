@@ -20,7 +20,7 @@ from typing import Any, Callable
 from . import export
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
 from .native import Snapshot
-from .sandbox import InputCallback, MessageCallback, Sandbox, StreamCallback
+from .sandbox import InputCallback, MessageCallback, StreamCallback
 from .template import Template
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ def test_the_list_is_complete():
 def test_cpl3_cannot_escape(name):
     r = battery.run("escape_cpu", name, timeout=20)
     detail = survived_detail(r.out, name)
-    assert f"about to" in r.err, r.describe()  # it got as far as the attempt
+    assert "about to" in r.err, r.describe()  # it got as far as the attempt
     if name in PORT_ERRORS:
         assert r.kind is EventKind.ERROR and PORT_ERRORS[name] in r.end.message, r.describe()
     elif name in MAY_SURVIVE:

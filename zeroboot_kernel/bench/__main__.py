@@ -10,6 +10,10 @@ SUBCOMMANDS = {
     "engine": "engine",    # forks, fork+exec, restores, chained forks, many live forks, template build
     "files": "files",      # reading a 200 MB file of the notebook's folder, guest vs host
     "kernel": "kernel",    # execute round trips through jupyter_client, vs stock ipykernel
+    "peers": "peers",      # the same cells in a fork, a subprocess, a bubblewrap sandbox
+    "scaling": "scaling",  # forks and memory as live forks grow; cells/s with 1 and 2 workers
+    "all": "suite",        # every section above, and docs/PERFORMANCE.md with charts
+    "report": "report",    # re-render docs/PERFORMANCE.md from bench/results/ without measuring
 }
 
 

@@ -68,9 +68,8 @@ def machine() -> dict[str, Any]:
             info["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    try:
-        with open("/proc/modules") as f:
-            info["kvm_modules"] = sorted({line.split()[0] for line in f if line.startswith("kvm")})
+    try:  # /sys/module also lists built-in modules, and exists where /proc/modules does not
+        info["kvm_modules"] = sorted(name for name in os.listdir("/sys/module") if name.startswith("kvm"))
     except OSError:
         pass
     return info
@@ -83,6 +82,27 @@ def write_results(path: Path, name: str, data: dict[str, Any], markdown: str) ->
            "machine": machine(), **data}
     path.write_text(json.dumps(doc, indent=2) + "\n")
     path.with_suffix(".md").write_text(markdown)
+
+
+def process_memory_kb(pid: int | str = "self") -> dict[str, int]:
+    """USS (private pages), PSS (proportional share) and RSS of a process, in KiB."""
+    fields = {"Private_Clean:": "uss", "Private_Dirty:": "uss", "Pss:": "pss", "Rss:": "rss"}
+    out = {"uss": 0, "pss": 0, "rss": 0}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key = line.split(None, 1)[0]
+            if key in fields:
+                out[fields[key]] += int(line.split()[1])
+    return out
+
+
+def mem_available_kb() -> int:
+    """MemAvailable of the host: also counts kernel memory (page tables, KVM's shadow pages)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1])
+    return 0
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

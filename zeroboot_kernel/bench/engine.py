@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..native import Engine, ffi, lib
 from ..template import Template, TemplateConfig, default_preload
-from .common import percentile, results_dir, write_results
+from .common import mem_available_kb, percentile, process_memory_kb, results_dir, write_results
 
 PRINT = "print(1)"
 ZEROBOOT_PUBLISHED = {"fork_p50_ms": 0.79, "fork_p99_ms": 1.74, "fork_exec_ms": 8.0, "concurrent_1000_s": 0.815,
@@ -40,21 +40,6 @@ def _stat(engine: Engine, name: str) -> int:
     return int(v[0]) if lib.zb_engine_vcpu_stat(engine.handle, name.encode(), v) == 0 else -1
 
 
-def _smaps_private_kb() -> int:
-    kb = 0
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                kb += int(line.split()[1])
-    return kb
-
-
-def _mem_available_kb() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1])
-    return 0
 
 
 def _forks(template: Template, n: int, fork_n: int) -> dict[str, Any]:
@@ -121,18 +106,21 @@ def _chained(template: Template, mib: int, n: int) -> float:
 
 def _concurrent(template: Template, n: int) -> dict[str, Any]:
     gc.collect()
-    uss0, avail0 = _smaps_private_kb(), _mem_available_kb()
+    mem0, avail0 = process_memory_kb(), mem_available_kb()
     t = time.perf_counter()
     sandboxes = [template.fork() for _ in range(n)]
     created = time.perf_counter() - t
+    idle = process_memory_kb()
     for sb in sandboxes:
         sb.execute(PRINT)
     with_exec = time.perf_counter() - t
-    uss1, avail1 = _smaps_private_kb(), _mem_available_kb()
+    mem1, avail1 = process_memory_kb(), mem_available_kb()
     for sb in sandboxes:
         sb.close()
     return {f"concurrent_{n}_s": round(created, 4), f"concurrent_{n}_exec_s": round(with_exec, 3),
-            f"idle_fork_uss_kb_{n}": round((uss1 - uss0) / n, 1),
+            f"unstarted_fork_uss_kb_{n}": round((idle["uss"] - mem0["uss"]) / n, 1),
+            f"idle_fork_uss_kb_{n}": round((mem1["uss"] - mem0["uss"]) / n, 1),
+            f"idle_fork_pss_kb_{n}": round((mem1["pss"] - mem0["pss"]) / n, 1),
             f"host_memory_kb_per_fork_{n}": round((avail0 - avail1) / n, 1)}
 
 
@@ -180,8 +168,13 @@ def measure(quick: bool = False) -> dict[str, Any]:
     res["chained_fork_p50_ms"] = res["chained_fork_1mib_p50_ms"]
     for n in ((100,) if quick else (100, 1000)):
         res.update(_concurrent(template, n))
-    res["idle_fork_uss_kb"] = res.get("idle_fork_uss_kb_1000", res["idle_fork_uss_kb_100"])
-    res["concurrent_1000_s"] = res.get("concurrent_1000_s", res["concurrent_100_s"] * 10)
+    most = 1000 if "idle_fork_uss_kb_1000" in res else 100
+    res["idle_fork_uss_kb"] = res[f"idle_fork_uss_kb_{most}"]
+    res["unstarted_fork_uss_kb"] = res[f"unstarted_fork_uss_kb_{most}"]
+    res["idle_fork_pss_kb"] = res[f"idle_fork_pss_kb_{most}"]
+    res["host_memory_kb_per_fork"] = res[f"host_memory_kb_per_fork_{most}"]
+    res["concurrent_forks"] = most
+    res["concurrent_s"] = res[f"concurrent_{most}_s"]
     res.update(_references(n_exec))
     res.update(_template_build())
     res["ratio_fork_vs_os_fork"] = round(res["ref_os_fork_p50_ms"] / res["fork_p50_ms"], 1)
@@ -203,10 +196,14 @@ def markdown(res: dict[str, Any]) -> str:
     rows = ["| what | value | unit | compare |", "|---|---|---|---|"]
     for label, a, b, unit, cmp in TABLE:
         rows.append(f"| {label} | {res[a]:.3f} / {res[b]:.3f} | {unit} | {cmp} |")
-    rows.append(f"| 1,000 live forks: create / create + print(1) each | {res['concurrent_1000_s']:.3f} / "
-                f"{res.get('concurrent_1000_exec_s', float('nan')):.2f} | s | zeroboot 0.815 (published) |")
-    rows.append(f"| private host memory per live fork after one cell (USS) | {res['idle_fork_uss_kb']:.0f} | KiB | "
-                f"zeroboot ~265 (published, no kernel memory) |")
+    n = res["concurrent_forks"]
+    rows.append(f"| {n:,} live forks: create / create + print(1) each | {res['concurrent_s']:.3f} / "
+                f"{res[f'concurrent_{n}_exec_s']:.2f} | s | zeroboot 0.815 for 1,000 (published) |")
+    rows.append(f"| host memory per fork before it runs anything (USS) | {res['unstarted_fork_uss_kb']:.0f} | KiB | "
+                f"zeroboot ~265 (published) |")
+    rows.append(f"| host memory per live fork after one cell: USS / PSS / MemAvailable drop | "
+                f"{res['idle_fork_uss_kb']:.0f} / {res['idle_fork_pss_kb']:.0f} / {res['host_memory_kb_per_fork']:.0f} "
+                f"| KiB | |")
     rows.append(f"| exits / new page faults per warm print(1) cell | {res['exits_per_print_cell']:.0f} / "
                 f"{res['faults_per_warm_print_cell']:.0f} | | |")
     rows.append(f"| template build: numpy / numpy+pandas+matplotlib | {res['template_build_s']:.2f} / "

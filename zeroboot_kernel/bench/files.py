@@ -63,15 +63,19 @@ def measure(size_mb: int = SIZE_MB) -> dict[str, Any]:
     return res
 
 
+def markdown(res: dict[str, Any]) -> str:
+    rows = [[label, v["guest_mb_s"], v["host_mb_s"], v["ratio"], v["exits_per_mb"]] for label, v in res["rows"].items()]
+    return markdown_table([f"read of a {res['size_mb']} MB file", "guest MB/s", "host MB/s", "guest/host",
+                           "exits per MB"], rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench files", description=__doc__)
     p.add_argument("--size-mb", type=int, default=SIZE_MB)
     p.add_argument("--json", default=None, help="default: bench/results/files.json")
     args = p.parse_args(argv)
     res = measure(args.size_mb)
-    rows = [[label, v["guest_mb_s"], v["host_mb_s"], v["ratio"], v["exits_per_mb"]] for label, v in res["rows"].items()]
-    table = markdown_table(["read of a %d MB file" % res["size_mb"], "guest MB/s", "host MB/s", "guest/host",
-                            "exits per MB"], rows)
+    table = markdown(res)
     write_results(Path(args.json) if args.json else results_dir() / "files.json", "files", res, table)
     print(table)
     return 0

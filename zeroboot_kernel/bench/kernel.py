@@ -4,12 +4,14 @@ stock ipykernel (`python3`), in one run.
 A round trip is what a frontend waits for: from sending execute_request until it has both the
 execute_reply (shell) and the idle status (IOPub) of that request. Cases:
   1+1      the smallest cell with a result
-  print    one line of stdout
+  print    a 10 KB print (stdout streamed back)
   matmul   a 512x512 float64 numpy matmul (BLAS single-threaded in both kernels, as in the guest)
   plot     a small matplotlib line plot through the inline backend (a PNG display_data)
 The kernels alternate case by case, so drift hits both alike. The zeroboot kernel runs in chained
 mode, where every cell also pays for its checkpoint. Results: p50/p99 per case and kernel, the
-ratio zeroboot/python3, as a table and as JSON (with a markdown summary next to it).
+ratio zeroboot/python3, as a table and as JSON (with a markdown summary next to it). Also per
+kernel: start to first reply, a Jupyter restart (new kernel process) to first reply and, for
+zeroboot, `%sandbox reset` (a fresh fork of the template in the running kernel).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ class Case:
 
 CASES = (
     Case("1+1", "1+1"),
-    Case("print", "print('hello, world')"),
+    Case("print", "print('x' * 10_000)"),
     Case("matmul", "b = a @ a", "import numpy as np\na = np.random.default_rng(0).random((512, 512))"),
     Case("plot", "plt.plot([1, 3, 2]); plt.show()", "%matplotlib inline\nimport matplotlib.pyplot as plt"),
 )
@@ -86,9 +88,19 @@ class BenchKernel:
         self.km.start_kernel(env={**os.environ, **_thread_env()})
         self.kc = self.km.client()
         self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=timeout)
-        self.round_trip("1")  # the zeroboot engine starts in the background: be sure it is up
+        self._until_first_reply()
         self.startup = time.perf_counter() - t0
+
+    def _until_first_reply(self) -> None:
+        self.kc.wait_for_ready(timeout=self.timeout)
+        self.round_trip("1")  # the zeroboot engine starts in the background: be sure it is up
+
+    def restart(self) -> float:
+        """Seconds from a Jupyter restart (the kernel process is replaced) to the first reply."""
+        t0 = time.perf_counter()
+        self.km.restart_kernel(now=False)
+        self._until_first_reply()
+        return time.perf_counter() - t0
 
     def round_trip(self, code: str) -> float:
         """Seconds until both the reply and the idle status are in (blocking waits, no spinning:
@@ -127,37 +139,40 @@ def _pct(samples: list[float], p: float) -> float:
     return xs[k]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: str = STOCK,
+            timeout: float = 120.0) -> dict[str, Any]:
     """Measure every case on both kernels; returns the results (times in milliseconds)."""
     _ensure_our_kernelspec()
-    names = [args.kernel, args.stock]
-    kernels = {name: BenchKernel(name, args.timeout) for name in names}
+    names = [kernel, stock]
+    kernels = {name: BenchKernel(name, timeout) for name in names}
     try:
         samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
         for case in CASES:
             for k in kernels.values():
                 if case.setup:
                     k.round_trip(case.setup)
-                for _ in range(args.warmup):
+                for _ in range(warmup):
                     k.round_trip(case.code)
-            for _ in range(args.iterations):
+            for _ in range(iterations):
                 for name, k in kernels.items():  # interleaved
                     samples[name].setdefault(case.name, []).append(k.round_trip(case.code) * 1e3)
         startup = {name: round(k.startup * 1e3, 1) for name, k in kernels.items()}
+        sandbox_reset = [kernels[kernel].round_trip("%sandbox reset") * 1e3 for _ in range(max(3, iterations // 10))]
+        restart = {name: round(k.restart() * 1e3, 1) for name, k in kernels.items()}
     finally:
         for k in kernels.values():
             k.close()
-    results: dict[str, Any] = {"iterations": args.iterations, "warmup": args.warmup, "kernels": names,
-                               "startup_ms": startup, "cases": {}}
+    results: dict[str, Any] = {"iterations": iterations, "warmup": warmup, "kernels": names,
+                               "startup_ms": startup, "restart_ms": restart,
+                               "sandbox_reset_p50_ms": round(_pct(sandbox_reset, 50), 3), "cases": {}}
     for case in CASES:
         row: dict[str, Any] = {"code": case.code}
         for name in names:
             xs = samples[name][case.name]
             row[name] = {"p50_ms": round(_pct(xs, 50), 3), "p99_ms": round(_pct(xs, 99), 3),
                          "min_ms": round(min(xs), 3), "n": len(xs)}
-        ours, stock = row[args.kernel], row[args.stock]
-        row["ratio_p50"] = round(ours["p50_ms"] / stock["p50_ms"], 2)
-        row["ratio_p99"] = round(ours["p99_ms"] / stock["p99_ms"], 2)
+        row["ratio_p50"] = round(row[kernel]["p50_ms"] / row[stock]["p50_ms"], 2)
+        row["ratio_p99"] = round(row[kernel]["p99_ms"] / row[stock]["p99_ms"], 2)
         results["cases"][case.name] = row
     return results
 
@@ -166,12 +181,15 @@ def markdown(results: dict[str, Any]) -> str:
     ours, stock = results["kernels"]
     rows = [[name, r[ours]["p50_ms"], r[ours]["p99_ms"], r[stock]["p50_ms"], r[stock]["p99_ms"],
              f"{r['ratio_p50']}x", f"{r['ratio_p99']}x"] for name, r in results["cases"].items()]
-    rows.append(["kernel start (to first reply)", results["startup_ms"][ours], "", results["startup_ms"][stock], "",
-                 f"{results['startup_ms'][ours] / results['startup_ms'][stock]:.2f}x", ""])
+    for label, key in (("kernel start (to first reply)", "startup_ms"), ("Jupyter restart (to first reply)", "restart_ms")):
+        rows.append([label, results[key][ours], "", results[key][stock], "",
+                     f"{results[key][ours] / results[key][stock]:.2f}x", ""])
+    rows.append(["`%sandbox reset` (fresh fork, same kernel process)", results["sandbox_reset_p50_ms"], "", "", "", "",
+                 ""])
     table = common.markdown_table(["case", f"{ours} p50 ms", f"{ours} p99 ms", f"{stock} p50 ms",
                                    f"{stock} p99 ms", "ratio p50", "ratio p99"], rows)
-    return (f"# Kernel execute round trip ({results['iterations']} runs per case, request -> reply + idle)\n\n"
-            f"{table}")
+    return (f"{table}\nExecute round trip = request -> reply + idle, {results['iterations']} interleaved runs per "
+            f"case; {ours} in chained mode (every cell also takes its checkpoint for `%rewind`).\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    results = run(args)
+    results = measure(args.iterations, args.warmup, args.kernel, args.stock, args.timeout)
     text = markdown(results)
     common.write_results(args.json, "kernel", results, text)
     print(text)

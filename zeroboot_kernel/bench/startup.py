@@ -22,9 +22,11 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from . import common
 
+MATMUL_LOOPS, MATMUL_REPS = 20, 5
 MATMUL = """
 import json, time
 import numpy as np
@@ -111,37 +113,35 @@ def _matmul_side_by_side(script: str, runs: int, env: dict[str, str], force: dic
             "speed_vs_host": stats["host"]["p50"] / stats["zeroboot"]["p50"]}
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench startup", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, default=20, help="runs of each start-up case (default 20)")
-    p.add_argument("--matmul-runs", type=int, default=3, help="processes per side for the matmul (default 3)")
-    p.add_argument("--json", type=Path, default=common.results_dir() / "startup.json",
-                   help="where to write the results (default bench/results/startup.json; a .md summary goes next to it)")
-    args = p.parse_args(argv)
+def measure(runs: int = 20, matmul_runs: int = 3) -> dict[str, Any]:
     env, cwd = _env(), str(common.PACKAGE_ROOT)
-
     cases = {"pass": "pass", "import numpy": "import numpy"}
     samples: dict[str, dict[str, list[float]]] = {name: {"zeroboot": [], "host": []} for name in cases}
     for name, code in cases.items():  # warm the page cache and compiled bytecode first
         common.time_command(_zeroboot(code), env=env, cwd=cwd)
         common.time_command(_host(code), env=env, cwd=cwd)
-    for _ in range(args.runs):
+    for _ in range(runs):
         for name, code in cases.items():
             samples[name]["zeroboot"].append(common.time_command(_zeroboot(code), env=env, cwd=cwd)[0])
             samples[name]["host"].append(common.time_command(_host(code), env=env, cwd=cwd)[0])
-    in_process = _in_process_runs(args.runs)
+    in_process = _in_process_runs(runs)
 
-    loops, reps = 20, 5
-    script = MATMUL.format(loops=loops, reps=reps)
-    own = _matmul_side_by_side(script, args.matmul_runs, env, {})
+    script = MATMUL.format(loops=MATMUL_LOOPS, reps=MATMUL_REPS)
+    own = _matmul_side_by_side(script, matmul_runs, env, {})
     host_core = own["cores"]["host"]
-    same = _matmul_side_by_side(script, args.matmul_runs, env,
+    same = _matmul_side_by_side(script, matmul_runs, env,
                                 {"OPENBLAS_CORETYPE": host_core} if host_core != "unknown" else {})
 
     summary = {name: {side: common.summarize(xs) for side, xs in sides.items()} for name, sides in samples.items()}
     summary["in-process pass"] = {"zeroboot": common.summarize(in_process), "host": summary["pass"]["host"]}
+    return {"runs": runs, "matmul_runs": matmul_runs, "summary_seconds": summary,
+            "matmul": {"same_kernel": same, "own_kernel": own},
+            "matmul_speed_vs_host": same["speed_vs_host"],
+            "samples_seconds": {"startup": samples, "in_process_pass": in_process}}
 
+
+def markdown(data: dict[str, Any]) -> str:
+    summary, same, own = data["summary_seconds"], data["matmul"]["same_kernel"], data["matmul"]["own_kernel"]
     rows = []
     for name, label in [("pass", "`run -c pass` vs `python -c pass`"),
                         ("import numpy", "`run -c 'import numpy'` vs `python -c 'import numpy'`"),
@@ -154,15 +154,23 @@ def main(argv: list[str]) -> int:
         rows.append([label, common.ms(mm["seconds"]["zeroboot"]["p50"]), common.ms(mm["seconds"]["host"]["p50"]),
                      f"{mm['speed_vs_host']:.3f}x host speed"])
     table = common.markdown_table(["case (p50)", "zeroboot-kernel", "host", "ratio"], rows)
-    notes = (f"\n{args.runs} interleaved runs per start-up case; matmul (float64, single-threaded BLAS): "
-             f"{args.matmul_runs} processes per side, each the median of {reps} x {loops} matmuls, timed inside "
-             "the guest/host. Target: >= 0.95x host speed with the same kernel.\n")
-    markdown = "# startup\n\n" + table + notes
-    data = {"runs": args.runs, "summary_seconds": summary,
-            "matmul": {"same_kernel": same, "own_kernel": own},
-            "matmul_speed_vs_host": same["speed_vs_host"],
-            "samples_seconds": {"startup": samples, "in_process_pass": in_process}}
-    common.write_results(args.json, "startup", data, markdown)
-    print(markdown)
+    notes = (f"\n{data['runs']} interleaved runs per start-up case; matmul (float64, single-threaded BLAS): "
+             f"{data['matmul_runs']} processes per side, each the median of {MATMUL_REPS} x {MATMUL_LOOPS} matmuls, "
+             "timed inside the guest/host. Target: >= 0.95x host speed with the same kernel.\n")
+    return table + notes
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench startup", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=20, help="runs of each start-up case (default 20)")
+    p.add_argument("--matmul-runs", type=int, default=3, help="processes per side for the matmul (default 3)")
+    p.add_argument("--json", type=Path, default=common.results_dir() / "startup.json",
+                   help="where to write the results (default bench/results/startup.json; a .md summary goes next to it)")
+    args = p.parse_args(argv)
+    data = measure(args.runs, args.matmul_runs)
+    text = markdown(data)
+    common.write_results(args.json, "startup", data, text)
+    print(text)
     print(f"results: {args.json} (+ {args.json.with_suffix('.md').name})")
     return 0

@@ -1,0 +1,168 @@
+"""`python -m zeroboot_kernel.bench peers`: the same cells, isolated the ways a user could pick instead.
+
+Every cell runs in a fresh isolated environment, measured in one run, interleaved case by case:
+  zeroboot     a pooled VM reset to the template (copy-on-write restore in place), then the cell:
+               what the kernel does for every cell in isolated mode (in-process engine)
+  zeroboot new fork
+               a new copy-on-write fork of the template VM, the cell, the fork closed: every page
+               the cell touches is a first touch in a new VM (8-20 us each on this host)
+  subprocess   `python -c CELL`: a new process per cell, no isolation beyond the process
+  bubblewrap   `bwrap ... python -c CELL`: new namespaces (mount, pid, net, ipc, uts, user) per
+               cell over a read-only root, what many sandboxes use
+Because a fresh process has nothing imported, the cells are written to stand alone (the numpy and
+matplotlib imports are part of the cell); the template already has them imported, which is the
+point of forking a warm process. Also: creating an empty sandbox (a reset / a fork / `true` / `bwrap true`),
+and the published numbers of zeroboot and E2B, shown as published (not measured here).
+Each peer is reported as a ratio to zeroboot's number (peer / zeroboot: how many times slower).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..guest_view import THREAD_ENV
+from ..template import Template
+from . import common
+
+log = logging.getLogger(__name__)
+
+# name -> a cell that runs on its own in a fresh interpreter
+CELLS = {
+    "1+1": "print(1 + 1)",
+    "print 10 KB": "print('x' * 10_000)",
+    "numpy matmul 512": "import numpy as np\na = np.random.default_rng(0).random((512, 512))\nb = a @ a",
+    "matplotlib PNG": ("import io, matplotlib\nmatplotlib.use('agg')\nimport matplotlib.pyplot as plt\n"
+                       "plt.plot([1, 3, 2])\nplt.savefig(io.BytesIO(), format='png')"),
+}
+
+# Published numbers, not measured here (marked as such wherever they are shown).
+PUBLISHED = {
+    "zeroboot": {"fork_p50_ms": 0.79, "fork_p99_ms": 1.74, "fork_exec_ms": 8.0, "concurrent_1000_ms": 815,
+                 "kb_per_fork": 265, "source": "zeroboot README (bare metal)"},
+    "E2B": {"create_ms": 150, "source": "E2B documentation (sandbox start, ~150 ms)"},
+}
+
+BWRAP_ARGS = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+              "--unshare-all", "--die-with-parent", "--new-session", "--"]
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, **THREAD_ENV}  # single-threaded BLAS everywhere, as in the guest
+
+
+def _run(cmd: list[str]) -> None:
+    common.time_command(cmd, env=_env(), timeout=120)
+
+
+def peer_commands() -> dict[str, Callable[[str], list[str]]]:
+    """The process-based peers available on this machine (bubblewrap only if installed)."""
+    peers: dict[str, Callable[[str], list[str]]] = {"subprocess": lambda code: [sys.executable, "-c", code]}
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        peers["bubblewrap"] = lambda code: [bwrap, *BWRAP_ARGS, sys.executable, "-c", code]
+    else:
+        log.warning("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` to compare with it")
+    return peers
+
+
+def _check(sb: Any, code: str) -> None:
+    r = sb.execute(code)
+    if r.status != "ok":
+        raise RuntimeError(f"zeroboot: {code!r} failed: {r.error}")
+
+
+def _new_fork_cell(template: Template, code: str) -> None:
+    with template.fork() as sb:
+        _check(sb, code)
+
+
+def _reset_cell(template: Template, pooled: Any, code: str | None) -> None:
+    pooled.restore(template.snapshot, fresh=True)
+    if code is not None:
+        _check(pooled, code)
+
+
+def _ms(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def measure(runs: int = 20) -> dict[str, Any]:
+    template = Template.ensure()
+    pooled = template.fork()
+    peers = peer_commands()
+    sides = ["zeroboot", "zeroboot new fork", *peers]
+    tasks: dict[str, dict[str, Callable[[], Any]]] = {
+        "empty sandbox": {"zeroboot": lambda: _reset_cell(template, pooled, None),
+                          "zeroboot new fork": lambda: template.fork().close(),
+                          **{name: (lambda n=name: _run(_empty_command(n))) for name in peers}},
+    }
+    for case, code in CELLS.items():
+        tasks[case] = {"zeroboot": lambda c=code: _reset_cell(template, pooled, c),
+                       "zeroboot new fork": lambda c=code: _new_fork_cell(template, c),
+                       **{name: (lambda c=code, f=f: _run(f(c))) for name, f in peers.items()}}
+    cases: dict[str, Any] = {}
+    for case, fns in tasks.items():
+        for fn in fns.values():  # warm-up: page cache, bytecode, first fork
+            fn()
+        samples: dict[str, list[float]] = {side: [] for side in sides}
+        for _ in range(runs):
+            for side in sides:
+                samples[side].append(_ms(fns[side]))
+        row: dict[str, Any] = {}
+        for side, xs in samples.items():
+            row[side] = {"p50_ms": common.percentile(xs, 50), "p99_ms": common.percentile(xs, 99), "n": len(xs)}
+        for side in sides[1:]:
+            row[side]["ratio_p50"] = round(row[side]["p50_ms"] / row["zeroboot"]["p50_ms"], 1)
+        cases[case] = row
+        log.info("peers: %s done", case)
+    pooled.close()
+    return {"runs": runs, "sides": sides, "cells": CELLS, "cases": cases, "published": PUBLISHED}
+
+
+def _empty_command(peer: str) -> list[str]:
+    """An empty sandbox of each peer: a process that does nothing."""
+    true = shutil.which("true") or "/bin/true"
+    return [true] if peer == "subprocess" else [shutil.which("bwrap") or "bwrap", *BWRAP_ARGS, true]
+
+
+def markdown(res: dict[str, Any]) -> str:
+    sides = res["sides"]
+    headers = ["fresh sandbox per cell (p50 ms)", *sides, *(f"{s} / zeroboot" for s in sides[1:])]
+    rows = []
+    for case, row in res["cases"].items():
+        rows.append([case, *(row[s]["p50_ms"] for s in sides), *(f"{row[s]['ratio_p50']}x" for s in sides[1:])])
+    table = common.markdown_table(headers, rows)
+    z, e = res["published"]["zeroboot"], res["published"]["E2B"]
+    return (table + f"\n{res['runs']} interleaved runs per case. zeroboot = a pooled VM reset to the template + "
+            "execute (the isolated kernel's path); zeroboot new fork = fork of the template VM + execute + close "
+            "(in-process engine); subprocess = `python -c CELL`; bubblewrap = `bwrap --unshare-all "
+            "--ro-bind / / ... python -c CELL`. \"empty sandbox\" is a reset / a fork / `true` / `bwrap true`.\n"
+            f"Published, not measured here: zeroboot fork p50 {z['fork_p50_ms']} ms, p99 {z['fork_p99_ms']} ms, "
+            f"fork+exec ~{z['fork_exec_ms']:.0f} ms, ~{z['kb_per_fork']} KB/fork ({z['source']}); "
+            f"E2B ~{e['create_ms']} ms per sandbox ({e['source']}).\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench peers", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=20, help="measured runs per case and side (default 20)")
+    p.add_argument("--json", type=Path, default=common.results_dir() / "peers.json")
+    args = p.parse_args(argv)
+    res = measure(args.runs)
+    text = markdown(res)
+    common.write_results(args.json, "peers", res, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
