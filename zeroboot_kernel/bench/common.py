@@ -16,6 +16,13 @@ import zeroboot_kernel
 
 PACKAGE_ROOT = Path(zeroboot_kernel.__file__).resolve().parent.parent
 
+# Published numbers, not measured here (marked as such wherever they are shown).
+PUBLISHED = {
+    "zeroboot": {"fork_p50_ms": 0.79, "fork_p99_ms": 1.74, "fork_exec_ms": 8.0, "concurrent_1000_ms": 815,
+                 "kb_per_fork": 265, "source": "zeroboot README (bare metal)"},
+    "E2B": {"create_ms": 150, "source": "E2B documentation (sandbox start, ~150 ms)"},
+}
+
 
 def results_dir() -> Path:
     """bench/results/ of the source checkout (committed), else of the current directory."""

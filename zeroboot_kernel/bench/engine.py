@@ -19,11 +19,9 @@ from typing import Any, Callable
 
 from ..native import Engine, ffi, lib
 from ..template import Template, TemplateConfig, default_preload
-from .common import mem_available_kb, percentile, process_memory_kb, results_dir, write_results
+from .common import PUBLISHED, mem_available_kb, percentile, process_memory_kb, results_dir, write_results
 
 PRINT = "print(1)"
-ZEROBOOT_PUBLISHED = {"fork_p50_ms": 0.79, "fork_p99_ms": 1.74, "fork_exec_ms": 8.0, "concurrent_1000_s": 0.815,
-                      "kb_per_fork": 265}
 
 
 def _times(n: int, fn: Callable[[], Any]) -> list[float]:
@@ -178,7 +176,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
     res.update(_references(n_exec))
     res.update(_template_build())
     res["ratio_fork_vs_os_fork"] = round(res["ref_os_fork_p50_ms"] / res["fork_p50_ms"], 1)
-    res["ratio_fork_vs_zeroboot_published"] = round(ZEROBOOT_PUBLISHED["fork_p50_ms"] / res["fork_p50_ms"], 1)
+    res["ratio_fork_vs_zeroboot_published"] = round(PUBLISHED["zeroboot"]["fork_p50_ms"] / res["fork_p50_ms"], 1)
     res["ratio_fork_exec_vs_subprocess_true"] = round(res["ref_subprocess_true_p50_ms"] / res["fork_exec_p50_ms"], 2)
     return res
 

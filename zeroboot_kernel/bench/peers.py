@@ -40,13 +40,6 @@ CELLS = {
                        "plt.plot([1, 3, 2])\nplt.savefig(io.BytesIO(), format='png')"),
 }
 
-# Published numbers, not measured here (marked as such wherever they are shown).
-PUBLISHED = {
-    "zeroboot": {"fork_p50_ms": 0.79, "fork_p99_ms": 1.74, "fork_exec_ms": 8.0, "concurrent_1000_ms": 815,
-                 "kb_per_fork": 265, "source": "zeroboot README (bare metal)"},
-    "E2B": {"create_ms": 150, "source": "E2B documentation (sandbox start, ~150 ms)"},
-}
-
 BWRAP_ARGS = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
               "--unshare-all", "--die-with-parent", "--new-session", "--"]
 
@@ -125,7 +118,7 @@ def measure(runs: int = 20) -> dict[str, Any]:
         cases[case] = row
         log.info("peers: %s done", case)
     pooled.close()
-    return {"runs": runs, "sides": sides, "cells": CELLS, "cases": cases, "published": PUBLISHED}
+    return {"runs": runs, "sides": sides, "cells": CELLS, "cases": cases, "published": common.PUBLISHED}
 
 
 def _empty_command(peer: str) -> list[str]:

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from . import common, engine, files, kernel, peers, scaling, startup
+from . import common, engine, files, kernel, peers, scaling, soak, startup
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def load(out: Path) -> dict[str, dict[str, Any]]:
 def headline(res: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The numbers the README quotes, each with what it is compared with and the ratio."""
     e, p, k = res["engine"], res["peers"], res["kernel"]
-    pub = peers.PUBLISHED
+    pub = common.PUBLISHED
     one = p["cases"]["1+1"]
     rows: dict[str, Any] = {
         "fork_p50_ms": e["fork_p50_ms"], "fork_p99_ms": e["fork_p99_ms"],
@@ -64,21 +64,26 @@ def headline(res: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def headline_markdown(h: dict[str, Any]) -> str:
+    z, e2b = common.PUBLISHED["zeroboot"], common.PUBLISHED["E2B"]
+    n = h["concurrent_forks"]
     rows = [
         ["fork of the template, p50 / p99", f"{h['fork_p50_ms']:.3f} / {h['fork_p99_ms']:.3f} ms",
-         "zeroboot 0.79 / 1.74 ms (published)", f"{h['vs_zeroboot_fork_p50']}x / {h['vs_zeroboot_fork_p99']}x faster"],
-        ["a sandbox ready to run", f"{h['fork_p50_ms']:.3f} ms", "E2B ~150 ms (published)",
+         f"zeroboot {z['fork_p50_ms']} / {z['fork_p99_ms']} ms (published)",
+         f"{h['vs_zeroboot_fork_p50']}x / {h['vs_zeroboot_fork_p99']}x faster"],
+        ["a sandbox ready to run", f"{h['fork_p50_ms']:.3f} ms", f"E2B ~{e2b['create_ms']} ms (published)",
          f"{h['vs_e2b_create']}x faster"],
         ["isolated cell `print(1)`: pooled VM reset + run / new fork + run",
-         f"{h['restore_exec_p50_ms']:.1f} / {h['fork_exec_p50_ms']:.1f} ms", "zeroboot fork+exec ~8 ms (published)",
-         f"{h['vs_zeroboot_fork_exec']}x (reset path)"],
+         f"{h['restore_exec_p50_ms']:.1f} / {h['fork_exec_p50_ms']:.1f} ms",
+         f"zeroboot fork+exec ~{z['fork_exec_ms']:.0f} ms (published)",
+         f"{h['vs_zeroboot_fork_exec']}x faster / {h['fork_exec_p50_ms'] / z['fork_exec_ms']:.1f}x slower"],
         ["isolated cell `1+1` vs a fresh `python -c` / bubblewrap per cell", f"{h['isolated_cell_p50_ms']:.1f} ms",
          "same run", f"{h['vs_subprocess_cell']}x / {h.get('vs_bubblewrap_cell', 'n/a')}x faster"],
-        [f"{h['concurrent_forks']:,} forks created", f"{h['concurrent_s'] * 1e3:.0f} ms",
-         "zeroboot 815 ms for 1,000 (published)",
-         f"{0.815 / h['concurrent_s']:.0f}x faster" if h["concurrent_forks"] == 1000 else ""],
+        [f"{n:,} forks created", f"{h['concurrent_s'] * 1e3:.0f} ms",
+         f"zeroboot {z['concurrent_1000_ms']} ms for 1,000 (published)",
+         f"{z['concurrent_1000_ms'] / (h['concurrent_s'] * 1e3):.0f}x faster" if n == 1000 else ""],
         ["host memory per fork: unstarted / after one cell (USS)",
-         f"{h['unstarted_fork_uss_kb']:.0f} / {h['idle_fork_uss_kb']:.0f} KiB", "zeroboot ~265 KB (published)", ""],
+         f"{h['unstarted_fork_uss_kb']:.0f} / {h['idle_fork_uss_kb']:.0f} KiB",
+         f"zeroboot ~{z['kb_per_fork']} KB (published)", ""],
         ["kernel round trip of `1+1` (chained, with checkpoint)", f"{h['kernel_1plus1_p50_ms']:.1f} ms",
          f"ipykernel {h['ipykernel_1plus1_p50_ms']:.1f} ms (same run, no isolation)",
          f"{h['kernel_vs_ipykernel_1plus1']}x slower"],
@@ -182,13 +187,35 @@ def render(out: Path, report: Path, command: str) -> Path:
         "\n![A fresh sandbox per cell, and kernel round trips](img/peers.png)\n",
         "![Scaling](img/scaling.png)\n",
     ]
-    for name in [*SECTIONS, "soak"]:
-        if name in res:
-            body = SECTIONS[name].markdown(res[name]) if name in SECTIONS else (out / "soak.md").read_text()
-            parts.append(f"## {TITLES[name]}\n\n{body.strip()}\n")
+    for name in SECTIONS:
+        parts.append(f"## {TITLES[name]}\n\n{SECTIONS[name].markdown(res[name]).strip()}\n")
+    if "soak" in res:  # from its own run (`bench soak`), which takes an hour at full size
+        chart = "img/soak.png" if (img / "soak.png").exists() else None
+        body = soak.markdown(res["soak"], chart).split("\n", 1)[1]  # without its own title
+        parts.append(f"## {TITLES['soak']}\n\nMeasured {res['soak']['date'][:10]} with `python -m zeroboot_kernel.bench "
+                     f"soak --cells {res['soak']['cells']} --chart docs/img/soak.png`.\n{body.rstrip()}\n")
     report.write_text("\n".join(parts))
     log.info("wrote %s and %s", report, img)
+    if report.resolve() == default_report().resolve():
+        update_readme(common.PACKAGE_ROOT / "README.md", res["engine"]["date"][:10], headline_markdown(headline(res)))
     return report
+
+
+README_BEGIN = "<!-- performance summary: written by `python -m zeroboot_kernel.bench all` -->"
+README_END = "<!-- end of performance summary -->"
+
+
+def update_readme(readme: Path, date: str, table: str) -> None:
+    """Put the summary table between the README's markers, so that the README quotes the latest
+    full run (a README without the markers is left alone)."""
+    text = readme.read_text() if readme.exists() else ""
+    if README_BEGIN not in text or README_END not in text:
+        log.warning("%s has no performance-summary markers; not updated", readme)
+        return
+    head, rest = text.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+    body = f"\nMeasured {date} (full results and charts: [docs/PERFORMANCE.md](docs/PERFORMANCE.md)):\n\n{table}"
+    readme.write_text(f"{head}{README_BEGIN}{body}{README_END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
