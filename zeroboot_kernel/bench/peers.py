@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import sys
 import time
@@ -40,13 +41,19 @@ CELLS = {
                        "plt.plot([1, 3, 2])\nplt.savefig(io.BytesIO(), format='png')"),
 }
 
-BWRAP_ARGS = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-              "--unshare-all", "--die-with-parent", "--new-session", "--"]
+
+
+def bwrap_args() -> list[str]:
+    """bubblewrap's options: the host's root read-only, a private /tmp, every namespace unshared.
+    An interpreter that lives under /tmp (a checkout there) is bound back over the private /tmp."""
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for path in sorted({sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}):
+        if path.startswith("/tmp/"):
+            args += ["--ro-bind", path, path]
+    return [*args, "--unshare-all", "--die-with-parent", "--new-session", "--"]
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {**os.environ, **THREAD_ENV}  # single-threaded BLAS everywhere, as in the guest
 
 
@@ -59,7 +66,7 @@ def peer_commands() -> dict[str, Callable[[str], list[str]]]:
     peers: dict[str, Callable[[str], list[str]]] = {"subprocess": lambda code: [sys.executable, "-c", code]}
     bwrap = shutil.which("bwrap")
     if bwrap:
-        peers["bubblewrap"] = lambda code: [bwrap, *BWRAP_ARGS, sys.executable, "-c", code]
+        peers["bubblewrap"] = lambda code: [bwrap, *bwrap_args(), sys.executable, "-c", code]
     else:
         log.warning("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` to compare with it")
     return peers
@@ -124,7 +131,7 @@ def measure(runs: int = 20) -> dict[str, Any]:
 def _empty_command(peer: str) -> list[str]:
     """An empty sandbox of each peer: a process that does nothing."""
     true = shutil.which("true") or "/bin/true"
-    return [true] if peer == "subprocess" else [shutil.which("bwrap") or "bwrap", *BWRAP_ARGS, true]
+    return [true] if peer == "subprocess" else [shutil.which("bwrap") or "bwrap", *bwrap_args(), true]
 
 
 def markdown(res: dict[str, Any]) -> str:
