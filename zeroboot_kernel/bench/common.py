@@ -114,7 +114,9 @@ def mem_available_kb() -> int:
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
+        if isinstance(v, float):  # 3 significant digits, without an exponent for big numbers
+            return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+        return str(v)
 
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]

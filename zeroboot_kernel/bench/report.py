@@ -188,7 +188,9 @@ def render(out: Path, report: Path, command: str) -> Path:
         "![Scaling](img/scaling.png)\n",
     ]
     for name in SECTIONS:
-        parts.append(f"## {TITLES[name]}\n\n{SECTIONS[name].markdown(res[name]).strip()}\n")
+        body = SECTIONS[name].markdown(res[name])
+        (out / f"{name}.md").write_text(body)  # the same text as next to each JSON, in case its format changed
+        parts.append(f"## {TITLES[name]}\n\n{body.strip()}\n")
     if "soak" in res:  # from its own run (`bench soak`), which takes an hour at full size
         chart = "img/soak.png" if (img / "soak.png").exists() else None
         body = soak.markdown(res["soak"], chart).split("\n", 1)[1]  # without its own title
