@@ -40,7 +40,8 @@ def _stat(engine: Engine, name: str) -> int:
 
 
 
-def _forks(template: Template, n: int, fork_n: int) -> dict[str, Any]:
+def _fork_batch(template: Template, n: int) -> list[float]:
+    """Times (ms) of n forks kept alive together, then closed."""
     sandboxes = []
 
     def fork() -> None:
@@ -49,7 +50,17 @@ def _forks(template: Template, n: int, fork_n: int) -> dict[str, Any]:
     t = _times(n, fork)
     for sb in sandboxes:
         sb.close()
-    return {"fork_p50_ms": percentile(t, 50), "fork_p99_ms": percentile(t, 99), "fork_max_ms": max(t), "forks": n}
+    return t
+
+
+def _forks(template: Template, n: int) -> dict[str, Any]:
+    """The first batch of forks in this process pays the host's first touch of the engine's
+    per-fork bookkeeping (page bitmaps, ~130 KiB); a long-running kernel reuses that memory. Both
+    are reported; fork_p50_ms/p99 are the second batch (steady state)."""
+    first = _fork_batch(template, n)
+    t = _fork_batch(template, n)
+    return {"fork_p50_ms": percentile(t, 50), "fork_p99_ms": percentile(t, 99), "fork_max_ms": max(t), "forks": n,
+            "fork_first_batch_p50_ms": percentile(first, 50), "fork_first_batch_p99_ms": percentile(first, 99)}
 
 
 def _fork_exec(template: Template, engine: Engine, n: int) -> dict[str, Any]:
@@ -159,7 +170,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
     n_fork = 200 if quick else 1000
     n_exec = 30 if quick else 200
     res: dict[str, Any] = {"quick": quick, "template": template.name, "preload": list(template.manifest["preload"])}
-    res.update(_forks(template, n_fork, n_fork))
+    res.update(_forks(template, n_fork))
     res.update(_fork_exec(template, engine, n_exec))
     res["chained_fork_1mib_p50_ms"] = _chained(template, 1, 10 if quick else 30)
     res["chained_fork_64mib_p50_ms"] = _chained(template, 64, 3 if quick else 10)
@@ -182,7 +193,8 @@ def measure(quick: bool = False) -> dict[str, Any]:
 
 
 TABLE = [
-    ("fork from template, p50 / p99", "fork_p50_ms", "fork_p99_ms", "ms", "zeroboot 0.79 / 1.74 (published)"),
+    ("fork from template, p50 / p99 (steady state)", "fork_p50_ms", "fork_p99_ms", "ms", "zeroboot 0.79 / 1.74 (published)"),
+    ("the same, first batch of a fresh process", "fork_first_batch_p50_ms", "fork_first_batch_p99_ms", "ms", ""),
     ("fork + print(1), p50 / p99", "fork_exec_p50_ms", "fork_exec_p99_ms", "ms", "zeroboot ~8 (published)"),
     ("restore in place + print(1), p50 / p99", "restore_exec_p50_ms", "restore_exec_p99_ms", "ms", ""),
     ("fork of a live sandbox after a 1 MiB / 64 MiB cell", "chained_fork_1mib_p50_ms", "chained_fork_64mib_p50_ms", "ms", ""),
