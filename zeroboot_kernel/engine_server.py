@@ -122,6 +122,9 @@ class EngineServer:
                 reply = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
             if reply is not None:
                 self.send({"event": "reply", "id": msg.get("id"), "content": reply})
+            if msg.get("op") == "execute":
+                # the next cell's checkpoint, taken while the kernel sends this reply on
+                self.session.prepare_next_cell()
 
 
 def lockdown_check() -> dict[str, str]:

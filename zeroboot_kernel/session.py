@@ -63,6 +63,11 @@ class Session:
         # what "a fresh sandbox" means for this session: the template plus the notebook's folder
         self.clean = self.sandbox.snapshot()
         self.checkpoints: deque[Checkpoint] = deque()
+        # chained mode: the state after the last cell, snapshotted while the kernel was still sending
+        # that cell's reply (prepare_next_cell), to be the next cell's checkpoint; None when the state
+        # has changed since, or nothing was prepared
+        self.ready: Snapshot | None = None
+        self.ready_ms = 0.0
         self.head: Snapshot | None = None   # chained state while isolated cells run
         self.timings: deque[dict[str, float]] = deque(maxlen=200)
         self.cells_run = 0
@@ -75,7 +80,7 @@ class Session:
                 poll: Callable[[], None] | None = None) -> dict[str, Any]:
         """Run one cell; returns the execute_reply content. Never raises for what the guest does."""
         t0 = time.perf_counter()
-        checkpoint = self._before_cell(code, execution_count)
+        checkpoint, checkpoint_ms = self._before_cell(code, execution_count)
         t1 = time.perf_counter()
         try:
             r = self.sandbox.execute(code, on_stream=on_stream, on_message=on_message, on_input=on_input,
@@ -90,18 +95,43 @@ class Session:
         except (SandboxCrashed, SandboxTimeout, SandboxMemoryError, SandboxError) as exc:
             reply = self._rollback(exc, checkpoint, execution_count, on_message)
         self.cells_run += 1
-        self.timings.append({"checkpoint_ms": (t1 - t0) * 1e3, "execute_ms": (time.perf_counter() - t1) * 1e3})
+        self.timings.append({"checkpoint_ms": checkpoint_ms if checkpoint_ms is not None else (t1 - t0) * 1e3,
+                             "execute_ms": (time.perf_counter() - t1) * 1e3})
         return reply
 
-    def _before_cell(self, code: str, execution_count: int) -> Snapshot:
+    def _before_cell(self, code: str, execution_count: int) -> tuple[Snapshot, float | None]:
+        """The snapshot the cell rolls back to, and what taking it cost (ms) if it was taken
+        earlier (None: now, timed by the caller)."""
         if self.mode == "isolated":
             self.sandbox.restore(self.clean, fresh=True)
-            return self.clean
-        snap = self.sandbox.snapshot()
+            return self.clean, None
+        snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self.sandbox.snapshot(), None)
+        self.ready = None
         self.checkpoints.append(Checkpoint(execution_count, code, snap, time.time()))
         while len(self.checkpoints) > self.keep:
             self.checkpoints.popleft().snapshot.release()
-        return snap
+        return snap, taken_ms
+
+    def prepare_next_cell(self) -> None:
+        """Chained mode: snapshot the state now, between cells, as the next cell's checkpoint. The
+        engine server calls this right after sending a cell's reply, so the snapshot is taken while
+        the kernel publishes the reply and the frontend sends the next request, not on the next
+        cell's round trip. Everything else that changes the sandbox drops it (_state_changes)."""
+        if self.mode != "chained" or self.ready is not None or self.sandbox.broken:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.ready = self.sandbox.snapshot()
+        except SandboxError as exc:  # the next cell snapshots again and reports it
+            log.warning("could not prepare the next cell's checkpoint: %s", exc)
+            return
+        self.ready_ms = (time.perf_counter() - t0) * 1e3
+
+    def _state_changes(self) -> None:
+        """The sandbox is about to change outside a cell: the prepared checkpoint is no longer its state."""
+        if self.ready is not None:
+            self.ready.release()
+            self.ready = None
 
     def _rollback(self, exc: Exception, checkpoint: Snapshot, execution_count: int,
                   on_message: MessageCallback | None) -> dict[str, Any]:
@@ -127,6 +157,7 @@ class Session:
             raise SandboxError("%rewind N needs N >= 1")
         if n > len(self.checkpoints):
             raise SandboxError(f"only {len(self.checkpoints)} checkpoint(s) are kept; cannot rewind {n} cells")
+        self._state_changes()
         for _ in range(n - 1):
             self.checkpoints.pop().snapshot.release()
         target = self.checkpoints.pop()
@@ -139,6 +170,7 @@ class Session:
             raise SandboxError(f"unknown mode {mode!r}: use chained or isolated")
         if mode == self.mode:
             return f"already in {mode} mode"
+        self._state_changes()
         if mode == "isolated":
             self.head = self.sandbox.snapshot()       # keep the chained state for coming back
         else:
@@ -154,6 +186,7 @@ class Session:
 
     def restart(self) -> None:
         """Back to the clean template, dropping all checkpoints (instant: a restore)."""
+        self._state_changes()
         for cp in self.checkpoints:
             cp.snapshot.release()
         self.checkpoints.clear()
@@ -164,7 +197,7 @@ class Session:
 
     # ---- requests that must not change the state ----
     def _throwaway(self, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        snap = self.clean if self.mode == "isolated" else self.sandbox.snapshot()
+        snap = self.clean if self.mode == "isolated" else self.ready or self.sandbox.snapshot()
         try:
             if self.mode == "isolated":
                 self.sandbox.restore(snap, fresh=True)
@@ -174,7 +207,7 @@ class Session:
             return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
         finally:
             self.sandbox.restore(snap, fresh=self.mode == "isolated")
-            if snap is not self.clean:
+            if snap is not self.clean and snap is not self.ready:
                 snap.release()
 
     def complete(self, code: str, cursor_pos: int) -> dict[str, Any]:
@@ -198,6 +231,7 @@ class Session:
             raise SandboxError("readwrite must be chosen when the kernel starts (ZEROBOOT_FILES=readwrite in the "
                                "kernelspec's env): the sandbox engine process is locked down against writing "
                                "host files")
+        self._state_changes()
         self.sandbox.guest.set_project_mode(directory, files)
         self.files = files
         return {"overlay": f"{directory}: reads from the host, writes stay private to the sandbox",
@@ -252,6 +286,7 @@ class Session:
         }
 
     def close(self) -> None:
+        self._state_changes()
         self.clean.release()
         for cp in self.checkpoints:
             cp.snapshot.release()

@@ -1,0 +1,80 @@
+"""Chained-mode checkpoints at the session level, with the next cell's checkpoint prepared between
+cells (Session.prepare_next_cell, which the engine server calls after each reply): rollbacks,
+%rewind, completion and mode changes must see exactly the states they would without it."""
+from __future__ import annotations
+
+import pytest
+
+from zeroboot_kernel.session import Session
+from zeroboot_kernel.template import Template
+
+
+@pytest.fixture(scope="module")
+def template() -> Template:
+    return Template.ensure()
+
+
+@pytest.fixture
+def session(template):
+    s = Session(template)
+    yield s
+    s.close()
+
+
+def run(s: Session, code: str, n: int) -> dict:
+    """One cell as the engine server runs it: execute, then prepare the next checkpoint."""
+    results: list[str] = []
+    reply = s.execute(code, execution_count=n,
+                      on_message=lambda mt, c: results.append(c["data"]["text/plain"]) if mt == "execute_result" else None)
+    s.prepare_next_cell()
+    reply["result"] = results[0] if results else None
+    return reply
+
+
+def test_the_prepared_checkpoint_becomes_the_next_cells(session) -> None:
+    run(session, "x = 1", 1)
+    assert session.ready is not None
+    prepared = session.ready
+    run(session, "x = 2", 2)
+    assert session.checkpoints[-1].snapshot is prepared and session.checkpoints[-1].number == 2
+    assert run(session, "x", 3)["result"] == "2"
+
+
+def test_a_crash_rolls_back_to_the_state_after_the_previous_cell(session) -> None:
+    run(session, "x = 1", 1)
+    reply = run(session, "x = 99\nimport ctypes\nctypes.string_at(0)", 2)
+    assert reply["status"] == "error" and reply["ename"] == "SandboxCrashed"
+    assert run(session, "x", 3)["result"] == "1"
+
+
+def test_rewind_drops_the_prepared_checkpoint_and_goes_back(session) -> None:
+    for n, code in enumerate(["x = 1", "x = 2", "x = 3"], 1):
+        run(session, code, n)
+    assert session.ready is not None
+    assert session.rewind(2).startswith("rewound 2")
+    assert session.ready is None
+    assert run(session, "x", 4)["result"] == "1"
+    session.rewind(1)  # undoes the cell that read x: back to x = 1 with no prepared state left over
+    assert run(session, "x", 5)["result"] == "1"
+
+
+def test_completion_between_cells_keeps_the_prepared_state(session) -> None:
+    run(session, "alpha_value = 41", 1)
+    prepared = session.ready
+    matches = session.complete("alpha_v", 7)["matches"]
+    assert "alpha_value" in matches
+    assert session.ready is prepared  # used as the throwaway's snapshot, still the state
+    assert run(session, "alpha_value + 1", 2)["result"] == "42"
+
+
+def test_restart_and_mode_changes_drop_the_prepared_checkpoint(session) -> None:
+    run(session, "x = 1", 1)
+    session.set_mode("isolated")
+    assert session.ready is None
+    assert run(session, "'x' in dir()", 2)["result"] == "False"
+    assert session.ready is None  # isolated cells start from the template: nothing to prepare
+    session.set_mode("chained")
+    assert run(session, "x", 3)["result"] == "1"
+    session.restart()
+    assert session.ready is None
+    assert run(session, "'x' in dir()", 4)["result"] == "False"
