@@ -195,7 +195,8 @@ def markdown(results: dict[str, Any]) -> str:
     table = common.markdown_table(["case", f"{ours} p50 ms", f"{ours} p99 ms", f"{stock} p50 ms",
                                    f"{stock} p99 ms", "ratio p50", "ratio p99"], rows)
     return (f"{table}\nExecute round trip = request -> reply + idle, {results['iterations']} interleaved runs per "
-            f"case; {ours} in chained mode (every cell also takes its checkpoint for `%rewind`).\n")
+            f"case; {ours} in chained mode (every cell also has its checkpoint for `%rewind`, taken right "
+            f"after the previous reply went out).\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
