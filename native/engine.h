@@ -71,6 +71,8 @@ typedef struct zb_vm {
     uint64_t tsc_khz;
     timer_t wake_timer;      /* during a run: sends the kick signal at the deadline or the guest's alarm */
     int wake_timer_live;
+    int manual_protect;      /* KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 is on: reading the dirty log does not
+                                write-protect pages; zb_vm_protect_pages does, for the pages we name */
 } zb_vm;
 
 struct zb_engine {
@@ -90,7 +92,13 @@ int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err);
 /* Save the attached sandbox's vCPU state and dirty log back into it and detach. */
 int zb_vm_detach(zb_vm *vm, char *err);
 /* OR the VM's dirty log for the attached sandbox into its dirty bitmap (and clear the log). */
-int zb_vm_collect_dirty(zb_vm *vm, char *err);
+/* Merge KVM's dirty log into the attached sandbox's host_dirty. With keep_writable (a snapshot is
+ * being taken), pages stay writable for the guest: the snapshot compares them with its base and
+ * write-protects the unchanged ones (zb_vm_protect_pages); otherwise every logged page is
+ * write-protected again, so that the next write to it is logged. */
+int zb_vm_collect_dirty(zb_vm *vm, int keep_writable, char *err);
+/* Write-protect (and clear in the dirty log) the pages set in `pages` (one bit per guest page). */
+int zb_vm_protect_pages(zb_vm *vm, uint64_t *pages, char *err);
 int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err);
 /* Load the attached sandbox's registers, segments and XSAVE image into the vCPU. */
 int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err);

@@ -270,8 +270,37 @@ uint64_t zb_snapshot_private_bytes(zb_snapshot *s) { return s && s->own ? s->own
 static int sync_from_vm(zb_sandbox *sb, char *err) {
     zb_vm *vm = sb->engine->vm;
     if (!vm || vm->attached != sb) return 0;
-    if (zb_vm_collect_dirty(vm, err) < 0) return -1;
+    if (zb_vm_collect_dirty(vm, 1, err) < 0) return -1;
     return sb->finished ? 0 : zb_vm_save_xsave(vm, sb, err);
+}
+
+/* Take out of the sandbox's dirty set the pages whose content is still that of its base snapshot,
+ * and return them (a bitmap, or NULL when there is nothing to compare or no memory). The dirty set
+ * holds pages written since the base, but also pages the guest may have written: those left
+ * writable after the previous snapshot (manual dirty-log protection), and pages a cell changed and
+ * changed back (CPython's reference counts go up and down). Such a page costs the new snapshot
+ * nothing when it is shared with the base; the caller write-protects it again. Only allocated
+ * pages are compared: a freed page must become a zero page. */
+static uint64_t *drop_unchanged_pages(zb_sandbox *sb) {
+    if (!sb->base) return NULL;
+    uint64_t words = (sb->mem.npages + 63) / 64, *dirty = sb->mem.host_dirty;
+    uint64_t *unchanged = calloc(words, sizeof *unchanged);
+    if (!unchanged) return NULL;
+    for (uint64_t w = 0; w < words; w++) {
+        for (uint64_t bits = dirty[w] & sb->mem.allocated[w]; bits; bits &= bits - 1) {
+            uint64_t pfn = w * 64 + (uint64_t)__builtin_ctzll(bits);
+            const zb_page *was = zb_snapshot_page(sb->base, pfn);
+            const uint8_t *now = sb->mem.host + pfn * ZB_PAGE;
+            int same = was->kind == PAGE_STORED ? !memcmp(now, was->store->map + (uint64_t)was->index * ZB_PAGE, ZB_PAGE)
+                     : was->kind == PAGE_ZERO   ? page_is_zero(now)
+                                                : 0; /* image pages are not mapped here: keep the copy */
+            if (same) {
+                zb_bit_clear(dirty, pfn);
+                zb_bit_set(unchanged, pfn);
+            }
+        }
+    }
+    return unchanged;
 }
 
 /* The pages a new snapshot s stores itself: those its sandbox wrote since the previous snapshot,
@@ -297,8 +326,9 @@ static uint64_t *take_pages(const zb_snapshot *s, const uint64_t *dirty, uint64_
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     if (sb->finished) { zb_seterr(err, "cannot snapshot a sandbox that has finished"); return NULL; }
     if (sync_from_vm(sb, err) < 0) return NULL;
+    uint64_t *unchanged = drop_unchanged_pages(sb);
     zb_snapshot *s = calloc(1, sizeof *s);
-    if (!s) { zb_seterr(err, "out of memory"); return NULL; }
+    if (!s) { free(unchanged); zb_seterr(err, "out of memory"); return NULL; }
     atomic_init(&s->refs, 1);
     s->engine = sb->engine;
     s->image = sb->mem.image;
@@ -363,8 +393,16 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     atomic_fetch_add(&s->refs, 1);
     zb_snapshot_release(sb->base);
     sb->base = s;
+    /* Pages that did not change are write-protected again, so that a later write is logged; pages
+     * that changed stay writable and stay in KVM's log, to be compared at the next snapshot. If
+     * this fails they stay in the log too, which is only slower. */
+    zb_vm *vm = sb->engine->vm;
+    char ignored[ZB_ERRLEN];
+    if (unchanged && vm && vm->attached == sb) (void)zb_vm_protect_pages(vm, unchanged, ignored);
+    free(unchanged);
     return s;
 fail:
+    free(unchanged);
     snapshot_free(s);
     return NULL;
 }
@@ -388,7 +426,7 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
         return -1;
     }
     zb_vm *vm = sb->engine->vm;
-    if (vm && vm->attached == sb && zb_vm_collect_dirty(vm, err) < 0) return -1;
+    if (vm && vm->attached == sb && zb_vm_collect_dirty(vm, 0, err) < 0) return -1;
     if (apply_memory(sb, sb->base, snap, err) < 0 || state_apply(sb, &snap->st, err) < 0) {
         sb->finished = 1; /* half restored: never run it */
         return -1;
