@@ -50,6 +50,7 @@ typedef struct zb_image {
     atomic_int refs;
     int fd;
     uint64_t size;
+    const uint8_t *map;      /* read-only view of the image, to compare pages with; NULL if unmappable */
 } zb_image;
 zb_image *zb_image_new(int fd, uint64_t size);
 void zb_image_ref(zb_image *img);
@@ -129,6 +130,9 @@ typedef struct zb_memory {
     zb_region *regions;
     size_t nregions, regions_cap;
     zb_image *image;         /* base image this mapping was forked from, or NULL */
+    uint8_t *unchanged_runs; /* per page: snapshots in a row that found it logged as written but
+                                unchanged while it was left writable (snapshot.c); NULL until the
+                                first snapshot needs it */
 } zb_memory;
 
 int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err);

@@ -36,6 +36,9 @@ zb_image *zb_image_new(int fd, uint64_t size) {
     atomic_init(&img->refs, 1);
     img->fd = fd;
     img->size = size;
+    /* shares the page cache with every fork's copy-on-write mapping: costs address space only */
+    void *map = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    img->map = map == MAP_FAILED ? NULL : map;
     return img;
 }
 
@@ -45,6 +48,7 @@ void zb_image_ref(zb_image *img) {
 
 void zb_image_unref(zb_image *img) {
     if (img && atomic_fetch_sub(&img->refs, 1) == 1) {
+        if (img->map) munmap((void *)img->map, img->size);
         close(img->fd);
         free(img);
     }
@@ -99,6 +103,7 @@ void zb_mem_destroy(zb_memory *m) {
     free(m->host_dirty);
     free(m->file_backed);
     free(m->from_image);
+    free(m->unchanged_runs);
     free(m->regions);
     zb_image_unref(m->image);
     memset(m, 0, sizeof *m);

@@ -110,6 +110,31 @@ static int page_is_zero(const uint8_t *p) {
     return 1;
 }
 
+/* Does the guest page pfn of m hold what entry p says? -1: cannot tell cheaply (no image view). */
+static int page_holds(const zb_memory *m, const zb_page *p, uint64_t pfn) {
+    const uint8_t *now = m->host + pfn * ZB_PAGE;
+    switch (p->kind) {
+    case PAGE_ZERO: return page_is_zero(now);
+    case PAGE_STORED: return !memcmp(now, p->store->map + (uint64_t)p->index * ZB_PAGE, ZB_PAGE);
+    default: return m->image && m->image->map ? !memcmp(now, m->image->map + pfn * ZB_PAGE, ZB_PAGE) : -1;
+    }
+}
+
+/* Snapshots and restores in a row that may find a page written but unchanged before it is
+ * write-protected again. CPython rewrites ~450 pages per cell and puts them back as they were
+ * (reference counts): protecting them at once costs a fault each in the next cell; never
+ * protecting them would make every snapshot compare every page ever written. */
+#define UNCHANGED_RUNS_BEFORE_PROTECT 4
+
+/* Page pfn was logged as written but holds what it should: count it, and say whether to
+ * write-protect it again now (runs == NULL: no counters, protect at once). */
+static int unchanged_again(uint8_t *runs, uint64_t pfn) {
+    if (!runs) return 1;
+    if (++runs[pfn] < UNCHANGED_RUNS_BEFORE_PROTECT) return 0;
+    runs[pfn] = 0;
+    return 1;
+}
+
 /* ---- the sandbox state next to memory ---- */
 
 void zb_guest_state_free(zb_guest_state *st) {
@@ -224,10 +249,16 @@ static int page_same(const zb_page *a, const zb_page *b) {
 }
 
 /* Make the sandbox's memory equal to snap's, where it can differ: pages written since its base
- * snapshot, and pages where base and snap disagree. */
-static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapshot *snap, char *err) {
+ * snapshot, and pages where base and snap disagree. With `protect` (a restore of a sandbox whose
+ * logged pages were left writable), pages that already hold snap's content are left alone, so they
+ * stay mapped and writable; those found so several times in a row are marked in `protect` to be
+ * write-protected again. */
+static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapshot *snap, uint64_t *protect,
+                        char *err) {
     run_batch b = {.sb = sb};
-    const uint64_t *dirty = sb->mem.host_dirty;
+    zb_memory *m = &sb->mem;
+    const uint64_t *dirty = m->host_dirty;
+    if (protect && !m->unchanged_runs) m->unchanged_runs = calloc(m->npages, 1); /* NULL: protect at once */
     for (uint64_t c = 0; c < snap->nchunks; c++) {
         const zb_chunk *bc = base ? base->chunks[c] : NULL, *nc = snap->chunks[c];
         int any_dirty = 0;
@@ -236,7 +267,13 @@ static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapsh
         for (uint64_t i = 0; i < CHUNK_PAGES; i++) {
             uint64_t pfn = c * CHUNK_PAGES + i;
             const zb_page *want = zb_snapshot_page(snap, pfn);
-            if (zb_bit(dirty, pfn) || !page_same(zb_snapshot_page(base, pfn), want)) add_page(&b, pfn, want);
+            if (!zb_bit(dirty, pfn) && page_same(zb_snapshot_page(base, pfn), want)) continue;
+            if (protect && page_holds(m, want, pfn) == 1) {
+                if (unchanged_again(m->unchanged_runs, pfn)) zb_bit_set(protect, pfn);
+                continue;
+            }
+            if (m->unchanged_runs) m->unchanged_runs[pfn] = 0;
+            add_page(&b, pfn, want);
         }
     }
     flush_run(&b);
@@ -275,32 +312,30 @@ static int sync_from_vm(zb_sandbox *sb, char *err) {
 }
 
 /* Take out of the sandbox's dirty set the pages whose content is still that of its base snapshot,
- * and return them (a bitmap, or NULL when there is nothing to compare or no memory). The dirty set
- * holds pages written since the base, but also pages the guest may have written: those left
- * writable after the previous snapshot (manual dirty-log protection), and pages a cell changed and
- * changed back (CPython's reference counts go up and down). Such a page costs the new snapshot
- * nothing when it is shared with the base; the caller write-protects it again. Only allocated
- * pages are compared: a freed page must become a zero page. */
+ * and return those to write-protect again (a bitmap, or NULL when there is nothing to compare or no
+ * memory). The dirty set holds pages written since the base, and also pages the guest may have
+ * written: those left writable after earlier snapshots (manual dirty-log protection). A page whose
+ * content did not change costs the new snapshot nothing when it is shared with the base. Only
+ * allocated pages are compared: a freed page must become a zero page. */
 static uint64_t *drop_unchanged_pages(zb_sandbox *sb) {
     if (!sb->base) return NULL;
-    uint64_t words = (sb->mem.npages + 63) / 64, *dirty = sb->mem.host_dirty;
-    uint64_t *unchanged = calloc(words, sizeof *unchanged);
-    if (!unchanged) return NULL;
+    zb_memory *m = &sb->mem;
+    uint64_t words = (m->npages + 63) / 64, *dirty = m->host_dirty;
+    uint64_t *protect = calloc(words, sizeof *protect);
+    if (!protect) return NULL;
+    if (!m->unchanged_runs) m->unchanged_runs = calloc(m->npages, 1); /* NULL: protect at once */
     for (uint64_t w = 0; w < words; w++) {
-        for (uint64_t bits = dirty[w] & sb->mem.allocated[w]; bits; bits &= bits - 1) {
+        for (uint64_t bits = dirty[w] & m->allocated[w]; bits; bits &= bits - 1) {
             uint64_t pfn = w * 64 + (uint64_t)__builtin_ctzll(bits);
-            const zb_page *was = zb_snapshot_page(sb->base, pfn);
-            const uint8_t *now = sb->mem.host + pfn * ZB_PAGE;
-            int same = was->kind == PAGE_STORED ? !memcmp(now, was->store->map + (uint64_t)was->index * ZB_PAGE, ZB_PAGE)
-                     : was->kind == PAGE_ZERO   ? page_is_zero(now)
-                                                : 0; /* image pages are not mapped here: keep the copy */
-            if (same) {
-                zb_bit_clear(dirty, pfn);
-                zb_bit_set(unchanged, pfn);
+            if (page_holds(m, zb_snapshot_page(sb->base, pfn), pfn) != 1) {
+                if (m->unchanged_runs) m->unchanged_runs[pfn] = 0;
+                continue;
             }
+            zb_bit_clear(dirty, pfn);
+            if (unchanged_again(m->unchanged_runs, pfn)) zb_bit_set(protect, pfn);
         }
     }
-    return unchanged;
+    return protect;
 }
 
 /* The pages a new snapshot s stores itself: those its sandbox wrote since the previous snapshot,
@@ -326,9 +361,9 @@ static uint64_t *take_pages(const zb_snapshot *s, const uint64_t *dirty, uint64_
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     if (sb->finished) { zb_seterr(err, "cannot snapshot a sandbox that has finished"); return NULL; }
     if (sync_from_vm(sb, err) < 0) return NULL;
-    uint64_t *unchanged = drop_unchanged_pages(sb);
+    uint64_t *protect = drop_unchanged_pages(sb);
     zb_snapshot *s = calloc(1, sizeof *s);
-    if (!s) { free(unchanged); zb_seterr(err, "out of memory"); return NULL; }
+    if (!s) { free(protect); zb_seterr(err, "out of memory"); return NULL; }
     atomic_init(&s->refs, 1);
     s->engine = sb->engine;
     s->image = sb->mem.image;
@@ -393,16 +428,16 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     atomic_fetch_add(&s->refs, 1);
     zb_snapshot_release(sb->base);
     sb->base = s;
-    /* Pages that did not change are write-protected again, so that a later write is logged; pages
-     * that changed stay writable and stay in KVM's log, to be compared at the next snapshot. If
-     * this fails they stay in the log too, which is only slower. */
+    /* Pages found unchanged several times in a row are write-protected again, so that a later write
+     * is logged; the others stay writable and stay in KVM's log, to be compared at the next
+     * snapshot. If this fails they stay in the log too, which is only slower. */
     zb_vm *vm = sb->engine->vm;
     char ignored[ZB_ERRLEN];
-    if (unchanged && vm && vm->attached == sb) (void)zb_vm_protect_pages(vm, unchanged, ignored);
-    free(unchanged);
+    if (protect && vm && vm->attached == sb) (void)zb_vm_protect_pages(vm, protect, ignored);
+    free(protect);
     return s;
 fail:
-    free(unchanged);
+    free(protect);
     snapshot_free(s);
     return NULL;
 }
@@ -411,7 +446,7 @@ zb_sandbox *zb_snapshot_fork(zb_snapshot *snap, char *err) {
     zb_sandbox *sb = zb_sandbox_alloc(snap->engine, err);
     if (!sb) return NULL;
     if (zb_mem_init(&sb->mem, snap->mem_size, snap->image, err) < 0) goto fail;
-    if (apply_memory(sb, NULL, snap, err) < 0 || state_apply(sb, &snap->st, err) < 0) goto fail;
+    if (apply_memory(sb, NULL, snap, NULL, err) < 0 || state_apply(sb, &snap->st, err) < 0) goto fail;
     atomic_fetch_add(&snap->refs, 1);
     sb->base = snap;
     return sb;
@@ -426,11 +461,19 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
         return -1;
     }
     zb_vm *vm = sb->engine->vm;
-    if (vm && vm->attached == sb && zb_vm_collect_dirty(vm, 0, err) < 0) return -1;
-    if (apply_memory(sb, sb->base, snap, err) < 0 || state_apply(sb, &snap->st, err) < 0) {
+    int attached = vm && vm->attached == sb;
+    /* Attached, with manual dirty-log protection: logged pages stay writable, and the restore
+     * compares them instead of rewriting them all (a page rewritten by the host stays mapped too). */
+    uint64_t *protect = attached && vm->manual_protect ? calloc((sb->mem.npages + 63) / 64, sizeof *protect) : NULL;
+    if (attached && zb_vm_collect_dirty(vm, protect != NULL, err) < 0) { free(protect); return -1; }
+    if (apply_memory(sb, sb->base, snap, protect, err) < 0 || state_apply(sb, &snap->st, err) < 0) {
+        free(protect);
         sb->finished = 1; /* half restored: never run it */
         return -1;
     }
+    char ignored[ZB_ERRLEN];  /* if this fails the pages stay in the log: only slower */
+    if (protect) (void)zb_vm_protect_pages(vm, protect, ignored);
+    free(protect);
     atomic_fetch_add(&snap->refs, 1);
     zb_snapshot_release(sb->base);
     sb->base = snap;

@@ -104,6 +104,24 @@ def test_pages_left_writable_between_snapshots_keep_every_change(sb: Sandbox) ->
         snap.release()
 
 
+def test_restores_compare_pages_left_writable_and_reset_the_changed_ones(template: Template) -> None:
+    """A restore leaves logged pages that already hold the target's content alone (mapped and
+    writable), and rewrites the others: back to a snapshot, and back to the template."""
+    with template.fork() as sb:
+        sb.execute("import numpy as np\nbuf = np.zeros(1 << 18, dtype=np.uint8)")
+        snap = sb.snapshot()
+        for k in range(1, 8):  # the same pages written after every restore
+            sb.restore(snap)
+            assert text(sb.execute(f"before = int(buf.sum())\nbuf[::4096] = {k}\nbefore")) == "0", k
+        for _ in range(3):
+            sb.restore(template.snapshot, fresh=True)
+            assert sb.execute("buf").error["ename"] == "NameError"
+            sb.execute("import numpy as np\nbuf = np.ones(1 << 18, dtype=np.uint8)")
+        sb.restore(snap)
+        assert text(sb.execute("int(buf.sum())")) == "0"
+        snap.release()
+
+
 def test_a_cell_that_changes_nothing_stores_next_to_nothing(sb: Sandbox) -> None:
     """A cell writes hundreds of pages (reference counts, the interpreter's caches) but changes few
     of them; a snapshot keeps only the pages whose content changed."""
