@@ -5,7 +5,8 @@ Every cell runs in a fresh isolated environment, measured in one run, interleave
                what the kernel does for every cell in isolated mode (in-process engine)
   zeroboot new fork
                a new copy-on-write fork of the template VM, the cell, the fork closed: every page
-               the cell touches is a first touch in a new VM (8-20 us each on this host)
+               the cell touches is a first touch in a new VM (8-20 us each on this host); on an
+               engine of its own, so that it does not disturb the pooled VM
   subprocess   `python -c CELL`: a new process per cell, no isolation beyond the process
   bubblewrap   `bwrap ... python -c CELL`: new namespaces (mount, pid, net, ipc, uts, user) per
                cell over a read-only root, what many sandboxes use
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..guest_view import THREAD_ENV
+from ..native import Engine
 from ..template import Template
 from . import common
 
@@ -98,16 +100,20 @@ def _ms(fn: Callable[[], Any]) -> float:
 def measure(runs: int = 20) -> dict[str, Any]:
     template = Template.ensure()
     pooled = template.fork()
+    # New forks run on an engine of their own: on the same one, every switch between them and the
+    # pooled sandbox would re-point the VM's memory slot and drop its warm page tables, which no
+    # kernel session sees (it runs one sandbox).
+    template_for_forks = Template.ensure(engine=Engine())
     peers = peer_commands()
     sides = ["zeroboot", "zeroboot new fork", *peers]
     tasks: dict[str, dict[str, Callable[[], Any]]] = {
         "empty sandbox": {"zeroboot": lambda: _reset_cell(template, pooled, None),
-                          "zeroboot new fork": lambda: template.fork().close(),
+                          "zeroboot new fork": lambda: template_for_forks.fork().close(),
                           **{name: (lambda n=name: _run(_empty_command(n))) for name in peers}},
     }
     for case, code in CELLS.items():
         tasks[case] = {"zeroboot": lambda c=code: _reset_cell(template, pooled, c),
-                       "zeroboot new fork": lambda c=code: _new_fork_cell(template, c),
+                       "zeroboot new fork": lambda c=code: _new_fork_cell(template_for_forks, c),
                        **{name: (lambda c=code, f=f: _run(f(c))) for name, f in peers.items()}}
     cases: dict[str, Any] = {}
     for case, fns in tasks.items():
@@ -144,7 +150,7 @@ def markdown(res: dict[str, Any]) -> str:
     z, e = res["published"]["zeroboot"], res["published"]["E2B"]
     return (table + f"\n{res['runs']} interleaved runs per case. zeroboot = a pooled VM reset to the template + "
             "execute (the isolated kernel's path); zeroboot new fork = fork of the template VM + execute + close "
-            "(in-process engine); subprocess = `python -c CELL`; bubblewrap = `bwrap --unshare-all "
+            "(in-process engines, one for each of the two); subprocess = `python -c CELL`; bubblewrap = `bwrap --unshare-all "
             "--ro-bind / / ... python -c CELL`. \"empty sandbox\" is a reset / a fork / `true` / `bwrap true`.\n"
             f"Published, not measured here: zeroboot fork p50 {z['fork_p50_ms']} ms, p99 {z['fork_p99_ms']} ms, "
             f"fork+exec ~{z['fork_exec_ms']:.0f} ms, ~{z['kb_per_fork']} KB/fork ({z['source']}); "
