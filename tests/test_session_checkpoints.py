@@ -78,3 +78,21 @@ def test_restart_and_mode_changes_drop_the_prepared_checkpoint(session) -> None:
     session.restart()
     assert session.ready is None
     assert run(session, "'x' in dir()", 4)["result"] == "False"
+
+
+def test_isolated_cells_start_clean_when_reset_between_cells(template) -> None:
+    s = Session(template, mode="isolated")
+    try:
+        run(s, "leak = 1", 1)
+        assert s.reset_done  # reset to the template right after the reply
+        assert run(s, "'leak' in dir()", 2)["result"] == "False"
+        run(s, "leak = 2", 3)
+        s.complete("lea", 3)  # a completion between cells leaves the sandbox clean
+        assert run(s, "'leak' in dir()", 4)["result"] == "False"
+        reply = run(s, "leak = 3\nimport ctypes\nctypes.string_at(0)", 5)
+        assert reply["ename"] == "SandboxCrashed"
+        assert run(s, "'leak' in dir()", 6)["result"] == "False"
+        s.set_mode("chained")
+        assert not s.reset_done
+    finally:
+        s.close()

@@ -68,6 +68,8 @@ class Session:
         # has changed since, or nothing was prepared
         self.ready: Snapshot | None = None
         self.ready_ms = 0.0
+        # isolated mode: the sandbox was reset to the template after the last cell (prepare_next_cell)
+        self.reset_done = False
         self.head: Snapshot | None = None   # chained state while isolated cells run
         self.timings: deque[dict[str, float]] = deque(maxlen=200)
         self.cells_run = 0
@@ -103,8 +105,11 @@ class Session:
         """The snapshot the cell rolls back to, and what taking it cost (ms) if it was taken
         earlier (None: now, timed by the caller)."""
         if self.mode == "isolated":
-            self.sandbox.restore(self.clean, fresh=True)
-            return self.clean, None
+            taken_ms = self.ready_ms if self.reset_done else None
+            if not self.reset_done:
+                self.sandbox.restore(self.clean, fresh=True)
+            self.reset_done = False
+            return self.clean, taken_ms
         snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self.sandbox.snapshot(), None)
         self.ready = None
         self.checkpoints.append(Checkpoint(execution_count, code, snap, time.time()))
@@ -113,22 +118,28 @@ class Session:
         return snap, taken_ms
 
     def prepare_next_cell(self) -> None:
-        """Chained mode: snapshot the state now, between cells, as the next cell's checkpoint. The
-        engine server calls this right after sending a cell's reply, so the snapshot is taken while
-        the kernel publishes the reply and the frontend sends the next request, not on the next
-        cell's round trip. Everything else that changes the sandbox drops it (_state_changes)."""
-        if self.mode != "chained" or self.ready is not None or self.sandbox.broken:
-            return
+        """Do now, between cells, what the next cell would do first: in chained mode snapshot the
+        state as its checkpoint, in isolated mode reset the sandbox to the template. The engine
+        server calls this right after sending a cell's reply, so the work is done while the kernel
+        publishes the reply and the frontend sends the next request, not on the next cell's round
+        trip. Everything else that changes the sandbox undoes it (_state_changes)."""
         t0 = time.perf_counter()
         try:
-            self.ready = self.sandbox.snapshot()
-        except SandboxError as exc:  # the next cell snapshots again and reports it
-            log.warning("could not prepare the next cell's checkpoint: %s", exc)
+            if self.mode == "isolated" and not self.reset_done:
+                self.sandbox.restore(self.clean, fresh=True)
+                self.reset_done = True
+            elif self.mode == "chained" and self.ready is None and not self.sandbox.broken:
+                self.ready = self.sandbox.snapshot()
+            else:
+                return
+        except SandboxError as exc:  # the next cell does it again and reports it
+            log.warning("could not prepare the next cell: %s", exc)
             return
         self.ready_ms = (time.perf_counter() - t0) * 1e3
 
     def _state_changes(self) -> None:
-        """The sandbox is about to change outside a cell: the prepared checkpoint is no longer its state."""
+        """The sandbox is about to change outside a cell: what prepare_next_cell did no longer holds."""
+        self.reset_done = False
         if self.ready is not None:
             self.ready.release()
             self.ready = None
@@ -197,16 +208,19 @@ class Session:
 
     # ---- requests that must not change the state ----
     def _throwaway(self, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        snap = self.clean if self.mode == "isolated" else self.ready or self.sandbox.snapshot()
+        isolated = self.mode == "isolated"
+        snap = self.clean if isolated else self.ready or self.sandbox.snapshot()
+        self.reset_done = False  # until the state is the template's again, below
         try:
-            if self.mode == "isolated":
+            if isolated:
                 self.sandbox.restore(snap, fresh=True)
             return fn()
         except SandboxError as exc:
             log.warning("request failed in the sandbox: %s", exc)
             return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
         finally:
-            self.sandbox.restore(snap, fresh=self.mode == "isolated")
+            self.sandbox.restore(snap, fresh=isolated)
+            self.reset_done = isolated
             if snap is not self.clean and snap is not self.ready:
                 snap.release()
 
