@@ -92,11 +92,10 @@ void zb_vm_destroy(zb_vm *vm);
 int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err);
 /* Save the attached sandbox's vCPU state and dirty log back into it and detach. */
 int zb_vm_detach(zb_vm *vm, char *err);
-/* OR the VM's dirty log for the attached sandbox into its dirty bitmap (and clear the log). */
-/* Merge KVM's dirty log into the attached sandbox's host_dirty. With keep_writable (a snapshot is
- * being taken), pages stay writable for the guest: the snapshot compares them with its base and
- * write-protects the unchanged ones (zb_vm_protect_pages); otherwise every logged page is
- * write-protected again, so that the next write to it is logged. */
+/* Merge KVM's dirty log into the attached sandbox's host_dirty. With keep_writable (a snapshot or
+ * a restore that compares pages, snapshot.c), logged pages stay writable for the guest and stay in
+ * the log, and the caller write-protects those it finds unchanged (zb_vm_protect_pages); otherwise
+ * every logged page is write-protected again, so that the next write to it is logged. */
 int zb_vm_collect_dirty(zb_vm *vm, int keep_writable, char *err);
 /* Write-protect (and clear in the dirty log) the pages set in `pages` (one bit per guest page). */
 int zb_vm_protect_pages(zb_vm *vm, uint64_t *pages, char *err);
