@@ -91,11 +91,11 @@ def write_results(path: Path, name: str, data: dict[str, Any], markdown: str) ->
     path.with_suffix(".md").write_text(markdown)
 
 
-def process_memory_kb(pid: int | str = "self") -> dict[str, int]:
-    """USS (private pages), PSS (proportional share) and RSS of a process, in KiB."""
+def process_memory_kb() -> dict[str, int]:
+    """USS (private pages), PSS (proportional share) and RSS of this process, in KiB."""
     fields = {"Private_Clean:": "uss", "Private_Dirty:": "uss", "Pss:": "pss", "Rss:": "rss"}
     out = {"uss": 0, "pss": 0, "rss": 0}
-    with open(f"/proc/{pid}/smaps_rollup") as f:
+    with open("/proc/self/smaps_rollup") as f:
         for line in f:
             key = line.split(None, 1)[0]
             if key in fields:
@@ -110,6 +110,18 @@ def mem_available_kb() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1])
     return 0
+
+
+def memory_sample() -> dict[str, int]:
+    """This process's USS/PSS/RSS and the host's MemAvailable (KiB), to diff per fork."""
+    return {**process_memory_kb(), "available": mem_available_kb()}
+
+
+def per_fork_kb(before: dict[str, int], after: dict[str, int], n: int) -> dict[str, float]:
+    """What each of n forks created between two memory samples costs (KiB): USS and PSS of this
+    process (the engine runs in it), and the drop of the host's MemAvailable."""
+    return {"uss": round((after["uss"] - before["uss"]) / n, 1), "pss": round((after["pss"] - before["pss"]) / n, 1),
+            "host": round((before["available"] - after["available"]) / n, 1)}
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

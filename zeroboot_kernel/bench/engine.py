@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..native import Engine, ffi, lib
 from ..template import Template, TemplateConfig, default_preload
-from .common import PUBLISHED, mem_available_kb, percentile, process_memory_kb, results_dir, write_results
+from .common import PUBLISHED, memory_sample, per_fork_kb, percentile, results_dir, write_results
 
 PRINT = "print(1)"
 
@@ -36,8 +36,6 @@ def _times(n: int, fn: Callable[[], Any]) -> list[float]:
 def _stat(engine: Engine, name: str) -> int:
     v = ffi.new("uint64_t *")
     return int(v[0]) if lib.zb_engine_vcpu_stat(engine.handle, name.encode(), v) == 0 else -1
-
-
 
 
 def _fork_batch(template: Template, n: int) -> list[float]:
@@ -115,22 +113,20 @@ def _chained(template: Template, mib: int, n: int) -> float:
 
 def _concurrent(template: Template, n: int) -> dict[str, Any]:
     gc.collect()
-    mem0, avail0 = process_memory_kb(), mem_available_kb()
+    before = memory_sample()
     t = time.perf_counter()
     sandboxes = [template.fork() for _ in range(n)]
     created = time.perf_counter() - t
-    idle = process_memory_kb()
+    unstarted = per_fork_kb(before, memory_sample(), n)
     for sb in sandboxes:
         sb.execute(PRINT)
     with_exec = time.perf_counter() - t
-    mem1, avail1 = process_memory_kb(), mem_available_kb()
+    idle = per_fork_kb(before, memory_sample(), n)
     for sb in sandboxes:
         sb.close()
     return {f"concurrent_{n}_s": round(created, 4), f"concurrent_{n}_exec_s": round(with_exec, 3),
-            f"unstarted_fork_uss_kb_{n}": round((idle["uss"] - mem0["uss"]) / n, 1),
-            f"idle_fork_uss_kb_{n}": round((mem1["uss"] - mem0["uss"]) / n, 1),
-            f"idle_fork_pss_kb_{n}": round((mem1["pss"] - mem0["pss"]) / n, 1),
-            f"host_memory_kb_per_fork_{n}": round((avail0 - avail1) / n, 1)}
+            f"unstarted_fork_uss_kb_{n}": unstarted["uss"], f"idle_fork_uss_kb_{n}": idle["uss"],
+            f"idle_fork_pss_kb_{n}": idle["pss"], f"host_memory_kb_per_fork_{n}": idle["host"]}
 
 
 def _references(n: int) -> dict[str, Any]:

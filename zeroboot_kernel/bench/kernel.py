@@ -134,12 +134,6 @@ class BenchKernel:
         self.km.shutdown_kernel(now=False)
 
 
-def _pct(samples: list[float], p: float) -> float:
-    xs = sorted(samples)
-    k = min(len(xs) - 1, max(0, int(round(p / 100 * len(xs) + 0.5)) - 1))
-    return xs[k]
-
-
 def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: str = STOCK,
             timeout: float = 120.0) -> dict[str, Any]:
     """Measure every case on both kernels; returns the results (times in milliseconds)."""
@@ -164,18 +158,18 @@ def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: s
         for _ in range(RESTARTS):
             for name, k in kernels.items():
                 restarts[name].append(k.restart() * 1e3)
-        restart = {name: round(_pct(xs, 50), 1) for name, xs in restarts.items()}
+        restart = {name: round(common.percentile(xs, 50), 1) for name, xs in restarts.items()}
     finally:
         for k in kernels.values():
             k.close()
     results: dict[str, Any] = {"iterations": iterations, "warmup": warmup, "kernels": names,
                                "startup_ms": startup, "restart_ms": restart,
-                               "sandbox_reset_p50_ms": round(_pct(sandbox_reset, 50), 3), "cases": {}}
+                               "sandbox_reset_p50_ms": round(common.percentile(sandbox_reset, 50), 3), "cases": {}}
     for case in CASES:
         row: dict[str, Any] = {"code": case.code}
         for name in names:
             xs = samples[name][case.name]
-            row[name] = {"p50_ms": round(_pct(xs, 50), 3), "p99_ms": round(_pct(xs, 99), 3),
+            row[name] = {"p50_ms": round(common.percentile(xs, 50), 3), "p99_ms": round(common.percentile(xs, 99), 3),
                          "min_ms": round(min(xs), 3), "n": len(xs)}
         row["ratio_p50"] = round(row[kernel]["p50_ms"] / row[stock]["p50_ms"], 2)
         row["ratio_p99"] = round(row[kernel]["p99_ms"] / row[stock]["p99_ms"], 2)

@@ -44,7 +44,6 @@ CELLS = {
 }
 
 
-
 def bwrap_args() -> list[str]:
     """bubblewrap's options: the host's root read-only, a private /tmp, every namespace unshared.
     An interpreter that lives under /tmp (a checkout there) is bound back over the private /tmp."""
@@ -63,12 +62,13 @@ def _run(cmd: list[str]) -> None:
     common.time_command(cmd, env=_env(), timeout=120)
 
 
-def peer_commands() -> dict[str, Callable[[str], list[str]]]:
-    """The process-based peers available on this machine (bubblewrap only if installed)."""
-    peers: dict[str, Callable[[str], list[str]]] = {"subprocess": lambda code: [sys.executable, "-c", code]}
+def peer_prefixes() -> dict[str, list[str]]:
+    """The process-based peers available on this machine (bubblewrap only if installed), each as
+    what goes before the command it runs in a fresh sandbox."""
+    peers: dict[str, list[str]] = {"subprocess": []}
     bwrap = shutil.which("bwrap")
     if bwrap:
-        peers["bubblewrap"] = lambda code: [bwrap, *bwrap_args(), sys.executable, "-c", code]
+        peers["bubblewrap"] = [bwrap, *bwrap_args()]
     else:
         log.warning("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` to compare with it")
     return peers
@@ -104,17 +104,19 @@ def measure(runs: int = 20) -> dict[str, Any]:
     # pooled sandbox would re-point the VM's memory slot and drop its warm page tables, which no
     # kernel session sees (it runs one sandbox).
     template_for_forks = Template.ensure(engine=Engine())
-    peers = peer_commands()
+    peers = peer_prefixes()
+    true = shutil.which("true") or "/bin/true"  # an empty sandbox: a process that does nothing
     sides = ["zeroboot", "zeroboot new fork", *peers]
     tasks: dict[str, dict[str, Callable[[], Any]]] = {
         "empty sandbox": {"zeroboot": lambda: _reset_cell(template, pooled, None),
                           "zeroboot new fork": lambda: template_for_forks.fork().close(),
-                          **{name: (lambda n=name: _run(_empty_command(n))) for name in peers}},
+                          **{name: (lambda pre=pre: _run([*pre, true])) for name, pre in peers.items()}},
     }
     for case, code in CELLS.items():
         tasks[case] = {"zeroboot": lambda c=code: _reset_cell(template, pooled, c),
                        "zeroboot new fork": lambda c=code: _new_fork_cell(template_for_forks, c),
-                       **{name: (lambda c=code, f=f: _run(f(c))) for name, f in peers.items()}}
+                       **{name: (lambda c=code, pre=pre: _run([*pre, sys.executable, "-c", c]))
+                          for name, pre in peers.items()}}
     cases: dict[str, Any] = {}
     for case, fns in tasks.items():
         for fn in fns.values():  # warm-up: page cache, bytecode, first fork
@@ -132,12 +134,6 @@ def measure(runs: int = 20) -> dict[str, Any]:
         log.info("peers: %s done", case)
     pooled.close()
     return {"runs": runs, "sides": sides, "cells": CELLS, "cases": cases, "published": common.PUBLISHED}
-
-
-def _empty_command(peer: str) -> list[str]:
-    """An empty sandbox of each peer: a process that does nothing."""
-    true = shutil.which("true") or "/bin/true"
-    return [true] if peer == "subprocess" else [shutil.which("bwrap") or "bwrap", *bwrap_args(), true]
 
 
 def markdown(res: dict[str, Any]) -> str:

@@ -159,9 +159,9 @@ def default_report() -> Path:
     return common.results_dir().parent.parent / "docs" / "PERFORMANCE.md"
 
 
-def render(out: Path, report: Path, command: str) -> Path:
-    """Write `report` (markdown) and its charts (in report's folder, img/) from the results in `out`."""
-    res = load(out)
+def render(res: dict[str, dict[str, Any]], out: Path, report: Path, command: str) -> Path:
+    """Write `report` (markdown) and its charts (in report's folder, img/) from the results `res`
+    that `load(out)` read."""
     missing = [name for name in SECTIONS if name not in res]
     if missing:
         raise FileNotFoundError(f"no results for {', '.join(missing)} in {out}: run "
@@ -175,7 +175,8 @@ def render(out: Path, report: Path, command: str) -> Path:
         where = out.resolve().relative_to(common.PACKAGE_ROOT)
     except ValueError:
         where = out.resolve()
-    kvm = ", ".join(m.get("kvm_modules", [])) or "none listed in /proc/modules"
+    kvm = ", ".join(m.get("kvm_modules", [])) or "none listed in /sys/module"
+    summary = headline_markdown(headline(res))
     parts = [
         "# Performance\n",
         f"Measured {res['engine']['date'][:10]} on {m.get('cpu', '?')}, {m.get('cpus')} CPUs, "
@@ -185,14 +186,12 @@ def render(out: Path, report: Path, command: str) -> Path:
         "costs 20-45 us and a guest's first touch of a page 8-20 us (nested KVM through `kvm_pvm`); "
         "published numbers of other projects come from other machines and are marked as such. Every "
         "ratio compares numbers measured in the same run, except where a published number is named.\n",
-        "## Summary\n", headline_markdown(headline(res)),
+        "## Summary\n", summary,
         "\n![A fresh sandbox per cell, and kernel round trips](img/peers.png)\n",
         "![Scaling](img/scaling.png)\n",
     ]
     for name in SECTIONS:
-        body = SECTIONS[name].markdown(res[name])
-        (out / f"{name}.md").write_text(body)  # the same text as next to each JSON, in case its format changed
-        parts.append(f"## {TITLES[name]}\n\n{body.strip()}\n")
+        parts.append(f"## {TITLES[name]}\n\n{SECTIONS[name].markdown(res[name]).strip()}\n")
     if "soak" in res:  # from its own run (`bench soak`), which takes an hour at full size
         chart = "img/soak.png" if (img / "soak.png").exists() else None
         body = soak.markdown(res["soak"], chart).split("\n", 1)[1]  # without its own title
@@ -201,7 +200,7 @@ def render(out: Path, report: Path, command: str) -> Path:
     report.write_text("\n".join(parts))
     log.info("wrote %s and %s", report, img)
     if report.resolve() == default_report().resolve():
-        update_readme(common.PACKAGE_ROOT / "README.md", res["engine"]["date"][:10], headline_markdown(headline(res)))
+        update_readme(common.PACKAGE_ROOT / "README.md", res["engine"]["date"][:10], summary)
     return report
 
 
@@ -227,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=common.results_dir(), help="where the JSON results are")
     p.add_argument("--report", type=Path, default=None, help="default docs/PERFORMANCE.md")
     args = p.parse_args(argv)
-    print(render(args.out, args.report or default_report(), "python -m zeroboot_kernel.bench all"))
+    res = load(args.out)
+    for name in SECTIONS:  # each section's markdown next to its JSON too, in case its format changed
+        if name in res:
+            (args.out / f"{name}.md").write_text(SECTIONS[name].markdown(res[name]))
+    print(render(res, args.out, args.report or default_report(), "python -m zeroboot_kernel.bench all"))
     return 0
 
 

@@ -34,14 +34,14 @@ def fork_scaling(template: Template, populations: tuple[int, ...]) -> list[dict[
     with template.fork() as warm:  # one-time costs (the template mapping, engine tables) go in the baseline
         warm.execute("print(1)")
     gc.collect()
-    mem0, avail0 = common.process_memory_kb(), common.mem_available_kb()
+    before = common.memory_sample()
     try:
         for n in populations:
             while len(live) < n:
                 sb = template.fork()
                 sb.execute("print(1)")
                 live.append(sb)
-            mem, avail = common.process_memory_kb(), common.mem_available_kb()
+            per_fork = common.per_fork_kb(before, common.memory_sample(), n)
             times = []
             for _ in range(PROBE_FORKS):
                 t = time.perf_counter()
@@ -50,9 +50,8 @@ def fork_scaling(template: Template, populations: tuple[int, ...]) -> list[dict[
                 probe.close()
             rows.append({"live_forks": n, "fork_p50_ms": common.percentile(times, 50),
                          "fork_p99_ms": common.percentile(times, 99),
-                         "uss_kb_per_fork": round((mem["uss"] - mem0["uss"]) / n, 1),
-                         "pss_kb_per_fork": round((mem["pss"] - mem0["pss"]) / n, 1),
-                         "host_kb_per_fork": round((avail0 - avail) / n, 1)})
+                         "uss_kb_per_fork": per_fork["uss"], "pss_kb_per_fork": per_fork["pss"],
+                         "host_kb_per_fork": per_fork["host"]})
     finally:
         for sb in live:
             sb.close()
