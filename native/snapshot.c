@@ -126,6 +126,13 @@ static int page_holds(const zb_memory *m, const zb_page *p, uint64_t pfn) {
  * protecting them would make every snapshot compare every page ever written. */
 #define UNCHANGED_RUNS_BEFORE_PROTECT 4
 
+/* The sandbox's per-page counters of unchanged finds, allocated when first needed; NULL when out
+ * of memory, and then unchanged pages are write-protected at once. */
+static uint8_t *unchanged_runs(zb_memory *m) {
+    if (!m->unchanged_runs) m->unchanged_runs = calloc(m->npages, 1);
+    return m->unchanged_runs;
+}
+
 /* Page pfn was logged as written but holds what it should: count it, and say whether to
  * write-protect it again now (runs == NULL: no counters, protect at once). */
 static int unchanged_again(uint8_t *runs, uint64_t pfn) {
@@ -258,7 +265,7 @@ static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapsh
     run_batch b = {.sb = sb};
     zb_memory *m = &sb->mem;
     const uint64_t *dirty = m->host_dirty;
-    if (protect && !m->unchanged_runs) m->unchanged_runs = calloc(m->npages, 1); /* NULL: protect at once */
+    uint8_t *runs = protect ? unchanged_runs(m) : m->unchanged_runs;
     for (uint64_t c = 0; c < snap->nchunks; c++) {
         const zb_chunk *bc = base ? base->chunks[c] : NULL, *nc = snap->chunks[c];
         int any_dirty = 0;
@@ -269,10 +276,10 @@ static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapsh
             const zb_page *want = zb_snapshot_page(snap, pfn);
             if (!zb_bit(dirty, pfn) && page_same(zb_snapshot_page(base, pfn), want)) continue;
             if (protect && page_holds(m, want, pfn) == 1) {
-                if (unchanged_again(m->unchanged_runs, pfn)) zb_bit_set(protect, pfn);
+                if (unchanged_again(runs, pfn)) zb_bit_set(protect, pfn);
                 continue;
             }
-            if (m->unchanged_runs) m->unchanged_runs[pfn] = 0;
+            if (runs) runs[pfn] = 0;
             add_page(&b, pfn, want);
         }
     }
@@ -323,16 +330,16 @@ static uint64_t *drop_unchanged_pages(zb_sandbox *sb) {
     uint64_t words = (m->npages + 63) / 64, *dirty = m->host_dirty;
     uint64_t *protect = calloc(words, sizeof *protect);
     if (!protect) return NULL;
-    if (!m->unchanged_runs) m->unchanged_runs = calloc(m->npages, 1); /* NULL: protect at once */
+    uint8_t *runs = unchanged_runs(m);
     for (uint64_t w = 0; w < words; w++) {
         for (uint64_t bits = dirty[w] & m->allocated[w]; bits; bits &= bits - 1) {
             uint64_t pfn = w * 64 + (uint64_t)__builtin_ctzll(bits);
             if (page_holds(m, zb_snapshot_page(sb->base, pfn), pfn) != 1) {
-                if (m->unchanged_runs) m->unchanged_runs[pfn] = 0;
+                if (runs) runs[pfn] = 0;
                 continue;
             }
             zb_bit_clear(dirty, pfn);
-            if (unchanged_again(m->unchanged_runs, pfn)) zb_bit_set(protect, pfn);
+            if (unchanged_again(runs, pfn)) zb_bit_set(protect, pfn);
         }
     }
     return protect;
