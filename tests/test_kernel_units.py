@@ -14,6 +14,8 @@ from zeroboot_kernel.install import KERNEL_NAMES, Destination, InstallError, ins
 from zeroboot_kernel.kernel_config import KernelConfigError, KernelSettings
 from zeroboot_kernel.kernel_history import CellHistory
 
+pytestmark = pytest.mark.without_kvm
+
 REPO = Path(__file__).resolve().parent.parent
 
 

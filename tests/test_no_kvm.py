@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
+pytestmark = [pytest.mark.without_kvm,
+              pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")]
 
 
 def run_without_kvm(*args: str) -> subprocess.CompletedProcess:
