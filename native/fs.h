@@ -163,6 +163,7 @@ int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode);
 long zb_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err);
 long zb_guest_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset, void *buf, size_t len, char *err);
 long zb_guest_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
+long zb_guest_stat(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
 int zb_host_lstat(const char *path, struct stat *st);

@@ -101,6 +101,9 @@ long zb_sandbox_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offse
 long zb_sandbox_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err) {
     return zb_guest_list_dir(sb, guest_path, buf, len, err);
 }
+long zb_sandbox_guest_stat(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err) {
+    return zb_guest_stat(sb, guest_path, buf, len, err);
+}
 
 int zb_sandbox_chdir(zb_sandbox *sb, const char *guest_path, char *err) {
     zb_resolved r;
