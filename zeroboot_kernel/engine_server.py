@@ -8,6 +8,7 @@ Dies with its parent (PR_SET_PDEATHSIG), so no VM outlives the kernel.
 from __future__ import annotations
 
 import argparse
+import base64
 import ctypes
 import errno
 import logging
@@ -42,9 +43,15 @@ class EngineServer:
         self.sock = sock
         self.session = session
         self.pending: list[dict[str, Any]] = []   # control messages read while a cell ran
+        self.current: Any = None                  # id of the request being served
 
     def send(self, msg: dict[str, Any]) -> None:
         wire.send(self.sock, msg)
+
+    def event(self, msg: dict[str, Any]) -> None:
+        """An event of the current request, tagged with its id (the kernel drops events and
+        replies of any other request)."""
+        self.send({**msg, "id": self.current})
 
     # ---- while a cell runs ----
     def poll(self) -> None:
@@ -57,7 +64,7 @@ class EngineServer:
                 self.pending.append(msg)
 
     def ask_input(self, prompt: str, password: bool) -> str:
-        self.send({"event": "input_request", "prompt": prompt, "password": password})
+        self.event({"event": "input_request", "prompt": prompt, "password": password})
         while True:
             msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
             if msg.get("op") == "input_reply":
@@ -77,8 +84,8 @@ class EngineServer:
             return s.execute(
                 msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
                 store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
-                on_stream=lambda name, text: self.send({"event": "stream", "name": name, "text": text}),
-                on_message=lambda mtype, content: self.send({"event": mtype, "content": content}),
+                on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
+                on_message=lambda mtype, content: self.event({"event": mtype, "content": content}),
                 on_input=self.ask_input if msg.get("allow_stdin") else None, poll=self.poll)
         if op == "complete":
             return s.complete(msg["code"], int(msg["cursor_pos"]))
@@ -95,9 +102,17 @@ class EngineServer:
             return {"status": "ok", "text": s.set_files(str(msg["mode"]))}
         if op == "diff":
             return {"status": "ok", "changes": [list(c) for c in s.diff()]}
-        if op == "export_read":  # the kernel writes them: this process may not write host files
-            return {"status": "ok", "items": export.to_wire(s.export_items(str(msg["path"]))),
-                    "root": s.project_dir}
+        # %sandbox export: the engine reads, the kernel writes (this process may not write host
+        # files); file data travels in chunks, so no message is larger than export.CHUNK
+        if op == "export_list":
+            return {"status": "ok", "entries": export.plan_to_wire(s.export_plan(str(msg["path"])))}
+        if op == "export_chunk":
+            parts, offset, size = msg.get("parts"), msg.get("offset"), msg.get("size")
+            if (not isinstance(parts, list) or not all(isinstance(p, str) for p in parts)
+                    or type(offset) is not int or type(size) is not int):
+                raise ValueError("export_chunk needs parts (list of names), offset and size (integers)")
+            data = s.export_chunk(str(msg["path"]), tuple(parts), offset, size)
+            return {"status": "ok", "data": base64.b64encode(data).decode()}
         if op == "lockdown_check":
             return {"status": "ok", "checks": lockdown_check()}
         if op == "checkpoints":
@@ -115,11 +130,22 @@ class EngineServer:
 
     def serve(self) -> None:
         while True:
-            msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
+            try:
+                msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
+            except wire.BadMessage as exc:
+                log.error("dropped a malformed request from the kernel: %s", exc)
+                continue
+            self.current = msg.get("id")
             try:
                 reply = self.handle(msg)
+            except (SystemExit, wire.ChannelClosed):
+                raise
             except ZerobootError as exc:
                 reply = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+            except Exception as exc:  # noqa: BLE001 - one request fails, never the engine (and the session)
+                log.exception("request %r failed", msg.get("op"))
+                reply = {"status": "error", "ename": type(exc).__name__, "traceback": [],
+                         "evalue": f"the sandbox engine could not do {str(msg.get('op'))[:40]!r}: {str(exc)[:500]}"}
             if reply is not None:
                 self.send({"event": "reply", "id": msg.get("id"), "content": reply})
             if msg.get("op") == "execute":

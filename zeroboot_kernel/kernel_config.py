@@ -5,6 +5,8 @@
     ZEROBOOT_CELL_TIMEOUT  seconds a cell may run, 0 or empty for no limit
     ZEROBOOT_CHECKPOINTS   how many checkpoints %rewind can go back to (default 20)
     ZEROBOOT_FILES         how the notebook's folder is seen: overlay (default), readonly, readwrite
+    ZEROBOOT_OUTPUTS       trusted (default) or safe: what rich outputs may do in the browser
+                           (outputs.py; the isolated kernelspec sets safe)
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from .errors import ZerobootError
 
 MODES = ("chained", "isolated")
 FILES_MODES = ("overlay", "readonly", "readwrite")
+OUTPUT_POLICIES = ("trusted", "safe")
 _TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a directory name in the template cache
 
 
@@ -32,6 +35,7 @@ class KernelSettings:
     cell_timeout: float | None = None
     checkpoints: int = 20
     files: str = "overlay"
+    outputs: str = "trusted"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> KernelSettings:
@@ -58,4 +62,8 @@ class KernelSettings:
         files = (env.get("ZEROBOOT_FILES") or "overlay").strip().lower()
         if files not in FILES_MODES:
             raise KernelConfigError(f"ZEROBOOT_FILES={env.get('ZEROBOOT_FILES')!r}: use overlay, readonly or readwrite")
-        return cls(mode=mode, template=template, cell_timeout=timeout or None, checkpoints=int(raw_keep), files=files)
+        outputs = (env.get("ZEROBOOT_OUTPUTS") or "trusted").strip().lower()
+        if outputs not in OUTPUT_POLICIES:
+            raise KernelConfigError(f"ZEROBOOT_OUTPUTS={env.get('ZEROBOOT_OUTPUTS')!r}: use trusted or safe")
+        return cls(mode=mode, template=template, cell_timeout=timeout or None, checkpoints=int(raw_keep), files=files,
+                   outputs=outputs)
