@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import stat
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -250,9 +251,15 @@ class ExportReport:
     bytes: int = 0
 
 
+def _has_control_chars(name: str) -> bool:
+    return any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name)
+
+
 def write(entries: list[PlanEntry], read: Reader, dest: str, root: str) -> ExportReport:
     """Write a checked plan at `dest` inside `root` (the notebook's folder), reading file data
-    through read(parts, offset, size). The parents of dest must exist in the folder."""
+    through read(parts, offset, size). The parents of dest must exist in the folder. Symlinks,
+    special files and names with control characters (newlines, escapes, bidi overrides: legal on
+    Linux, but traps for the user's shell and tools) are not created, and reported."""
     root = os.path.realpath(root)
     dparts = _dest_parts(root, dest)
     report = ExportReport([], [])
@@ -261,12 +268,18 @@ def write(entries: list[PlanEntry], read: Reader, dest: str, root: str) -> Expor
         base_fd = _walk(root_fd, dparts[:-1])
     finally:
         os.close(root_fd)
+    not_created: list[tuple[str, ...]] = []
     try:
         for e in entries:
+            if any(e.parts[:len(p)] == p for p in not_created):
+                continue  # inside a directory that was not created (reported once, there)
             host_rel = "/".join(dparts + e.parts)
             *parent, name = dparts[-1:] + e.parts
-            if e.kind not in (listing.DIR, listing.FILE):
-                report.skipped.append(f"{host_rel} ({'symlink' if e.kind == listing.SYMLINK else 'special file'})")
+            why = ("symlink" if e.kind == listing.SYMLINK else "special file" if e.kind == listing.OTHER
+                   else "control characters in the name" if _has_control_chars(name) else None)
+            if why:
+                report.skipped.append(f"{host_rel} ({why})")
+                not_created.append(e.parts)
                 continue
             parent_fd = _walk(base_fd, tuple(parent))
             try:
