@@ -85,6 +85,70 @@ static zb_mnode *find_project(zb_fs *fs, const char *host_dir) {
     return n && n->kind == MNT_PROJECT ? n : NULL;
 }
 
+/* ---- hidden paths (credentials in a home directory used as the notebook's folder) ----
+ * A project node keeps its hidden paths, relative to the folder, as '\n'-separated text in
+ * `target` (copied and freed with the node). A hidden path and everything under it is absent
+ * from the guest's view of the host folder: lookups say ENOENT, listings leave it out, and in
+ * readwrite mode no host call reaches it (EACCES), so it cannot be created or replaced either.
+ * The guest may still make a private entry of that name in overlay mode (it never reaches the
+ * host, and never shows the host's). */
+
+int zb_fs_project_hide(zb_fs *fs, const char *host_dir, const char *paths, char *err) {
+    if (zb_fs_require_private(fs, err) < 0) return -1;
+    zb_mnode *n = find_project(fs, host_dir);
+    if (!n) { zb_seterr(err, "%s is not mounted in the sandbox", host_dir); return -1; }
+    char *copy = paths && paths[0] ? strdup(paths) : NULL;
+    if (paths && paths[0] && !copy) { zb_seterr(err, "out of memory"); return -1; }
+    free(n->target);
+    n->target = copy;
+    return 0;
+}
+
+/* 1 if host_path (absolute) is a hidden path of the project `root`, or below one. */
+int zb_proj_hidden(const zb_mnode *root, const char *host_path) {
+    if (!root || !root->target) return 0;
+    char rp[PATH_MAX];
+    if (zb_mnode_path(root, rp, sizeof rp) < 0) return 0;
+    size_t rl = strlen(rp);
+    if (strncmp(host_path, rp, rl) || host_path[rl] != '/') return 0;
+    const char *rel = host_path + rl + 1;
+    for (const char *h = root->target; *h;) {
+        const char *e = strchr(h, '\n');
+        size_t hl = e ? (size_t)(e - h) : strlen(h);
+        if (hl && !strncmp(rel, h, hl) && (rel[hl] == 0 || rel[hl] == '/')) return 1;
+        h += hl + (e ? 1 : 0);
+    }
+    return 0;
+}
+
+/* Add to `hide` the hidden entries that are direct children of dir_path (absolute). */
+int zb_proj_hidden_children(const zb_mnode *root, const char *dir_path, zb_listing *hide) {
+    if (!root || !root->target) return 0;
+    char rp[PATH_MAX];
+    if (zb_mnode_path(root, rp, sizeof rp) < 0) return 0;
+    size_t rl = strlen(rp);
+    if (strncmp(dir_path, rp, rl) || (dir_path[rl] && dir_path[rl] != '/')) return 0;
+    const char *rel = dir_path[rl] ? dir_path + rl + 1 : "";
+    size_t dl = strlen(rel);
+    for (const char *h = root->target; *h;) {
+        const char *e = strchr(h, '\n');
+        size_t hl = e ? (size_t)(e - h) : strlen(h);
+        const char *name = NULL;
+        if (!dl) name = h;
+        else if (hl > dl && !strncmp(h, rel, dl) && h[dl] == '/') name = h + dl + 1;
+        size_t nl = name ? hl - (size_t)(name - h) : 0;
+        if (name && nl && nl <= NAME_MAX && !memchr(name, '/', nl)) {
+            char buf[NAME_MAX + 1];
+            memcpy(buf, name, nl);
+            buf[nl] = 0;
+            int rc = zb_listing_add(hide, buf, DT_UNKNOWN, 0);
+            if (rc < 0) return rc;
+        }
+        h += hl + (e ? 1 : 0);
+    }
+    return 0;
+}
+
 int zb_fs_set_project_mode(zb_fs *fs, const char *host_dir, int mode, char *err) {
     if (mode != PROJ_READONLY && mode != PROJ_OVERLAY && mode != PROJ_READWRITE) {
         zb_seterr(err, "unknown project mode %d", mode);
@@ -126,6 +190,7 @@ int zb_proj_host_path(const zb_resolved *r, char *rel, size_t cap) {
     if (!root || zb_mnode_path(root, rp, sizeof rp) < 0) return -EINVAL;
     size_t n = strlen(rp);
     if (strncmp(r->path, rp, n) || (r->path[n] && r->path[n] != '/')) return -EXDEV;
+    if (zb_proj_hidden(root, r->path)) return -EACCES;
     snprintf(rel, cap, "%s", r->path[n] ? r->path + n + 1 : ".");
     return root->root_fd;
 }
@@ -165,7 +230,7 @@ int zb_proj_lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const ch
     int n = snprintf(hp, sizeof hp, "%s/%s", path, name);
     if (n < 0 || (size_t)n >= sizeof hp) return -ENAMETOOLONG;
     zb_inode *ud = dir->upper ? zb_ovl_inode(sb->fs, dir->upper) : NULL;
-    int dir_lower = dir->lower && !(ud && ud->opaque);
+    int dir_lower = dir->lower && !(ud && ud->opaque) && !zb_proj_hidden(dir->proj_root, hp);
     uint32_t up = ud ? zb_ovl_lookup(sb->fs, dir->upper, name) : 0;
     struct stat st;
     if (up) {
@@ -205,6 +270,7 @@ int zb_proj_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
         else ret = zb_listing_add(out, ud->ents[i].name, c->type == INO_DIR ? DT_DIR : c->type == INO_SYMLINK ? DT_LNK : DT_REG,
                                   ud->ents[i].ino);
     }
+    if (!ret) ret = zb_proj_hidden_children(l->proj_root, r->path, &hide);
     if (!ret && l->lower && !(ud && ud->opaque)) ret = zb_list_host_dir(r->path, out, &hide);
     zb_listing_free(&hide);
     return ret;

@@ -92,6 +92,9 @@ int zb_sandbox_mount_project(zb_sandbox *sb, const char *host_dir, int mode, cha
 int zb_sandbox_set_project_mode(zb_sandbox *sb, const char *host_dir, int mode, char *err) {
     return own_namespace(sb, err) < 0 ? -1 : zb_fs_set_project_mode(sb->fs, host_dir, mode, err);
 }
+int zb_sandbox_project_hide(zb_sandbox *sb, const char *host_dir, const char *paths, char *err) {
+    return own_namespace(sb, err) < 0 ? -1 : zb_fs_project_hide(sb->fs, host_dir, paths, err);
+}
 long zb_sandbox_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err) {
     return zb_project_diff(sb, host_dir, buf, len, err);
 }

@@ -116,6 +116,10 @@ void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes);
 #define ZB_PROJECT_READWRITE 3
 int zb_sandbox_mount_project(zb_sandbox *sb, const char *host_dir, int mode, char *err);
 int zb_sandbox_set_project_mode(zb_sandbox *sb, const char *host_dir, int mode, char *err);
+/* Hide paths of a mounted project from the guest (credentials in a home folder): `paths` holds
+ * paths relative to host_dir separated by '\n' ("" hides nothing). A hidden path and everything
+ * below it is absent in every mode (ENOENT; no host call reaches it in readwrite mode). */
+int zb_sandbox_project_hide(zb_sandbox *sb, const char *host_dir, const char *paths, char *err);
 /* Listings for the host side (%sandbox diff and export) are binary records with explicit lengths,
  * never text: guest names may hold any byte but '/' and NUL. Integers are little-endian.
  *

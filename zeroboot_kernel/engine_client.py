@@ -6,6 +6,7 @@ exits, so that clients see a dead kernel rather than a hung one.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ class EngineDied(ZerobootError):
 class EngineClient:
     def __init__(self, *, template: str = "default", mode: str = "chained", timeout: float | None = None,
                  checkpoints: int = 20, project: str | None = None, files: str = "overlay",
-                 on_log: Callable[[str], None] | None = None) -> None:
+                 hidden: tuple[str, ...] = (), on_log: Callable[[str], None] | None = None) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = parent_end
         self._send_lock = threading.Lock()
@@ -39,7 +40,7 @@ class EngineClient:
                "--parent", str(os.getpid()), "--template", template, "--mode", mode,
                "--timeout", str(timeout or 0), "--checkpoints", str(checkpoints), "--files", files]
         if project:
-            cmd += ["--project", project]
+            cmd += ["--project", project, "--hide", json.dumps(list(hidden))]
         self.proc = subprocess.Popen(cmd, pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL,
                                      start_new_session=True)  # never in the kernel's process group
         child_end.close()

@@ -11,6 +11,7 @@ import argparse
 import base64
 import ctypes
 import errno
+import json
 import logging
 import os
 import select
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoints", type=int, default=20)
     p.add_argument("--project", default=None, help="host directory shown in the guest (the notebook's)")
     p.add_argument("--files", default="overlay", choices=("overlay", "readonly", "readwrite"))
+    p.add_argument("--hide", default="[]", help="JSON list of paths in the project the guest does not see")
     args = p.parse_args(argv)
     die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel decides what an interrupt means
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         config = TemplateConfig(args.template, default_preload())
         template = Template.ensure(config, engine, progress=lambda m: wire.send(sock, {"event": "log", "text": m}))
         session = Session(template, mode=args.mode, keep=args.checkpoints, timeout=args.timeout or None,
-                          project_dir=args.project, files=args.files)
+                          project_dir=args.project, files=args.files, hidden=tuple(json.loads(args.hide)))
         if args.files != "readwrite":  # readwrite writes the notebook's folder from this process
             engine.lockdown("run")
             session.host_writes_allowed = False

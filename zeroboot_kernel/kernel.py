@@ -120,6 +120,7 @@ class EngineOwner(threading.Thread):
                 return EngineClient(template=self.settings.template, mode=self.settings.mode,
                                     timeout=self.settings.cell_timeout, checkpoints=self.settings.checkpoints,
                                     project=self.notebook_dir, files=self.settings.files,
+                                    hidden=self.settings.hidden,
                                     on_log=lambda text: self.log.warning("zeroboot: %s", text))
             except EngineDied as exc:
                 # The process vanished without saying why (a ZerobootError, e.g. no /dev/kvm or a
@@ -170,6 +171,9 @@ class ZerobootKernel(Kernel):
         # The notebook's folder: Jupyter starts a kernel there. The kernel's own writes (export)
         # land only inside it, and it is computed here, never taken from an engine reply.
         self.notebook_dir = os.path.realpath(os.getcwd())
+        self._home_note = home_folder_note(self.notebook_dir, self.settings.hidden)  # said with the first output
+        if self._home_note:
+            self.log.warning("%s", self._home_note.strip())
         self.history = CellHistory()
         # One engine request at a time: EngineClient is not concurrent, and the control channel
         # accepts shell requests too. Interrupts bypass it (EngineClient.interrupt is thread-safe).
@@ -292,6 +296,9 @@ class ZerobootKernel(Kernel):
         try:
             plan = mg.split_cell(code)
             client = await self._client()
+            if self._home_note and not silent:
+                self._publish(parent, "stream", {"name": "stderr", "text": self._home_note})
+                self._home_note = None
             for magic in plan.magics:
                 text = await asyncio.to_thread(self._run_magic, client, magic)
                 if text and not silent:
@@ -602,6 +609,28 @@ class ZerobootKernel(Kernel):
                          **_: Any) -> dict[str, Any]:
         return self.history.reply(hist_access_type, output=output, session=session, start=start, stop=stop,
                                   n=n, pattern=pattern, unique=unique)
+
+
+def home_directories() -> set[str]:
+    """The home directories of this machine's users (and $HOME), resolved."""
+    homes = {os.path.expanduser("~")}
+    try:
+        import pwd
+        homes.update(p.pw_dir for p in pwd.getpwall() if p.pw_dir not in ("", "/"))
+    except (ImportError, KeyError):
+        pass
+    return {os.path.realpath(h) for h in homes if h}
+
+
+def home_folder_note(notebook_dir: str, hidden: tuple[str, ...]) -> str | None:
+    """What the kernel says when the notebook's folder is a home directory: the sandbox sees all
+    of it (Jupyter started from ~), less the hidden credential paths."""
+    if notebook_dir not in home_directories():
+        return None
+    shown = ", ".join(hidden[:8]) + (", ..." if len(hidden) > 8 else "") if hidden else "nothing"
+    return (f"[zeroboot] The notebook's folder {notebook_dir} is a home directory: cells can read every file "
+            f"in it except the hidden credential files and histories ({shown}; ZEROBOOT_HIDE in the "
+            f"kernelspec's env changes the list). Start Jupyter from a project folder to show cells less.\n")
 
 
 def _exit_watchdog(seconds: float, code: int) -> None:

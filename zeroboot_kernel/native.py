@@ -235,6 +235,16 @@ class Guest:
         if lib.zb_sandbox_set_project_mode(self.handle, host_dir.encode(), self._mode(mode), err) < 0:
             raise SandboxError(_text(err))
 
+    def project_hide(self, host_dir: str, paths: list[str]) -> None:
+        """Hide paths of the mounted project (relative to it) from the guest, in every mode."""
+        for p in paths:
+            if not p or p.startswith("/") or "\n" in p or "\0" in p or ".." in p.split("/"):
+                raise SandboxError(f"cannot hide {p!r}: give a path relative to the notebook's folder")
+        err = _err()
+        text = "\n".join(p.strip("/") for p in paths).encode()
+        if lib.zb_sandbox_project_hide(self.handle, host_dir.encode(), text, err) < 0:
+            raise SandboxError(_text(err))
+
     def _mode(self, mode: str) -> int:
         if mode not in self.PROJECT_MODES:
             raise SandboxError(f"unknown files mode {mode!r}: use one of {', '.join(self.PROJECT_MODES)}")

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from . import export
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
+from .guest_view import GUEST_HOME
 from .native import Snapshot
 from .sandbox import InputCallback, MessageCallback, StreamCallback
 from .template import Template
@@ -37,12 +38,14 @@ class Checkpoint:
 
 
 FILES_MODES = ("overlay", "readonly", "readwrite")
+# Directories the guest has of its own (guest_view.GuestSpec.overlay_dirs): no notebook folder there.
+GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME)
 
 
 class Session:
     def __init__(self, template: Template, *, mode: str = "chained", keep: int = 20,
                  timeout: float | None = None, interrupt_grace: float = 2.0,
-                 project_dir: str | None = None, files: str = "overlay") -> None:
+                 project_dir: str | None = None, files: str = "overlay", hidden: tuple[str, ...] = ()) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if files not in FILES_MODES:
@@ -57,8 +60,15 @@ class Session:
         self.host_writes_allowed = True  # False once the engine process is locked down (run phase)
         self.sandbox = template.fork()
         if self.project_dir:
-            # the notebook's folder at its own path, and the cell's working directory
+            if self.project_dir in GUEST_PRIVATE_DIRS:
+                raise SandboxError(
+                    f"the notebook's folder is {self.project_dir}, where the sandbox keeps its own private "
+                    f"{self.project_dir}: the notebook's files cannot be shown there. Move the notebook into a "
+                    f"folder of its own (for example {self.project_dir.rstrip('/')}/work/) and open it from there")
+            # the notebook's folder at its own path, and the cell's working directory; credentials
+            # and histories in it (a home folder) hidden
             self.sandbox.guest.mount_project(self.project_dir, files)
+            self.sandbox.guest.project_hide(self.project_dir, list(hidden))
             self.sandbox.guest.chdir(self.project_dir)
         # what "a fresh sandbox" means for this session: the template plus the notebook's folder
         self.clean = self.sandbox.snapshot()
