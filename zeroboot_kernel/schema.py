@@ -209,6 +209,8 @@ OUTPUT_EVENTS = {"display_data": display, "update_display_data": display, "execu
 def check_event(ev: dict[str, Any]) -> dict[str, Any]:
     """An engine event of a running request, checked: {"event": kind, ...fields}."""
     kind = ev.get("event")
+    if not isinstance(kind, str):
+        raise SchemaError("an engine event without a kind")
     if kind == "stream":
         return {"event": kind, **stream(ev)}
     if kind in OUTPUT_EVENTS:
