@@ -95,13 +95,14 @@ def test_a_forged_reply_cannot_choose_host_paths(notebook_dir):
         print("cell went on")
         """)
     with kernel("zeroboot") as (km, kc):
-        reply, msgs = execute(kc, cell)
-        assert reply["status"] == "error" and "RESULT" in reply["evalue"], reply
-        reply, msgs = execute(kc, "%sandbox export nothing-here")
-        assert reply["status"] == "error" and "does not exist" in reply["evalue"], reply
-        reply, msgs = execute(kc, "print('next cell')")
-        assert reply["status"] == "ok" and text_of(msgs) == "next cell\n"  # no output of another cell
+        first, _ = execute(kc, cell)
+        # "nb" exists beside the forged root: the old kernel wrote <root>/nb/../pwned2.txt
+        export_reply, _ = execute(kc, "%sandbox export nb")
+        last, msgs = execute(kc, "print('next cell')")
     assert outside_files(notebook_dir) == []
+    assert first["status"] == "error" and "RESULT" in first["evalue"], first
+    assert export_reply["status"] == "error" and "does not exist" in export_reply["evalue"], export_reply
+    assert last["status"] == "ok" and text_of(msgs) == "next cell\n"  # no output of another cell
 
 
 def test_a_forged_done_frame_carries_no_extra_fields_to_the_kernel(notebook_dir):
