@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 MAX_EXPORT_BYTES = 2 << 30
 MAX_ENTRIES = 100_000
 MAX_DEPTH = 64
+REPORT_LINES = 50                 # files listed by name in what %sandbox export prints
 CHUNK = 1 << 20                   # one read from the engine (one message on the engine channel)
 KINDS = (listing.DIR, listing.FILE, listing.SYMLINK, listing.OTHER)
 
@@ -296,11 +297,17 @@ def write(entries: list[PlanEntry], read: Reader, dest: str, root: str) -> Expor
     return report
 
 
+def _lines(paths: list[str]) -> str:
+    text = "".join(f"  {listing.printable(p)}\n" for p in paths[:REPORT_LINES])
+    if len(paths) > REPORT_LINES:
+        text += f"  ... and {len(paths) - REPORT_LINES} more\n"
+    return text
+
+
 def format_report(path: str, report: ExportReport) -> str:
-    show = listing.printable
-    text = f"exported {show(path)}: {len(report.written)} file(s) written to the host\n"
-    text += "".join(f"  {show(p)}\n" for p in report.written)
+    text = f"exported {listing.printable(path)}: {len(report.written)} file(s) written to the host\n"
+    text += _lines(report.written)
     if report.skipped:
         text += "not exported (export copies regular files and directories and never follows a symlink):\n"
-        text += "".join(f"  {show(p)}\n" for p in report.skipped)
+        text += _lines(report.skipped)
     return text

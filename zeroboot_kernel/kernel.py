@@ -383,6 +383,9 @@ class ZerobootKernel(Kernel):
             content = {"status": "error", "ename": "SandboxError", "traceback": [], "user_expressions": {},
                        "payload": [], "evalue": f"the cell's reply was malformed ({exc})"}
         content["execution_count"] = count
+        for p in content["payload"]:  # the pager's data bundle is rendered by the frontend too
+            if isinstance(p.get("data"), dict):
+                p["data"] = outputs.filter_bundle(p["data"], self.outputs)
         return content
 
     # ---- kernel magics --------------------------------------------------------------------
@@ -592,8 +595,10 @@ class ZerobootKernel(Kernel):
                          omit_sections: Any = ()) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         content = await self._side_request("inspect", code=code, cursor_pos=cursor_pos, detail_level=detail_level) or {}
-        return {"status": "ok", "found": bool(content.get("found")), "data": content.get("data") or {},
-                "metadata": content.get("metadata") or {}}
+        data = content.get("data")
+        return {"status": "ok", "found": bool(content.get("found")),
+                "data": outputs.filter_bundle(data, self.outputs) if isinstance(data, dict) else {},
+                "metadata": content.get("metadata") if isinstance(content.get("metadata"), dict) else {}}
 
     async def do_is_complete(self, code: str) -> dict[str, Any]:  # type: ignore[override]
         # IPython's rules in the kernel process: no need to ask the guest, and instant.
