@@ -30,6 +30,7 @@ from .template import Template, TemplateConfig, default_preload
 
 log = logging.getLogger("zeroboot_kernel.engine_server")
 PR_SET_PDEATHSIG = 1
+MAX_DIFF_BYTES = 8 << 20  # of relative paths in one %sandbox diff reply
 
 
 def die_with_parent(parent: int) -> None:
@@ -102,7 +103,13 @@ class EngineServer:
         if op == "files":
             return {"status": "ok", "text": s.set_files(str(msg["mode"]))}
         if op == "diff":
-            return {"status": "ok", "changes": [list(c) for c in s.diff()]}
+            everything, changes, size = s.diff(), [], 0
+            for tag, rel in everything:  # bounded, so that the reply is a reasonable message
+                size += len(rel) + 8
+                if size > MAX_DIFF_BYTES:
+                    break
+                changes.append([tag, rel])
+            return {"status": "ok", "changes": changes, "more": len(everything) - len(changes)}
         # %sandbox export: the engine reads, the kernel writes (this process may not write host
         # files); file data travels in chunks, so no message is larger than export.CHUNK
         if op == "export_list":

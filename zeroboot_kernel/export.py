@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 MAX_EXPORT_BYTES = 2 << 30
 MAX_ENTRIES = 100_000
 MAX_DEPTH = 64
+MAX_PLAN_NAME_BYTES = 16 << 20    # the names of all entries' paths together: bounds the listing's message
 REPORT_LINES = 50                 # files listed by name in what %sandbox export prints
 CHUNK = 1 << 20                   # one read from the engine (one message on the engine channel)
 KINDS = (listing.DIR, listing.FILE, listing.SYMLINK, listing.OTHER)
@@ -69,6 +70,7 @@ def plan(guest: Guest, path: str) -> list[PlanEntry]:
                           f"sandbox: export copies regular files and directories, and never follows symlinks")
     entries = [PlanEntry((), top.kind, top.size)]
     total = top.size
+    name_bytes = 0
     todo = [()] if top.kind == listing.DIR else []
     while todo:
         parts = todo.pop()
@@ -81,6 +83,10 @@ def plan(guest: Guest, path: str) -> list[PlanEntry]:
             child = parts + (e.name,)
             entries.append(PlanEntry(child, e.kind, e.size))
             total += e.size
+            name_bytes += sum(len(p) for p in child)
+            if name_bytes > MAX_PLAN_NAME_BYTES:
+                raise ExportError(f"{path}: the names of the files to export are too long together "
+                                  f"(more than {MAX_PLAN_NAME_BYTES >> 20} MiB); export a subfolder")
             if len(entries) > MAX_ENTRIES:
                 raise ExportError(f"{path}: more than {MAX_ENTRIES} entries to export; export a subfolder")
             if total > MAX_EXPORT_BYTES:

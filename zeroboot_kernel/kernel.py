@@ -433,8 +433,10 @@ class ZerobootKernel(Kernel):
                     return f"{files.get('directory')}: {files.get('mode')} (change with `%sandbox files MODE`)\n"
                 return str(self._call(client, "files", mode=magic.arg).get("text", "")) + "\n"
             if sub == "diff":
-                return mg.format_diff(self._checked_changes(self._call(client, "diff").get("changes")),
-                                      self.notebook_dir)
+                got = self._call(client, "diff")
+                more = got.get("more")
+                return mg.format_diff(self._checked_changes(got.get("changes")), self.notebook_dir,
+                                      more if type(more) is int and more > 0 else 0)
             if sub == "export":
                 return self._export(client, magic.arg or "", magic.dest)
             if sub == "outputs":

@@ -222,7 +222,7 @@ def format_checkpoints(rows: list[dict[str, Any]], mode: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_diff(changes: list[list[str]], directory: str | None) -> str:
+def format_diff(changes: list[list[str]], directory: str | None, more: int = 0) -> str:
     """The changes as lines; guest names are escaped (listing.printable), so a name holding a
     newline or a terminal escape shows as such instead of forging lines."""
     if not changes:
@@ -230,6 +230,8 @@ def format_diff(changes: list[list[str]], directory: str | None) -> str:
     labels = {"A": "created", "M": "changed", "D": "deleted", "!": "nested too deep: contents not listed"}
     lines = [f"changes in the sandbox to {directory} (the host folder is untouched; %sandbox export copies):"]
     lines += [f"  {tag} {printable(path)}   ({labels.get(tag, tag)})" for tag, path in changes]
+    if more:
+        lines.append(f"  ... and {more} more")
     return "\n".join(lines) + "\n"
 
 
