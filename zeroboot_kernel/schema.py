@@ -99,7 +99,7 @@ def mime_bundle(p: dict[str, Any], key: str = "data") -> dict[str, Any]:
     for mime, value in data.items():
         if not MIME_TYPE.match(mime):
             raise SchemaError(f"{key!r} has a key that is not a MIME type: {mime[:80]!r}")
-        if not isinstance(value, (str, dict, list)) and "json" not in mime:
+        if not isinstance(value, str) and "json" not in mime.lower():  # JSON types: any JSON value
             raise SchemaError(f"{key!r}[{mime!r}] must be a string")
     return data
 
