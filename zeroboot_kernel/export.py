@@ -262,15 +262,17 @@ def _has_control_chars(name: str) -> bool:
     return any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name)
 
 
-def write(entries: list[PlanEntry], read: Reader, dest: str, root: str) -> ExportReport:
+def write(entries: list[PlanEntry], read: Reader, dest: str, root: str, root_fd: int | None = None) -> ExportReport:
     """Write a checked plan at `dest` inside `root` (the notebook's folder), reading file data
     through read(parts, offset, size). The parents of dest must exist in the folder. Symlinks,
     special files and names with control characters (newlines, escapes, bidi overrides: legal on
-    Linux, but traps for the user's shell and tools) are not created, and reported."""
-    root = os.path.realpath(root)
+    Linux, but traps for the user's shell and tools) are not created, and reported. `root_fd`, a
+    directory fd of root opened earlier (the kernel opens the folder once, at start), is used
+    instead of opening root by its path."""
+    root = os.path.realpath(root) if root_fd is None else root  # else: as it was when root_fd was opened
     dparts = _dest_parts(root, dest)
     report = ExportReport([], [])
-    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    root_fd = os.dup(root_fd) if root_fd is not None else os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         base_fd = _walk(root_fd, dparts[:-1])
     finally:

@@ -171,6 +171,8 @@ class ZerobootKernel(Kernel):
         # The notebook's folder: Jupyter starts a kernel there. The kernel's own writes (export)
         # land only inside it, and it is computed here, never taken from an engine reply.
         self.notebook_dir = os.path.realpath(os.getcwd())
+        # opened once: exports walk down from this fd, whatever happens to the folder's path later
+        self._notebook_fd = os.open(self.notebook_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._home_note = home_folder_note(self.notebook_dir, self.settings.hidden)  # said with the first output
         if self._home_note:
             self.log.warning("%s", self._home_note.strip())
@@ -474,7 +476,7 @@ class ZerobootKernel(Kernel):
 
         try:
             entries = export.plan_from_wire(self._call(client, "export_list", path=path).get("entries"))
-            report = export.write(entries, read, dest, self.notebook_dir)
+            report = export.write(entries, read, dest, self.notebook_dir, self._notebook_fd)
         except (OSError, ZerobootError) as exc:
             raise _MagicFailed(type(exc).__name__,
                                f"export of {listing.printable(path)} failed: {listing.printable(str(exc))}") from None

@@ -219,3 +219,19 @@ def test_chunks_larger_than_asked_are_refused():
         export.chunk_from_wire({"data": "not base64!"}, 10)
     with pytest.raises(ExportError):
         export.chunk_from_wire([], 10)
+
+
+def test_the_kernel_writes_below_the_folder_it_opened_at_start(folder):
+    """The kernel opens the notebook's folder once; a symlink put at the folder's path later
+    (the folder moved away) does not redirect an export."""
+    nb, outside = folder
+    fd = os.open(nb, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.rename(nb, nb.parent / "nb-moved")
+        os.symlink(outside, nb)
+        entries, files = tree()
+        export.write(entries, reader(files), "out", str(nb), fd)
+    finally:
+        os.close(fd)
+    unchanged(outside)
+    assert (nb.parent / "nb-moved" / "out" / "a.txt").read_bytes() == b"hello"
