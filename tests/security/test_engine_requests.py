@@ -31,6 +31,7 @@ class FailingSession:
 
 def test_any_exception_in_a_request_is_that_requests_error():
     ours, theirs = socket.socketpair()
+    ours.settimeout(60)  # a server that died must fail the test, not hang it
     server = EngineServer(theirs, FailingSession())  # type: ignore[arg-type]
     done = threading.Event()
 
