@@ -29,7 +29,7 @@ typedef struct zb_mnode {
     struct zb_mnode **children;
     size_t nchildren;
     int kind;
-    char *target;      /* MNT_SYMLINK */
+    char *target;      /* MNT_SYMLINK; MNT_PROJECT: its hidden paths, '\n'-separated (fs_project.c) */
     uint32_t ino;      /* MNT_OVERLAY; MNT_PROJECT: the root of its upper (overlay) layer */
     int dev;           /* MNT_DEV */
     int proj_mode;     /* MNT_PROJECT: PROJ_* */
@@ -163,6 +163,10 @@ int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode);
 long zb_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err);
 long zb_guest_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset, void *buf, size_t len, char *err);
 long zb_guest_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
+long zb_guest_stat(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
+int zb_fs_project_hide(zb_fs *fs, const char *host_dir, const char *paths, char *err);
+int zb_proj_hidden(const zb_mnode *root, const char *host_path);
+int zb_proj_hidden_children(const zb_mnode *root, const char *dir_path, zb_listing *hide);
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
 int zb_host_lstat(const char *path, struct stat *st);

@@ -360,6 +360,7 @@ static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const cha
         char hp[PATH_MAX];
         struct stat st;
         if (join_path(hp, sizeof hp, path, name) < 0) return -ENAMETOOLONG;
+        if (dir->proj && zb_proj_hidden(dir->proj_root, hp)) return -ENOENT; /* fs_project.c */
         if (lstat(hp, &st) < 0) return -ENOENT;
         out->kind = LOC_HOST;
         out->proj = dir->proj;
@@ -611,7 +612,14 @@ int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
         if ((ret = zb_proj_list(sb, r, out)) < 0) goto fail;
         return 0;
     }
-    if (l->kind == LOC_HOST && (ret = zb_list_host_dir(r->path, out, NULL)) < 0) goto fail;
+    if (l->kind == LOC_HOST) {
+        zb_listing hide; /* hidden paths of a project folder (fs_project.c) */
+        memset(&hide, 0, sizeof hide);
+        if (l->proj) ret = zb_proj_hidden_children(l->proj_root, r->path, &hide);
+        if (!ret) ret = zb_list_host_dir(r->path, out, &hide);
+        zb_listing_free(&hide);
+        if (ret < 0) goto fail;
+    }
     if (l->kind == LOC_OVERLAY) {
         zb_inode *in = zb_ovl_inode(sb->fs, l->ino);
         for (size_t i = 0; in && i < in->nents; i++) {

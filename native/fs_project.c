@@ -85,6 +85,70 @@ static zb_mnode *find_project(zb_fs *fs, const char *host_dir) {
     return n && n->kind == MNT_PROJECT ? n : NULL;
 }
 
+/* ---- hidden paths (credentials in a home directory used as the notebook's folder) ----
+ * A project node keeps its hidden paths, relative to the folder, as '\n'-separated text in
+ * `target` (copied and freed with the node). A hidden path and everything under it is absent
+ * from the guest's view of the host folder: lookups say ENOENT, listings leave it out, and in
+ * readwrite mode no host call reaches it (EACCES), so it cannot be created or replaced either.
+ * The guest may still make a private entry of that name in overlay mode (it never reaches the
+ * host, and never shows the host's). */
+
+int zb_fs_project_hide(zb_fs *fs, const char *host_dir, const char *paths, char *err) {
+    if (zb_fs_require_private(fs, err) < 0) return -1;
+    zb_mnode *n = find_project(fs, host_dir);
+    if (!n) { zb_seterr(err, "%s is not mounted in the sandbox", host_dir); return -1; }
+    char *copy = paths && paths[0] ? strdup(paths) : NULL;
+    if (paths && paths[0] && !copy) { zb_seterr(err, "out of memory"); return -1; }
+    free(n->target);
+    n->target = copy;
+    return 0;
+}
+
+/* 1 if host_path (absolute) is a hidden path of the project `root`, or below one. */
+int zb_proj_hidden(const zb_mnode *root, const char *host_path) {
+    if (!root || !root->target) return 0;
+    char rp[PATH_MAX];
+    if (zb_mnode_path(root, rp, sizeof rp) < 0) return 0;
+    size_t rl = strlen(rp);
+    if (strncmp(host_path, rp, rl) || host_path[rl] != '/') return 0;
+    const char *rel = host_path + rl + 1;
+    for (const char *h = root->target; *h;) {
+        const char *e = strchr(h, '\n');
+        size_t hl = e ? (size_t)(e - h) : strlen(h);
+        if (hl && !strncmp(rel, h, hl) && (rel[hl] == 0 || rel[hl] == '/')) return 1;
+        h += hl + (e ? 1 : 0);
+    }
+    return 0;
+}
+
+/* Add to `hide` the hidden entries that are direct children of dir_path (absolute). */
+int zb_proj_hidden_children(const zb_mnode *root, const char *dir_path, zb_listing *hide) {
+    if (!root || !root->target) return 0;
+    char rp[PATH_MAX];
+    if (zb_mnode_path(root, rp, sizeof rp) < 0) return 0;
+    size_t rl = strlen(rp);
+    if (strncmp(dir_path, rp, rl) || (dir_path[rl] && dir_path[rl] != '/')) return 0;
+    const char *rel = dir_path[rl] ? dir_path + rl + 1 : "";
+    size_t dl = strlen(rel);
+    for (const char *h = root->target; *h;) {
+        const char *e = strchr(h, '\n');
+        size_t hl = e ? (size_t)(e - h) : strlen(h);
+        const char *name = NULL;
+        if (!dl) name = h;
+        else if (hl > dl && !strncmp(h, rel, dl) && h[dl] == '/') name = h + dl + 1;
+        size_t nl = name ? hl - (size_t)(name - h) : 0;
+        if (name && nl && nl <= NAME_MAX && !memchr(name, '/', nl)) {
+            char buf[NAME_MAX + 1];
+            memcpy(buf, name, nl);
+            buf[nl] = 0;
+            int rc = zb_listing_add(hide, buf, DT_UNKNOWN, 0);
+            if (rc < 0) return rc;
+        }
+        h += hl + (e ? 1 : 0);
+    }
+    return 0;
+}
+
 int zb_fs_set_project_mode(zb_fs *fs, const char *host_dir, int mode, char *err) {
     if (mode != PROJ_READONLY && mode != PROJ_OVERLAY && mode != PROJ_READWRITE) {
         zb_seterr(err, "unknown project mode %d", mode);
@@ -126,6 +190,7 @@ int zb_proj_host_path(const zb_resolved *r, char *rel, size_t cap) {
     if (!root || zb_mnode_path(root, rp, sizeof rp) < 0) return -EINVAL;
     size_t n = strlen(rp);
     if (strncmp(r->path, rp, n) || (r->path[n] && r->path[n] != '/')) return -EXDEV;
+    if (zb_proj_hidden(root, r->path)) return -EACCES;
     snprintf(rel, cap, "%s", r->path[n] ? r->path + n + 1 : ".");
     return root->root_fd;
 }
@@ -165,7 +230,7 @@ int zb_proj_lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const ch
     int n = snprintf(hp, sizeof hp, "%s/%s", path, name);
     if (n < 0 || (size_t)n >= sizeof hp) return -ENAMETOOLONG;
     zb_inode *ud = dir->upper ? zb_ovl_inode(sb->fs, dir->upper) : NULL;
-    int dir_lower = dir->lower && !(ud && ud->opaque);
+    int dir_lower = dir->lower && !(ud && ud->opaque) && !zb_proj_hidden(dir->proj_root, hp);
     uint32_t up = ud ? zb_ovl_lookup(sb->fs, dir->upper, name) : 0;
     struct stat st;
     if (up) {
@@ -205,6 +270,7 @@ int zb_proj_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
         else ret = zb_listing_add(out, ud->ents[i].name, c->type == INO_DIR ? DT_DIR : c->type == INO_SYMLINK ? DT_LNK : DT_REG,
                                   ud->ents[i].ino);
     }
+    if (!ret) ret = zb_proj_hidden_children(l->proj_root, r->path, &hide);
     if (!ret && l->lower && !(ud && ud->opaque)) ret = zb_list_host_dir(r->path, out, &hide);
     zb_listing_free(&hide);
     return ret;
@@ -348,63 +414,160 @@ int zb_proj_remove(zb_sandbox *sb, zb_resolved *r, int dir) {
     return rc;
 }
 
-/* ---- diff and export ---- */
+/* ---- diff and export: structured records for the host side ----
+ *
+ * Names come from the guest, so they can hold any byte but '/' and NUL (newlines, tabs, ...):
+ * the listings are binary records with explicit lengths, never text to split (the format is in
+ * zeroboot.h; zeroboot_kernel/native.py decodes and validates it). */
 
 typedef struct {
-    char *buf;
+    uint8_t *buf;
     size_t len, used;
-} text_out;
+} rec_out;
 
-static void emit(text_out *t, char tag, const char *rel) {
-    int n = snprintf(t->buf && t->used < t->len ? t->buf + t->used : NULL,
-                     t->buf && t->used < t->len ? t->len - t->used : 0, "%c\t%s\n", tag, rel);
-    if (n > 0) t->used += (size_t)n;
+static void rec_put(rec_out *t, const void *p, size_t n) {
+    if (t->buf && t->used + n <= t->len) memcpy(t->buf + t->used, p, n);
+    t->used += n;
 }
 
-static void diff_dir(zb_sandbox *sb, uint32_t dir, const char *host, const char *rel, text_out *t) {
-    zb_inode *d = zb_ovl_inode(sb->fs, dir);
-    for (size_t i = 0; d && i < d->nents; i++) {
-        char h[PATH_MAX], r[PATH_MAX];
-        snprintf(h, sizeof h, "%s/%s", host, d->ents[i].name);
-        snprintf(r, sizeof r, "%s%s%s", rel, rel[0] ? "/" : "", d->ents[i].name);
-        zb_inode *c = zb_ovl_inode(sb->fs, d->ents[i].ino);
+/* tag, u32 length, the relative path (ZB_DIFF_* records) */
+static void emit_diff(rec_out *t, char tag, const char *rel, size_t rel_len) {
+    size_t need = 1 + 4 + rel_len;
+    if (t->buf && t->used + need > t->len) { t->used += need; return; } /* whole records only */
+    uint8_t head[5];
+    uint32_t n = (uint32_t)rel_len;
+    head[0] = (uint8_t)tag;
+    memcpy(head + 1, &n, 4);
+    rec_put(t, head, 5);
+    rec_put(t, rel, rel_len);
+}
+
+/* kind, u64 size, u16 name length, the name (ZB_ENTRY_* records) */
+static void emit_entry(rec_out *t, char kind, uint64_t size, const char *name) {
+    size_t nl = strlen(name);
+    if (nl > NAME_MAX) return;
+    size_t need = 1 + 8 + 2 + nl;
+    if (t->buf && t->used + need > t->len) { t->used += need; return; }
+    uint8_t head[11];
+    uint16_t n16 = (uint16_t)nl;
+    head[0] = (uint8_t)kind;
+    memcpy(head + 1, &size, 8);
+    memcpy(head + 9, &n16, 2);
+    rec_put(t, head, 11);
+    rec_put(t, name, nl);
+}
+
+/* A growable path buffer: the walk appends a component going down and cuts it going up. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} pathbuf;
+
+static int path_push(pathbuf *b, const char *name, int slash) {
+    size_t nl = strlen(name), need = b->len + (slash ? 1 : 0) + nl + 1;
+    if (need > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < need) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return -ENOMEM;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (slash) b->p[b->len++] = '/';
+    memcpy(b->p + b->len, name, nl + 1);
+    b->len += nl;
+    return 0;
+}
+
+typedef struct {
+    uint32_t dir;
+    size_t next;      /* index of the next entry of dir to visit */
+    size_t host_len;  /* lengths of the two paths at this level, to cut back to */
+    size_t rel_len;
+} diff_frame;
+
+/* Iterative depth-first walk of the upper layer (the guest controls its depth: no C recursion).
+ * Below ZB_DIFF_MAX_DEPTH a directory gets one '!' record instead of its contents. */
+static int diff_tree(zb_sandbox *sb, uint32_t root, const char *host_root, rec_out *t) {
+    pathbuf host = {0}, rel = {0};
+    diff_frame *stack = calloc(ZB_DIFF_MAX_DEPTH + 1, sizeof *stack);
+    int rc = (!stack || path_push(&host, host_root, 0) < 0 || path_push(&rel, "", 0) < 0) ? -ENOMEM : 0;
+    size_t depth = 0;
+    if (!rc) stack[0] = (diff_frame){root, 0, host.len, rel.len};
+    while (!rc) {
+        diff_frame *f = &stack[depth];
+        host.len = f->host_len; host.p[host.len] = 0;
+        rel.len = f->rel_len; rel.p[rel.len] = 0;
+        zb_inode *d = zb_ovl_inode(sb->fs, f->dir);
+        if (!d || f->next >= d->nents) {
+            if (depth == 0) break;
+            depth--;
+            continue;
+        }
+        size_t i = f->next++;
+        const char *name = d->ents[i].name;
+        uint32_t ino = d->ents[i].ino;
+        if ((rc = path_push(&host, name, 1)) < 0 || (rc = path_push(&rel, name, rel.len > 0)) < 0) break;
+        zb_inode *c = zb_ovl_inode(sb->fs, ino);
         struct stat st;
-        int on_host = lstat(h, &st) == 0;
-        if (c->type == INO_WHITEOUT) emit(t, 'D', r);
-        else if (c->type == INO_DIR) {
-            if (!on_host || c->opaque) emit(t, on_host ? 'M' : 'A', r);
-            diff_dir(sb, d->ents[i].ino, h, r, t);
+        int on_host = host.len < PATH_MAX && lstat(host.p, &st) == 0;
+        if (c->type == INO_WHITEOUT) {
+            emit_diff(t, ZB_DIFF_DELETED, rel.p, rel.len);
+        } else if (c->type == INO_DIR) {
+            if (!on_host || c->opaque) emit_diff(t, on_host ? ZB_DIFF_CHANGED : ZB_DIFF_CREATED, rel.p, rel.len);
+            if (depth + 1 > ZB_DIFF_MAX_DEPTH) {
+                if (c->nents) emit_diff(t, ZB_DIFF_TOO_DEEP, rel.p, rel.len);
+            } else {
+                depth++;
+                stack[depth] = (diff_frame){ino, 0, host.len, rel.len};
+            }
         } else {
-            emit(t, on_host ? 'M' : 'A', r);
+            emit_diff(t, on_host ? ZB_DIFF_CHANGED : ZB_DIFF_CREATED, rel.p, rel.len);
         }
     }
+    free(stack);
+    free(host.p);
+    free(rel.p);
+    return rc;
 }
 
 long zb_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err) {
     zb_mnode *m = find_project(sb->fs, host_dir);
     if (!m) { zb_seterr(err, "%s is not mounted in the sandbox", host_dir); return -1; }
     char rp[PATH_MAX];
-    zb_mnode_path(m, rp, sizeof rp);
-    text_out t = {buf, len, 0};
-    diff_dir(sb, m->ino, rp, "", &t);
-    if (buf && t.used < len) buf[t.used] = 0;
+    if (zb_mnode_path(m, rp, sizeof rp) < 0) { zb_seterr(err, "%s: path too long", host_dir); return -1; }
+    rec_out t = {(uint8_t *)buf, len, 0};
+    int rc = diff_tree(sb, m->ino, rp, &t);
+    if (rc < 0) { zb_seterr(err, "%s: %s", host_dir, strerror(-rc)); return -1; }
     return (long)t.used;
 }
 
-/* ---- reading what the guest sees (for export, done by the host side) ---- */
+/* ---- reading what the guest sees (for export, done by the host side) ----
+ * Export never follows a guest symlink: every path is resolved without following its last
+ * component, and a symlink is reported as one (ZB_ENTRY_SYMLINK), never read through. */
+
+static char entry_kind(const struct stat *st) {
+    if (S_ISDIR(st->st_mode)) return ZB_ENTRY_DIR;
+    if (S_ISREG(st->st_mode)) return ZB_ENTRY_FILE;
+    if (S_ISLNK(st->st_mode)) return ZB_ENTRY_SYMLINK;
+    return ZB_ENTRY_OTHER;
+}
 
 long zb_guest_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset, void *buf, size_t len, char *err) {
     zb_resolved r;
-    int rc = zb_fs_resolve(sb, sb->proc.cwd, guest_path, 0, &r);
+    int rc = zb_fs_resolve(sb, sb->proc.cwd, guest_path, ZB_RESOLVE_NOFOLLOW, &r);
     if (rc < 0 || !r.exists) { zb_seterr(err, "%s does not exist in the sandbox", guest_path); return -1; }
     if (r.loc.is_dir) { zb_seterr(err, "%s is a directory", guest_path); return -1; }
     if (r.loc.kind == LOC_OVERLAY) {
+        struct stat st;
+        zb_ovl_stat(sb->fs, r.loc.ino, &st);
+        if (!S_ISREG(st.st_mode)) { zb_seterr(err, "%s is not a regular file", guest_path); return -1; }
         long n = zb_ovl_read(sb->fs, r.loc.ino, buf, len, offset);
         if (n < 0) { zb_seterr(err, "%s: %s", guest_path, strerror((int)-n)); return -1; }
         return n;
     }
     if (r.loc.kind != LOC_HOST) { zb_seterr(err, "%s is not a regular file", guest_path); return -1; }
-    int fd = zb_host_open_ro(r.path, 0);
+    int fd = zb_host_open_ro(r.path, 0); /* O_NOFOLLOW, regular files and directories only */
     if (fd < 0) { zb_seterr(err, "%s: %s", guest_path, strerror(-fd)); return -1; }
     long n = pread(fd, buf, len, (off_t)offset);
     if (n < 0) zb_seterr(err, "%s: %s", guest_path, strerror(errno));
@@ -412,18 +575,39 @@ long zb_guest_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset,
     return n;
 }
 
+long zb_guest_stat(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err) {
+    zb_resolved r;
+    struct stat st;
+    int rc = zb_fs_resolve(sb, sb->proc.cwd, guest_path, ZB_RESOLVE_NOFOLLOW, &r);
+    if (rc < 0 || !r.exists) { zb_seterr(err, "%s does not exist in the sandbox", guest_path); return -1; }
+    if ((rc = zb_fs_stat(sb, &r, &st)) < 0) { zb_seterr(err, "%s: %s", guest_path, strerror(-rc)); return -1; }
+    rec_out t = {(uint8_t *)buf, len, 0};
+    emit_entry(&t, entry_kind(&st), S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0, r.name[0] ? r.name : "/");
+    return (long)t.used;
+}
+
 long zb_guest_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err) {
     zb_resolved r;
     zb_listing l;
-    int rc = zb_fs_resolve(sb, sb->proc.cwd, guest_path, 0, &r);
+    int rc = zb_fs_resolve(sb, sb->proc.cwd, guest_path, ZB_RESOLVE_NOFOLLOW, &r);
     if (rc < 0 || !r.exists || !r.loc.is_dir) { zb_seterr(err, "%s is not a directory in the sandbox", guest_path); return -1; }
     if ((rc = zb_fs_list(sb, &r, &l)) < 0) { zb_seterr(err, "%s: %s", guest_path, strerror(-rc)); return -1; }
-    text_out t = {buf, len, 0};
+    rec_out t = {(uint8_t *)buf, len, 0};
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", r.path);
     for (size_t i = 0; i < l.n; i++) {
-        if (!strcmp(l.ents[i].name, ".") || !strcmp(l.ents[i].name, "..")) continue;
-        emit(&t, l.ents[i].type == DT_DIR ? 'd' : l.ents[i].type == DT_LNK ? 'l' : 'f', l.ents[i].name);
+        const char *name = l.ents[i].name;
+        if (!name[0] || !strcmp(name, ".") || !strcmp(name, "..") || strchr(name, '/')) continue;
+        zb_resolved c;
+        struct stat st;
+        char kind = ZB_ENTRY_OTHER;
+        uint64_t size = 0;
+        if (zb_fs_resolve(sb, dir, name, ZB_RESOLVE_NOFOLLOW, &c) == 0 && c.exists && zb_fs_stat(sb, &c, &st) == 0) {
+            kind = entry_kind(&st);
+            if (kind == ZB_ENTRY_FILE) size = (uint64_t)st.st_size;
+        }
+        emit_entry(&t, kind, size, name);
     }
     zb_listing_free(&l);
-    if (buf && t.used < len) buf[t.used] = 0;
     return (long)t.used;
 }

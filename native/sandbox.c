@@ -92,6 +92,9 @@ int zb_sandbox_mount_project(zb_sandbox *sb, const char *host_dir, int mode, cha
 int zb_sandbox_set_project_mode(zb_sandbox *sb, const char *host_dir, int mode, char *err) {
     return own_namespace(sb, err) < 0 ? -1 : zb_fs_set_project_mode(sb->fs, host_dir, mode, err);
 }
+int zb_sandbox_project_hide(zb_sandbox *sb, const char *host_dir, const char *paths, char *err) {
+    return own_namespace(sb, err) < 0 ? -1 : zb_fs_project_hide(sb->fs, host_dir, paths, err);
+}
 long zb_sandbox_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err) {
     return zb_project_diff(sb, host_dir, buf, len, err);
 }
@@ -100,6 +103,9 @@ long zb_sandbox_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offse
 }
 long zb_sandbox_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err) {
     return zb_guest_list_dir(sb, guest_path, buf, len, err);
+}
+long zb_sandbox_guest_stat(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err) {
+    return zb_guest_stat(sb, guest_path, buf, len, err);
 }
 
 int zb_sandbox_chdir(zb_sandbox *sb, const char *guest_path, char *err) {

@@ -116,16 +116,39 @@ void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes);
 #define ZB_PROJECT_READWRITE 3
 int zb_sandbox_mount_project(zb_sandbox *sb, const char *host_dir, int mode, char *err);
 int zb_sandbox_set_project_mode(zb_sandbox *sb, const char *host_dir, int mode, char *err);
-/* What the overlay of a project holds: lines "A\tpath" (created), "M\tpath" (changed),
- * "D\tpath" (deleted), relative to host_dir. Returns the bytes needed (call again with more room
- * if larger than len), or -1 with err. */
+/* Hide paths of a mounted project from the guest (credentials in a home folder): `paths` holds
+ * paths relative to host_dir separated by '\n' ("" hides nothing). A hidden path and everything
+ * below it is absent in every mode (ENOENT; no host call reaches it in readwrite mode). */
+int zb_sandbox_project_hide(zb_sandbox *sb, const char *host_dir, const char *paths, char *err);
+/* Listings for the host side (%sandbox diff and export) are binary records with explicit lengths,
+ * never text: guest names may hold any byte but '/' and NUL. Integers are little-endian.
+ *
+ * What the overlay of a project holds, relative to host_dir: records of a tag byte, a u32 length
+ * and that many bytes of relative path. Tags: ZB_DIFF_CREATED, ZB_DIFF_CHANGED, ZB_DIFF_DELETED,
+ * and ZB_DIFF_TOO_DEEP for a directory nested deeper than ZB_DIFF_MAX_DEPTH whose contents are not
+ * listed. Returns the bytes needed (call again with more room if larger than len; only whole
+ * records are written), or -1 with err. */
+#define ZB_DIFF_CREATED 65  /* 'A' */
+#define ZB_DIFF_CHANGED 77  /* 'M' */
+#define ZB_DIFF_DELETED 68  /* 'D' */
+#define ZB_DIFF_TOO_DEEP 33 /* '!' */
+#define ZB_DIFF_MAX_DEPTH 256
 long zb_sandbox_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err);
-/* Read a regular file as the guest sees it (overlay or host): bytes read, 0 at its end, or -1. */
+/* Read a regular file as the guest sees it (overlay or host): bytes read, 0 at its end, or -1.
+ * A symlink in the last component is not followed (an error). */
 long zb_sandbox_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset, void *buf, size_t len,
                           char *err);
-/* A directory as the guest sees it: lines "d\tname", "f\tname" or "l\tname" (symlink). Returns
- * the bytes needed (call again with more room if larger than len), or -1 with err. */
+/* Directory entries: records of a kind byte (ZB_ENTRY_*), a u64 size (regular files; else 0), a
+ * u16 name length and the name. "." and ".." are left out; guest symlinks are reported as
+ * symlinks, never followed (neither in guest_path's last component). Returns the bytes needed
+ * (call again with more room if larger than len; only whole records are written), or -1. */
+#define ZB_ENTRY_DIR 100     /* 'd' */
+#define ZB_ENTRY_FILE 102    /* 'f' */
+#define ZB_ENTRY_SYMLINK 108 /* 'l' */
+#define ZB_ENTRY_OTHER 111   /* 'o': fifo, socket, device */
 long zb_sandbox_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
+/* One entry record (as above) for guest_path itself, its last component not followed. */
+long zb_sandbox_guest_stat(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
 /* Set the guest's working directory (an existing directory in its namespace). */
 int zb_sandbox_chdir(zb_sandbox *sb, const char *guest_path, char *err);
 /* Load an ELF executable (static, or dynamic through its PT_INTERP) and set up its stack.

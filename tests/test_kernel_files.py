@@ -7,7 +7,7 @@ import numpy as np
 import nbformat
 from nbclient import NotebookClient
 
-from kernel_helpers import ensure_kernelspecs, kernel, plain
+from kernel_helpers import ensure_kernelspecs, kernel, plain, shell_reply
 
 CELLS = [
     "import pandas as pd, numpy as np\ndf = pd.read_csv('data.csv')\nint(df.amount.sum())",
@@ -45,10 +45,9 @@ def test_a_notebook_reads_its_folder_and_exports_on_request(tmp_path) -> None:
 
 
 def _run(kc, code: str) -> dict:
-    msg_id = kc.execute(code)
-    reply = kc.get_shell_msg(timeout=60)
-    assert reply["parent_header"]["msg_id"] == msg_id
-    return reply["content"]
+    # shell_reply skips other replies (wait_for_ready may leave a kernel_info_reply behind on a
+    # loaded machine)
+    return shell_reply(kc, kc.execute(code), timeout=60)["content"]
 
 
 def test_engine_is_locked_down_unless_readwrite(tmp_path, monkeypatch) -> None:

@@ -6,6 +6,7 @@ exits, so that clients see a dead kernel rather than a hung one.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 from . import engine_wire as wire
+from . import schema
 from .errors import ZerobootError
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,7 @@ class EngineDied(ZerobootError):
 class EngineClient:
     def __init__(self, *, template: str = "default", mode: str = "chained", timeout: float | None = None,
                  checkpoints: int = 20, project: str | None = None, files: str = "overlay",
-                 on_log: Callable[[str], None] | None = None) -> None:
+                 hidden: tuple[str, ...] = (), on_log: Callable[[str], None] | None = None) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = parent_end
         self._send_lock = threading.Lock()
@@ -38,7 +40,7 @@ class EngineClient:
                "--parent", str(os.getpid()), "--template", template, "--mode", mode,
                "--timeout", str(timeout or 0), "--checkpoints", str(checkpoints), "--files", files]
         if project:
-            cmd += ["--project", project]
+            cmd += ["--project", project, "--hide", json.dumps(list(hidden))]
         self.proc = subprocess.Popen(cmd, pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL,
                                      start_new_session=True)  # never in the kernel's process group
         child_end.close()
@@ -59,10 +61,14 @@ class EngineClient:
                 raise ZerobootError(str(msg.get("text")))
 
     def _recv(self) -> dict[str, Any]:
-        try:
-            return wire.recv(self.sock)
-        except (OSError, ValueError) as exc:
-            raise EngineDied(f"the sandbox engine process died ({self._exit_status()}): {exc}") from None
+        """The next well-formed message (malformed ones are logged and dropped)."""
+        while True:
+            try:
+                return wire.recv(self.sock)
+            except wire.BadMessage as exc:
+                log.error("zeroboot: dropped a malformed message from the engine: %s", exc)
+            except (OSError, ValueError) as exc:
+                raise EngineDied(f"the sandbox engine process died ({self._exit_status()}): {exc}") from None
 
     def _exit_status(self) -> str:
         code = self.proc.poll()
@@ -78,22 +84,35 @@ class EngineClient:
             raise EngineDied(f"the sandbox engine process died ({self._exit_status()}): {exc}") from None
 
     def request(self, op: str, **fields: Any) -> Iterator[dict[str, Any]]:
-        """Send one request; yield its events (stream, display_data, input_request, ...); the last
-        one yielded has event == "reply"."""
+        """Send one request; yield its events (stream, display_data, input_request, ...), each
+        checked against its shape (schema.check_event); the last one yielded is its reply,
+        {"event": "reply", "content": {...}}. Events and replies that carry another id (left
+        over from an earlier request, or forged) and malformed events are logged and dropped."""
         self._next_id += 1
         rid = self._next_id
         self._send({"op": op, "id": rid, **fields})
         while True:
             msg = self._recv()
-            yield msg
-            if msg.get("event") == "reply" and msg.get("id") == rid:
+            if msg.get("id") != rid:
+                log.warning("zeroboot: dropped a %s message of request %r while waiting for request %d",
+                            str(msg.get("event"))[:40], msg.get("id"), rid)
+                continue
+            if msg.get("event") == "reply":
+                content = msg.get("content")
+                yield {"event": "reply", "content": dict(content) if isinstance(content, dict) else {
+                    "status": "error", "ename": "EngineError", "evalue": "malformed reply from the engine"}}
                 return
+            try:
+                yield schema.check_event(msg)
+            except schema.SchemaError as exc:
+                log.error("zeroboot: dropped a malformed %s event from the engine: %s",
+                          str(msg.get("event"))[:40], exc)
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         """A request without intermediate events; returns the reply content."""
         for msg in self.request(op, **fields):
             if msg.get("event") == "reply":
-                return dict(msg.get("content") or {})
+                return dict(msg["content"])
         raise EngineDied("no reply from the engine")
 
     def input_reply(self, value: str) -> None:

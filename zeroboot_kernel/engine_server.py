@@ -8,8 +8,10 @@ Dies with its parent (PR_SET_PDEATHSIG), so no VM outlives the kernel.
 from __future__ import annotations
 
 import argparse
+import base64
 import ctypes
 import errno
+import json
 import logging
 import os
 import select
@@ -28,6 +30,7 @@ from .template import Template, TemplateConfig, default_preload
 
 log = logging.getLogger("zeroboot_kernel.engine_server")
 PR_SET_PDEATHSIG = 1
+MAX_DIFF_BYTES = 8 << 20  # of relative paths in one %sandbox diff reply
 
 
 def die_with_parent(parent: int) -> None:
@@ -42,9 +45,15 @@ class EngineServer:
         self.sock = sock
         self.session = session
         self.pending: list[dict[str, Any]] = []   # control messages read while a cell ran
+        self.current: Any = None                  # id of the request being served
 
     def send(self, msg: dict[str, Any]) -> None:
         wire.send(self.sock, msg)
+
+    def event(self, msg: dict[str, Any]) -> None:
+        """An event of the current request, tagged with its id (the kernel drops events and
+        replies of any other request)."""
+        self.send({**msg, "id": self.current})
 
     # ---- while a cell runs ----
     def poll(self) -> None:
@@ -57,7 +66,7 @@ class EngineServer:
                 self.pending.append(msg)
 
     def ask_input(self, prompt: str, password: bool) -> str:
-        self.send({"event": "input_request", "prompt": prompt, "password": password})
+        self.event({"event": "input_request", "prompt": prompt, "password": password})
         while True:
             msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
             if msg.get("op") == "input_reply":
@@ -77,8 +86,8 @@ class EngineServer:
             return s.execute(
                 msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
                 store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
-                on_stream=lambda name, text: self.send({"event": "stream", "name": name, "text": text}),
-                on_message=lambda mtype, content: self.send({"event": mtype, "content": content}),
+                on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
+                on_message=lambda mtype, content: self.event({"event": mtype, "content": content}),
                 on_input=self.ask_input if msg.get("allow_stdin") else None, poll=self.poll)
         if op == "complete":
             return s.complete(msg["code"], int(msg["cursor_pos"]))
@@ -94,10 +103,24 @@ class EngineServer:
         if op == "files":
             return {"status": "ok", "text": s.set_files(str(msg["mode"]))}
         if op == "diff":
-            return {"status": "ok", "changes": [list(c) for c in s.diff()]}
-        if op == "export_read":  # the kernel writes them: this process may not write host files
-            return {"status": "ok", "items": export.to_wire(s.export_items(str(msg["path"]))),
-                    "root": s.project_dir}
+            everything, changes, size = s.diff(), [], 0
+            for tag, rel in everything:  # bounded, so that the reply is a reasonable message
+                size += len(rel) + 8
+                if size > MAX_DIFF_BYTES:
+                    break
+                changes.append([tag, rel])
+            return {"status": "ok", "changes": changes, "more": len(everything) - len(changes)}
+        # %sandbox export: the engine reads, the kernel writes (this process may not write host
+        # files); file data travels in chunks, so no message is larger than export.CHUNK
+        if op == "export_list":
+            return {"status": "ok", "entries": export.plan_to_wire(s.export_plan(str(msg["path"])))}
+        if op == "export_chunk":
+            parts, offset, size = msg.get("parts"), msg.get("offset"), msg.get("size")
+            if (not isinstance(parts, list) or not all(isinstance(p, str) for p in parts)
+                    or type(offset) is not int or type(size) is not int):
+                raise ValueError("export_chunk needs parts (list of names), offset and size (integers)")
+            data = s.export_chunk(str(msg["path"]), tuple(parts), offset, size)
+            return {"status": "ok", "data": base64.b64encode(data).decode()}
         if op == "lockdown_check":
             return {"status": "ok", "checks": lockdown_check()}
         if op == "checkpoints":
@@ -115,11 +138,22 @@ class EngineServer:
 
     def serve(self) -> None:
         while True:
-            msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
+            try:
+                msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
+            except wire.BadMessage as exc:
+                log.error("dropped a malformed request from the kernel: %s", exc)
+                continue
+            self.current = msg.get("id")
             try:
                 reply = self.handle(msg)
+            except (SystemExit, wire.ChannelClosed):
+                raise
             except ZerobootError as exc:
                 reply = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+            except Exception as exc:  # noqa: BLE001 - one request fails, never the engine (and the session)
+                log.exception("request %r failed", msg.get("op"))
+                reply = {"status": "error", "ename": type(exc).__name__, "traceback": [],
+                         "evalue": f"the sandbox engine could not do {str(msg.get('op'))[:40]!r}: {str(exc)[:500]}"}
             if reply is not None:
                 self.send({"event": "reply", "id": msg.get("id"), "content": reply})
             if msg.get("op") == "execute":
@@ -157,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoints", type=int, default=20)
     p.add_argument("--project", default=None, help="host directory shown in the guest (the notebook's)")
     p.add_argument("--files", default="overlay", choices=("overlay", "readonly", "readwrite"))
+    p.add_argument("--hide", default="[]", help="JSON list of paths in the project the guest does not see")
     args = p.parse_args(argv)
     die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel decides what an interrupt means
@@ -169,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         config = TemplateConfig(args.template, default_preload())
         template = Template.ensure(config, engine, progress=lambda m: wire.send(sock, {"event": "log", "text": m}))
         session = Session(template, mode=args.mode, keep=args.checkpoints, timeout=args.timeout or None,
-                          project_dir=args.project, files=args.files)
+                          project_dir=args.project, files=args.files, hidden=tuple(json.loads(args.hide)))
         if args.files != "readwrite":  # readwrite writes the notebook's folder from this process
             engine.lockdown("run")
             session.host_writes_allowed = False

@@ -10,6 +10,8 @@ import json
 import struct
 from typing import Any
 
+from . import schema
+
 MAGIC = 0x5A42464D
 VERSION = 1
 HEADER = struct.Struct("<IHHI")
@@ -44,11 +46,35 @@ def encode(ftype: FrameType, payload: dict[str, Any]) -> bytes:
 
 
 def decode_payload(data: bytes) -> dict[str, Any]:
-    """The JSON object of a frame payload; a malformed one is reported, not trusted."""
+    """The JSON object of a frame payload, at most schema.MAX_DEPTH deep; a malformed one is
+    reported (ValueError), not trusted."""
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # (deep nesting: RecursionError)
-        raise ValueError(f"guest sent a frame that is not JSON: {exc}") from None
+        raise ValueError(f"guest sent a frame that is not JSON: {str(exc)[:200]}") from None
     if not isinstance(obj, dict):
         raise ValueError("guest sent a frame whose payload is not a JSON object")
+    schema.check_depth(obj, "guest frame")
     return obj
+
+
+# The shape of each guest frame's payload (docs/PROTOCOL.md), checked before the host uses it.
+CHECKS = {
+    FrameType.STREAM: schema.stream, FrameType.DISPLAY: schema.display, FrameType.RESULT: schema.result,
+    FrameType.ERROR: schema.error, FrameType.CLEAR_OUTPUT: schema.clear_output,
+    FrameType.INPUT_REQUEST: schema.input_request, FrameType.DONE: schema.done,
+    FrameType.COMPLETE_REPLY: schema.complete_reply, FrameType.INSPECT_REPLY: schema.inspect_reply,
+}
+
+
+def decode(ftype: int, data: bytes) -> dict[str, Any]:
+    """A guest frame's payload, decoded and checked against its type's shape (only the fields of
+    that shape are kept). ValueError (schema.SchemaError) for anything else."""
+    check = CHECKS.get(ftype)  # type: ignore[call-overload]
+    if check is None:
+        raise ValueError(f"guest sent a frame of unknown type {ftype}")
+    try:
+        return check(decode_payload(data))
+    except schema.SchemaError as exc:
+        name = FrameType(ftype).name
+        raise ValueError(f"guest sent a malformed {name} frame: {exc}") from None

@@ -35,7 +35,10 @@ from traitlets import List
 
 from . import __version__
 from . import export
+from . import listing
 from . import magics as mg
+from . import outputs
+from . import schema
 from .engine_client import EngineClient, EngineDied
 from .errors import ZerobootError
 from .kernel_config import KernelSettings
@@ -85,9 +88,10 @@ class EngineOwner(threading.Thread):
     watch it (pidfd) and report an unexpected exit.
     """
 
-    def __init__(self, settings: KernelSettings, log: logging.Logger, on_exit: Any) -> None:
+    def __init__(self, settings: KernelSettings, notebook_dir: str, log: logging.Logger, on_exit: Any) -> None:
         super().__init__(name="zeroboot-engine-owner", daemon=True)
         self.settings = settings
+        self.notebook_dir = notebook_dir
         self.log = log
         self.on_exit = on_exit
         self.future: concurrent.futures.Future[EngineClient] = concurrent.futures.Future()
@@ -115,7 +119,8 @@ class EngineOwner(threading.Thread):
                 # path and starts there, so relative paths in the notebook work unchanged.
                 return EngineClient(template=self.settings.template, mode=self.settings.mode,
                                     timeout=self.settings.cell_timeout, checkpoints=self.settings.checkpoints,
-                                    project=os.getcwd(), files=self.settings.files,
+                                    project=self.notebook_dir, files=self.settings.files,
+                                    hidden=self.settings.hidden,
                                     on_log=lambda text: self.log.warning("zeroboot: %s", text))
             except EngineDied as exc:
                 # The process vanished without saying why (a ZerobootError, e.g. no /dev/kvm or a
@@ -162,6 +167,15 @@ class ZerobootKernel(Kernel):
         self.settings = KernelSettings.from_env()
         self.mode = self.settings.mode
         self.cell_timeout = self.settings.cell_timeout
+        self.outputs = self.settings.outputs
+        # The notebook's folder: Jupyter starts a kernel there. The kernel's own writes (export)
+        # land only inside it, and it is computed here, never taken from an engine reply.
+        self.notebook_dir = os.path.realpath(os.getcwd())
+        # opened once: exports walk down from this fd, whatever happens to the folder's path later
+        self._notebook_fd = os.open(self.notebook_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._home_note = home_folder_note(self.notebook_dir, self.settings.hidden)  # said with the first output
+        if self._home_note:
+            self.log.warning("%s", self._home_note.strip())
         self.history = CellHistory()
         # One engine request at a time: EngineClient is not concurrent, and the control channel
         # accepts shell requests too. Interrupts bypass it (EngineClient.interrupt is thread-safe).
@@ -171,7 +185,7 @@ class ZerobootKernel(Kernel):
         self._stop_scheduled = False
         self.fatal: str | None = None         # why the kernel stopped itself
         self._round_trips: deque[float] = deque(maxlen=200)
-        self._owner = EngineOwner(self.settings, self.log, self._on_engine_exit)
+        self._owner = EngineOwner(self.settings, self.notebook_dir, self.log, self._on_engine_exit)
         self._owner.start()
 
     # ---- kernel_info ----------------------------------------------------------------------
@@ -284,6 +298,9 @@ class ZerobootKernel(Kernel):
         try:
             plan = mg.split_cell(code)
             client = await self._client()
+            if self._home_note and not silent:
+                self._publish(parent, "stream", {"name": "stderr", "text": self._home_note})
+                self._home_note = None
             for magic in plan.magics:
                 text = await asyncio.to_thread(self._run_magic, client, magic)
                 if text and not silent:
@@ -328,23 +345,27 @@ class ZerobootKernel(Kernel):
         with self._engine_lock:
             self._executing.set()
             try:
+                # every event was checked by EngineClient.request (schema.check_event): a
+                # malformed one never gets here, and one of another request neither
                 for ev in client.request("execute", code=code, execution_count=count, silent=silent,
                                          store_history=store_history, user_expressions=user_expressions,
                                          allow_stdin=allow_stdin):
-                    kind = ev.get("event")
+                    kind = ev["event"]
                     if kind == "stream":
-                        self._publish(parent, "stream", {"name": ev.get("name", "stdout"), "text": ev.get("text", "")})
+                        self._publish(parent, "stream", {"name": ev["name"], "text": ev["text"]})
                     elif kind in OUTPUT_EVENTS:
-                        content = dict(ev.get("content") or {})
+                        content = ev["content"]
+                        if kind in ("display_data", "update_display_data", "execute_result"):
+                            content = outputs.filter_content(content, self.outputs)
                         if kind == "execute_result":
                             content["execution_count"] = count
                             if entry is not None:
-                                entry.output = (content.get("data") or {}).get("text/plain")
+                                plain = content["data"].get("text/plain")
+                                entry.output = plain if isinstance(plain, str) else None
                         self._publish(parent, kind, content)
                     elif kind == "input_request":
                         try:
-                            value = self._input_request(str(ev.get("prompt", "")), ident, parent,
-                                                        password=bool(ev.get("password")),
+                            value = self._input_request(ev["prompt"], ident, parent, password=ev["password"],
                                                         abandon_fd=client.sock.fileno())
                         except _InputAbandoned:
                             continue  # the engine already answered the guest (interrupt)
@@ -352,21 +373,21 @@ class ZerobootKernel(Kernel):
                     elif kind == "reply":
                         reply_event = ev  # the last one yielded is this request's
                     elif kind == "log":
-                        self.log.info("zeroboot: %s", ev.get("text"))
+                        self.log.info("zeroboot: %s", ev["text"])
             finally:
                 self._executing.clear()
         if reply_event is None:
             raise EngineDied("the engine ended the cell without a reply")
-        content = dict(reply_event.get("content") or {})
-        content.pop("id", None)
+        try:
+            content = schema.execute_reply(reply_event["content"])
+        except schema.SchemaError as exc:
+            self.log.error("zeroboot: malformed execute reply from the engine: %s", exc)
+            content = {"status": "error", "ename": "SandboxError", "traceback": [], "user_expressions": {},
+                       "payload": [], "evalue": f"the cell's reply was malformed ({exc})"}
         content["execution_count"] = count
-        content.setdefault("status", "error")
-        content.setdefault("user_expressions", {})
-        content.setdefault("payload", [])
-        if content["status"] == "error":
-            content.setdefault("ename", "UnknownError")
-            content.setdefault("evalue", "")
-            content.setdefault("traceback", [])
+        for p in content["payload"]:  # the pager's data bundle is rendered by the frontend too
+            if isinstance(p.get("data"), dict):
+                p["data"] = outputs.filter_bundle(p["data"], self.outputs)
         return content
 
     # ---- kernel magics --------------------------------------------------------------------
@@ -414,23 +435,52 @@ class ZerobootKernel(Kernel):
                     return f"{files.get('directory')}: {files.get('mode')} (change with `%sandbox files MODE`)\n"
                 return str(self._call(client, "files", mode=magic.arg).get("text", "")) + "\n"
             if sub == "diff":
-                stats = self._call(client, "stats").get("stats") or {}
-                return mg.format_diff(self._call(client, "diff").get("changes") or [],
-                                      (stats.get("files") or {}).get("directory"))
+                got = self._call(client, "diff")
+                more = got.get("more")
+                return mg.format_diff(self._checked_changes(got.get("changes")), self.notebook_dir,
+                                      more if type(more) is int and more > 0 else 0)
             if sub == "export":
-                # the engine reads what the sandbox sees; the kernel writes it, inside the folder
-                got = self._call(client, "export_read", path=magic.arg)
-                try:
-                    written = export.write(export.from_wire(got.get("items") or []), magic.dest or magic.arg, got["root"])
-                except (OSError, ZerobootError) as exc:
-                    raise _MagicFailed(type(exc).__name__, f"export of {magic.arg} failed: {exc}") from None
-                return f"exported {magic.arg}: {len(written)} file(s) written to the host\n" + \
-                    "".join(f"  {path}\n" for path in written)
+                return self._export(client, magic.arg or "", magic.dest)
+            if sub == "outputs":
+                if magic.arg is not None:
+                    self.outputs = magic.arg
+                return {"trusted": "outputs: trusted (HTML and JavaScript from cells reach the browser as they are)\n",
+                        "safe": "outputs: safe (JavaScript dropped; HTML and Markdown sanitised)\n"}[self.outputs]
             if sub == "reset":
                 self._call(client, "restart")
                 return ("the sandbox is back to the clean template state; every checkpoint was dropped "
                         f"({self.mode} mode)\n")
         raise mg.MagicUsageError(f"unhandled %sandbox subcommand {magic!r}")
+
+    @staticmethod
+    def _checked_changes(changes: Any) -> list[list[str]]:
+        """The engine's diff, checked: a list of [tag, relative path] pairs."""
+        if not isinstance(changes, list) or not all(
+                isinstance(c, list) and len(c) == 2 and c[0] in listing.TAGS.values() and isinstance(c[1], str)
+                for c in changes):
+            raise _MagicFailed("SandboxError", "malformed list of changes from the engine")
+        return changes
+
+    def _export(self, client: EngineClient, path: str, dest: str | None) -> str:
+        """%sandbox export: the engine lists the tree and reads it in chunks; the kernel checks
+        both and writes inside the notebook's folder (export.write). Worker thread, engine lock held."""
+        if dest is None:
+            # an absolute guest path outside the folder (/tmp/out) lands under its own name
+            inside = os.path.isabs(path) and os.path.commonpath([self.notebook_dir, os.path.normpath(path)]) == \
+                self.notebook_dir
+            dest = path if not os.path.isabs(path) or inside else os.path.basename(os.path.normpath(path))
+
+        def read(parts: tuple[str, ...], offset: int, size: int) -> bytes:
+            got = self._call(client, "export_chunk", path=path, parts=list(parts), offset=offset, size=size)
+            return export.chunk_from_wire(got, size)
+
+        try:
+            entries = export.plan_from_wire(self._call(client, "export_list", path=path).get("entries"))
+            report = export.write(entries, read, dest, self.notebook_dir, self._notebook_fd)
+        except (OSError, ZerobootError) as exc:
+            raise _MagicFailed(type(exc).__name__,
+                               f"export of {listing.printable(path)} failed: {listing.printable(str(exc))}") from None
+        return export.format_report(path, report)
 
     def _timeout_text(self) -> str:
         return f"{self.cell_timeout:g} s" if self.cell_timeout else "none"
@@ -549,8 +599,10 @@ class ZerobootKernel(Kernel):
                          omit_sections: Any = ()) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         content = await self._side_request("inspect", code=code, cursor_pos=cursor_pos, detail_level=detail_level) or {}
-        return {"status": "ok", "found": bool(content.get("found")), "data": content.get("data") or {},
-                "metadata": content.get("metadata") or {}}
+        data = content.get("data")
+        return {"status": "ok", "found": bool(content.get("found")),
+                "data": outputs.filter_bundle(data, self.outputs) if isinstance(data, dict) else {},
+                "metadata": content.get("metadata") if isinstance(content.get("metadata"), dict) else {}}
 
     async def do_is_complete(self, code: str) -> dict[str, Any]:  # type: ignore[override]
         # IPython's rules in the kernel process: no need to ask the guest, and instant.
@@ -566,6 +618,28 @@ class ZerobootKernel(Kernel):
                          **_: Any) -> dict[str, Any]:
         return self.history.reply(hist_access_type, output=output, session=session, start=start, stop=stop,
                                   n=n, pattern=pattern, unique=unique)
+
+
+def home_directories() -> set[str]:
+    """The home directories of this machine's users (and $HOME), resolved."""
+    homes = {os.path.expanduser("~")}
+    try:
+        import pwd
+        homes.update(p.pw_dir for p in pwd.getpwall() if p.pw_dir not in ("", "/"))
+    except (ImportError, KeyError):
+        pass
+    return {os.path.realpath(h) for h in homes if h}
+
+
+def home_folder_note(notebook_dir: str, hidden: tuple[str, ...]) -> str | None:
+    """What the kernel says when the notebook's folder is a home directory: the sandbox sees all
+    of it (Jupyter started from ~), less the hidden credential paths."""
+    if notebook_dir not in home_directories():
+        return None
+    shown = ", ".join(hidden[:8]) + (", ..." if len(hidden) > 8 else "") if hidden else "nothing"
+    return (f"[zeroboot] The notebook's folder {notebook_dir} is a home directory: cells can read every file "
+            f"in it except the hidden credential files and histories ({shown}; ZEROBOOT_HIDE in the "
+            f"kernelspec's env changes the list). Start Jupyter from a project folder to show cells less.\n")
 
 
 def _exit_watchdog(seconds: float, code: int) -> None:

@@ -5,6 +5,10 @@
     ZEROBOOT_CELL_TIMEOUT  seconds a cell may run, 0 or empty for no limit
     ZEROBOOT_CHECKPOINTS   how many checkpoints %rewind can go back to (default 20)
     ZEROBOOT_FILES         how the notebook's folder is seen: overlay (default), readonly, readwrite
+    ZEROBOOT_HIDE          paths in the notebook's folder the sandbox does not see, ':'-separated,
+                           relative to the folder; "none" hides nothing; default: DEFAULT_HIDDEN
+    ZEROBOOT_OUTPUTS       trusted (default) or safe: what rich outputs may do in the browser
+                           (outputs.py; the isolated kernelspec sets safe)
 """
 from __future__ import annotations
 
@@ -18,6 +22,16 @@ from .errors import ZerobootError
 
 MODES = ("chained", "isolated")
 FILES_MODES = ("overlay", "readonly", "readwrite")
+OUTPUT_POLICIES = ("trusted", "safe")
+# Credentials and histories that sit in a home directory: when the notebook's folder is a home
+# (Jupyter started from ~), untrusted cell code should not read them (docs/SECURITY.md).
+DEFAULT_HIDDEN = (
+    ".ssh", ".gnupg", ".aws", ".azure", ".config/gcloud", ".kube", ".docker", ".netrc",
+    ".git-credentials", ".config/git/credentials", ".config/gh", ".pypirc", ".npmrc", ".pgpass", ".my.cnf",
+    ".password-store", ".vault-token", ".terraform.d", ".jupyter", ".local/share/jupyter/runtime",
+    ".bash_history", ".zsh_history", ".python_history", ".psql_history", ".mysql_history",
+    ".sqlite_history", ".node_repl_history", ".lesshst", ".local/share/fish/fish_history",
+)
 _TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # a directory name in the template cache
 
 
@@ -32,6 +46,8 @@ class KernelSettings:
     cell_timeout: float | None = None
     checkpoints: int = 20
     files: str = "overlay"
+    outputs: str = "trusted"
+    hidden: tuple[str, ...] = DEFAULT_HIDDEN
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> KernelSettings:
@@ -58,4 +74,19 @@ class KernelSettings:
         files = (env.get("ZEROBOOT_FILES") or "overlay").strip().lower()
         if files not in FILES_MODES:
             raise KernelConfigError(f"ZEROBOOT_FILES={env.get('ZEROBOOT_FILES')!r}: use overlay, readonly or readwrite")
-        return cls(mode=mode, template=template, cell_timeout=timeout or None, checkpoints=int(raw_keep), files=files)
+        outputs = (env.get("ZEROBOOT_OUTPUTS") or "trusted").strip().lower()
+        if outputs not in OUTPUT_POLICIES:
+            raise KernelConfigError(f"ZEROBOOT_OUTPUTS={env.get('ZEROBOOT_OUTPUTS')!r}: use trusted or safe")
+        raw_hide = env.get("ZEROBOOT_HIDE")
+        if raw_hide is None:
+            hidden = DEFAULT_HIDDEN
+        elif raw_hide.strip().lower() == "none":
+            hidden = ()
+        else:
+            hidden = tuple(p.strip().strip("/") for p in raw_hide.split(":") if p.strip().strip("/"))
+            bad = [p for p in hidden if ".." in p.split("/") or "\n" in p or "\0" in p]
+            if bad:
+                raise KernelConfigError(f"ZEROBOOT_HIDE: {bad[0]!r} is not a path inside the notebook's folder "
+                                        f"(give ':'-separated relative paths, or none)")
+        return cls(mode=mode, template=template, cell_timeout=timeout or None, checkpoints=int(raw_keep), files=files,
+                   outputs=outputs, hidden=hidden)

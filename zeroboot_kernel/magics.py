@@ -13,6 +13,7 @@ the cell (if any) goes to the guest. A cell that is only magics never touches th
     %sandbox files [overlay|readonly|readwrite]  how the notebook's folder is seen
     %sandbox diff                        what the sandbox changed in the notebook's folder
     %sandbox export PATH [DEST]          copy a file or folder from the sandbox to the host folder
+    %sandbox outputs [trusted|safe]      show or set what rich outputs may do in the browser
     %sandbox help                        this text
 """
 from __future__ import annotations
@@ -24,10 +25,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Union
 
+from .listing import printable
+
 MAGIC_NAMES = ("rewind", "sandbox")
 MODES = ("chained", "isolated")
-SUBCOMMANDS = ("mode", "checkpoints", "stats", "timeout", "reset", "files", "diff", "export", "help")
+SUBCOMMANDS = ("mode", "checkpoints", "stats", "timeout", "reset", "files", "diff", "export", "outputs", "help")
 FILES_MODES = ("overlay", "readonly", "readwrite")
+OUTPUT_POLICIES = ("trusted", "safe")
 
 HELP = """\
 zeroboot kernel magics (run by the kernel, before the rest of the cell goes to the sandbox):
@@ -46,6 +50,10 @@ zeroboot kernel magics (run by the kernel, before the rest of the cell goes to t
                                        readwrite  writes go to the host folder (trusted notebooks)
   %sandbox diff                      what the sandbox created (A), changed (M), deleted (D) there
   %sandbox export PATH [DEST]        copy PATH as the sandbox sees it into the host folder
+                                     (regular files and folders; symlinks are not followed)
+  %sandbox outputs [POLICY]          show or set what rich outputs may do in the browser:
+                                       trusted    as the cell made them (HTML, JavaScript)
+                                       safe       no JavaScript; HTML and Markdown sanitised
   %sandbox help                      this text
 
 A cell that crashes, runs past its time limit or ignores an interrupt is rolled back: it costs
@@ -184,6 +192,10 @@ def _parse_sandbox(args: list[str]) -> SandboxCommand:
         if len(params) > 1 or (params and params[0] not in FILES_MODES):
             raise MagicUsageError(f"usage: %sandbox files [overlay|readonly|readwrite] (got: {' '.join(params)})")
         return SandboxCommand("files", params[0] if params else None)
+    if sub == "outputs":
+        if len(params) > 1 or (params and params[0] not in OUTPUT_POLICIES):
+            raise MagicUsageError(f"usage: %sandbox outputs [trusted|safe] (got: {' '.join(params)})")
+        return SandboxCommand("outputs", params[0] if params else None)
     if sub == "export":
         if not 1 <= len(params) <= 2:
             raise MagicUsageError("usage: %sandbox export PATH [DEST] (paths relative to the notebook's folder)")
@@ -210,12 +222,16 @@ def format_checkpoints(rows: list[dict[str, Any]], mode: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_diff(changes: list[list[str]], directory: str | None) -> str:
+def format_diff(changes: list[list[str]], directory: str | None, more: int = 0) -> str:
+    """The changes as lines; guest names are escaped (listing.printable), so a name holding a
+    newline or a terminal escape shows as such instead of forging lines."""
     if not changes:
         return f"no changes to {directory or 'the notebook folder'} in the sandbox\n"
-    labels = {"A": "created", "M": "changed", "D": "deleted"}
+    labels = {"A": "created", "M": "changed", "D": "deleted", "!": "nested too deep: contents not listed"}
     lines = [f"changes in the sandbox to {directory} (the host folder is untouched; %sandbox export copies):"]
-    lines += [f"  {tag} {path}   ({labels.get(tag, tag)})" for tag, path in changes]
+    lines += [f"  {tag} {printable(path)}   ({labels.get(tag, tag)})" for tag, path in changes]
+    if more:
+        lines.append(f"  ... and {more} more")
     return "\n".join(lines) + "\n"
 
 

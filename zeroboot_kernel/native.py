@@ -18,10 +18,14 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from . import listing
 from .errors import KvmUnavailableError, SandboxError
 from .guest_view import GuestSpec
 
 log = logging.getLogger(__name__)
+
+MAX_LISTING = 64 << 20   # one directory listing or diff from the engine
+READ_CHUNK = 1 << 20     # one read of a guest file for the host side
 
 try:
     from ._native import ffi, lib
@@ -231,52 +235,72 @@ class Guest:
         if lib.zb_sandbox_set_project_mode(self.handle, host_dir.encode(), self._mode(mode), err) < 0:
             raise SandboxError(_text(err))
 
+    def project_hide(self, host_dir: str, paths: list[str]) -> None:
+        """Hide paths of the mounted project (relative to it) from the guest, in every mode."""
+        for p in paths:
+            if not p or p.startswith("/") or "\n" in p or "\0" in p or ".." in p.split("/"):
+                raise SandboxError(f"cannot hide {p!r}: give a path relative to the notebook's folder")
+        err = _err()
+        text = "\n".join(p.strip("/") for p in paths).encode()
+        if lib.zb_sandbox_project_hide(self.handle, host_dir.encode(), text, err) < 0:
+            raise SandboxError(_text(err))
+
     def _mode(self, mode: str) -> int:
         if mode not in self.PROJECT_MODES:
             raise SandboxError(f"unknown files mode {mode!r}: use one of {', '.join(self.PROJECT_MODES)}")
         return int(self.PROJECT_MODES[mode])
 
+    def _records(self, fn: Any, guest_path: str, limit: int, what: str) -> tuple[bytes | None, str]:
+        """Call a zb_sandbox_* function that fills a buffer with binary records and returns the
+        bytes needed; grows the buffer (up to limit). (records, "") or (None, its error)."""
+        err = _err()
+        size = 65536
+        while True:
+            buf = ffi.new("char[]", size)
+            n = fn(self.handle, guest_path.encode("utf-8", "surrogateescape"), buf, size, err)
+            if n < 0:
+                return None, _text(err)
+            if n <= size:
+                return bytes(ffi.buffer(buf, n)), ""
+            if n > limit:
+                raise SandboxError(f"{guest_path}: {what} larger than {limit >> 20} MiB")
+            size = n
+
     def project_diff(self, host_dir: str) -> list[tuple[str, str]]:
-        """What the overlay changed under host_dir: [("A"|"M"|"D", relative path), ...]."""
-        err = _err()
-        size = 65536
-        while True:
-            buf = ffi.new("char[]", size)
-            n = lib.zb_sandbox_project_diff(self.handle, host_dir.encode(), buf, size, err)
-            if n < 0:
-                raise SandboxError(_text(err))
-            if n < size:
-                text = ffi.string(buf).decode(errors="replace")
-                return [tuple(line.split("\t", 1)) for line in text.splitlines() if "\t" in line]  # type: ignore[misc]
-            size = n + 1
+        """What the overlay changed under host_dir: [(tag, relative path), ...] with tags
+        listing.CREATED, CHANGED, DELETED, or TOO_DEEP (a directory whose contents are not listed)."""
+        data, error = self._records(lib.zb_sandbox_project_diff, host_dir, MAX_LISTING, "the list of changes is")
+        if data is None:
+            raise SandboxError(error)
+        return listing.decode_diff(data)
 
-    def read_file(self, guest_path: str) -> bytes:
-        """A regular file's content as the guest sees it (overlay edits included)."""
+    def read_chunk(self, guest_path: str, offset: int, size: int) -> bytes:
+        """Up to `size` bytes (at most READ_CHUNK) of a regular file at offset, as the guest sees
+        it (overlay edits included; a symlink is not followed). b"" at its end."""
+        size = max(0, min(size, READ_CHUNK))
         err = _err()
-        chunk = ffi.new("char[]", 1 << 20)
-        out = bytearray()
-        while True:
-            n = lib.zb_sandbox_read_file(self.handle, guest_path.encode(), len(out), chunk, 1 << 20, err)
-            if n < 0:
-                raise SandboxError(_text(err))
-            if n == 0:
-                return bytes(out)
-            out += ffi.buffer(chunk, n)
+        buf = ffi.new("char[]", max(size, 1))
+        n = lib.zb_sandbox_read_file(self.handle, guest_path.encode("utf-8", "surrogateescape"), offset, buf, size, err)
+        if n < 0:
+            raise SandboxError(_text(err))
+        return bytes(ffi.buffer(buf, min(n, size)))
 
-    def list_dir(self, guest_path: str) -> list[tuple[str, str]] | None:
-        """(kind, name) of a directory's entries as the guest sees them (kind d, f or l), or None
-        when guest_path is not a directory."""
-        err = _err()
-        size = 65536
-        while True:
-            buf = ffi.new("char[]", size)
-            n = lib.zb_sandbox_list_dir(self.handle, guest_path.encode(), buf, size, err)
-            if n < 0:
-                return None
-            if n < size:
-                text = ffi.string(buf).decode(errors="surrogateescape")
-                return [(line[0], line[2:]) for line in text.splitlines() if len(line) > 2]
-            size = n + 1
+    def stat_entry(self, guest_path: str) -> listing.Entry | None:
+        """guest_path itself as a listing entry (its last component not followed), or None if
+        it does not exist."""
+        data, _ = self._records(lib.zb_sandbox_guest_stat, guest_path, 4096, "a stat record is")
+        if data is None:
+            return None
+        entries = listing.decode_entries(data)
+        if len(entries) != 1:
+            raise listing.ListingError(f"{guest_path}: malformed stat record from the engine")
+        return entries[0]
+
+    def list_dir(self, guest_path: str) -> list[listing.Entry] | None:
+        """A directory's entries as the guest sees them (symlinks reported, never followed), or
+        None when guest_path is not a directory."""
+        data, _ = self._records(lib.zb_sandbox_list_dir, guest_path, MAX_LISTING, "the directory listing is")
+        return None if data is None else listing.decode_entries(data)
 
     def chdir(self, guest_path: str) -> None:
         err = _err()

@@ -163,8 +163,8 @@ class Sandbox:
             if self._interrupt.is_set() and ev.kind is not EventKind.KICK:
                 self.guest.kick()  # an interrupt noticed by poll(): act on it at the next run
             if ev.kind is EventKind.FRAME:
-                try:
-                    payload = frames.decode_payload(ev.data)
+                try:  # checked against its type's shape: user code can write frames too
+                    payload = frames.decode(ev.frame_type, ev.data)
                 except ValueError as exc:
                     raise self._break(SandboxError(str(exc)))
                 done = run.frame(ev.frame_type, payload, self)

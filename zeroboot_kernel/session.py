@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from . import export
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
+from .guest_view import GUEST_HOME
 from .native import Snapshot
 from .sandbox import InputCallback, MessageCallback, StreamCallback
 from .template import Template
@@ -37,12 +38,14 @@ class Checkpoint:
 
 
 FILES_MODES = ("overlay", "readonly", "readwrite")
+# Directories the guest has of its own (guest_view.GuestSpec.overlay_dirs): no notebook folder there.
+GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME)
 
 
 class Session:
     def __init__(self, template: Template, *, mode: str = "chained", keep: int = 20,
                  timeout: float | None = None, interrupt_grace: float = 2.0,
-                 project_dir: str | None = None, files: str = "overlay") -> None:
+                 project_dir: str | None = None, files: str = "overlay", hidden: tuple[str, ...] = ()) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if files not in FILES_MODES:
@@ -57,8 +60,15 @@ class Session:
         self.host_writes_allowed = True  # False once the engine process is locked down (run phase)
         self.sandbox = template.fork()
         if self.project_dir:
-            # the notebook's folder at its own path, and the cell's working directory
+            if self.project_dir in GUEST_PRIVATE_DIRS:
+                raise SandboxError(
+                    f"the notebook's folder is {self.project_dir}, where the sandbox keeps its own private "
+                    f"{self.project_dir}: the notebook's files cannot be shown there. Move the notebook into a "
+                    f"folder of its own (for example {self.project_dir.rstrip('/')}/work/) and open it from there")
+            # the notebook's folder at its own path, and the cell's working directory; credentials
+            # and histories in it (a home folder) hidden
             self.sandbox.guest.mount_project(self.project_dir, files)
+            self.sandbox.guest.project_hide(self.project_dir, list(hidden))
             self.sandbox.guest.chdir(self.project_dir)
         # what "a fresh sandbox" means for this session: the template plus the notebook's folder
         self.clean = self.sandbox.snapshot()
@@ -96,6 +106,10 @@ class Session:
                 reply.update({k: r.error.get(k) for k in ("ename", "evalue", "traceback")})
         except (SandboxCrashed, SandboxTimeout, SandboxMemoryError, SandboxError) as exc:
             reply = self._rollback(exc, checkpoint, execution_count, on_message)
+        except Exception as exc:  # noqa: BLE001 - a host-side failure mid-cell: the guest is mid-request
+            log.exception("cell %d failed on the host side; rolling the sandbox back", execution_count)
+            reply = self._rollback(SandboxError(f"the host failed while serving this cell ({type(exc).__name__}: "
+                                                f"{str(exc)[:300]})."), checkpoint, execution_count, on_message)
         self.cells_run += 1
         self.timings.append({"checkpoint_ms": checkpoint_ms if checkpoint_ms is not None else (t1 - t0) * 1e3,
                              "execute_ms": (time.perf_counter() - t1) * 1e3})
@@ -253,19 +267,27 @@ class Session:
                 "readwrite": f"{directory}: writes go to the host (inside this folder only)"}[files]
 
     def diff(self) -> list[tuple[str, str]]:
-        """What the sandbox created (A), changed (M) or deleted (D) in the notebook's folder."""
+        """What the sandbox created (A), changed (M) or deleted (D) in the notebook's folder
+        (tags of zeroboot_kernel.listing; "!" marks a directory too deep to list)."""
         return self.sandbox.guest.project_diff(self._need_project())
 
-    def export_items(self, path: str) -> list[export.ExportItem]:
-        """What %sandbox export PATH would write: the file or tree at PATH as the sandbox sees it."""
-        directory = self._need_project()
-        return export.collect(self.sandbox.guest, path if os.path.isabs(path) else os.path.join(directory, path))
+    def _export_source(self, path: str) -> str:
+        return path if os.path.isabs(path) else os.path.join(self._need_project(), path)
+
+    def export_plan(self, path: str) -> list[export.PlanEntry]:
+        """What %sandbox export PATH would write: the tree at PATH as the sandbox sees it, with
+        file sizes (export.plan); the data is read in chunks with export_chunk."""
+        return export.plan(self.sandbox.guest, self._export_source(path))
+
+    def export_chunk(self, path: str, parts: tuple[str, ...], offset: int, size: int) -> bytes:
+        return export.read_chunk(self.sandbox.guest, self._export_source(path), parts, offset, size)
 
     def export(self, path: str, dest: str | None = None) -> str:
         """Copy a file or folder as the sandbox sees it into the notebook's folder on the host
         (in-process use; the kernel writes on its side with export.write)."""
-        written = export.write(self.export_items(path), dest or path, self._need_project())
-        return f"exported {path}: {len(written)} file(s) written"
+        report = export.write(self.export_plan(path), lambda parts, off, n: self.export_chunk(path, parts, off, n),
+                              dest or path, self._need_project())
+        return export.format_report(path, report)
 
     # ---- reporting ----
     def describe_checkpoints(self) -> list[dict[str, Any]]:

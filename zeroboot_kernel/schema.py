@@ -1,0 +1,238 @@
+"""Checks of values that come from the guest, before anything on the host uses them.
+
+User code in a cell can write frames in the agent's place (docs/SECURITY.md), so every frame
+payload is checked against the shape the agent sends (docs/PROTOCOL.md): types, sizes, depth.
+The engine checks guest frames (frames.decode); the kernel checks the engine's events and
+replies again (check_event, check_reply), since they carry guest data through a second parser.
+A value that fails raises SchemaError (a ValueError): the caller turns it into an error of that
+cell or request, never an exception of the kernel.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+MAX_DEPTH = 64                 # nesting of JSON containers in one payload
+MAX_MIME_TYPES = 64            # entries of one display data bundle
+MAX_TRACEBACK = 10_000         # lines of one traceback
+MAX_MATCHES = 100_000          # completion matches
+MAX_PAYLOADS = 64
+MIME_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}$")
+PAYLOAD_SOURCES = ("page", "set_next_input", "edit_magic")
+
+
+class SchemaError(ValueError):
+    """A value from the guest (or the engine) does not have the expected shape."""
+
+
+def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """True if `value` (decoded JSON) nests at most `limit` containers deep. Iterative: the
+    value's depth is the guest's choice."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            if d > limit:
+                return False
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            if d > limit:
+                return False
+            stack.extend((x, d + 1) for x in v)
+    return True
+
+
+def check_depth(value: Any, what: str = "value") -> Any:
+    if not depth_ok(value):
+        raise SchemaError(f"{what} nests more than {MAX_DEPTH} levels deep")
+    return value
+
+
+# ---- primitives ----
+
+def _str(p: dict[str, Any], key: str, default: str | None = None) -> str:
+    v = p.get(key, default)
+    if not isinstance(v, str):
+        raise SchemaError(f"{key!r} must be a string")
+    return v
+
+
+def _bool(p: dict[str, Any], key: str, default: bool = False) -> bool:
+    v = p.get(key, default)
+    if not isinstance(v, bool):
+        raise SchemaError(f"{key!r} must be true or false")
+    return v
+
+
+def _int(p: dict[str, Any], key: str, default: int | None = None, *, optional: bool = False) -> int | None:
+    v = p.get(key, default)
+    if v is None and optional:
+        return None
+    if type(v) is not int or not -(2**63) <= v < 2**63:
+        raise SchemaError(f"{key!r} must be an integer")
+    return v
+
+
+def _obj(p: dict[str, Any], key: str) -> dict[str, Any]:
+    v = p.get(key, {})
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise SchemaError(f"{key!r} must be an object")
+    return v
+
+
+def _strings(p: dict[str, Any], key: str, limit: int) -> list[str]:
+    v = p.get(key, [])
+    if v is None:
+        return []
+    if not isinstance(v, list) or len(v) > limit or not all(isinstance(x, str) for x in v):
+        raise SchemaError(f"{key!r} must be a list of at most {limit} strings")
+    return v
+
+
+def mime_bundle(p: dict[str, Any], key: str = "data") -> dict[str, Any]:
+    """A display data bundle: MIME type -> a string, or JSON (for JSON-based MIME types)."""
+    data = _obj(p, key)
+    if len(data) > MAX_MIME_TYPES:
+        raise SchemaError(f"{key!r} holds more than {MAX_MIME_TYPES} MIME types")
+    for mime, value in data.items():
+        if not MIME_TYPE.match(mime):
+            raise SchemaError(f"{key!r} has a key that is not a MIME type: {mime[:80]!r}")
+        if not isinstance(value, str) and "json" not in mime.lower():  # JSON types: any JSON value
+            raise SchemaError(f"{key!r}[{mime!r}] must be a string")
+    return data
+
+
+def _metadata(p: dict[str, Any]) -> dict[str, Any]:
+    md = _obj(p, "metadata")
+    if not all(isinstance(k, str) for k in md):
+        raise SchemaError("'metadata' keys must be strings")
+    return md
+
+
+def _transient(p: dict[str, Any]) -> dict[str, Any]:
+    t = _obj(p, "transient")
+    if "display_id" in t and not isinstance(t["display_id"], str):
+        raise SchemaError("'transient.display_id' must be a string")
+    return {"display_id": t["display_id"]} if "display_id" in t else {}
+
+
+def error_fields(p: dict[str, Any]) -> dict[str, Any]:
+    return {"ename": _str(p, "ename", "Error"), "evalue": _str(p, "evalue", ""),
+            "traceback": _strings(p, "traceback", MAX_TRACEBACK)}
+
+
+def user_expressions(p: dict[str, Any]) -> dict[str, Any]:
+    ue = _obj(p, "user_expressions")
+    out: dict[str, Any] = {}
+    for name, value in ue.items():
+        if not isinstance(value, dict):
+            raise SchemaError("'user_expressions' values must be objects")
+        status = _str(value, "status", "error")
+        if status == "ok":
+            out[name] = {"status": "ok", "data": mime_bundle(value), "metadata": _metadata(value)}
+        else:
+            out[name] = {"status": "error", **error_fields(value)}
+    return out
+
+
+def payloads(p: dict[str, Any]) -> list[dict[str, Any]]:
+    """execute_reply payloads: only the kinds IPython sends that a guest may ask the frontend for."""
+    v = p.get("payload", [])
+    if v is None:
+        return []
+    if not isinstance(v, list) or len(v) > MAX_PAYLOADS or not all(isinstance(x, dict) for x in v):
+        raise SchemaError("'payload' must be a list of objects")
+    return [x for x in v if x.get("source") in PAYLOAD_SOURCES]
+
+
+# ---- guest frames (by type; see frames.FrameType) ----
+
+def stream(p: dict[str, Any]) -> dict[str, Any]:
+    name = _str(p, "name", "stdout")
+    if name not in ("stdout", "stderr"):
+        raise SchemaError("'name' must be stdout or stderr")
+    return {"name": name, "text": _str(p, "text", "")}
+
+
+def display(p: dict[str, Any]) -> dict[str, Any]:
+    return {"data": mime_bundle(p), "metadata": _metadata(p), "transient": _transient(p),
+            "update": _bool(p, "update")}
+
+
+def result(p: dict[str, Any]) -> dict[str, Any]:
+    return {"data": mime_bundle(p), "metadata": _metadata(p),
+            "execution_count": _int(p, "execution_count", None, optional=True)}
+
+
+def error(p: dict[str, Any]) -> dict[str, Any]:
+    return error_fields(p)
+
+
+def clear_output(p: dict[str, Any]) -> dict[str, Any]:
+    return {"wait": _bool(p, "wait")}
+
+
+def input_request(p: dict[str, Any]) -> dict[str, Any]:
+    return {"prompt": _str(p, "prompt", ""), "password": _bool(p, "password")}
+
+
+def done(p: dict[str, Any]) -> dict[str, Any]:
+    """The agent's execute_reply: only the fields of an execute_reply, checked."""
+    status = _str(p, "status", "error")
+    out: dict[str, Any] = {"id": _int(p, "id"), "status": "ok" if status == "ok" else "error",
+                           "execution_count": _int(p, "execution_count", None, optional=True),
+                           "user_expressions": user_expressions(p), "payload": payloads(p)}
+    if out["status"] == "error":
+        out.update(error_fields(p))
+    return out
+
+
+def complete_reply(p: dict[str, Any]) -> dict[str, Any]:
+    return {"id": _int(p, "id"), "status": "ok", "matches": _strings(p, "matches", MAX_MATCHES),
+            "cursor_start": _int(p, "cursor_start", 0), "cursor_end": _int(p, "cursor_end", 0),
+            "metadata": _metadata(p)}
+
+
+def inspect_reply(p: dict[str, Any]) -> dict[str, Any]:
+    return {"id": _int(p, "id"), "status": "ok", "found": _bool(p, "found"), "data": mime_bundle(p),
+            "metadata": _metadata(p)}
+
+
+# ---- the engine's events and replies, as the kernel receives them ----
+
+OUTPUT_EVENTS = {"display_data": display, "update_display_data": display, "execute_result": result,
+                 "error": error, "clear_output": clear_output}
+
+
+def check_event(ev: dict[str, Any]) -> dict[str, Any]:
+    """An engine event of a running request, checked: {"event": kind, ...fields}."""
+    kind = ev.get("event")
+    if not isinstance(kind, str):
+        raise SchemaError("an engine event without a kind")
+    if kind == "stream":
+        return {"event": kind, **stream(ev)}
+    if kind in OUTPUT_EVENTS:
+        content = OUTPUT_EVENTS[kind](_obj(ev, "content"))
+        if kind in ("display_data", "update_display_data"):
+            content.pop("update", None)
+        if kind == "execute_result":
+            content.pop("execution_count", None)  # the kernel's own count goes in
+        return {"event": kind, "content": content}
+    if kind == "input_request":
+        return {"event": kind, **input_request(ev)}
+    if kind == "log":
+        return {"event": kind, "text": _str(ev, "text", "")}
+    raise SchemaError(f"unknown engine event {str(kind)[:40]!r}")
+
+
+def execute_reply(content: dict[str, Any]) -> dict[str, Any]:
+    """The engine's reply to an execute request, checked (status, user_expressions, payload,
+    and the error fields)."""
+    status = _str(content, "status", "error")
+    out: dict[str, Any] = {"status": "ok" if status == "ok" else "error",
+                           "user_expressions": user_expressions(content), "payload": payloads(content)}
+    if out["status"] == "error":
+        out.update(error_fields(content))
+    return out
