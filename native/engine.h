@@ -244,6 +244,9 @@ typedef struct zb_process {
     uint64_t tid_address;
     unsigned umask;
     int exit_status;
+    uint64_t cpu_ns;         /* CPU time the guest has used (its runs' wall time), as the guest reads it
+                                (clock_gettime CPU clocks, getrusage, times, sysinfo): part of the state a
+                                snapshot restores, so an isolated cell never learns how long another ran */
 } zb_process;
 
 /* ---- the sandbox ---- */
@@ -333,6 +336,9 @@ int zb_elf_exec(zb_sandbox *sb, const char *exe_guest_path, const char *const *a
                 const char *const *envp, char *err);
 uint64_t zb_vdso_load(zb_sandbox *sb, char *err);
 void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm);
+
+/* The guest's CPU time in ns: proc.cpu_ns plus the run under way (run_loop.c). */
+uint64_t zb_guest_cpu_ns(const zb_sandbox *sb);
 
 /* ---- sandboxes (sandbox.c) ---- */
 zb_sandbox *zb_sandbox_alloc(zb_engine *e, char *err);

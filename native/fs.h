@@ -144,6 +144,10 @@ int zb_mnode_path(const zb_mnode *m, char *buf, size_t cap);
 int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags, int empty_ok, zb_resolved *r);
 
 /* fs_project.c: a host directory seen read-only, through a private overlay, or read-write */
+/* The mode bits a guest may give what it creates on the host (read-write projects): permissions
+ * only, never S_ISUID, S_ISGID or S_ISVTX (a setuid file the host's user could be tricked into
+ * running). Host chmod is not offered at all (EOPNOTSUPP). */
+#define ZB_HOST_MODE_BITS 0777u
 int zb_fs_mount_project(zb_fs *fs, const char *host_dir, int mode, char *err);
 int zb_fs_set_project_mode(zb_fs *fs, const char *host_dir, int mode, char *err);
 zb_loc zb_proj_root_loc(zb_sandbox *sb, zb_mnode *m);

@@ -148,9 +148,12 @@ int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode) {
     char rel[PATH_MAX];
     int root = zb_proj_host_path(r, rel, sizeof rel);
     if (root < 0) return root;
-    /* O_NONBLOCK: opening a FIFO for writing would otherwise wait for a reader (zb_host_open) */
+    /* O_NONBLOCK: opening a FIFO for writing would otherwise wait for a reader (zb_host_open).
+     * The mode keeps permission bits only: a guest never creates a setuid, setgid or sticky file
+     * on the host (ZB_HOST_MODE_BITS). */
     struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY),
-                           .mode = (flags & O_CREAT) ? mode : 0, .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
+                           .mode = (flags & O_CREAT) ? (mode & ZB_HOST_MODE_BITS) : 0,
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
     int fd = (int)syscall(SYS_openat2, root, rel, &how, sizeof how);
     return fd < 0 ? -errno : zb_host_fd_ordinary(fd);
 }

@@ -207,7 +207,9 @@ static long on_host(const zb_resolved *r, long (*fn)(int pfd, const char *name, 
     return rc;
 }
 
-static long host_mkdir(int pfd, const char *name, const void *mode) { return mkdirat(pfd, name, *(const mode_t *)mode) < 0 ? -errno : 0; }
+static long host_mkdir(int pfd, const char *name, const void *mode) {
+    return mkdirat(pfd, name, *(const mode_t *)mode & ZB_HOST_MODE_BITS) < 0 ? -errno : 0; /* no setuid/setgid/sticky */
+}
 static long host_symlink(int pfd, const char *name, const void *target) { return symlinkat(target, pfd, name) < 0 ? -errno : 0; }
 static long host_unlink(int pfd, const char *name, const void *flags) { return unlinkat(pfd, name, *(const int *)flags) < 0 ? -errno : 0; }
 
