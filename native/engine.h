@@ -218,6 +218,7 @@ typedef struct zb_uart {
     uint8_t *tx;             /* guest -> host bytes of the frame being assembled */
     size_t tx_len, tx_cap;
     size_t frame_ready;      /* bytes of a complete frame at tx[0..] handed out as an event */
+    int overrun;             /* loopback bytes were lost to a full receive FIFO (LSR OE) */
 } zb_uart;
 
 void zb_uart_init(zb_uart *u);
@@ -294,6 +295,13 @@ const char *zb_syscall_name(uint64_t nr);
  * the syscall is served again when the sandbox resumes. A handler that finished but needs the
  * caller (e.g. output to hand over) calls zb_stop_event(sb, kind, 0) and returns its result. */
 #define ZB_SYSCALL_STOP (-100000)
+/* A long engine operation (a listing of a huge directory) gave up because the run's deadline
+ * passed or a kick came: the handler turns it into zb_stop_for_deadline (never seen by the guest). */
+#define ZB_DEADLINE_PASSED (-100001)
+/* 1 if the running sandbox's deadline has passed or a kick is pending (checked by long operations). */
+int zb_should_stop(const zb_sandbox *sb);
+/* Stop the syscall for that deadline or kick; it is served again on resume. Returns ZB_SYSCALL_STOP. */
+long zb_stop_for_deadline(zb_sandbox *sb);
 zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry);
 /* Append guest output to the pending OUTPUT event (one event per syscall). */
 int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len);
@@ -342,6 +350,9 @@ uint64_t zb_guest_cpu_ns(const zb_sandbox *sb);
 
 /* ---- sandboxes (sandbox.c) ---- */
 zb_sandbox *zb_sandbox_alloc(zb_engine *e, char *err);
+/* A fork gets files-mode policies of its own (fs.h, zb_proj_policy): changing its mode then
+ * leaves the snapshot it came from, and that snapshot's other forks, as they are. */
+int zb_sandbox_own_policies(zb_sandbox *sb, char *err);
 
 /* ---- snapshots (snapshot.c) ---- */
 int zb_sandbox_clone_state(zb_sandbox *dst, const zb_sandbox *src, char *err);

@@ -96,10 +96,7 @@ static void file_free(zb_fs *fs, zb_file *f) {
     zb_epoll_free(f->epoll);
     if (f->ino && fs) zb_ovl_open_ref(fs, f->ino, -1);
     free(f->where);
-    if (f->listing) {
-        zb_listing_free(f->listing);
-        free(f->listing);
-    }
+    zb_listing_unref(f->listing);
     free(f);
 }
 
@@ -130,14 +127,9 @@ static zb_file *file_copy(const zb_file *s) {
         if (!(d->where = malloc(sizeof *d->where))) goto fail;
         *d->where = *s->where;
     }
-    if (s->listing) {
-        if (!(d->listing = calloc(1, sizeof *d->listing))) goto fail;
-        if (s->listing->n && !(d->listing->ents = calloc(s->listing->n, sizeof *d->listing->ents))) goto fail;
-        for (size_t i = 0; i < s->listing->n; i++) {
-            d->listing->ents[i] = s->listing->ents[i];
-            if (!(d->listing->ents[i].name = strdup(s->listing->ents[i].name))) goto fail;
-            d->listing->n++;
-        }
+    if (s->listing) { /* immutable once taken: shared, never copied (a snapshot costs nothing here) */
+        d->listing = s->listing;
+        atomic_fetch_add(&d->listing->refs, 1);
     }
     return d;
 fail:
@@ -225,6 +217,21 @@ int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec) {
     }
     zb_file_unref(sb->fs, f);
     return -EMFILE;
+}
+
+size_t zb_fdtable_listing_bytes(const zb_fdtable *t) {
+    const zb_listing *seen[ZB_MAX_FDS];
+    size_t n = 0, bytes = 0;
+    for (int i = 0; i < ZB_MAX_FDS; i++) {
+        const zb_listing *l = t->fd[i] ? t->fd[i]->listing : NULL;
+        if (!l) continue;
+        size_t k = 0;
+        while (k < n && seen[k] != l) k++;
+        if (k < n) continue;
+        seen[n++] = l;
+        bytes += l->bytes;
+    }
+    return bytes;
 }
 
 int zb_fd_close(zb_sandbox *sb, int fd) {

@@ -23,6 +23,15 @@ enum { PROJ_NONE = 0, PROJ_READONLY = ZB_PROJECT_READONLY, PROJ_OVERLAY = ZB_PRO
 /* devices */
 enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART };
 
+/* How a mounted project is seen (PROJ_*). One object per mount, shared by every copy of the trie
+ * (snapshots, restores, rewinds): the files mode is a property of the session, not of the state a
+ * snapshot captured, so a snapshot restored after `%sandbox files readonly` is read-only too. A
+ * fork made from a snapshot gets its own (zb_fs_own_policies). */
+typedef struct zb_proj_policy {
+    atomic_int refs;
+    atomic_int mode;
+} zb_proj_policy;
+
 typedef struct zb_mnode {
     char *name;
     struct zb_mnode *parent;
@@ -32,7 +41,7 @@ typedef struct zb_mnode {
     char *target;      /* MNT_SYMLINK */
     uint32_t ino;      /* MNT_OVERLAY; MNT_PROJECT: the root of its upper (overlay) layer */
     int dev;           /* MNT_DEV */
-    int proj_mode;     /* MNT_PROJECT: PROJ_* */
+    zb_proj_policy *policy; /* MNT_PROJECT: its mode (shared, see zb_proj_policy) */
     int root_fd;       /* MNT_PROJECT: O_PATH fd of the host directory, for confined host writes */
 } zb_mnode;
 
@@ -62,6 +71,9 @@ typedef struct zb_inode {
     int64_t atime_ns, mtime_ns, ctime_ns; /* atime changes only through utimensat (noatime) */
     zb_dirent *ents;         /* INO_DIR */
     size_t nents, ents_cap;
+    uint32_t *index;         /* INO_DIR with many entries: hash of names -> entry number + 1 (open
+                                addressing, index_cap a power of two); built on demand, never copied */
+    size_t index_cap;
     uint32_t parent;         /* INO_DIR: for `..` listing */
     int opaque;              /* INO_DIR in a project's upper layer: hides the host directory below */
     uint32_t opens;          /* open file descriptions: an unlinked file lives while opened */
@@ -75,7 +87,8 @@ struct zb_fs {
     zb_mnode *root;          /* shared by clones: see trie_refs */
     atomic_int *trie_refs;
     zb_inode *inodes;        /* overlay, index = inode number (0 unused) */
-    size_t ninodes;
+    size_t ninodes, inodes_cap;
+    size_t free_hint;        /* no free inode below this number (so a new inode is found in O(1)) */
     uint64_t bytes_used, bytes_limit;
 };
 
@@ -123,11 +136,28 @@ int zb_fs_put_file(zb_fs *fs, const char *guest_path, const void *data, size_t l
 int zb_fs_resolve(zb_sandbox *sb, const char *base, const char *path, int flags, zb_resolved *out);
 int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st);
 void zb_dev_stat(int dev, struct stat *st);
-/* Directory listing as name/type/ino triples, for getdents64. */
+/* Directory listing as name/type/ino triples, for getdents64. Names are unique: a hash index
+ * (index, index_cap slots holding entry number + 1) finds duplicates in O(1), so a listing of
+ * 100,000 entries costs milliseconds, not the seconds a scan per entry took. An open directory's
+ * listing is immutable once taken and shared by the clones of its fd table (refs), so a snapshot
+ * never copies it; `bytes` is what it holds, charged to the sandbox's ZB_LISTING_BUDGET. */
 typedef struct zb_listing {
-    size_t n;
+    size_t n, cap;
     struct zb_listing_ent { char *name; unsigned char type; uint64_t ino; } *ents;
+    uint32_t *index;
+    size_t index_cap;
+    size_t bytes;
+    atomic_int refs;         /* cached listings of open directories (fdtable.c); 0 elsewhere */
 } zb_listing;
+/* Host memory the cached listings of one sandbox's open directories may hold together (ENOMEM
+ * to getdents64 beyond): 1,018 fds on a directory of 2,000 long names once took 550 MB. */
+#define ZB_LISTING_BUDGET (32ull << 20)
+/* The hash of a file name for the listings' and overlay directories' indexes (FNV-1a). */
+uint64_t zb_name_hash(const char *name);
+/* 1 if the listing has an entry of that name. */
+int zb_listing_has(const zb_listing *l, const char *name);
+/* A cached listing is dropped by its last open directory. */
+void zb_listing_unref(zb_listing *l);
 int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
 void zb_listing_free(zb_listing *l);
 zb_mnode *zb_mnode_child(const zb_mnode *n, const char *name);
@@ -149,7 +179,19 @@ int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags
  * running). Host chmod is not offered at all (EOPNOTSUPP). */
 #define ZB_HOST_MODE_BITS 0777u
 int zb_fs_mount_project(zb_fs *fs, const char *host_dir, int mode, char *err);
+/* Works on a shared trie: only the mount's policy changes. */
 int zb_fs_set_project_mode(zb_fs *fs, const char *host_dir, int mode, char *err);
+zb_proj_policy *zb_proj_policy_new(int mode);
+void zb_proj_policy_unref(zb_proj_policy *p);
+static inline int zb_mnode_proj_mode(const zb_mnode *m) { return m && m->policy ? atomic_load(&m->policy->mode) : PROJ_NONE; }
+/* Give every project of a private trie a policy of its own, with the same modes (a fork). */
+int zb_fs_own_policies(zb_fs *fs);
+/* 1 if the trie (shared or not) has a project mount. */
+int zb_fs_has_project(const zb_fs *fs);
+struct zb_file;
+/* May the guest change a file through this open description? -EROFS when it was opened in a
+ * project whose files mode has changed since (a stricter mode applies to open fds at once). */
+int zb_file_write_check(const struct zb_file *f);
 zb_loc zb_proj_root_loc(zb_sandbox *sb, zb_mnode *m);
 int zb_proj_lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const char *name, zb_loc *out, char *link);
 int zb_proj_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
@@ -169,6 +211,8 @@ long zb_guest_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset,
 long zb_guest_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
+/* The same while sb runs: gives up with ZB_DEADLINE_PASSED at its deadline or a kick. */
+int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, const zb_listing *hide);
 int zb_host_lstat(const char *path, struct stat *st);
 /* Open a host file of the view or of a project for reading (dir: a directory), symlink-free.
  * Only regular files and directories are opened: -EACCES for FIFOs, sockets and devices. */
@@ -267,6 +311,8 @@ zb_file *zb_fd_get(zb_sandbox *sb, uint64_t fd);
 /* Install f at the lowest free fd >= min; returns the fd or -EMFILE. Takes the reference. */
 int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec);
 int zb_fd_close(zb_sandbox *sb, int fd);
+/* Bytes the distinct cached listings of the table's open directories hold (ZB_LISTING_BUDGET). */
+size_t zb_fdtable_listing_bytes(const zb_fdtable *t);
 zb_hostfd *zb_hostfd_new(int fd);
 void zb_hostfd_unref(zb_hostfd *h);
 zb_pipe *zb_pipe_new(void);

@@ -43,15 +43,21 @@ zb_inode *zb_ovl_inode(zb_fs *fs, uint32_t ino) {
 
 uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode) {
     uint32_t ino = 0;
-    for (uint32_t i = 1; i < fs->ninodes; i++)
-        if (fs->inodes[i].type == INO_FREE) { ino = i; break; }
+    size_t i = fs->free_hint > 1 ? fs->free_hint : 1;
+    for (; i < fs->ninodes; i++)
+        if (fs->inodes[i].type == INO_FREE) { ino = (uint32_t)i; break; }
+    fs->free_hint = i; /* everything below is in use */
     if (charge(fs, INODE_COST) < 0) return 0;
     if (!ino) {
         if (fs->ninodes >= 1u << 20) { uncharge(fs, INODE_COST); return 0; }
-        zb_inode *n = realloc(fs->inodes, (fs->ninodes + 1) * sizeof *n);
-        if (!n) { uncharge(fs, INODE_COST); return 0; }
-        fs->inodes = n;
-        ino = fs->ninodes++;
+        if (fs->ninodes >= fs->inodes_cap) { /* grow geometrically: one realloc per inode was O(n^2) */
+            size_t cap = ZB_MAX(2 * fs->ninodes, 64);
+            zb_inode *n = realloc(fs->inodes, cap * sizeof *n);
+            if (!n) { uncharge(fs, INODE_COST); return 0; }
+            fs->inodes = n;
+            fs->inodes_cap = cap;
+        }
+        ino = (uint32_t)fs->ninodes++;
     }
     zb_inode *in = &fs->inodes[ino];
     memset(in, 0, sizeof *in);
@@ -69,6 +75,9 @@ static void inode_release(zb_fs *fs, zb_inode *in) {
     uncharge(fs, zb_ovl_meta_cost(in));
     for (size_t i = 0; i < in->nents; i++) free(in->ents[i].name);
     free(in->ents);
+    free(in->index);
+    size_t ino = (size_t)(in - fs->inodes);
+    if (ino < fs->free_hint) fs->free_hint = ino;
     for (size_t i = 0; i < in->nblocks; i++) {
         if (in->blocks[i]) fs->bytes_used -= in->blocks[i]->cap;
         zb_block_unref(in->blocks[i]);
@@ -105,15 +114,68 @@ void zb_ovl_free_all(zb_fs *fs) {
         if (fs->inodes[i].type != INO_FREE) inode_release(fs, &fs->inodes[i]);
     free(fs->inodes);
     fs->inodes = NULL;
-    fs->ninodes = 0;
+    fs->ninodes = fs->inodes_cap = fs->free_hint = 0;
+}
+
+/* ---- directory indexes ---- */
+/* Directories up to this many entries are scanned; larger ones get a hash index, so that a
+ * directory of 80,000 files costs O(1) per lookup, create and unlink instead of O(n). */
+#define INDEX_MIN 32
+
+static size_t dir_slot(const zb_inode *d, const char *name) {
+    size_t mask = d->index_cap - 1, i = (size_t)zb_name_hash(name) & mask;
+    while (d->index[i] && strcmp(d->ents[d->index[i] - 1].name, name)) i = (i + 1) & mask;
+    return i;
+}
+
+/* (Re)build d's index for at least `n` entries (load <= 1/2); -ENOMEM leaves it absent. */
+static int dir_index_build(zb_inode *d, size_t n) {
+    size_t cap = 64;
+    while (cap < 2 * n) cap *= 2;
+    uint32_t *idx = calloc(cap, sizeof *idx);
+    if (!idx) return -ENOMEM;
+    free(d->index);
+    d->index = idx;
+    d->index_cap = cap;
+    for (size_t k = 0; k < d->nents; k++) d->index[dir_slot(d, d->ents[k].name)] = (uint32_t)(k + 1);
+    return 0;
+}
+
+/* Entry number of `name` in d, or -1. Scans small directories; indexes large ones on demand
+ * (clones and loaded snapshots start without an index). */
+static long dir_find(zb_inode *d, const char *name) {
+    if (!d->index && d->nents >= INDEX_MIN) (void)dir_index_build(d, d->nents);
+    if (d->index) {
+        uint32_t k = d->index[dir_slot(d, name)];
+        return k ? (long)k - 1 : -1;
+    }
+    for (size_t i = 0; i < d->nents; i++)
+        if (!strcmp(d->ents[i].name, name)) return (long)i;
+    return -1;
+}
+
+/* Remove the index slot of entry `k` (before the entries move): backward-shift deletion keeps
+ * every other entry reachable from its home slot without tombstones. */
+static void dir_index_remove(zb_inode *d, size_t k) {
+    size_t mask = d->index_cap - 1, hole = dir_slot(d, d->ents[k].name), j = hole;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!d->index[j]) break;
+        size_t home = (size_t)zb_name_hash(d->ents[d->index[j] - 1].name) & mask;
+        int movable = j > hole ? (home <= hole || home > j) : (home <= hole && home > j);
+        if (movable) {
+            d->index[hole] = d->index[j];
+            hole = j;
+        }
+    }
+    d->index[hole] = 0;
 }
 
 uint32_t zb_ovl_lookup(zb_fs *fs, uint32_t dir, const char *name) {
     zb_inode *d = zb_ovl_inode(fs, dir);
     if (!d || d->type != INO_DIR) return 0;
-    for (size_t i = 0; i < d->nents; i++)
-        if (!strcmp(d->ents[i].name, name)) return d->ents[i].ino;
-    return 0;
+    long k = dir_find(d, name);
+    return k < 0 ? 0 : d->ents[k].ino;
 }
 
 int zb_ovl_link(zb_fs *fs, uint32_t dir, const char *name, uint32_t ino) {
@@ -135,6 +197,13 @@ int zb_ovl_link(zb_fs *fs, uint32_t dir, const char *name, uint32_t ino) {
     d->ents[d->nents].name = copy;
     d->ents[d->nents].ino = ino;
     d->nents++;
+    if (d->index && 2 * d->nents > d->index_cap && dir_index_build(d, 2 * d->nents) < 0) {
+        free(d->index); /* scanned (and indexed again on the next lookup) */
+        d->index = NULL;
+        d->index_cap = 0;
+    } else if (d->index) {
+        d->index[dir_slot(d, copy)] = (uint32_t)d->nents;
+    }
     d->mtime_ns = wall_ns();
     in->nlink++;
     if (in->type == INO_DIR) in->parent = dir;
@@ -144,12 +213,18 @@ int zb_ovl_link(zb_fs *fs, uint32_t dir, const char *name, uint32_t ino) {
 int zb_ovl_unlink(zb_fs *fs, uint32_t dir, const char *name) {
     zb_inode *d = zb_ovl_inode(fs, dir);
     if (!d || d->type != INO_DIR) return -ENOTDIR;
-    for (size_t i = 0; i < d->nents; i++) {
-        if (strcmp(d->ents[i].name, name)) continue;
+    long found = dir_find(d, name);
+    if (found >= 0) {
+        size_t i = (size_t)found, last = d->nents - 1;
         uint32_t ino = d->ents[i].ino;
+        if (d->index) {
+            dir_index_remove(d, i);
+            if (i != last) d->index[dir_slot(d, d->ents[last].name)] = (uint32_t)(i + 1); /* it moves to i */
+        }
         uncharge(fs, name_cost(d->ents[i].name));
         free(d->ents[i].name);
-        d->ents[i] = d->ents[--d->nents];
+        d->ents[i] = d->ents[last];
+        d->nents--;
         d->mtime_ns = wall_ns();
         zb_inode *in = zb_ovl_inode(fs, ino);
         if (in && --in->nlink == 0 && in->opens == 0) inode_release(fs, in);
@@ -262,13 +337,16 @@ int zb_ovl_truncate(zb_fs *fs, uint32_t ino, uint64_t size) {
 int zb_ovl_clone(zb_fs *dst, const zb_fs *src) {
     dst->inodes = calloc(src->ninodes ? src->ninodes : 1, sizeof(zb_inode));
     if (!dst->inodes) return -1;
-    dst->ninodes = src->ninodes;
+    dst->ninodes = dst->inodes_cap = src->ninodes;
+    dst->free_hint = src->free_hint;
     dst->bytes_used = src->bytes_used;
     for (size_t i = 1; i < src->ninodes; i++) {
         const zb_inode *s = &src->inodes[i];
         zb_inode *d = &dst->inodes[i];
         *d = *s;
         d->ents = NULL;
+        d->index = NULL; /* rebuilt on demand */
+        d->index_cap = 0;
         d->blocks = NULL;
         d->target = NULL;
         d->nents = d->ents_cap = d->nblocks = 0;

@@ -23,7 +23,7 @@ static void save_mnode(zb_out *o, const zb_mnode *n) {
     out_str(o, n->target);
     out_u32(o, n->ino);
     out_u32(o, (uint32_t)n->dev);
-    out_u32(o, (uint32_t)n->proj_mode);
+    out_u32(o, (uint32_t)zb_mnode_proj_mode(n));
     out_u32(o, (uint32_t)n->nchildren);
     for (size_t i = 0; i < n->nchildren; i++) save_mnode(o, n->children[i]);
 }
@@ -40,8 +40,10 @@ static zb_mnode *load_mnode(zb_in *in, zb_mnode *parent, int depth, size_t *coun
     else free(target);
     n->ino = in_u32(in);
     n->dev = (int)in_u32(in);
-    n->proj_mode = (int)in_u32(in);
+    int proj_mode = (int)in_u32(in);
     n->root_fd = -1;
+    if (n->kind == MNT_PROJECT && (proj_mode < PROJ_READONLY || proj_mode > PROJ_READWRITE)) in->err = 1;
+    if (n->kind == MNT_PROJECT && !in->err && !(n->policy = zb_proj_policy_new(proj_mode))) in->err = 1;
     if (n->kind == MNT_PROJECT && !in->err) { /* the host directory, opened again */
         char path[PATH_MAX];
         if (zb_mnode_path(n, path, sizeof path) < 0 || (n->root_fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
@@ -51,6 +53,7 @@ static zb_mnode *load_mnode(zb_in *in, zb_mnode *parent, int depth, size_t *coun
     if (in->err || n->kind < MNT_SYNTH || n->kind > MNT_PROJECT || (n->kind == MNT_SYMLINK && !n->target) ||
         nch > MAX_TRIE_NODES || !(n->children = calloc(nch ? nch : 1, sizeof *n->children))) {
         in->err = 1;
+        zb_proj_policy_unref(n->policy);
         free(n->name);
         free(n->target);
         free(n);

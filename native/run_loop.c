@@ -470,3 +470,12 @@ uint64_t zb_guest_cpu_ns(const zb_sandbox *sb) {
     if (sb->run_started_ns) ns += (uint64_t)(zb_now_ns() - sb->run_started_ns);
     return ns;
 }
+
+int zb_should_stop(const zb_sandbox *sb) {
+    return atomic_load(&sb->kick_requested) || (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns);
+}
+
+long zb_stop_for_deadline(zb_sandbox *sb) {
+    zb_stop_event(sb, atomic_exchange(&sb->kick_requested, 0) ? ZB_EVENT_KICK : ZB_EVENT_TIMEOUT, 1);
+    return ZB_SYSCALL_STOP;
+}

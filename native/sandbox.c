@@ -72,6 +72,8 @@ static int own_namespace(zb_sandbox *sb, char *err) {
         if (!f || !f->where) continue;
         f->where->loc.mnode = remap(f->where->loc.mnode, map, nmap);
         f->where->parent.mnode = remap(f->where->parent.mnode, map, nmap);
+        f->where->loc.proj_root = remap(f->where->loc.proj_root, map, nmap);
+        f->where->parent.proj_root = remap(f->where->parent.proj_root, map, nmap);
     }
     free(map);
     return 0;
@@ -89,8 +91,17 @@ int zb_sandbox_put_file(zb_sandbox *sb, const char *guest_path, const void *data
 int zb_sandbox_mount_project(zb_sandbox *sb, const char *host_dir, int mode, char *err) {
     return own_namespace(sb, err) < 0 ? -1 : zb_fs_mount_project(sb->fs, host_dir, mode, err);
 }
+/* The mode changes for this sandbox and every snapshot of its lineage (restores, rewinds,
+ * isolated cells), and for its open files (zb_file_write_check): no trie copy needed. */
 int zb_sandbox_set_project_mode(zb_sandbox *sb, const char *host_dir, int mode, char *err) {
-    return own_namespace(sb, err) < 0 ? -1 : zb_fs_set_project_mode(sb->fs, host_dir, mode, err);
+    return zb_fs_set_project_mode(sb->fs, host_dir, mode, err);
+}
+
+int zb_sandbox_own_policies(zb_sandbox *sb, char *err) {
+    if (!zb_fs_has_project(sb->fs)) return 0;
+    if (own_namespace(sb, err) < 0) return -1;
+    if (zb_fs_own_policies(sb->fs) < 0) { zb_seterr(err, "out of memory"); return -1; }
+    return 0;
 }
 long zb_sandbox_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err) {
     return zb_project_diff(sb, host_dir, buf, len, err);

@@ -453,7 +453,9 @@ zb_sandbox *zb_snapshot_fork(zb_snapshot *snap, char *err) {
     zb_sandbox *sb = zb_sandbox_alloc(snap->engine, err);
     if (!sb) return NULL;
     if (zb_mem_init(&sb->mem, snap->mem_size, snap->image, err) < 0) goto fail;
-    if (apply_memory(sb, NULL, snap, NULL, err) < 0 || state_apply(sb, &snap->st, err) < 0) goto fail;
+    if (apply_memory(sb, NULL, snap, NULL, err) < 0 || state_apply(sb, &snap->st, err) < 0 ||
+        zb_sandbox_own_policies(sb, err) < 0)
+        goto fail;
     atomic_fetch_add(&snap->refs, 1);
     sb->base = snap;
     return sb;

@@ -125,6 +125,19 @@ static long check_nesting(zb_sandbox *sb, const zb_file *ep, const zb_file *targ
     return loop || above + 1 + below > EPOLL_MAX_NESTS ? -ELOOP : 0;
 }
 
+/* Watches all the sandbox's epoll files may hold together (Linux: max_user_watches, ENOSPC). Each
+ * is engine memory that every snapshot of the fd table copies. */
+#define EPOLL_MAX_WATCHES 16384
+
+static int total_watches(zb_sandbox *sb) {
+    const zb_file **files = malloc(ZB_MAX_FDS * sizeof *files);
+    if (!files) return EPOLL_MAX_WATCHES;
+    int n = epoll_files(sb, files), total = 0;
+    for (int k = 0; k < n; k++) total += files[k]->epoll->n;
+    free(files);
+    return total;
+}
+
 static long sys_epoll_ctl(zb_sandbox *sb, const uint64_t a[6]) {
     long err;
     zb_epoll *e = epoll_of(sb, a[0], &err);
@@ -146,6 +159,7 @@ static long sys_epoll_ctl(zb_sandbox *sb, const uint64_t a[6]) {
             long rc = check_nesting(sb, zb_fd_get(sb, a[0]), target);
             if (rc < 0) return rc;
         }
+        if (total_watches(sb) >= EPOLL_MAX_WATCHES) return -ENOSPC;
         if (e->n == e->cap) {
             int cap = e->cap ? 2 * e->cap : 8;
             zb_epoll_item *items = realloc(e->items, (size_t)cap * sizeof *items);

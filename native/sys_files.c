@@ -289,6 +289,8 @@ static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int6
         return w > 0 ? w : -EAGAIN;
     }
     case FILE_HOST: { /* only a read-write project's files are opened for writing */
+        long denied = zb_file_write_check(f); /* the project is no longer read-write */
+        if (denied) return denied;
         struct stat st;
         uint64_t pos = off >= 0 ? (uint64_t)off : f->offset;
         if (off < 0 && (f->flags & O_APPEND)) pos = fstat(f->host->fd, &st) == 0 ? (uint64_t)st.st_size : pos;
@@ -300,6 +302,8 @@ static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int6
     case FILE_OVERLAY: {
         zb_inode *in = zb_ovl_inode(sb->fs, f->ino);
         if (!in) return -EBADF;
+        long denied = zb_file_write_check(f); /* a project file, and the project's mode changed */
+        if (denied) return denied;
         uint64_t pos = off >= 0 ? (uint64_t)off : (f->flags & O_APPEND) ? in->size : f->offset;
         long r = zb_ovl_write(sb->fs, f->ino, p, n, pos);
         if (r > 0 && off < 0) f->offset = pos + r;
@@ -411,7 +415,8 @@ static long sys_lseek(zb_sandbox *sb, const uint64_t a[6]) {
     case FILE_OVERLAY: size = (int64_t)zb_ovl_inode(sb->fs, f->ino)->size; break;
     case FILE_DIR:
         if (a[2] != SEEK_SET || off != 0) return -EINVAL; /* rewinddir */
-        if (f->listing) { zb_listing_free(f->listing); free(f->listing); f->listing = NULL; }
+        zb_listing_unref(f->listing);
+        f->listing = NULL;
         f->offset = 0;
         return 0;
     case FILE_DEV: return 0;
@@ -543,6 +548,8 @@ static long sys_ftruncate(zb_sandbox *sb, const uint64_t a[6]) {
     if (!f) return -EBADF;
     if ((int64_t)a[1] < 0) return -EINVAL;
     if ((f->flags & O_ACCMODE) == O_RDONLY) return -EINVAL;
+    long denied = zb_file_write_check(f);
+    if (denied) return denied;
     if (f->kind == FILE_HOST) return ftruncate(f->host->fd, (off_t)a[1]) < 0 ? -errno : 0; /* read-write project */
     if (f->kind != FILE_OVERLAY) return -EINVAL;
     return zb_ovl_truncate(sb->fs, f->ino, a[1]);
@@ -553,6 +560,8 @@ static long sys_fallocate(zb_sandbox *sb, const uint64_t a[6]) {
     if (!f) return -EBADF;
     if (f->kind != FILE_OVERLAY) return -EOPNOTSUPP;
     if (a[1] != 0) return -EOPNOTSUPP;
+    long denied = zb_file_write_check(f);
+    if (denied) return denied;
     int64_t off = (int64_t)a[2], len = (int64_t)a[3], sum;
     if (off < 0 || len <= 0) return -EINVAL;                  /* as Linux */
     if (__builtin_add_overflow(off, len, &sum)) return -EFBIG; /* (offset + len wrapped before) */
