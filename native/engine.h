@@ -248,6 +248,11 @@ typedef struct zb_process {
     uint64_t cpu_ns;         /* CPU time the guest has used (its runs' wall time), as the guest reads it
                                 (clock_gettime CPU clocks, getrusage, times, sysinfo): part of the state a
                                 snapshot restores, so an isolated cell never learns how long another ran */
+    int64_t clock_base[3];   /* CLOCK_MONOTONIC, BOOTTIME, MONOTONIC_RAW bases of the vDSO page last
+                                published (host copies: the page itself is guest memory), */
+    uint64_t clock_tsc0, clock_mult; /* with its TSC origin and scale (vdso.c) */
+    int64_t clock_floor[3];  /* the latest of each the guest can have read, as of its last stop: the
+                                next page never goes below */
 } zb_process;
 
 /* ---- the sandbox ---- */
@@ -344,6 +349,8 @@ int zb_elf_exec(zb_sandbox *sb, const char *exe_guest_path, const char *const *a
                 const char *const *envp, char *err);
 uint64_t zb_vdso_load(zb_sandbox *sb, char *err);
 void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm);
+/* The run stopped: record the latest monotonic times the guest can have read (proc.clock_floor). */
+void zb_vdso_note_stop(zb_sandbox *sb, zb_vm *vm);
 
 /* The guest's CPU time in ns: proc.cpu_ns plus the run under way (run_loop.c). */
 uint64_t zb_guest_cpu_ns(const zb_sandbox *sb);

@@ -7,19 +7,32 @@
  */
 #include "fs.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
+
+/* Host fds held open for guests (zb_hostfd), in the whole process: snapshots share them. */
+static atomic_long host_fds_held;
+
+int zb_host_fd_room(void) {
+    struct rlimit rl;
+    long limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (long)rl.rlim_cur : 1024;
+    long max = limit > 2 * ZB_HOST_FD_HEADROOM ? limit - ZB_HOST_FD_HEADROOM : limit / 2;
+    return atomic_load(&host_fds_held) < max ? 0 : -EMFILE;
+}
 
 zb_hostfd *zb_hostfd_new(int fd) {
     zb_hostfd *h = calloc(1, sizeof *h);
     if (!h) return NULL;
     atomic_init(&h->refs, 1);
     h->fd = fd;
+    atomic_fetch_add(&host_fds_held, 1);
     return h;
 }
 
 void zb_hostfd_unref(zb_hostfd *h) {
     if (h && atomic_fetch_sub(&h->refs, 1) == 1) {
         close(h->fd);
+        atomic_fetch_sub(&host_fds_held, 1);
         free(h);
     }
 }

@@ -313,6 +313,12 @@ int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec);
 int zb_fd_close(zb_sandbox *sb, int fd);
 /* Bytes the distinct cached listings of the table's open directories hold (ZB_LISTING_BUDGET). */
 size_t zb_fdtable_listing_bytes(const zb_fdtable *t);
+/* Host fds the engine keeps for itself (snapshot stores, KVM, the kernel's sockets, transient
+ * opens): guests together hold at most RLIMIT_NOFILE minus this many (EMFILE to the guest first),
+ * so that a cell opening ~1,000 files under `ulimit -n 1024` cannot starve the engine. */
+#define ZB_HOST_FD_HEADROOM 128
+/* 0 if a guest may take one more host fd, else -EMFILE. */
+int zb_host_fd_room(void);
 zb_hostfd *zb_hostfd_new(int fd);
 void zb_hostfd_unref(zb_hostfd *h);
 zb_pipe *zb_pipe_new(void);

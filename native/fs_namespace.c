@@ -616,6 +616,7 @@ int zb_host_fd_ordinary(int fd) {
  * the last component suffices. O_NONBLOCK | O_NOCTTY: an open never waits for a FIFO's other end
  * or takes a terminal. Plain open (not openat2) lets the run-phase seccomp filter check the flags. */
 int zb_host_open_ro(const char *path, int dir) {
+    if (zb_host_fd_room() < 0) return -EMFILE;
     struct stat st; /* before opening: opening a socket file fails with ENXIO, which would say too little */
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return S_ISLNK(st.st_mode) ? -ELOOP : -EACCES;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | (dir ? O_DIRECTORY : 0));

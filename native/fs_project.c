@@ -197,6 +197,7 @@ int zb_proj_host_parent(const zb_resolved *r, char *name, size_t cap) {
 }
 
 int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode) {
+    if (zb_host_fd_room() < 0) return -EMFILE;
     char rel[PATH_MAX];
     int root = zb_proj_host_path(r, rel, sizeof rel);
     if (root < 0) return root;

@@ -444,6 +444,7 @@ int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     zb_alarm_check(sb, t0); /* an alarm that expired while the sandbox was idle goes off now */
     zb_vdso_refresh(sb, vm);
     run_guest(sb, vm, ev);
+    zb_vdso_note_stop(sb, vm);
 out:
     if (vm->wake_timer_live) timer_delete(vm->wake_timer);
     vm->wake_timer_live = 0;
