@@ -232,6 +232,23 @@ int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec) {
     return -EMFILE;
 }
 
+uint64_t zb_fdtable_copy_bytes(const zb_fdtable *t) {
+    const zb_file *seen[ZB_MAX_FDS];
+    size_t n = 0;
+    uint64_t bytes = sizeof *t;
+    for (int i = 0; i < ZB_MAX_FDS; i++) {
+        const zb_file *f = t->fd[i];
+        if (!f) continue;
+        size_t k = 0;
+        while (k < n && seen[k] != f) k++;
+        if (k < n) continue;
+        seen[n++] = f;
+        bytes += sizeof *f + (f->where ? sizeof *f->where : 0) + (f->rx ? sizeof *f->rx + f->rx->len : 0) +
+                 (f->epoll ? sizeof *f->epoll + (uint64_t)f->epoll->n * sizeof *f->epoll->items : 0);
+    }
+    return bytes;
+}
+
 size_t zb_fdtable_listing_bytes(const zb_fdtable *t) {
     const zb_listing *seen[ZB_MAX_FDS];
     size_t n = 0, bytes = 0;

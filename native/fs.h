@@ -232,6 +232,9 @@ int zb_ovl_truncate(zb_fs *fs, uint32_t ino, uint64_t size);
 int zb_ovl_clone(zb_fs *dst, const zb_fs *src);
 void zb_ovl_free_all(zb_fs *fs);
 void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st);
+/* Host memory a copy of the overlay's metadata takes (what a snapshot's clone holds on its own:
+ * inodes, names, symlink targets, block tables; the data blocks are shared). */
+uint64_t zb_ovl_copy_bytes(const zb_fs *fs);
 /* A symlink inode's target, charged to the overlay's limit: 0, -ENOSPC or -ENOMEM. */
 int zb_ovl_set_target(zb_fs *fs, uint32_t ino, const char *target);
 /* Release an inode that was never linked or opened (a creation that failed half way). */
@@ -311,6 +314,9 @@ zb_file *zb_fd_get(zb_sandbox *sb, uint64_t fd);
 /* Install f at the lowest free fd >= min; returns the fd or -EMFILE. Takes the reference. */
 int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec);
 int zb_fd_close(zb_sandbox *sb, int fd);
+/* Host memory a clone of the table takes on its own (descriptions, resolved paths, stream buffers,
+ * epoll items; listings and host fds are shared, not counted). */
+uint64_t zb_fdtable_copy_bytes(const zb_fdtable *t);
 /* Bytes the distinct cached listings of the table's open directories hold (ZB_LISTING_BUDGET). */
 size_t zb_fdtable_listing_bytes(const zb_fdtable *t);
 /* Host fds the engine keeps for itself (snapshot stores, KVM, the kernel's sockets, transient

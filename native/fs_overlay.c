@@ -392,3 +392,13 @@ void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st) {
     st->st_atim.tv_sec = in->atime_ns / 1000000000;
     st->st_atim.tv_nsec = in->atime_ns % 1000000000;
 }
+
+uint64_t zb_ovl_copy_bytes(const zb_fs *fs) {
+    uint64_t bytes = fs->ninodes * sizeof(zb_inode);
+    for (size_t i = 1; i < fs->ninodes; i++) {
+        const zb_inode *in = &fs->inodes[i];
+        if (in->type == INO_FREE) continue;
+        bytes += zb_ovl_meta_cost(in) - INODE_COST + in->nblocks * sizeof(zb_block *);
+    }
+    return bytes;
+}
