@@ -473,6 +473,7 @@ uint64_t zb_guest_cpu_ns(const zb_sandbox *sb) {
 }
 
 int zb_should_stop(const zb_sandbox *sb) {
+    if (!atomic_load(&sb->running)) return 0; /* the host's own calls (export, diff) have no deadline */
     return atomic_load(&sb->kick_requested) || (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns);
 }
 
