@@ -59,9 +59,21 @@ typedef struct zb_block {      /* refcounted file data, shared by snapshots unti
 #define ZB_IO_BLKSIZE (1 << 20)
 
 typedef struct zb_dirent {
-    char *name;
+    char *name;              /* refcounted (fs_overlay.c): copies of a directory share the strings */
     uint32_t ino;
 } zb_dirent;
+
+/* A directory's entries, shared by the snapshots of a sandbox until one of them changes the
+ * directory (then that one copies the array; the names stay shared). Large directories have a
+ * hash index (entry number + 1 per slot, open addressing, index_cap a power of two), built on
+ * demand. */
+typedef struct zb_dirtab {
+    atomic_int refs;
+    zb_dirent *ents;
+    size_t n, cap;
+    uint32_t *index;
+    size_t index_cap;
+} zb_dirtab;
 
 typedef struct zb_inode {
     int type;
@@ -69,11 +81,9 @@ typedef struct zb_inode {
     uint32_t nlink;
     int readonly;            /* files put by the host (e.g. /etc/passwd) */
     int64_t atime_ns, mtime_ns, ctime_ns; /* atime changes only through utimensat (noatime) */
-    zb_dirent *ents;         /* INO_DIR */
-    size_t nents, ents_cap;
-    uint32_t *index;         /* INO_DIR with many entries: hash of names -> entry number + 1 (open
-                                addressing, index_cap a power of two); built on demand, never copied */
-    size_t index_cap;
+    zb_dirent *ents;         /* INO_DIR: dir->ents and dir->n, kept equal for readers; only */
+    size_t nents;            /* fs_overlay.c changes a directory */
+    zb_dirtab *dir;          /* INO_DIR: its entries (NULL while it has none) */
     uint32_t parent;         /* INO_DIR: for `..` listing */
     int opaque;              /* INO_DIR in a project's upper layer: hides the host directory below */
     uint32_t opens;          /* open file descriptions: an unlinked file lives while opened */
@@ -83,11 +93,22 @@ typedef struct zb_inode {
     char *target;            /* INO_SYMLINK */
 } zb_inode;
 
+/* The overlay's inodes, in chunks of ZB_INODE_CHUNK that the clones of an fs share until one of
+ * them touches an inode of the chunk (copy-on-write per chunk): a snapshot costs a pointer per
+ * chunk, not a copy of every inode and name (a guest with a million files made every checkpoint
+ * copy ~250 MB of them). */
+#define ZB_INODE_CHUNK 256
+typedef struct zb_inode_chunk {
+    atomic_int refs;
+    zb_inode in[ZB_INODE_CHUNK];
+} zb_inode_chunk;
+
 struct zb_fs {
     zb_mnode *root;          /* shared by clones: see trie_refs */
     atomic_int *trie_refs;
-    zb_inode *inodes;        /* overlay, index = inode number (0 unused) */
-    size_t ninodes, inodes_cap;
+    zb_inode_chunk **chunks; /* overlay inode i is chunks[i / ZB_INODE_CHUNK]->in[i % ZB_INODE_CHUNK] */
+    size_t nchunks;
+    size_t ninodes;          /* inode numbers in use are below this (0 is never used) */
     size_t free_hint;        /* no free inode below this number (so a new inode is found in O(1)) */
     uint64_t bytes_used, bytes_limit;
 };
@@ -222,7 +243,15 @@ int zb_host_fd_ordinary(int fd);
 
 /* fs_overlay.c */
 uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);
+/* A live inode, writable (its chunk is made this fs's own first), or NULL. */
 zb_inode *zb_ovl_inode(zb_fs *fs, uint32_t ino);
+/* Slot i (live or free) without copying its chunk: for reading only (saving, accounting). */
+const zb_inode *zb_ovl_peek(const zb_fs *fs, size_t i);
+/* Slot i, writable; and room for n slots (loading a snapshot): 0 or -1. */
+zb_inode *zb_ovl_slot(zb_fs *fs, size_t i);
+int zb_ovl_reserve(zb_fs *fs, size_t n);
+/* Loading: append an entry to a directory inode (no charge, no duplicate check): 0 or -ENOMEM. */
+int zb_ovl_dir_append(zb_inode *d, const char *name, uint32_t ino);
 uint32_t zb_ovl_lookup(zb_fs *fs, uint32_t dir, const char *name);
 int zb_ovl_link(zb_fs *fs, uint32_t dir, const char *name, uint32_t ino);
 int zb_ovl_unlink(zb_fs *fs, uint32_t dir, const char *name);
@@ -232,9 +261,9 @@ int zb_ovl_truncate(zb_fs *fs, uint32_t ino, uint64_t size);
 int zb_ovl_clone(zb_fs *dst, const zb_fs *src);
 void zb_ovl_free_all(zb_fs *fs);
 void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st);
-/* Host memory a copy of the overlay's metadata takes (what a snapshot's clone holds on its own:
- * inodes, names, symlink targets, block tables; the data blocks are shared). */
-uint64_t zb_ovl_copy_bytes(const zb_fs *fs);
+/* Host memory the overlay's metadata holds that no clone shares (inode chunks, directory tables,
+ * block tables and symlink targets of those chunks; data blocks and names are not counted). */
+uint64_t zb_ovl_private_bytes(const zb_fs *fs);
 /* A symlink inode's target, charged to the overlay's limit: 0, -ENOSPC or -ENOMEM. */
 int zb_ovl_set_target(zb_fs *fs, uint32_t ino, const char *target);
 /* Release an inode that was never linked or opened (a creation that failed half way). */

@@ -121,12 +121,12 @@ zb_fs *zb_fs_new(char *err) {
     atomic_init(fs->trie_refs, 1);
     fs->root->kind = MNT_SYNTH;
     fs->ninodes = 1; /* inode 0 is never used */
-    fs->inodes = calloc(1, sizeof(zb_inode));
+    int no_inodes = zb_ovl_reserve(fs, 1) < 0;
     fs->bytes_limit = 256ull << 20;
     zb_mnode *dev = zb_mnode_add(fs->root, "dev", MNT_SYNTH);
     zb_mnode *proc = zb_mnode_add(fs->root, "proc", MNT_SYNTH);
     zb_mnode *self = proc ? zb_mnode_add(proc, "self", MNT_SYNTH) : NULL;
-    if (!fs->inodes || !dev || !self || !dev_add(dev, "null", DEV_NULL) || !dev_add(dev, "zero", DEV_ZERO) ||
+    if (no_inodes || !dev || !self || !dev_add(dev, "null", DEV_NULL) || !dev_add(dev, "zero", DEV_ZERO) ||
         !dev_add(dev, "urandom", DEV_URANDOM) || !dev_add(dev, "random", DEV_URANDOM) ||
         !dev_add(dev, "ttyS0", DEV_UART) || !zb_mnode_add(self, "exe", MNT_PROC_EXE)) {
         zb_seterr(err, "out of memory");

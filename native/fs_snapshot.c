@@ -110,14 +110,13 @@ static void load_inode(zb_in *in, zb_fs *fs, zb_inode *n) {
     n->ctime_ns = (int64_t)in_u64(in);
     n->size = in_u64(in);
     uint32_t nents = in_u32(in);
-    if (in->err || nents > MAX_INODES || (nents && !(n->ents = calloc(nents, sizeof *n->ents)))) { in->err = 1; return; }
-    n->ents_cap = nents;
+    if (in->err || nents > MAX_INODES) { in->err = 1; return; }
     for (uint32_t i = 0; i < nents && !in->err; i++) {
         char *name = in_str(in, NAME_MAX);
         uint32_t ino = in_u32(in);
         if (!name) break;
-        n->ents[n->nents].name = name;
-        n->ents[n->nents++].ino = ino;
+        if (zb_ovl_dir_append(n, name, ino) < 0) in->err = 1;
+        free(name);
     }
     uint64_t nblocks = in_u64(in);
     if (in->err || nblocks > (1ull << 40) / ZB_BLOCK_SIZE ||
@@ -148,7 +147,7 @@ void zb_fs_save(const zb_fs *fs, zb_out *o) {
     save_mnode(o, fs->root);
     out_u64(o, fs->bytes_limit);
     out_u64(o, fs->ninodes);
-    for (size_t i = 1; i < fs->ninodes; i++) save_inode(o, &fs->inodes[i]);
+    for (size_t i = 1; i < fs->ninodes; i++) save_inode(o, zb_ovl_peek(fs, i));
 }
 
 zb_fs *zb_fs_load(zb_in *in) {
@@ -159,15 +158,15 @@ zb_fs *zb_fs_load(zb_in *in) {
     fs->root = load_mnode(in, NULL, 0, &count);
     fs->bytes_limit = in_u64(in);
     uint64_t ninodes = in_u64(in);
-    if (!fs->root || in->err || ninodes < 1 || ninodes > MAX_INODES || !(fs->inodes = calloc(ninodes, sizeof(zb_inode)))) {
+    if (!fs->root || in->err || ninodes < 1 || ninodes > MAX_INODES || zb_ovl_reserve(fs, ninodes) < 0) {
         in->err = 1;
         zb_fs_free(fs);
         return NULL;
     }
     fs->ninodes = ninodes;
-    for (size_t i = 1; i < ninodes && !in->err; i++) load_inode(in, fs, &fs->inodes[i]);
+    for (size_t i = 1; i < ninodes && !in->err; i++) load_inode(in, fs, zb_ovl_slot(fs, i));
     for (size_t i = 1; i < ninodes && !in->err; i++) { /* every reference must name a live inode */
-        zb_inode *n = &fs->inodes[i];
+        const zb_inode *n = zb_ovl_peek(fs, i);
         for (size_t k = 0; k < n->nents; k++)
             if (!zb_ovl_inode(fs, n->ents[k].ino)) in->err = 1;
     }

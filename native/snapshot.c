@@ -309,7 +309,10 @@ void zb_snapshot_release(zb_snapshot *s) {
 }
 
 uint64_t zb_snapshot_private_bytes(zb_snapshot *s) {
-    return s ? (s->own ? s->own->npages * ZB_PAGE : 0) + s->state_bytes : 0;
+    if (!s) return 0;
+    /* the overlay's metadata is shared copy-on-write: what only this snapshot holds changes as the
+     * sandbox and later snapshots copy chunks, so it is counted now */
+    return (s->own ? s->own->npages * ZB_PAGE : 0) + s->state_bytes + zb_ovl_private_bytes(s->st.fs);
 }
 
 /* Bring the sandbox's dirty set and XSAVE image up to date from the VM it is attached to. */
@@ -433,7 +436,7 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
         zb_seterr(err, "out of memory copying sandbox state");
         goto fail;
     }
-    s->state_bytes = zb_ovl_copy_bytes(s->st.fs) + zb_fdtable_copy_bytes(s->st.fds) + s->st.uart.rx_cap + s->st.uart.tx_cap;
+    s->state_bytes = zb_fdtable_copy_bytes(s->st.fds) + s->st.uart.rx_cap + s->st.uart.tx_cap;
     memset(sb->mem.host_dirty, 0, words * sizeof(uint64_t));
     atomic_fetch_add(&s->refs, 1);
     zb_snapshot_release(sb->base);

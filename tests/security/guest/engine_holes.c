@@ -13,6 +13,8 @@
  *                                    half removed, listed again
  *   engine_holes list_dir DIR        count DIR's entries (a host directory the host filled)
  *   engine_holes hold_fds PATH       open PATH until it fails, then wait on the UART holding them
+ *   engine_holes many_files N        N overlay files with 200-byte names in /tmp/many, then commands from
+ *                                    the UART: a = add one more file there, q = exit
  *   engine_holes side_channels       what rdtscp, rdpid and smsw tell a CPL3 guest (documented in
  *                                    docs/SECURITY.md as residual side channels)
  * Each prints "RESULT key=value ..." lines for the host to check.
@@ -224,6 +226,31 @@ static void test_hold_fds(int argc, char **argv) {
     wait_for_host();
 }
 
+static void test_many_files(int argc, char **argv) {
+    int n = argc > 2 ? atoi(argv[2]) : 20000;
+    char path[512], pad[201];
+    memset(pad, 'm', 200);
+    pad[200] = 0;
+    OK(mkdir("/tmp/many", 0755));
+    for (int i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "/tmp/many/%07d%s", i, pad + 7);
+        int fd = open(path, O_CREAT | O_WRONLY | O_EXCL, 0644);
+        if (fd < 0) { FAIL("create %s: %s", path, strerror(errno)); return; }
+        close(fd);
+    }
+    int tty = OK(open("/dev/ttyS0", O_RDWR));
+    printf("RESULT created=%d\n", n);
+    fflush(stdout);
+    for (int extra = 0;; extra++) {
+        char c;
+        if (read(tty, &c, 1) != 1) { FAIL("uart read"); return; }
+        if (c == 'q') break;
+        snprintf(path, sizeof path, "/tmp/many/extra%d", extra);
+        close(OK(open(path, O_CREAT | O_WRONLY, 0644)));
+    }
+    CHECK_EQ(count_entries("/tmp/many") >= n, 1);
+}
+
 #include <cpuid.h>
 
 static void test_side_channels(int argc, char **argv) {
@@ -252,7 +279,7 @@ static const zb_test tests[] = {
     {"epoll_loops", test_epoll_loops}, {"dir_listings", test_dir_listings}, {"uart_loopback", test_uart_loopback},
     {"host_modes", test_host_modes}, {"cpu_clock", test_cpu_clock}, {"big_dir", test_big_dir},
     {"list_dir", test_list_dir}, {"hold_fds", test_hold_fds},
-    {"side_channels", test_side_channels}, {NULL, NULL},
+    {"side_channels", test_side_channels}, {"many_files", test_many_files}, {NULL, NULL},
 };
 
 int main(int argc, char **argv) {
