@@ -43,11 +43,18 @@ zb_pipe *zb_pipe_new(void) {
     return p;
 }
 
+static void bytes_unref(zb_bytes *b) {
+    if (b && atomic_fetch_sub(&b->refs, 1) == 1) free(b);
+}
+
+void zb_pipe_free(zb_pipe *p) {
+    if (!p) return;
+    bytes_unref(p->buf);
+    free(p);
+}
+
 static void pipe_unref(zb_pipe *p) {
-    if (p && atomic_fetch_sub(&p->refs, 1) == 1) {
-        free(p->buf);
-        free(p);
-    }
+    if (p && atomic_fetch_sub(&p->refs, 1) == 1) zb_pipe_free(p);
 }
 
 void zb_file_attach_rx(zb_file *f, zb_pipe *p) {
@@ -154,11 +161,12 @@ fail:
 static zb_pipe *pipe_copy(const zb_pipe *s) {
     zb_pipe *p = zb_pipe_new();
     if (!p) return NULL;
-    if (s->len) {
-        if (!(p->buf = malloc(s->len))) { free(p); return NULL; }
-        memcpy(p->buf, s->buf, s->len);
+    if (s->buf) { /* shared until either side writes */
+        p->buf = s->buf;
+        atomic_fetch_add(&p->buf->refs, 1);
     }
-    p->len = p->cap = s->len;
+    p->start = s->start;
+    p->len = s->len;
     return p;
 }
 
@@ -208,7 +216,7 @@ zb_fdtable *zb_fdtable_clone(const zb_fdtable *t) {
     return n;
 fail:
     if (pipes) /* copies no file took a reference to */
-        for (int k = 0; k < pipes->n; k++) if (atomic_load(&pipes->new[k]->refs) == 0) { free(pipes->new[k]->buf); free(pipes->new[k]); }
+        for (int k = 0; k < pipes->n; k++) if (atomic_load(&pipes->new[k]->refs) == 0) zb_pipe_free(pipes->new[k]);
     free(pipes);
     zb_fdtable_free(n, NULL);
     return NULL;
@@ -243,7 +251,7 @@ uint64_t zb_fdtable_copy_bytes(const zb_fdtable *t) {
         while (k < n && seen[k] != f) k++;
         if (k < n) continue;
         seen[n++] = f;
-        bytes += sizeof *f + (f->where ? sizeof *f->where : 0) + (f->rx ? sizeof *f->rx + f->rx->len : 0) +
+        bytes += sizeof *f + (f->where ? sizeof *f->where : 0) + (f->rx ? sizeof *f->rx : 0) +
                  (f->epoll ? sizeof *f->epoll + (uint64_t)f->epoll->n * sizeof *f->epoll->items : 0);
     }
     return bytes;

@@ -286,11 +286,20 @@ typedef struct zb_hostfd {    /* a host fd shared by clones: we always use pread
     int fd;
 } zb_hostfd;
 
-/* A byte stream in one direction: a pipe, or one direction of a socketpair. */
+/* Bytes a stream holds, shared by the snapshots of a sandbox until one of them writes. */
+typedef struct zb_bytes {
+    atomic_int refs;
+    size_t cap;
+    uint8_t data[];
+} zb_bytes;
+
+/* A byte stream in one direction: a pipe, or one direction of a socketpair. Its unread bytes are
+ * buf->data[start, start + len): a read only moves `start`, a write appends (copying the bytes
+ * first if a snapshot shares them), so a snapshot copies no stream buffer. */
 typedef struct zb_pipe {
     atomic_int refs;
-    uint8_t *buf;
-    size_t len, cap;
+    zb_bytes *buf;
+    size_t start, len;
     int readers, writers;    /* open file descriptions reading / writing it */
 } zb_pipe;
 
@@ -357,6 +366,9 @@ int zb_host_fd_room(void);
 zb_hostfd *zb_hostfd_new(int fd);
 void zb_hostfd_unref(zb_hostfd *h);
 zb_pipe *zb_pipe_new(void);
+/* Free a stream no file holds (loading); its unread bytes. */
+void zb_pipe_free(zb_pipe *p);
+static inline const uint8_t *zb_pipe_bytes(const zb_pipe *p) { return p->buf ? p->buf->data + p->start : NULL; }
 /* Attach a stream to f as its rx or tx (counting f as a reader or writer); takes a reference. */
 void zb_file_attach_rx(zb_file *f, zb_pipe *p);
 void zb_file_attach_tx(zb_file *f, zb_pipe *p);

@@ -198,7 +198,7 @@ void zb_fds_save(const zb_fdtable *t, zb_out *o) {
     out_u32(o, npipes);
     for (uint32_t p = 0; p < npipes; p++) {
         out_u64(o, pipes[p]->len);
-        out_bytes(o, pipes[p]->buf, pipes[p]->len);
+        out_bytes(o, zb_pipe_bytes(pipes[p]), pipes[p]->len);
     }
     out_u32(o, nfiles);
     for (uint32_t k = 0; k < nfiles; k++) {
@@ -289,9 +289,13 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
     for (uint32_t p = 0; p < npipes; p++) {
         uint64_t len = in_u64(in);
         if (in->err || len > ZB_STREAM_CAP || !(pipes[p] = zb_pipe_new())) goto corrupt;
-        if (len && !(pipes[p]->buf = malloc(len))) goto corrupt;
-        in_bytes(in, pipes[p]->buf, len);
-        pipes[p]->len = pipes[p]->cap = len;
+        if (len && !(pipes[p]->buf = malloc(sizeof *pipes[p]->buf + len))) goto corrupt;
+        if (len) {
+            atomic_init(&pipes[p]->buf->refs, 1);
+            pipes[p]->buf->cap = len;
+            in_bytes(in, pipes[p]->buf->data, len);
+        }
+        pipes[p]->len = len;
     }
     nfiles = in_u32(in);
     if (in->err || nfiles > MAX_FILES || !(files = calloc(nfiles + 1, sizeof *files))) goto corrupt;
@@ -330,7 +334,7 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
         t->cloexec[fd] = cloexec ? 1 : 0;
     }
     for (uint32_t p = 0; p < npipes; p++) /* listed but unused (only a corrupt file does that) */
-        if (!atomic_load(&pipes[p]->refs)) { free(pipes[p]->buf); free(pipes[p]); }
+        if (!atomic_load(&pipes[p]->refs)) zb_pipe_free(pipes[p]);
     for (uint32_t k = 0; k < nfiles; k++)
         if (!files[k]->refs) { files[k]->refs = 1; zb_file_unref(NULL, files[k]); }
     free(files);
@@ -341,7 +345,7 @@ corrupt:
 fail:
     /* streams no file holds first: freeing the files below frees the others */
     for (uint32_t p = 0; pipes && p < npipes; p++)
-        if (pipes[p] && !atomic_load(&pipes[p]->refs)) { free(pipes[p]->buf); free(pipes[p]); }
+        if (pipes[p] && !atomic_load(&pipes[p]->refs)) zb_pipe_free(pipes[p]);
     for (uint32_t k = 0; files && k < nfiles; k++)
         if (files[k] && !files[k]->refs) { files[k]->refs = 1; files[k]->ino = 0; zb_file_unref(NULL, files[k]); }
     free(files);

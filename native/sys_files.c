@@ -209,9 +209,10 @@ long zb_stream_read(zb_file *f, uint8_t *p, size_t n) {
     if (!pp) return f->kind == FILE_SOCKET ? 0 : -EBADF; /* a socket shut down for reading reads EOF */
     if (!pp->len) return pp->writers ? -EAGAIN : 0;
     n = ZB_MIN(n, pp->len);
-    memcpy(p, pp->buf, n);
-    memmove(pp->buf, pp->buf + n, pp->len - n);
+    memcpy(p, zb_pipe_bytes(pp), n);
+    pp->start += n; /* (the bytes may be shared with a snapshot: never changed in place) */
     pp->len -= n;
+    if (!pp->len) pp->start = 0;
     return (long)n;
 }
 
@@ -221,14 +222,20 @@ long zb_stream_write(zb_file *f, const uint8_t *p, size_t n) {
     if (!pp->readers) return -EPIPE;
     if (pp->len + n > ZB_STREAM_CAP) n = ZB_STREAM_CAP - pp->len;
     if (!n) return -EAGAIN;
-    if (pp->len + n > pp->cap) {
-        size_t cap = ZB_MAX(pp->len + n, pp->cap * 2);
-        uint8_t *nb = realloc(pp->buf, cap);
+    zb_bytes *b = pp->buf;
+    if (!b || atomic_load(&b->refs) > 1 || pp->start + pp->len + n > b->cap) {
+        /* shared with a snapshot, or no room after the unread bytes: move them to a buffer of our own */
+        size_t cap = ZB_MIN(ZB_MAX(pp->len + n, b ? 2 * b->cap : 4096), (size_t)ZB_STREAM_CAP);
+        zb_bytes *nb = malloc(sizeof *nb + cap);
         if (!nb) return -ENOMEM;
-        pp->buf = nb;
-        pp->cap = cap;
+        atomic_init(&nb->refs, 1);
+        nb->cap = cap;
+        if (pp->len) memcpy(nb->data, zb_pipe_bytes(pp), pp->len);
+        if (b && atomic_fetch_sub(&b->refs, 1) == 1) free(b);
+        pp->buf = b = nb;
+        pp->start = 0;
     }
-    memcpy(pp->buf + pp->len, p, n);
+    memcpy(b->data + pp->start + pp->len, p, n);
     pp->len += n;
     return (long)n;
 }

@@ -15,6 +15,8 @@
  *   engine_holes hold_fds PATH       open PATH until it fails, then wait on the UART holding them
  *   engine_holes many_files N        N overlay files with 200-byte names in /tmp/many, then commands from
  *                                    the UART: a = add one more file there, q = exit
+ *   engine_holes full_pipes          fill pipes until the fd table is full, wait on the UART, then
+ *                                    check every byte is still there
  *   engine_holes side_channels       what rdtscp, rdpid and smsw tell a CPL3 guest (documented in
  *                                    docs/SECURITY.md as residual side channels)
  * Each prints "RESULT key=value ..." lines for the host to check.
@@ -251,6 +253,29 @@ static void test_many_files(int argc, char **argv) {
     CHECK_EQ(count_entries("/tmp/many") >= n, 1);
 }
 
+static void test_full_pipes(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    static char block[65536], back[65536];
+    static int readers[600];
+    int p[2], n = 0;
+    long bytes = 0;
+    while (n < 600 && pipe2(p, O_NONBLOCK) == 0) {
+        memset(block, 'a' + n % 26, sizeof block);
+        long w;
+        while ((w = write(p[1], block, sizeof block)) > 0) bytes += w;
+        readers[n++] = p[0];
+    }
+    printf("RESULT pipes=%d mib=%ld\n", n, bytes >> 20);
+    wait_for_host();
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        long r = read(readers[i], back, sizeof back);
+        bad += r != (long)sizeof back || back[0] != 'a' + i % 26 || back[sizeof back - 1] != 'a' + i % 26;
+    }
+    CHECK_EQ(bad, 0);
+}
+
 #include <cpuid.h>
 
 static void test_side_channels(int argc, char **argv) {
@@ -279,7 +304,8 @@ static const zb_test tests[] = {
     {"epoll_loops", test_epoll_loops}, {"dir_listings", test_dir_listings}, {"uart_loopback", test_uart_loopback},
     {"host_modes", test_host_modes}, {"cpu_clock", test_cpu_clock}, {"big_dir", test_big_dir},
     {"list_dir", test_list_dir}, {"hold_fds", test_hold_fds},
-    {"side_channels", test_side_channels}, {"many_files", test_many_files}, {NULL, NULL},
+    {"side_channels", test_side_channels}, {"many_files", test_many_files},
+    {"full_pipes", test_full_pipes}, {NULL, NULL},
 };
 
 int main(int argc, char **argv) {
