@@ -7,6 +7,7 @@
  */
 #include "fs.h"
 
+#include <stddef.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -35,6 +36,34 @@ void zb_hostfd_unref(zb_hostfd *h) {
         atomic_fetch_sub(&host_fds_held, 1);
         free(h);
     }
+}
+
+typedef struct {
+    atomic_int refs;
+    zb_resolved r;
+} where_box;
+
+static where_box *box_of(zb_resolved *w) { return (where_box *)((char *)w - offsetof(where_box, r)); }
+
+zb_resolved *zb_where_new(void) {
+    where_box *b = malloc(sizeof *b);
+    if (!b) return NULL;
+    atomic_init(&b->refs, 1);
+    return &b->r;
+}
+
+void zb_where_unref(zb_resolved *w) {
+    if (w && atomic_fetch_sub(&box_of(w)->refs, 1) == 1) free(box_of(w));
+}
+
+int zb_where_own(zb_file *f) {
+    if (!f->where || atomic_load(&box_of(f->where)->refs) == 1) return 0;
+    zb_resolved *w = zb_where_new();
+    if (!w) return -1;
+    *w = *f->where;
+    zb_where_unref(f->where);
+    f->where = w;
+    return 0;
 }
 
 zb_pipe *zb_pipe_new(void) {
@@ -115,7 +144,7 @@ static void file_free(zb_fs *fs, zb_file *f) {
     zb_file_detach_tx(f);
     zb_epoll_free(f->epoll);
     if (f->ino && fs) zb_ovl_open_ref(fs, f->ino, -1);
-    free(f->where);
+    zb_where_unref(f->where);
     zb_listing_unref(f->listing);
     free(f);
 }
@@ -143,9 +172,9 @@ static zb_file *file_copy(const zb_file *s) {
     d->epoll = NULL;
     if (s->host) atomic_fetch_add(&s->host->refs, 1);
     if (s->epoll && !(d->epoll = zb_epoll_copy(s->epoll))) goto fail;
-    if (s->where) {
-        if (!(d->where = malloc(sizeof *d->where))) goto fail;
-        *d->where = *s->where;
+    if (s->where) { /* never changed in place once shared (zb_where_own) */
+        d->where = s->where;
+        atomic_fetch_add(&box_of(d->where)->refs, 1);
     }
     if (s->listing) { /* immutable once taken: shared, never copied (a snapshot costs nothing here) */
         d->listing = s->listing;
@@ -251,7 +280,7 @@ uint64_t zb_fdtable_copy_bytes(const zb_fdtable *t) {
         while (k < n && seen[k] != f) k++;
         if (k < n) continue;
         seen[n++] = f;
-        bytes += sizeof *f + (f->where ? sizeof *f->where : 0) + (f->rx ? sizeof *f->rx : 0) +
+        bytes += sizeof *f + (f->rx ? sizeof *f->rx : 0) +
                  (f->epoll ? sizeof *f->epoll + (uint64_t)f->epoll->n * sizeof *f->epoll->items : 0);
     }
     return bytes;

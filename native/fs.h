@@ -332,7 +332,8 @@ typedef struct zb_file {
                                 peer's tx is this end's rx; NULL after shutdown() */
     zb_epoll *epoll;         /* FILE_EPOLL */
     uint64_t id;             /* unique in its fd table's lineage, given when first installed */
-    zb_resolved *where;      /* what was opened (NULL for consoles, pipes, sockets, epolls) */
+    zb_resolved *where;      /* what was opened (NULL for consoles, pipes, sockets, epolls): from
+                                zb_where_new, shared by the table's clones (copy before changing) */
     zb_listing *listing;     /* FILE_DIR: taken at the first getdents64 */
 } zb_file;
 
@@ -342,6 +343,11 @@ struct zb_fdtable {
     uint64_t next_file_id;
 };
 
+/* The resolved location an open file keeps: refcounted, shared by the clones of an fd table (a
+ * snapshot copies none of the 4 KiB paths). zb_where_own makes f's its own before a change. */
+zb_resolved *zb_where_new(void);
+void zb_where_unref(zb_resolved *w);
+int zb_where_own(struct zb_file *f);
 zb_fdtable *zb_fdtable_new(void);
 /* The clone's overlay inodes are the source's (same numbers, opens already counted). */
 zb_fdtable *zb_fdtable_clone(const zb_fdtable *t);

@@ -263,7 +263,7 @@ static int reopen(zb_sandbox *ctx, zb_file *f, const char *path, char *err) {
         zb_seterr(err, "the template had %s open, which no longer resolves", path);
         return -1;
     }
-    if (!(f->where = malloc(sizeof r))) { zb_seterr(err, "out of memory"); return -1; }
+    if (!(f->where = zb_where_new())) { zb_seterr(err, "out of memory"); return -1; }
     *f->where = r;
     if (r.loc.kind == LOC_HOST && (f->kind == FILE_HOST || f->kind == FILE_DIR)) {
         int fd = zb_host_open_ro(r.path, r.loc.is_dir);

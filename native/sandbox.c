@@ -70,6 +70,7 @@ static int own_namespace(zb_sandbox *sb, char *err) {
     for (int fd = 0; nmap && fd < ZB_MAX_FDS; fd++) {
         zb_file *f = sb->fds->fd[fd];
         if (!f || !f->where) continue;
+        if (zb_where_own(f) < 0) { free(map); zb_seterr(err, "out of memory"); return -1; }
         f->where->loc.mnode = remap(f->where->loc.mnode, map, nmap);
         f->where->parent.mnode = remap(f->where->parent.mnode, map, nmap);
         f->where->loc.proj_root = remap(f->where->loc.proj_root, map, nmap);

@@ -48,7 +48,7 @@ static long open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags,
     if (!ino) return -ENOSPC;
     zb_ovl_open_ref(sb->fs, ino, 1); /* nlink 0: released again with its last open */
     zb_file *f = zb_file_new(FILE_OVERLAY);
-    if (!f || !(f->where = malloc(sizeof *f->where))) {
+    if (!f || !(f->where = zb_where_new())) {
         free(f);
         zb_ovl_open_ref(sb->fs, ino, -1);
         return -ENOMEM;
@@ -79,7 +79,7 @@ static long open_project_host(zb_sandbox *sb, zb_resolved *r, uint64_t flags, ui
     r->loc.lower = 1;
     r->loc.proj = PROJ_READWRITE;
     r->loc.proj_root = r->parent.proj_root;
-    if (!(f->where = malloc(sizeof *r))) { zb_file_unref(sb->fs, f); return -ENOMEM; }
+    if (!(f->where = zb_where_new())) { zb_file_unref(sb->fs, f); return -ENOMEM; }
     *f->where = *r;
     return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
 }
@@ -146,7 +146,7 @@ static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flag
         return -ENOENT;
     }
     f->flags = flags & (O_ACCMODE | O_APPEND | O_NONBLOCK | O_PATH | O_DIRECTORY | O_NOATIME);
-    if (!(f->where = malloc(sizeof r))) { zb_file_unref(sb->fs, f); return -ENOMEM; }
+    if (!(f->where = zb_where_new())) { zb_file_unref(sb->fs, f); return -ENOMEM; }
     *f->where = r;
     return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
 }
