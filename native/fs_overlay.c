@@ -103,16 +103,23 @@ static int dir_own(zb_inode *d) {
     return 0;
 }
 
-int zb_ovl_dir_append(zb_inode *d, const char *name, uint32_t ino) {
-    if (dir_own(d) < 0) return -ENOMEM;
+/* Make d's entries its own, with room for one more: its table, or NULL if out of memory. */
+static zb_dirtab *dir_room(zb_inode *d) {
+    if (dir_own(d) < 0) return NULL;
     zb_dirtab *t = d->dir;
     if (t->n == t->cap) {
         size_t cap = t->cap ? t->cap * 2 : 8;
         zb_dirent *ne = realloc(t->ents, cap * sizeof *ne);
-        if (!ne) return -ENOMEM;
+        if (!ne) return NULL;
         t->ents = ne;
         t->cap = cap;
     }
+    return t;
+}
+
+int zb_ovl_dir_append(zb_inode *d, const char *name, uint32_t ino) {
+    zb_dirtab *t = dir_room(d);
+    if (!t) return -ENOMEM;
     char *copy = name_new(name);
     if (!copy) return -ENOMEM;
     t->ents[t->n].name = copy;
@@ -339,15 +346,8 @@ int zb_ovl_link(zb_fs *fs, uint32_t dir, const char *name, uint32_t ino) {
     if (!d || !in) return -ENOENT;
     if (d->type != INO_DIR) return -ENOTDIR;
     if (dir_find(d, name) >= 0) return -EEXIST;
-    if (dir_own(d) < 0) return -ENOMEM;
-    zb_dirtab *t = d->dir;
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 8;
-        zb_dirent *ne = realloc(t->ents, cap * sizeof *ne);
-        if (!ne) return -ENOMEM;
-        t->ents = ne;
-        t->cap = cap;
-    }
+    zb_dirtab *t = dir_room(d);
+    if (!t) return -ENOMEM;
     if (charge(fs, name_cost(name)) < 0) return -ENOSPC;
     char *copy = name_new(name);
     if (!copy) { uncharge(fs, name_cost(name)); return -ENOMEM; }
