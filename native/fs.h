@@ -4,7 +4,11 @@
  *   - a mount trie (immutable once the sandbox runs, shared by forks): synthetic directories that
  *     exist only to lead to visible things, host files and host directory trees visible read-only
  *     at their own path, symlinks mirrored from the host, overlay mount points and devices;
- *   - the overlay (per sandbox, cloned by snapshots): writable in-memory directories and files.
+ *   - the overlay (per sandbox, shared copy-on-write with its snapshots: inode chunks, directory
+ *     tables, names and file blocks are copied only when changed): writable in-memory directories
+ *     and files.
+ * A project mount's files mode (zb_proj_policy) is shared by every copy of the trie, so it is the
+ * session's, not a snapshot's.
  * Every lookup walks this namespace component by component in the guest's terms, so `..`, symlinks
  * (host or overlay) and absolute paths can never leave it; host files are finally opened with
  * openat2(RESOLVE_NO_SYMLINKS) on their canonical path.
