@@ -180,7 +180,8 @@ size_t zb_sandbox_take_log(zb_sandbox *sb, char *buf, size_t len) {
 }
 
 void zb_sandbox_free_state(zb_sandbox *sb) {
-    zb_fdtable_free(sb->fds, sb->fs);
+    /* the fs goes away with the table: no open counts to keep (and no shared inode chunk to copy) */
+    zb_fdtable_free(sb->fds, NULL);
     sb->fds = NULL;
     zb_fs_free(sb->fs);
     sb->fs = NULL;

@@ -147,7 +147,7 @@ static int unchanged_again(uint8_t *runs, uint64_t pfn) {
 void zb_guest_state_free(zb_guest_state *st) {
     free(st->cpu.xsave);
     zb_uart_destroy(&st->uart);
-    zb_fdtable_free(st->fds, st->fs);
+    zb_fdtable_free(st->fds, NULL); /* the fs goes too: no open counts to keep */
     zb_fs_free(st->fs);
     zb_mem_meta_free(&st->mem);
     memset(st, 0, sizeof *st);
