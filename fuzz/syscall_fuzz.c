@@ -224,8 +224,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     zb_run_deadline_ns = 1; /* a sleeping call pauses at once instead of sleeping */
 
+    /* clones of the file state, as snapshots keep them: the sandbox then changes state it shares
+     * copy-on-write with them (overlay chunks, directory tables, names, streams, paths, listings) */
+    enum { KEPT = 4 };
+    zb_fs *kept_fs[KEPT] = {0};
+    zb_fdtable *kept_fds[KEPT] = {0};
+    size_t nkept = 0;
     const uint8_t *p = records;
     for (size_t n = 0; n < ncalls && !sb->finished; n++, p += RECORD) {
+        if (p[2] & 0x80) {
+            size_t k = nkept++ % KEPT;
+            zb_fdtable_free(kept_fds[k], kept_fs[k]);
+            zb_fs_free(kept_fs[k]);
+            kept_fs[k] = zb_fs_clone(sb->fs);
+            kept_fds[k] = kept_fs[k] ? zb_fdtable_clone(sb->fds) : NULL;
+        }
         sb->cpu.regs.rsp = argument(p[0], u64(p + 3 + 1)) & ~7ull;
         uint64_t nr = (p[1] | (uint64_t)p[2] << 8) % 448, a[6];
         for (int k = 0; k < 6; k++) a[k] = argument(p[3 + 9 * k], u64(p + 3 + 9 * k + 1));
@@ -246,6 +259,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         sb->sig.pending = 0;
     }
     zb_run_deadline_ns = 0;
+    for (size_t k = 0; k < KEPT; k++) {
+        zb_fdtable_free(kept_fds[k], kept_fs[k]);
+        zb_fs_free(kept_fs[k]);
+    }
     zb_sandbox_free(sb);
     check_outside();
     return 0;

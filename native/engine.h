@@ -218,6 +218,7 @@ typedef struct zb_uart {
     uint8_t *tx;             /* guest -> host bytes of the frame being assembled */
     size_t tx_len, tx_cap;
     size_t frame_ready;      /* bytes of a complete frame at tx[0..] handed out as an event */
+    int overrun;             /* loopback bytes were lost to a full receive FIFO (LSR OE) */
 } zb_uart;
 
 void zb_uart_init(zb_uart *u);
@@ -244,6 +245,14 @@ typedef struct zb_process {
     uint64_t tid_address;
     unsigned umask;
     int exit_status;
+    uint64_t cpu_ns;         /* CPU time the guest has used (its runs' wall time), as the guest reads it
+                                (clock_gettime CPU clocks, getrusage, times, sysinfo): part of the state a
+                                snapshot restores, so an isolated cell never learns how long another ran */
+    int64_t clock_base[3];   /* CLOCK_MONOTONIC, BOOTTIME, MONOTONIC_RAW bases of the vDSO page last
+                                published (host copies: the page itself is guest memory), */
+    uint64_t clock_tsc0, clock_mult; /* with its TSC origin and scale (vdso.c) */
+    int64_t clock_floor[3];  /* the latest of each the guest can have read, as of its last stop: the
+                                next page never goes below */
 } zb_process;
 
 /* ---- the sandbox ---- */
@@ -291,6 +300,13 @@ const char *zb_syscall_name(uint64_t nr);
  * the syscall is served again when the sandbox resumes. A handler that finished but needs the
  * caller (e.g. output to hand over) calls zb_stop_event(sb, kind, 0) and returns its result. */
 #define ZB_SYSCALL_STOP (-100000)
+/* A long engine operation (a listing of a huge directory) gave up because the run's deadline
+ * passed or a kick came: the handler turns it into zb_stop_for_deadline (never seen by the guest). */
+#define ZB_DEADLINE_PASSED (-100001)
+/* 1 if the running sandbox's deadline has passed or a kick is pending (checked by long operations). */
+int zb_should_stop(const zb_sandbox *sb);
+/* Stop the syscall for that deadline or kick; it is served again on resume. Returns ZB_SYSCALL_STOP. */
+long zb_stop_for_deadline(zb_sandbox *sb);
 zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry);
 /* Append guest output to the pending OUTPUT event (one event per syscall). */
 int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len);
@@ -333,9 +349,17 @@ int zb_elf_exec(zb_sandbox *sb, const char *exe_guest_path, const char *const *a
                 const char *const *envp, char *err);
 uint64_t zb_vdso_load(zb_sandbox *sb, char *err);
 void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm);
+/* The run stopped: record the latest monotonic times the guest can have read (proc.clock_floor). */
+void zb_vdso_note_stop(zb_sandbox *sb, zb_vm *vm);
+
+/* The guest's CPU time in ns: proc.cpu_ns plus the run under way (run_loop.c). */
+uint64_t zb_guest_cpu_ns(const zb_sandbox *sb);
 
 /* ---- sandboxes (sandbox.c) ---- */
 zb_sandbox *zb_sandbox_alloc(zb_engine *e, char *err);
+/* A fork gets files-mode policies of its own (fs.h, zb_proj_policy): changing its mode then
+ * leaves the snapshot it came from, and that snapshot's other forks, as they are. */
+int zb_sandbox_own_policies(zb_sandbox *sb, char *err);
 
 /* ---- snapshots (snapshot.c) ---- */
 int zb_sandbox_clone_state(zb_sandbox *dst, const zb_sandbox *src, char *err);

@@ -7,21 +7,63 @@
  */
 #include "fs.h"
 
+#include <stddef.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+/* Host fds held open for guests (zb_hostfd), in the whole process: snapshots share them. */
+static atomic_long host_fds_held;
+
+int zb_host_fd_room(void) {
+    struct rlimit rl;
+    long limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (long)rl.rlim_cur : 1024;
+    long max = limit > 2 * ZB_HOST_FD_HEADROOM ? limit - ZB_HOST_FD_HEADROOM : limit / 2;
+    return atomic_load(&host_fds_held) < max ? 0 : -EMFILE;
+}
 
 zb_hostfd *zb_hostfd_new(int fd) {
     zb_hostfd *h = calloc(1, sizeof *h);
     if (!h) return NULL;
     atomic_init(&h->refs, 1);
     h->fd = fd;
+    atomic_fetch_add(&host_fds_held, 1);
     return h;
 }
 
 void zb_hostfd_unref(zb_hostfd *h) {
     if (h && atomic_fetch_sub(&h->refs, 1) == 1) {
         close(h->fd);
+        atomic_fetch_sub(&host_fds_held, 1);
         free(h);
     }
+}
+
+typedef struct {
+    atomic_int refs;
+    zb_resolved r;
+} where_box;
+
+static where_box *box_of(zb_resolved *w) { return (where_box *)((char *)w - offsetof(where_box, r)); }
+
+zb_resolved *zb_where_new(void) {
+    where_box *b = malloc(sizeof *b);
+    if (!b) return NULL;
+    atomic_init(&b->refs, 1);
+    return &b->r;
+}
+
+void zb_where_unref(zb_resolved *w) {
+    if (w && atomic_fetch_sub(&box_of(w)->refs, 1) == 1) free(box_of(w));
+}
+
+int zb_where_own(zb_file *f) {
+    if (!f->where || atomic_load(&box_of(f->where)->refs) == 1) return 0;
+    zb_resolved *w = zb_where_new();
+    if (!w) return -1;
+    *w = *f->where;
+    zb_where_unref(f->where);
+    f->where = w;
+    return 0;
 }
 
 zb_pipe *zb_pipe_new(void) {
@@ -30,11 +72,18 @@ zb_pipe *zb_pipe_new(void) {
     return p;
 }
 
+static void bytes_unref(zb_bytes *b) {
+    if (b && atomic_fetch_sub(&b->refs, 1) == 1) free(b);
+}
+
+void zb_pipe_free(zb_pipe *p) {
+    if (!p) return;
+    bytes_unref(p->buf);
+    free(p);
+}
+
 static void pipe_unref(zb_pipe *p) {
-    if (p && atomic_fetch_sub(&p->refs, 1) == 1) {
-        free(p->buf);
-        free(p);
-    }
+    if (p && atomic_fetch_sub(&p->refs, 1) == 1) zb_pipe_free(p);
 }
 
 void zb_file_attach_rx(zb_file *f, zb_pipe *p) {
@@ -95,11 +144,8 @@ static void file_free(zb_fs *fs, zb_file *f) {
     zb_file_detach_tx(f);
     zb_epoll_free(f->epoll);
     if (f->ino && fs) zb_ovl_open_ref(fs, f->ino, -1);
-    free(f->where);
-    if (f->listing) {
-        zb_listing_free(f->listing);
-        free(f->listing);
-    }
+    zb_where_unref(f->where);
+    zb_listing_unref(f->listing);
     free(f);
 }
 
@@ -126,18 +172,13 @@ static zb_file *file_copy(const zb_file *s) {
     d->epoll = NULL;
     if (s->host) atomic_fetch_add(&s->host->refs, 1);
     if (s->epoll && !(d->epoll = zb_epoll_copy(s->epoll))) goto fail;
-    if (s->where) {
-        if (!(d->where = malloc(sizeof *d->where))) goto fail;
-        *d->where = *s->where;
+    if (s->where) { /* never changed in place once shared (zb_where_own) */
+        d->where = s->where;
+        atomic_fetch_add(&box_of(d->where)->refs, 1);
     }
-    if (s->listing) {
-        if (!(d->listing = calloc(1, sizeof *d->listing))) goto fail;
-        if (s->listing->n && !(d->listing->ents = calloc(s->listing->n, sizeof *d->listing->ents))) goto fail;
-        for (size_t i = 0; i < s->listing->n; i++) {
-            d->listing->ents[i] = s->listing->ents[i];
-            if (!(d->listing->ents[i].name = strdup(s->listing->ents[i].name))) goto fail;
-            d->listing->n++;
-        }
+    if (s->listing) { /* immutable once taken: shared, never copied (a snapshot costs nothing here) */
+        d->listing = s->listing;
+        atomic_fetch_add(&d->listing->refs, 1);
     }
     return d;
 fail:
@@ -149,11 +190,12 @@ fail:
 static zb_pipe *pipe_copy(const zb_pipe *s) {
     zb_pipe *p = zb_pipe_new();
     if (!p) return NULL;
-    if (s->len) {
-        if (!(p->buf = malloc(s->len))) { free(p); return NULL; }
-        memcpy(p->buf, s->buf, s->len);
+    if (s->buf) { /* shared until either side writes */
+        p->buf = s->buf;
+        atomic_fetch_add(&p->buf->refs, 1);
     }
-    p->len = p->cap = s->len;
+    p->start = s->start;
+    p->len = s->len;
     return p;
 }
 
@@ -203,7 +245,7 @@ zb_fdtable *zb_fdtable_clone(const zb_fdtable *t) {
     return n;
 fail:
     if (pipes) /* copies no file took a reference to */
-        for (int k = 0; k < pipes->n; k++) if (atomic_load(&pipes->new[k]->refs) == 0) { free(pipes->new[k]->buf); free(pipes->new[k]); }
+        for (int k = 0; k < pipes->n; k++) if (atomic_load(&pipes->new[k]->refs) == 0) zb_pipe_free(pipes->new[k]);
     free(pipes);
     zb_fdtable_free(n, NULL);
     return NULL;
@@ -225,6 +267,38 @@ int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec) {
     }
     zb_file_unref(sb->fs, f);
     return -EMFILE;
+}
+
+uint64_t zb_fdtable_copy_bytes(const zb_fdtable *t) {
+    const zb_file *seen[ZB_MAX_FDS];
+    size_t n = 0;
+    uint64_t bytes = sizeof *t;
+    for (int i = 0; i < ZB_MAX_FDS; i++) {
+        const zb_file *f = t->fd[i];
+        if (!f) continue;
+        size_t k = 0;
+        while (k < n && seen[k] != f) k++;
+        if (k < n) continue;
+        seen[n++] = f;
+        bytes += sizeof *f + (f->rx ? sizeof *f->rx : 0) +
+                 (f->epoll ? sizeof *f->epoll + (uint64_t)f->epoll->n * sizeof *f->epoll->items : 0);
+    }
+    return bytes;
+}
+
+size_t zb_fdtable_listing_bytes(const zb_fdtable *t) {
+    const zb_listing *seen[ZB_MAX_FDS];
+    size_t n = 0, bytes = 0;
+    for (int i = 0; i < ZB_MAX_FDS; i++) {
+        const zb_listing *l = t->fd[i] ? t->fd[i]->listing : NULL;
+        if (!l) continue;
+        size_t k = 0;
+        while (k < n && seen[k] != l) k++;
+        if (k < n) continue;
+        seen[n++] = l;
+        bytes += l->bytes;
+    }
+    return bytes;
 }
 
 int zb_fd_close(zb_sandbox *sb, int fd) {

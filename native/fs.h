@@ -4,7 +4,11 @@
  *   - a mount trie (immutable once the sandbox runs, shared by forks): synthetic directories that
  *     exist only to lead to visible things, host files and host directory trees visible read-only
  *     at their own path, symlinks mirrored from the host, overlay mount points and devices;
- *   - the overlay (per sandbox, cloned by snapshots): writable in-memory directories and files.
+ *   - the overlay (per sandbox, shared copy-on-write with its snapshots: inode chunks, directory
+ *     tables, names and file blocks are copied only when changed): writable in-memory directories
+ *     and files.
+ * A project mount's files mode (zb_proj_policy) is shared by every copy of the trie, so it is the
+ * session's, not a snapshot's.
  * Every lookup walks this namespace component by component in the guest's terms, so `..`, symlinks
  * (host or overlay) and absolute paths can never leave it; host files are finally opened with
  * openat2(RESOLVE_NO_SYMLINKS) on their canonical path.
@@ -23,6 +27,15 @@ enum { PROJ_NONE = 0, PROJ_READONLY = ZB_PROJECT_READONLY, PROJ_OVERLAY = ZB_PRO
 /* devices */
 enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART };
 
+/* How a mounted project is seen (PROJ_*). One object per mount, shared by every copy of the trie
+ * (snapshots, restores, rewinds): the files mode is a property of the session, not of the state a
+ * snapshot captured, so a snapshot restored after `%sandbox files readonly` is read-only too. A
+ * fork made from a snapshot gets its own (zb_fs_own_policies). */
+typedef struct zb_proj_policy {
+    atomic_int refs;
+    atomic_int mode;
+} zb_proj_policy;
+
 typedef struct zb_mnode {
     char *name;
     struct zb_mnode *parent;
@@ -32,7 +45,7 @@ typedef struct zb_mnode {
     char *target;      /* MNT_SYMLINK; MNT_PROJECT: its hidden paths, '\n'-separated (fs_project.c) */
     uint32_t ino;      /* MNT_OVERLAY; MNT_PROJECT: the root of its upper (overlay) layer */
     int dev;           /* MNT_DEV */
-    int proj_mode;     /* MNT_PROJECT: PROJ_* */
+    zb_proj_policy *policy; /* MNT_PROJECT: its mode (shared, see zb_proj_policy) */
     int root_fd;       /* MNT_PROJECT: O_PATH fd of the host directory, for confined host writes */
 } zb_mnode;
 
@@ -50,9 +63,21 @@ typedef struct zb_block {      /* refcounted file data, shared by snapshots unti
 #define ZB_IO_BLKSIZE (1 << 20)
 
 typedef struct zb_dirent {
-    char *name;
+    char *name;              /* refcounted (fs_overlay.c): copies of a directory share the strings */
     uint32_t ino;
 } zb_dirent;
+
+/* A directory's entries, shared by the snapshots of a sandbox until one of them changes the
+ * directory (then that one copies the array; the names stay shared). Large directories have a
+ * hash index (entry number + 1 per slot, open addressing, index_cap a power of two), built on
+ * demand. */
+typedef struct zb_dirtab {
+    atomic_int refs;
+    zb_dirent *ents;
+    size_t n, cap;
+    uint32_t *index;
+    size_t index_cap;
+} zb_dirtab;
 
 typedef struct zb_inode {
     int type;
@@ -60,8 +85,9 @@ typedef struct zb_inode {
     uint32_t nlink;
     int readonly;            /* files put by the host (e.g. /etc/passwd) */
     int64_t atime_ns, mtime_ns, ctime_ns; /* atime changes only through utimensat (noatime) */
-    zb_dirent *ents;         /* INO_DIR */
-    size_t nents, ents_cap;
+    zb_dirent *ents;         /* INO_DIR: dir->ents and dir->n, kept equal for readers; only */
+    size_t nents;            /* fs_overlay.c changes a directory */
+    zb_dirtab *dir;          /* INO_DIR: its entries (NULL while it has none) */
     uint32_t parent;         /* INO_DIR: for `..` listing */
     int opaque;              /* INO_DIR in a project's upper layer: hides the host directory below */
     uint32_t opens;          /* open file descriptions: an unlinked file lives while opened */
@@ -71,11 +97,23 @@ typedef struct zb_inode {
     char *target;            /* INO_SYMLINK */
 } zb_inode;
 
+/* The overlay's inodes, in chunks of ZB_INODE_CHUNK that the clones of an fs share until one of
+ * them touches an inode of the chunk (copy-on-write per chunk): a snapshot costs a pointer per
+ * chunk, not a copy of every inode and name (a guest with a million files made every checkpoint
+ * copy ~250 MB of them). */
+#define ZB_INODE_CHUNK 256
+typedef struct zb_inode_chunk {
+    atomic_int refs;
+    zb_inode in[ZB_INODE_CHUNK];
+} zb_inode_chunk;
+
 struct zb_fs {
     zb_mnode *root;          /* shared by clones: see trie_refs */
     atomic_int *trie_refs;
-    zb_inode *inodes;        /* overlay, index = inode number (0 unused) */
-    size_t ninodes;
+    zb_inode_chunk **chunks; /* overlay inode i is chunks[i / ZB_INODE_CHUNK]->in[i % ZB_INODE_CHUNK] */
+    size_t nchunks;
+    size_t ninodes;          /* inode numbers in use are below this (0 is never used) */
+    size_t free_hint;        /* no free inode below this number (so a new inode is found in O(1)) */
     uint64_t bytes_used, bytes_limit;
 };
 
@@ -123,11 +161,28 @@ int zb_fs_put_file(zb_fs *fs, const char *guest_path, const void *data, size_t l
 int zb_fs_resolve(zb_sandbox *sb, const char *base, const char *path, int flags, zb_resolved *out);
 int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st);
 void zb_dev_stat(int dev, struct stat *st);
-/* Directory listing as name/type/ino triples, for getdents64. */
+/* Directory listing as name/type/ino triples, for getdents64. Names are unique: a hash index
+ * (index, index_cap slots holding entry number + 1) finds duplicates in O(1), so a listing of
+ * 100,000 entries costs milliseconds, not the seconds a scan per entry took. An open directory's
+ * listing is immutable once taken and shared by the clones of its fd table (refs), so a snapshot
+ * never copies it; `bytes` is what it holds, charged to the sandbox's ZB_LISTING_BUDGET. */
 typedef struct zb_listing {
-    size_t n;
+    size_t n, cap;
     struct zb_listing_ent { char *name; unsigned char type; uint64_t ino; } *ents;
+    uint32_t *index;
+    size_t index_cap;
+    size_t bytes;
+    atomic_int refs;         /* cached listings of open directories (fdtable.c); 0 elsewhere */
 } zb_listing;
+/* Host memory the cached listings of one sandbox's open directories may hold together (ENOMEM
+ * to getdents64 beyond): 1,018 fds on a directory of 2,000 long names once took 550 MB. */
+#define ZB_LISTING_BUDGET (32ull << 20)
+/* The hash of a file name for the listings' and overlay directories' indexes (FNV-1a). */
+uint64_t zb_name_hash(const char *name);
+/* 1 if the listing has an entry of that name. */
+int zb_listing_has(const zb_listing *l, const char *name);
+/* A cached listing is dropped by its last open directory. */
+void zb_listing_unref(zb_listing *l);
 int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
 void zb_listing_free(zb_listing *l);
 zb_mnode *zb_mnode_child(const zb_mnode *n, const char *name);
@@ -144,8 +199,24 @@ int zb_mnode_path(const zb_mnode *m, char *buf, size_t cap);
 int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags, int empty_ok, zb_resolved *r);
 
 /* fs_project.c: a host directory seen read-only, through a private overlay, or read-write */
+/* The mode bits a guest may give what it creates on the host (read-write projects): permissions
+ * only, never S_ISUID, S_ISGID or S_ISVTX (a setuid file the host's user could be tricked into
+ * running). Host chmod is not offered at all (EOPNOTSUPP). */
+#define ZB_HOST_MODE_BITS 0777u
 int zb_fs_mount_project(zb_fs *fs, const char *host_dir, int mode, char *err);
+/* Works on a shared trie: only the mount's policy changes. */
 int zb_fs_set_project_mode(zb_fs *fs, const char *host_dir, int mode, char *err);
+zb_proj_policy *zb_proj_policy_new(int mode);
+void zb_proj_policy_unref(zb_proj_policy *p);
+static inline int zb_mnode_proj_mode(const zb_mnode *m) { return m && m->policy ? atomic_load(&m->policy->mode) : PROJ_NONE; }
+/* Give every project of a private trie a policy of its own, with the same modes (a fork). */
+int zb_fs_own_policies(zb_fs *fs);
+/* 1 if the trie (shared or not) has a project mount. */
+int zb_fs_has_project(const zb_fs *fs);
+struct zb_file;
+/* May the guest change a file through this open description? -EROFS when it was opened in a
+ * project whose files mode has changed since (a stricter mode applies to open fds at once). */
+int zb_file_write_check(const struct zb_file *f);
 zb_loc zb_proj_root_loc(zb_sandbox *sb, zb_mnode *m);
 int zb_proj_lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const char *name, zb_loc *out, char *link);
 int zb_proj_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
@@ -169,6 +240,8 @@ int zb_proj_hidden(const zb_mnode *root, const char *host_path);
 int zb_proj_hidden_children(const zb_mnode *root, const char *dir_path, zb_listing *hide);
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
+/* The same while sb runs: gives up with ZB_DEADLINE_PASSED at its deadline or a kick. */
+int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, const zb_listing *hide);
 int zb_host_lstat(const char *path, struct stat *st);
 /* Open a host file of the view or of a project for reading (dir: a directory), symlink-free.
  * Only regular files and directories are opened: -EACCES for FIFOs, sockets and devices. */
@@ -178,7 +251,15 @@ int zb_host_fd_ordinary(int fd);
 
 /* fs_overlay.c */
 uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);
+/* A live inode, writable (its chunk is made this fs's own first), or NULL. */
 zb_inode *zb_ovl_inode(zb_fs *fs, uint32_t ino);
+/* Slot i (live or free) without copying its chunk: for reading only (saving, accounting). */
+const zb_inode *zb_ovl_peek(const zb_fs *fs, size_t i);
+/* Slot i, writable; and room for n slots (loading a snapshot): 0 or -1. */
+zb_inode *zb_ovl_slot(zb_fs *fs, size_t i);
+int zb_ovl_reserve(zb_fs *fs, size_t n);
+/* Loading: append an entry to a directory inode (no charge, no duplicate check): 0 or -ENOMEM. */
+int zb_ovl_dir_append(zb_inode *d, const char *name, uint32_t ino);
 uint32_t zb_ovl_lookup(zb_fs *fs, uint32_t dir, const char *name);
 int zb_ovl_link(zb_fs *fs, uint32_t dir, const char *name, uint32_t ino);
 int zb_ovl_unlink(zb_fs *fs, uint32_t dir, const char *name);
@@ -188,6 +269,9 @@ int zb_ovl_truncate(zb_fs *fs, uint32_t ino, uint64_t size);
 int zb_ovl_clone(zb_fs *dst, const zb_fs *src);
 void zb_ovl_free_all(zb_fs *fs);
 void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st);
+/* Host memory the overlay's metadata holds that no clone shares (inode chunks, directory tables,
+ * block tables and symlink targets of those chunks; data blocks and names are not counted). */
+uint64_t zb_ovl_private_bytes(const zb_fs *fs);
 /* A symlink inode's target, charged to the overlay's limit: 0, -ENOSPC or -ENOMEM. */
 int zb_ovl_set_target(zb_fs *fs, uint32_t ino, const char *target);
 /* Release an inode that was never linked or opened (a creation that failed half way). */
@@ -210,11 +294,20 @@ typedef struct zb_hostfd {    /* a host fd shared by clones: we always use pread
     int fd;
 } zb_hostfd;
 
-/* A byte stream in one direction: a pipe, or one direction of a socketpair. */
+/* Bytes a stream holds, shared by the snapshots of a sandbox until one of them writes. */
+typedef struct zb_bytes {
+    atomic_int refs;
+    size_t cap;
+    uint8_t data[];
+} zb_bytes;
+
+/* A byte stream in one direction: a pipe, or one direction of a socketpair. Its unread bytes are
+ * buf->data[start, start + len): a read only moves `start`, a write appends (copying the bytes
+ * first if a snapshot shares them), so a snapshot copies no stream buffer. */
 typedef struct zb_pipe {
     atomic_int refs;
-    uint8_t *buf;
-    size_t len, cap;
+    zb_bytes *buf;
+    size_t start, len;
     int readers, writers;    /* open file descriptions reading / writing it */
 } zb_pipe;
 
@@ -247,7 +340,8 @@ typedef struct zb_file {
                                 peer's tx is this end's rx; NULL after shutdown() */
     zb_epoll *epoll;         /* FILE_EPOLL */
     uint64_t id;             /* unique in its fd table's lineage, given when first installed */
-    zb_resolved *where;      /* what was opened (NULL for consoles, pipes, sockets, epolls) */
+    zb_resolved *where;      /* what was opened (NULL for consoles, pipes, sockets, epolls): from
+                                zb_where_new, shared by the table's clones (copy before changing) */
     zb_listing *listing;     /* FILE_DIR: taken at the first getdents64 */
 } zb_file;
 
@@ -257,6 +351,11 @@ struct zb_fdtable {
     uint64_t next_file_id;
 };
 
+/* The resolved location an open file keeps: refcounted, shared by the clones of an fd table (a
+ * snapshot copies none of the 4 KiB paths). zb_where_own makes f's its own before a change. */
+zb_resolved *zb_where_new(void);
+void zb_where_unref(zb_resolved *w);
+int zb_where_own(struct zb_file *f);
 zb_fdtable *zb_fdtable_new(void);
 /* The clone's overlay inodes are the source's (same numbers, opens already counted). */
 zb_fdtable *zb_fdtable_clone(const zb_fdtable *t);
@@ -267,9 +366,23 @@ zb_file *zb_fd_get(zb_sandbox *sb, uint64_t fd);
 /* Install f at the lowest free fd >= min; returns the fd or -EMFILE. Takes the reference. */
 int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec);
 int zb_fd_close(zb_sandbox *sb, int fd);
+/* Host memory a clone of the table takes on its own (descriptions, resolved paths, stream buffers,
+ * epoll items; listings and host fds are shared, not counted). */
+uint64_t zb_fdtable_copy_bytes(const zb_fdtable *t);
+/* Bytes the distinct cached listings of the table's open directories hold (ZB_LISTING_BUDGET). */
+size_t zb_fdtable_listing_bytes(const zb_fdtable *t);
+/* Host fds the engine keeps for itself (snapshot stores, KVM, the kernel's sockets, transient
+ * opens): guests together hold at most RLIMIT_NOFILE minus this many (EMFILE to the guest first),
+ * so that a cell opening ~1,000 files under `ulimit -n 1024` cannot starve the engine. */
+#define ZB_HOST_FD_HEADROOM 128
+/* 0 if a guest may take one more host fd, else -EMFILE. */
+int zb_host_fd_room(void);
 zb_hostfd *zb_hostfd_new(int fd);
 void zb_hostfd_unref(zb_hostfd *h);
 zb_pipe *zb_pipe_new(void);
+/* Free a stream no file holds (loading); its unread bytes. */
+void zb_pipe_free(zb_pipe *p);
+static inline const uint8_t *zb_pipe_bytes(const zb_pipe *p) { return p->buf ? p->buf->data + p->start : NULL; }
 /* Attach a stream to f as its rx or tx (counting f as a reader or writer); takes a reference. */
 void zb_file_attach_rx(zb_file *f, zb_pipe *p);
 void zb_file_attach_tx(zb_file *f, zb_pipe *p);

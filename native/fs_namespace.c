@@ -37,6 +37,7 @@ zb_mnode *zb_mnode_add(zb_mnode *parent, const char *name, int kind) {
 static void mnode_free(zb_mnode *n) {
     if (!n) return;
     if (n->kind == MNT_PROJECT && n->root_fd >= 0) close(n->root_fd);
+    zb_proj_policy_unref(n->policy);
     for (size_t i = 0; i < n->nchildren; i++) mnode_free(n->children[i]);
     free(n->children);
     free(n->name);
@@ -52,7 +53,8 @@ static zb_mnode *mnode_copy(const zb_mnode *n, zb_mnode *parent, zb_mnode ***map
     c->kind = n->kind;
     c->ino = n->ino;
     c->dev = n->dev;
-    c->proj_mode = n->proj_mode;
+    c->policy = n->policy; /* shared: the mode is the session's, whichever copy of the trie */
+    if (c->policy) atomic_fetch_add(&c->policy->refs, 1);
     c->root_fd = n->kind == MNT_PROJECT ? fcntl(n->root_fd, F_DUPFD_CLOEXEC, 0) : 0;
     c->name = strdup(n->name);
     c->target = n->target ? strdup(n->target) : NULL;
@@ -119,12 +121,12 @@ zb_fs *zb_fs_new(char *err) {
     atomic_init(fs->trie_refs, 1);
     fs->root->kind = MNT_SYNTH;
     fs->ninodes = 1; /* inode 0 is never used */
-    fs->inodes = calloc(1, sizeof(zb_inode));
+    int no_inodes = zb_ovl_reserve(fs, 1) < 0;
     fs->bytes_limit = 256ull << 20;
     zb_mnode *dev = zb_mnode_add(fs->root, "dev", MNT_SYNTH);
     zb_mnode *proc = zb_mnode_add(fs->root, "proc", MNT_SYNTH);
     zb_mnode *self = proc ? zb_mnode_add(proc, "self", MNT_SYNTH) : NULL;
-    if (!fs->inodes || !dev || !self || !dev_add(dev, "null", DEV_NULL) || !dev_add(dev, "zero", DEV_ZERO) ||
+    if (no_inodes || !dev || !self || !dev_add(dev, "null", DEV_NULL) || !dev_add(dev, "zero", DEV_ZERO) ||
         !dev_add(dev, "urandom", DEV_URANDOM) || !dev_add(dev, "random", DEV_URANDOM) ||
         !dev_add(dev, "ttyS0", DEV_UART) || !zb_mnode_add(self, "exe", MNT_PROC_EXE)) {
         zb_seterr(err, "out of memory");
@@ -511,16 +513,56 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
 
 /* ---- listings ---- */
 
+/* FNV-1a: names are guest-chosen, but a collision only costs a longer probe, never correctness,
+ * and the listing's size is bounded by the budget. */
+uint64_t zb_name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+/* The slot of `name` in the index (holding 0 when absent). index_cap is a power of two. */
+static size_t index_slot(const zb_listing *l, const char *name) {
+    size_t mask = l->index_cap - 1, i = (size_t)zb_name_hash(name) & mask;
+    while (l->index[i] && strcmp(l->ents[l->index[i] - 1].name, name)) i = (i + 1) & mask;
+    return i;
+}
+
+static int index_grow(zb_listing *l) {
+    size_t cap = l->index_cap ? l->index_cap * 2 : 64;
+    uint32_t *idx = calloc(cap, sizeof *idx);
+    if (!idx) return -ENOMEM;
+    free(l->index);
+    l->index = idx;
+    l->index_cap = cap;
+    for (size_t k = 0; k < l->n; k++) l->index[index_slot(l, l->ents[k].name)] = (uint32_t)(k + 1);
+    return 0;
+}
+
+int zb_listing_has(const zb_listing *l, const char *name) {
+    return l && l->index_cap && l->index[index_slot(l, name)] != 0;
+}
+
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino) {
-    for (size_t i = 0; i < l->n; i++)
-        if (!strcmp(l->ents[i].name, name)) return 0;
-    void *ne = realloc(l->ents, (l->n + 1) * sizeof *l->ents);
-    if (!ne) return -ENOMEM;
-    l->ents = ne;
-    if (!(l->ents[l->n].name = strdup(name))) return -ENOMEM;
+    if (zb_listing_has(l, name)) return 0;
+    if (l->n >= UINT32_MAX - 1 || l->bytes > ZB_LISTING_BUDGET) return -ENOMEM; /* no listing outgrows it */
+    if (2 * (l->n + 1) > l->index_cap && index_grow(l) < 0) return -ENOMEM; /* load <= 1/2 */
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        void *ne = realloc(l->ents, cap * sizeof *l->ents);
+        if (!ne) return -ENOMEM;
+        l->ents = ne;
+        l->bytes += (cap - l->cap) * sizeof *l->ents;
+        l->cap = cap;
+    }
+    size_t len = strlen(name);
+    if (!(l->ents[l->n].name = malloc(len + 1))) return -ENOMEM;
+    memcpy(l->ents[l->n].name, name, len + 1);
     l->ents[l->n].type = type;
     l->ents[l->n].ino = ino ? ino : l->n + 1;
     l->n++;
+    l->index[index_slot(l, name)] = (uint32_t)l->n;
+    l->bytes += len + 1 + 16; /* the name and malloc's overhead for it */
     return 0;
 }
 
@@ -528,8 +570,17 @@ void zb_listing_free(zb_listing *l) {
     if (!l) return;
     for (size_t i = 0; i < l->n; i++) free(l->ents[i].name);
     free(l->ents);
+    free(l->index);
     l->ents = NULL;
-    l->n = 0;
+    l->index = NULL;
+    l->n = l->cap = l->index_cap = l->bytes = 0;
+}
+
+void zb_listing_unref(zb_listing *l) {
+    if (l && atomic_fetch_sub(&l->refs, 1) == 1) {
+        zb_listing_free(l);
+        free(l);
+    }
 }
 
 static unsigned char mnode_dtype(zb_sandbox *sb, const zb_mnode *m) {
@@ -546,11 +597,7 @@ static unsigned char mnode_dtype(zb_sandbox *sb, const zb_mnode *m) {
     return DT_UNKNOWN;
 }
 
-static int hidden(const zb_listing *hide, const char *name) {
-    for (size_t i = 0; hide && i < hide->n; i++)
-        if (!strcmp(hide->ents[i].name, name)) return 1;
-    return 0;
-}
+static int hidden(const zb_listing *hide, const char *name) { return zb_listing_has(hide, name); }
 
 /* The guest only ever gets regular files and directories of the host. A FIFO in a view or in the
  * notebook's folder would block the engine in open() or read() (the kick signal is blocked while
@@ -570,18 +617,20 @@ int zb_host_fd_ordinary(int fd) {
  * the last component suffices. O_NONBLOCK | O_NOCTTY: an open never waits for a FIFO's other end
  * or takes a terminal. Plain open (not openat2) lets the run-phase seccomp filter check the flags. */
 int zb_host_open_ro(const char *path, int dir) {
+    if (zb_host_fd_room() < 0) return -EMFILE;
     struct stat st; /* before opening: opening a socket file fails with ENXIO, which would say too little */
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return S_ISLNK(st.st_mode) ? -ELOOP : -EACCES;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | (dir ? O_DIRECTORY : 0));
     return fd < 0 ? -errno : zb_host_fd_ordinary(fd); /* the file could have been swapped since the lstat */
 }
 
-int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide) {
+int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, const zb_listing *hide) {
     int fd = zb_host_open_ro(path, 1);
     if (fd < 0) return fd;
     char buf[16384];
     int ret = 0;
     for (;;) {
+        if (sb && zb_should_stop(sb)) { ret = ZB_DEADLINE_PASSED; break; }
         long n = syscall(SYS_getdents64, fd, buf, sizeof buf);
         if (n < 0) { ret = -errno; break; }
         if (n == 0) break;
@@ -596,6 +645,10 @@ int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide) 
 out:
     close(fd);
     return ret;
+}
+
+int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide) {
+    return zb_list_host_dir_for(NULL, path, out, hide);
 }
 
 int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
@@ -616,13 +669,14 @@ int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
         zb_listing hide; /* hidden paths of a project folder (fs_project.c) */
         memset(&hide, 0, sizeof hide);
         if (l->proj) ret = zb_proj_hidden_children(l->proj_root, r->path, &hide);
-        if (!ret) ret = zb_list_host_dir(r->path, out, &hide);
+        if (!ret) ret = zb_list_host_dir_for(sb, r->path, out, &hide);
         zb_listing_free(&hide);
         if (ret < 0) goto fail;
     }
     if (l->kind == LOC_OVERLAY) {
         zb_inode *in = zb_ovl_inode(sb->fs, l->ino);
         for (size_t i = 0; in && i < in->nents; i++) {
+            if (!(i & 4095) && zb_should_stop(sb)) { ret = ZB_DEADLINE_PASSED; goto fail; }
             zb_inode *c = zb_ovl_inode(sb->fs, in->ents[i].ino);
             unsigned char t = c->type == INO_DIR ? DT_DIR : c->type == INO_SYMLINK ? DT_LNK : DT_REG;
             if ((ret = zb_listing_add(out, in->ents[i].name, t, in->ents[i].ino)) < 0) goto fail;

@@ -52,15 +52,17 @@ int zb_fs_mount_project(zb_fs *fs, const char *host_dir, int mode, char *err) {
      * entries below it stay in front, read-only */
     int fd = open(real, O_PATH | O_DIRECTORY | O_CLOEXEC);
     uint32_t upper = zb_ovl_new_inode(fs, INO_DIR, st.st_mode & 07777);
-    if (fd < 0 || !upper || (!n && !(n = zb_mnode_add(parent, name, MNT_PROJECT)))) {
+    zb_proj_policy *policy = zb_proj_policy_new(mode);
+    if (fd < 0 || !upper || !policy || (!n && !(n = zb_mnode_add(parent, name, MNT_PROJECT)))) {
         if (fd >= 0) close(fd);
+        zb_proj_policy_unref(policy);
         zb_seterr(err, "cannot mount %s: %s", real, strerror(fd < 0 ? errno : ENOMEM));
         return -1;
     }
     zb_ovl_inode(fs, upper)->nlink = 1; /* held by the mount point */
     n->kind = MNT_PROJECT;
     n->root_fd = fd;
-    n->proj_mode = mode;
+    n->policy = policy;
     n->ino = upper;
     return 0;
 }
@@ -154,11 +156,61 @@ int zb_fs_set_project_mode(zb_fs *fs, const char *host_dir, int mode, char *err)
         zb_seterr(err, "unknown project mode %d", mode);
         return -1;
     }
-    if (zb_fs_require_private(fs, err) < 0) return -1;
     zb_mnode *n = find_project(fs, host_dir);
-    if (!n) { zb_seterr(err, "%s is not mounted in the sandbox", host_dir); return -1; }
-    n->proj_mode = mode; /* the overlay layer stays: it shows again when back in overlay mode */
+    if (!n || !n->policy) { zb_seterr(err, "%s is not mounted in the sandbox", host_dir); return -1; }
+    /* the overlay layer stays: it shows again when back in overlay mode */
+    atomic_store(&n->policy->mode, mode);
     return 0;
+}
+
+zb_proj_policy *zb_proj_policy_new(int mode) {
+    zb_proj_policy *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    atomic_init(&p->refs, 1);
+    atomic_init(&p->mode, mode);
+    return p;
+}
+
+void zb_proj_policy_unref(zb_proj_policy *p) {
+    if (p && atomic_fetch_sub(&p->refs, 1) == 1) free(p);
+}
+
+/* Walk the trie without recursion (parent links): fn on each project node; stops at fn's -1. */
+static int each_project(zb_mnode *root, int (*fn)(zb_mnode *n)) {
+    zb_mnode *n = root;
+    while (n) {
+        if (n->kind == MNT_PROJECT && fn(n) < 0) return -1;
+        if (n->nchildren) { n = n->children[0]; continue; }
+        for (;;) { /* up to the next sibling */
+            zb_mnode *p = n->parent;
+            if (!p) return 0;
+            size_t i = 0;
+            while (i < p->nchildren && p->children[i] != n) i++;
+            if (i + 1 < p->nchildren) { n = p->children[i + 1]; break; }
+            n = p;
+        }
+    }
+    return 0;
+}
+
+static int found(zb_mnode *n) { (void)n; return -1; }
+int zb_fs_has_project(const zb_fs *fs) { return each_project(fs->root, found) < 0; }
+
+static int own_policy(zb_mnode *n) {
+    zb_proj_policy *p = zb_proj_policy_new(zb_mnode_proj_mode(n));
+    if (!p) return -1;
+    zb_proj_policy_unref(n->policy);
+    n->policy = p;
+    return 0;
+}
+int zb_fs_own_policies(zb_fs *fs) { return each_project(fs->root, own_policy); }
+
+int zb_file_write_check(const zb_file *f) {
+    const zb_resolved *w = f->where;
+    if (!w) return 0;
+    const zb_mnode *root = w->loc.proj_root ? w->loc.proj_root : w->parent.proj_root;
+    int opened = w->loc.proj_root ? w->loc.proj : w->parent.proj;
+    return root && zb_mnode_proj_mode(root) != opened ? -EROFS : 0;
 }
 
 zb_loc zb_proj_root_loc(zb_sandbox *sb, zb_mnode *m) {
@@ -168,10 +220,10 @@ zb_loc zb_proj_root_loc(zb_sandbox *sb, zb_mnode *m) {
     l.kind = LOC_HOST;
     l.mnode = m;
     l.is_dir = l.host_is_dir = 1;
-    l.proj = m->proj_mode;
+    l.proj = zb_mnode_proj_mode(m);
     l.proj_root = m;
     l.lower = 1;
-    l.upper = m->proj_mode == PROJ_OVERLAY ? m->ino : 0;
+    l.upper = l.proj == PROJ_OVERLAY ? m->ino : 0;
     return l;
 }
 
@@ -210,12 +262,16 @@ int zb_proj_host_parent(const zb_resolved *r, char *name, size_t cap) {
 }
 
 int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode) {
+    if (zb_host_fd_room() < 0) return -EMFILE;
     char rel[PATH_MAX];
     int root = zb_proj_host_path(r, rel, sizeof rel);
     if (root < 0) return root;
-    /* O_NONBLOCK: opening a FIFO for writing would otherwise wait for a reader (zb_host_open) */
+    /* O_NONBLOCK: opening a FIFO for writing would otherwise wait for a reader (zb_host_open).
+     * The mode keeps permission bits only: a guest never creates a setuid, setgid or sticky file
+     * on the host (ZB_HOST_MODE_BITS). */
     struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY),
-                           .mode = (flags & O_CREAT) ? mode : 0, .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
+                           .mode = (flags & O_CREAT) ? (mode & ZB_HOST_MODE_BITS) : 0,
+                           .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
     int fd = (int)syscall(SYS_openat2, root, rel, &how, sizeof how);
     return fd < 0 ? -errno : zb_host_fd_ordinary(fd);
 }
@@ -271,7 +327,7 @@ int zb_proj_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
                                   ud->ents[i].ino);
     }
     if (!ret) ret = zb_proj_hidden_children(l->proj_root, r->path, &hide);
-    if (!ret && l->lower && !(ud && ud->opaque)) ret = zb_list_host_dir(r->path, out, &hide);
+    if (!ret && l->lower && !(ud && ud->opaque)) ret = zb_list_host_dir_for(sb, r->path, out, &hide);
     zb_listing_free(&hide);
     return ret;
 }

@@ -23,7 +23,7 @@ static void save_mnode(zb_out *o, const zb_mnode *n) {
     out_str(o, n->target);
     out_u32(o, n->ino);
     out_u32(o, (uint32_t)n->dev);
-    out_u32(o, (uint32_t)n->proj_mode);
+    out_u32(o, (uint32_t)zb_mnode_proj_mode(n));
     out_u32(o, (uint32_t)n->nchildren);
     for (size_t i = 0; i < n->nchildren; i++) save_mnode(o, n->children[i]);
 }
@@ -40,8 +40,10 @@ static zb_mnode *load_mnode(zb_in *in, zb_mnode *parent, int depth, size_t *coun
     else free(target);
     n->ino = in_u32(in);
     n->dev = (int)in_u32(in);
-    n->proj_mode = (int)in_u32(in);
+    int proj_mode = (int)in_u32(in);
     n->root_fd = -1;
+    if (n->kind == MNT_PROJECT && (proj_mode < PROJ_READONLY || proj_mode > PROJ_READWRITE)) in->err = 1;
+    if (n->kind == MNT_PROJECT && !in->err && !(n->policy = zb_proj_policy_new(proj_mode))) in->err = 1;
     if (n->kind == MNT_PROJECT && !in->err) { /* the host directory, opened again */
         char path[PATH_MAX];
         if (zb_mnode_path(n, path, sizeof path) < 0 || (n->root_fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
@@ -51,6 +53,7 @@ static zb_mnode *load_mnode(zb_in *in, zb_mnode *parent, int depth, size_t *coun
     if (in->err || n->kind < MNT_SYNTH || n->kind > MNT_PROJECT || (n->kind == MNT_SYMLINK && !n->target) ||
         nch > MAX_TRIE_NODES || !(n->children = calloc(nch ? nch : 1, sizeof *n->children))) {
         in->err = 1;
+        zb_proj_policy_unref(n->policy);
         free(n->name);
         free(n->target);
         free(n);
@@ -107,14 +110,13 @@ static void load_inode(zb_in *in, zb_fs *fs, zb_inode *n) {
     n->ctime_ns = (int64_t)in_u64(in);
     n->size = in_u64(in);
     uint32_t nents = in_u32(in);
-    if (in->err || nents > MAX_INODES || (nents && !(n->ents = calloc(nents, sizeof *n->ents)))) { in->err = 1; return; }
-    n->ents_cap = nents;
+    if (in->err || nents > MAX_INODES) { in->err = 1; return; }
     for (uint32_t i = 0; i < nents && !in->err; i++) {
         char *name = in_str(in, NAME_MAX);
         uint32_t ino = in_u32(in);
         if (!name) break;
-        n->ents[n->nents].name = name;
-        n->ents[n->nents++].ino = ino;
+        if (zb_ovl_dir_append(n, name, ino) < 0) in->err = 1;
+        free(name);
     }
     uint64_t nblocks = in_u64(in);
     if (in->err || nblocks > (1ull << 40) / ZB_BLOCK_SIZE ||
@@ -145,7 +147,7 @@ void zb_fs_save(const zb_fs *fs, zb_out *o) {
     save_mnode(o, fs->root);
     out_u64(o, fs->bytes_limit);
     out_u64(o, fs->ninodes);
-    for (size_t i = 1; i < fs->ninodes; i++) save_inode(o, &fs->inodes[i]);
+    for (size_t i = 1; i < fs->ninodes; i++) save_inode(o, zb_ovl_peek(fs, i));
 }
 
 zb_fs *zb_fs_load(zb_in *in) {
@@ -156,15 +158,15 @@ zb_fs *zb_fs_load(zb_in *in) {
     fs->root = load_mnode(in, NULL, 0, &count);
     fs->bytes_limit = in_u64(in);
     uint64_t ninodes = in_u64(in);
-    if (!fs->root || in->err || ninodes < 1 || ninodes > MAX_INODES || !(fs->inodes = calloc(ninodes, sizeof(zb_inode)))) {
+    if (!fs->root || in->err || ninodes < 1 || ninodes > MAX_INODES || zb_ovl_reserve(fs, ninodes) < 0) {
         in->err = 1;
         zb_fs_free(fs);
         return NULL;
     }
     fs->ninodes = ninodes;
-    for (size_t i = 1; i < ninodes && !in->err; i++) load_inode(in, fs, &fs->inodes[i]);
+    for (size_t i = 1; i < ninodes && !in->err; i++) load_inode(in, fs, zb_ovl_slot(fs, i));
     for (size_t i = 1; i < ninodes && !in->err; i++) { /* every reference must name a live inode */
-        zb_inode *n = &fs->inodes[i];
+        const zb_inode *n = zb_ovl_peek(fs, i);
         for (size_t k = 0; k < n->nents; k++)
             if (!zb_ovl_inode(fs, n->ents[k].ino)) in->err = 1;
     }
@@ -196,7 +198,7 @@ void zb_fds_save(const zb_fdtable *t, zb_out *o) {
     out_u32(o, npipes);
     for (uint32_t p = 0; p < npipes; p++) {
         out_u64(o, pipes[p]->len);
-        out_bytes(o, pipes[p]->buf, pipes[p]->len);
+        out_bytes(o, zb_pipe_bytes(pipes[p]), pipes[p]->len);
     }
     out_u32(o, nfiles);
     for (uint32_t k = 0; k < nfiles; k++) {
@@ -261,7 +263,7 @@ static int reopen(zb_sandbox *ctx, zb_file *f, const char *path, char *err) {
         zb_seterr(err, "the template had %s open, which no longer resolves", path);
         return -1;
     }
-    if (!(f->where = malloc(sizeof r))) { zb_seterr(err, "out of memory"); return -1; }
+    if (!(f->where = zb_where_new())) { zb_seterr(err, "out of memory"); return -1; }
     *f->where = r;
     if (r.loc.kind == LOC_HOST && (f->kind == FILE_HOST || f->kind == FILE_DIR)) {
         int fd = zb_host_open_ro(r.path, r.loc.is_dir);
@@ -287,9 +289,13 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
     for (uint32_t p = 0; p < npipes; p++) {
         uint64_t len = in_u64(in);
         if (in->err || len > ZB_STREAM_CAP || !(pipes[p] = zb_pipe_new())) goto corrupt;
-        if (len && !(pipes[p]->buf = malloc(len))) goto corrupt;
-        in_bytes(in, pipes[p]->buf, len);
-        pipes[p]->len = pipes[p]->cap = len;
+        if (len && !(pipes[p]->buf = malloc(sizeof *pipes[p]->buf + len))) goto corrupt;
+        if (len) {
+            atomic_init(&pipes[p]->buf->refs, 1);
+            pipes[p]->buf->cap = len;
+            in_bytes(in, pipes[p]->buf->data, len);
+        }
+        pipes[p]->len = len;
     }
     nfiles = in_u32(in);
     if (in->err || nfiles > MAX_FILES || !(files = calloc(nfiles + 1, sizeof *files))) goto corrupt;
@@ -328,7 +334,7 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
         t->cloexec[fd] = cloexec ? 1 : 0;
     }
     for (uint32_t p = 0; p < npipes; p++) /* listed but unused (only a corrupt file does that) */
-        if (!atomic_load(&pipes[p]->refs)) { free(pipes[p]->buf); free(pipes[p]); }
+        if (!atomic_load(&pipes[p]->refs)) zb_pipe_free(pipes[p]);
     for (uint32_t k = 0; k < nfiles; k++)
         if (!files[k]->refs) { files[k]->refs = 1; zb_file_unref(NULL, files[k]); }
     free(files);
@@ -339,7 +345,7 @@ corrupt:
 fail:
     /* streams no file holds first: freeing the files below frees the others */
     for (uint32_t p = 0; pipes && p < npipes; p++)
-        if (pipes[p] && !atomic_load(&pipes[p]->refs)) { free(pipes[p]->buf); free(pipes[p]); }
+        if (pipes[p] && !atomic_load(&pipes[p]->refs)) zb_pipe_free(pipes[p]);
     for (uint32_t k = 0; files && k < nfiles; k++)
         if (files[k] && !files[k]->refs) { files[k]->refs = 1; files[k]->ino = 0; zb_file_unref(NULL, files[k]); }
     free(files);

@@ -444,6 +444,7 @@ int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     zb_alarm_check(sb, t0); /* an alarm that expired while the sandbox was idle goes off now */
     zb_vdso_refresh(sb, vm);
     run_guest(sb, vm, ev);
+    zb_vdso_note_stop(sb, vm);
 out:
     if (vm->wake_timer_live) timer_delete(vm->wake_timer);
     vm->wake_timer_live = 0;
@@ -453,7 +454,9 @@ out:
     struct timespec zero = {0, 0};
     while (sigtimedwait(&block, NULL, &zero) > 0) {}
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    sb->stats.run_ns += (uint64_t)(zb_now_ns() - t0);
+    uint64_t ran = (uint64_t)(zb_now_ns() - t0);
+    sb->stats.run_ns += ran;   /* the host's statistic: all runs of this sandbox object */
+    sb->proc.cpu_ns += ran;    /* the guest's CPU clock: restored with its state */
     sb->run_started_ns = 0;
     return 0;
 }
@@ -461,4 +464,20 @@ out:
 void zb_sandbox_kick(zb_sandbox *sb) {
     atomic_store(&sb->kick_requested, 1);
     if (atomic_load(&sb->running)) pthread_kill(sb->runner, ZB_KICK_SIGNAL);
+}
+
+uint64_t zb_guest_cpu_ns(const zb_sandbox *sb) {
+    uint64_t ns = sb->proc.cpu_ns; /* the finished runs, plus the one under way */
+    if (sb->run_started_ns) ns += (uint64_t)(zb_now_ns() - sb->run_started_ns);
+    return ns;
+}
+
+int zb_should_stop(const zb_sandbox *sb) {
+    if (!atomic_load(&sb->running)) return 0; /* the host's own calls (export, diff) have no deadline */
+    return atomic_load(&sb->kick_requested) || (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns);
+}
+
+long zb_stop_for_deadline(zb_sandbox *sb) {
+    zb_stop_event(sb, atomic_exchange(&sb->kick_requested, 0) ? ZB_EVENT_KICK : ZB_EVENT_TIMEOUT, 1);
+    return ZB_SYSCALL_STOP;
 }

@@ -70,8 +70,11 @@ static int own_namespace(zb_sandbox *sb, char *err) {
     for (int fd = 0; nmap && fd < ZB_MAX_FDS; fd++) {
         zb_file *f = sb->fds->fd[fd];
         if (!f || !f->where) continue;
+        if (zb_where_own(f) < 0) { free(map); zb_seterr(err, "out of memory"); return -1; }
         f->where->loc.mnode = remap(f->where->loc.mnode, map, nmap);
         f->where->parent.mnode = remap(f->where->parent.mnode, map, nmap);
+        f->where->loc.proj_root = remap(f->where->loc.proj_root, map, nmap);
+        f->where->parent.proj_root = remap(f->where->parent.proj_root, map, nmap);
     }
     free(map);
     return 0;
@@ -89,8 +92,17 @@ int zb_sandbox_put_file(zb_sandbox *sb, const char *guest_path, const void *data
 int zb_sandbox_mount_project(zb_sandbox *sb, const char *host_dir, int mode, char *err) {
     return own_namespace(sb, err) < 0 ? -1 : zb_fs_mount_project(sb->fs, host_dir, mode, err);
 }
+/* The mode changes for this sandbox and every snapshot of its lineage (restores, rewinds,
+ * isolated cells), and for its open files (zb_file_write_check): no trie copy needed. */
 int zb_sandbox_set_project_mode(zb_sandbox *sb, const char *host_dir, int mode, char *err) {
-    return own_namespace(sb, err) < 0 ? -1 : zb_fs_set_project_mode(sb->fs, host_dir, mode, err);
+    return zb_fs_set_project_mode(sb->fs, host_dir, mode, err);
+}
+
+int zb_sandbox_own_policies(zb_sandbox *sb, char *err) {
+    if (!zb_fs_has_project(sb->fs)) return 0;
+    if (own_namespace(sb, err) < 0) return -1;
+    if (zb_fs_own_policies(sb->fs) < 0) { zb_seterr(err, "out of memory"); return -1; }
+    return 0;
 }
 int zb_sandbox_project_hide(zb_sandbox *sb, const char *host_dir, const char *paths, char *err) {
     return own_namespace(sb, err) < 0 ? -1 : zb_fs_project_hide(sb->fs, host_dir, paths, err);
@@ -174,7 +186,8 @@ size_t zb_sandbox_take_log(zb_sandbox *sb, char *buf, size_t len) {
 }
 
 void zb_sandbox_free_state(zb_sandbox *sb) {
-    zb_fdtable_free(sb->fds, sb->fs);
+    /* the fs goes away with the table: no open counts to keep (and no shared inode chunk to copy) */
+    zb_fdtable_free(sb->fds, NULL);
     sb->fds = NULL;
     zb_fs_free(sb->fs);
     sb->fs = NULL;

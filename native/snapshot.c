@@ -147,7 +147,7 @@ static int unchanged_again(uint8_t *runs, uint64_t pfn) {
 void zb_guest_state_free(zb_guest_state *st) {
     free(st->cpu.xsave);
     zb_uart_destroy(&st->uart);
-    zb_fdtable_free(st->fds, st->fs);
+    zb_fdtable_free(st->fds, NULL); /* the fs goes too: no open counts to keep */
     zb_fs_free(st->fs);
     zb_mem_meta_free(&st->mem);
     memset(st, 0, sizeof *st);
@@ -308,7 +308,12 @@ void zb_snapshot_release(zb_snapshot *s) {
     if (s && atomic_fetch_sub(&s->refs, 1) == 1) snapshot_free(s);
 }
 
-uint64_t zb_snapshot_private_bytes(zb_snapshot *s) { return s && s->own ? s->own->npages * ZB_PAGE : 0; }
+uint64_t zb_snapshot_private_bytes(zb_snapshot *s) {
+    if (!s) return 0;
+    /* the overlay's metadata is shared copy-on-write: what only this snapshot holds changes as the
+     * sandbox and later snapshots copy chunks, so it is counted now */
+    return (s->own ? s->own->npages * ZB_PAGE : 0) + s->state_bytes + zb_ovl_private_bytes(s->st.fs);
+}
 
 /* Bring the sandbox's dirty set and XSAVE image up to date from the VM it is attached to. */
 static int sync_from_vm(zb_sandbox *sb, char *err) {
@@ -431,6 +436,7 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
         zb_seterr(err, "out of memory copying sandbox state");
         goto fail;
     }
+    s->state_bytes = zb_fdtable_copy_bytes(s->st.fds) + s->st.uart.rx_cap + s->st.uart.tx_cap;
     memset(sb->mem.host_dirty, 0, words * sizeof(uint64_t));
     atomic_fetch_add(&s->refs, 1);
     zb_snapshot_release(sb->base);
@@ -453,7 +459,9 @@ zb_sandbox *zb_snapshot_fork(zb_snapshot *snap, char *err) {
     zb_sandbox *sb = zb_sandbox_alloc(snap->engine, err);
     if (!sb) return NULL;
     if (zb_mem_init(&sb->mem, snap->mem_size, snap->image, err) < 0) goto fail;
-    if (apply_memory(sb, NULL, snap, NULL, err) < 0 || state_apply(sb, &snap->st, err) < 0) goto fail;
+    if (apply_memory(sb, NULL, snap, NULL, err) < 0 || state_apply(sb, &snap->st, err) < 0 ||
+        zb_sandbox_own_policies(sb, err) < 0)
+        goto fail;
     atomic_fetch_add(&snap->refs, 1);
     sb->base = snap;
     return sb;

@@ -49,6 +49,8 @@ struct zb_snapshot {
     zb_chunk **chunks;  /* NULL: the whole chunk is the image's */
     zb_store *own;      /* the pages this snapshot copied */
     uint64_t *ws;       /* working set bitmap (zb_snapshot_learn_working_set), or NULL */
+    uint64_t state_bytes; /* engine memory its copy of the sandbox's fd table and UART buffers holds,
+                             counted in zb_snapshot_private_bytes with its own overlay metadata */
     zb_guest_state st;
 };
 

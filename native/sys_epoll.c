@@ -6,8 +6,11 @@
  * item once it was reported. As in Linux, closing the last fd of a description drops its items,
  * and regular files and directories cannot be added (EPERM). With nothing ready, epoll_wait sleeps
  * until its timeout (no other thread could make anything ready) or stops for UART input.
- * Nested epoll fds work; adding an epoll fd that itself watches epoll fds is refused with ELOOP,
- * which rules out cycles.
+ * Nested epoll fds work as in Linux: an epoll cannot watch itself (EINVAL, whichever fd names it),
+ * and an addition that would close a loop of epoll files or nest them more than EPOLL_MAX_NESTS
+ * deep is refused with ELOOP. Loops and depth are checked on files, not fd numbers (a dup'ed fd is
+ * the same file). Readiness of nested epolls is computed without C recursion: an explicit stack
+ * bounded by EPOLL_MAX_NESTS (so even a table built otherwise cannot make the engine recurse).
  */
 #include "fs.h"
 
@@ -57,12 +60,82 @@ static zb_epoll_item *find(zb_epoll *e, int fd) {
     return NULL;
 }
 
-static int watches_epoll(zb_sandbox *sb, const zb_epoll *e) {
-    for (int i = 0; i < e->n; i++) {
-        const zb_file *f = item_file(sb, &e->items[i]);
-        if (f && f->kind == FILE_EPOLL) return 1;
-    }
+/* Linux's EP_MAX_NESTS: at most this many epoll files nested below the outermost one (so 5 in a
+ * chain, "a nesting depth of epoll instances greater than 5" in epoll_ctl(2)). */
+#define EPOLL_MAX_NESTS 4
+
+/* Does epoll file `outer` watch `inner` directly? */
+static int watches(zb_sandbox *sb, const zb_file *outer, const zb_file *inner) {
+    const zb_epoll *e = outer->epoll;
+    for (int i = 0; i < e->n; i++)
+        if (item_file(sb, &e->items[i]) == inner) return 1;
     return 0;
+}
+
+/* The distinct epoll files of the fd table (a description shared by dup'ed fds counts once). */
+static int epoll_files(zb_sandbox *sb, const zb_file **out) {
+    int n = 0;
+    for (int fd = 0; fd < ZB_MAX_FDS; fd++) {
+        const zb_file *f = sb->fds->fd[fd];
+        if (!f || f->kind != FILE_EPOLL) continue;
+        int seen = 0;
+        for (int k = 0; k < n && !seen; k++) seen = out[k] == f;
+        if (!seen) out[n++] = f;
+    }
+    return n;
+}
+
+/* How many levels of epoll files lie below `from` (0: it watches none) and whether `target` is
+ * among them; or above it (`up`: files watching it, transitively). Level by level over the
+ * table's epoll files, never deeper than `limit` levels: a breadth-first walk, no recursion. */
+static int nest_levels(zb_sandbox *sb, const zb_file **files, int nfiles, const zb_file *from, int up,
+                       const zb_file *target, int limit, int *reaches) {
+    const zb_file *level[ZB_MAX_FDS], *next[ZB_MAX_FDS];
+    int n = 1, depth = 0;
+    level[0] = from;
+    while (n && depth <= limit) {
+        int m = 0;
+        for (int k = 0; k < nfiles; k++) {
+            const zb_file *g = files[k];
+            for (int i = 0; i < n; i++) {
+                if (!(up ? watches(sb, g, level[i]) : watches(sb, level[i], g))) continue;
+                if (g == target) *reaches = 1;
+                next[m++] = g;
+                break;
+            }
+        }
+        if (!m) break;
+        depth++;
+        memcpy(level, next, (size_t)m * sizeof *level);
+        n = m;
+    }
+    return depth;
+}
+
+/* May epoll file `ep` watch epoll file `target`? Not if target is ep or reaches it (a loop), nor if
+ * the chain through the new link would nest more than EPOLL_MAX_NESTS deep (ELOOP, as Linux). */
+static long check_nesting(zb_sandbox *sb, const zb_file *ep, const zb_file *target) {
+    if (target == ep) return -EINVAL;
+    const zb_file **files = malloc(ZB_MAX_FDS * sizeof *files);
+    if (!files) return -ENOMEM;
+    int nfiles = epoll_files(sb, files), loop = 0;
+    int below = nest_levels(sb, files, nfiles, target, 0, ep, EPOLL_MAX_NESTS, &loop);
+    int above = loop ? 0 : nest_levels(sb, files, nfiles, ep, 1, NULL, EPOLL_MAX_NESTS, &loop);
+    free(files);
+    return loop || above + 1 + below > EPOLL_MAX_NESTS ? -ELOOP : 0;
+}
+
+/* Watches all the sandbox's epoll files may hold together (Linux: max_user_watches, ENOSPC). Each
+ * is engine memory that every snapshot of the fd table copies. */
+#define EPOLL_MAX_WATCHES 16384
+
+static int total_watches(zb_sandbox *sb) {
+    const zb_file **files = malloc(ZB_MAX_FDS * sizeof *files);
+    if (!files) return EPOLL_MAX_WATCHES;
+    int n = epoll_files(sb, files), total = 0;
+    for (int k = 0; k < n; k++) total += files[k]->epoll->n;
+    free(files);
+    return total;
 }
 
 static long sys_epoll_ctl(zb_sandbox *sb, const uint64_t a[6]) {
@@ -72,7 +145,7 @@ static long sys_epoll_ctl(zb_sandbox *sb, const uint64_t a[6]) {
     int op = (int)a[1], fd = (int)a[2];
     zb_file *target = zb_fd_get(sb, a[2]);
     if (!target) return -EBADF;
-    if (a[2] == a[0]) return -EINVAL;
+    if (target == zb_fd_get(sb, a[0])) return -EINVAL; /* the same file, whatever the fd numbers */
     if (target->kind == FILE_HOST || target->kind == FILE_OVERLAY || target->kind == FILE_DIR) return -EPERM;
     struct epoll_event ev = {0, {0}};
     if (op != EPOLL_CTL_DEL && zb_copy_from_guest(sb, &ev, a[3], sizeof ev) < 0) return -EFAULT;
@@ -82,7 +155,11 @@ static long sys_epoll_ctl(zb_sandbox *sb, const uint64_t a[6]) {
     switch (op) {
     case EPOLL_CTL_ADD:
         if (it) return -EEXIST;
-        if (target->kind == FILE_EPOLL && watches_epoll(sb, target->epoll)) return -ELOOP;
+        if (target->kind == FILE_EPOLL) {
+            long rc = check_nesting(sb, zb_fd_get(sb, a[0]), target);
+            if (rc < 0) return rc;
+        }
+        if (total_watches(sb) >= EPOLL_MAX_WATCHES) return -ENOSPC;
         if (e->n == e->cap) {
             int cap = e->cap ? 2 * e->cap : 8;
             zb_epoll_item *items = realloc(e->items, (size_t)cap * sizeof *items);
@@ -115,9 +192,30 @@ static uint32_t item_ready(zb_sandbox *sb, const zb_epoll_item *it, int *waits_u
     return (uint16_t)zb_file_ready(sb, f, want, waits_uart);
 }
 
+/* Is anything in e ready? Nested epoll items are walked with an explicit stack (no recursion),
+ * no deeper than EPOLL_MAX_NESTS levels below e: what lies deeper counts as not ready. */
 int zb_epoll_any_ready(zb_sandbox *sb, const zb_epoll *e, int *waits_uart) {
-    for (int i = 0; i < e->n; i++)
-        if (item_ready(sb, &e->items[i], waits_uart)) return 1;
+    struct { const zb_epoll *e; int i; } stack[EPOLL_MAX_NESTS + 1];
+    int top = 0;
+    stack[0].e = e;
+    stack[0].i = 0;
+    while (top >= 0) {
+        const zb_epoll *cur = stack[top].e;
+        if (stack[top].i >= cur->n) { top--; continue; }
+        const zb_epoll_item *it = &cur->items[stack[top].i++];
+        const zb_file *f = item_file(sb, it);
+        if (!f || it->disarmed) continue;
+        if (f->kind != FILE_EPOLL) {
+            if (item_ready(sb, it, waits_uart)) return 1;
+            continue;
+        }
+        /* an epoll file is readable (its only readiness) when something in it is ready */
+        if (!(it->events & (EPOLLIN | EPOLLRDNORM))) continue;
+        if (top == EPOLL_MAX_NESTS) continue;
+        top++;
+        stack[top].e = f->epoll;
+        stack[top].i = 0;
+    }
     return 0;
 }
 

@@ -48,7 +48,7 @@ static long open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags,
     if (!ino) return -ENOSPC;
     zb_ovl_open_ref(sb->fs, ino, 1); /* nlink 0: released again with its last open */
     zb_file *f = zb_file_new(FILE_OVERLAY);
-    if (!f || !(f->where = malloc(sizeof *f->where))) {
+    if (!f || !(f->where = zb_where_new())) {
         free(f);
         zb_ovl_open_ref(sb->fs, ino, -1);
         return -ENOMEM;
@@ -79,7 +79,7 @@ static long open_project_host(zb_sandbox *sb, zb_resolved *r, uint64_t flags, ui
     r->loc.lower = 1;
     r->loc.proj = PROJ_READWRITE;
     r->loc.proj_root = r->parent.proj_root;
-    if (!(f->where = malloc(sizeof *r))) { zb_file_unref(sb->fs, f); return -ENOMEM; }
+    if (!(f->where = zb_where_new())) { zb_file_unref(sb->fs, f); return -ENOMEM; }
     *f->where = *r;
     return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
 }
@@ -146,7 +146,7 @@ static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flag
         return -ENOENT;
     }
     f->flags = flags & (O_ACCMODE | O_APPEND | O_NONBLOCK | O_PATH | O_DIRECTORY | O_NOATIME);
-    if (!(f->where = malloc(sizeof r))) { zb_file_unref(sb->fs, f); return -ENOMEM; }
+    if (!(f->where = zb_where_new())) { zb_file_unref(sb->fs, f); return -ENOMEM; }
     *f->where = r;
     return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
 }
@@ -209,9 +209,10 @@ long zb_stream_read(zb_file *f, uint8_t *p, size_t n) {
     if (!pp) return f->kind == FILE_SOCKET ? 0 : -EBADF; /* a socket shut down for reading reads EOF */
     if (!pp->len) return pp->writers ? -EAGAIN : 0;
     n = ZB_MIN(n, pp->len);
-    memcpy(p, pp->buf, n);
-    memmove(pp->buf, pp->buf + n, pp->len - n);
+    memcpy(p, zb_pipe_bytes(pp), n);
+    pp->start += n; /* (the bytes may be shared with a snapshot: never changed in place) */
     pp->len -= n;
+    if (!pp->len) pp->start = 0;
     return (long)n;
 }
 
@@ -221,14 +222,20 @@ long zb_stream_write(zb_file *f, const uint8_t *p, size_t n) {
     if (!pp->readers) return -EPIPE;
     if (pp->len + n > ZB_STREAM_CAP) n = ZB_STREAM_CAP - pp->len;
     if (!n) return -EAGAIN;
-    if (pp->len + n > pp->cap) {
-        size_t cap = ZB_MAX(pp->len + n, pp->cap * 2);
-        uint8_t *nb = realloc(pp->buf, cap);
+    zb_bytes *b = pp->buf;
+    if (!b || atomic_load(&b->refs) > 1 || pp->start + pp->len + n > b->cap) {
+        /* shared with a snapshot, or no room after the unread bytes: move them to a buffer of our own */
+        size_t cap = ZB_MIN(ZB_MAX(pp->len + n, b ? 2 * b->cap : 4096), (size_t)ZB_STREAM_CAP);
+        zb_bytes *nb = malloc(sizeof *nb + cap);
         if (!nb) return -ENOMEM;
-        pp->buf = nb;
-        pp->cap = cap;
+        atomic_init(&nb->refs, 1);
+        nb->cap = cap;
+        if (pp->len) memcpy(nb->data, zb_pipe_bytes(pp), pp->len);
+        if (b && atomic_fetch_sub(&b->refs, 1) == 1) free(b);
+        pp->buf = b = nb;
+        pp->start = 0;
     }
-    memcpy(pp->buf + pp->len, p, n);
+    memcpy(b->data + pp->start + pp->len, p, n);
     pp->len += n;
     return (long)n;
 }
@@ -289,6 +296,8 @@ static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int6
         return w > 0 ? w : -EAGAIN;
     }
     case FILE_HOST: { /* only a read-write project's files are opened for writing */
+        long denied = zb_file_write_check(f); /* the project is no longer read-write */
+        if (denied) return denied;
         struct stat st;
         uint64_t pos = off >= 0 ? (uint64_t)off : f->offset;
         if (off < 0 && (f->flags & O_APPEND)) pos = fstat(f->host->fd, &st) == 0 ? (uint64_t)st.st_size : pos;
@@ -300,6 +309,8 @@ static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int6
     case FILE_OVERLAY: {
         zb_inode *in = zb_ovl_inode(sb->fs, f->ino);
         if (!in) return -EBADF;
+        long denied = zb_file_write_check(f); /* a project file, and the project's mode changed */
+        if (denied) return denied;
         uint64_t pos = off >= 0 ? (uint64_t)off : (f->flags & O_APPEND) ? in->size : f->offset;
         long r = zb_ovl_write(sb->fs, f->ino, p, n, pos);
         if (r > 0 && off < 0) f->offset = pos + r;
@@ -411,7 +422,8 @@ static long sys_lseek(zb_sandbox *sb, const uint64_t a[6]) {
     case FILE_OVERLAY: size = (int64_t)zb_ovl_inode(sb->fs, f->ino)->size; break;
     case FILE_DIR:
         if (a[2] != SEEK_SET || off != 0) return -EINVAL; /* rewinddir */
-        if (f->listing) { zb_listing_free(f->listing); free(f->listing); f->listing = NULL; }
+        zb_listing_unref(f->listing);
+        f->listing = NULL;
         f->offset = 0;
         return 0;
     case FILE_DEV: return 0;
@@ -543,6 +555,8 @@ static long sys_ftruncate(zb_sandbox *sb, const uint64_t a[6]) {
     if (!f) return -EBADF;
     if ((int64_t)a[1] < 0) return -EINVAL;
     if ((f->flags & O_ACCMODE) == O_RDONLY) return -EINVAL;
+    long denied = zb_file_write_check(f);
+    if (denied) return denied;
     if (f->kind == FILE_HOST) return ftruncate(f->host->fd, (off_t)a[1]) < 0 ? -errno : 0; /* read-write project */
     if (f->kind != FILE_OVERLAY) return -EINVAL;
     return zb_ovl_truncate(sb->fs, f->ino, a[1]);
@@ -553,6 +567,8 @@ static long sys_fallocate(zb_sandbox *sb, const uint64_t a[6]) {
     if (!f) return -EBADF;
     if (f->kind != FILE_OVERLAY) return -EOPNOTSUPP;
     if (a[1] != 0) return -EOPNOTSUPP;
+    long denied = zb_file_write_check(f);
+    if (denied) return denied;
     int64_t off = (int64_t)a[2], len = (int64_t)a[3], sum;
     if (off < 0 || len <= 0) return -EINVAL;                  /* as Linux */
     if (__builtin_add_overflow(off, len, &sum)) return -EFBIG; /* (offset + len wrapped before) */

@@ -207,7 +207,9 @@ static long on_host(const zb_resolved *r, long (*fn)(int pfd, const char *name, 
     return rc;
 }
 
-static long host_mkdir(int pfd, const char *name, const void *mode) { return mkdirat(pfd, name, *(const mode_t *)mode) < 0 ? -errno : 0; }
+static long host_mkdir(int pfd, const char *name, const void *mode) {
+    return mkdirat(pfd, name, *(const mode_t *)mode & ZB_HOST_MODE_BITS) < 0 ? -errno : 0; /* no setuid/setgid/sticky */
+}
 static long host_symlink(int pfd, const char *name, const void *target) { return symlinkat(target, pfd, name) < 0 ? -errno : 0; }
 static long host_unlink(int pfd, const char *name, const void *flags) { return unlinkat(pfd, name, *(const int *)flags) < 0 ? -errno : 0; }
 
@@ -361,7 +363,14 @@ static long sys_getdents64(zb_sandbox *sb, const uint64_t a[6]) {
         zb_listing *l = calloc(1, sizeof *l);
         if (!l) return -ENOMEM;
         long rc = zb_fs_list(sb, f->where, l);
-        if (rc < 0) { free(l); return rc; }
+        if (rc < 0) { free(l); return rc == ZB_DEADLINE_PASSED ? zb_stop_for_deadline(sb) : rc; }
+        /* every open directory's listing is host memory: charged to the sandbox's budget */
+        if (zb_fdtable_listing_bytes(sb->fds) + l->bytes > ZB_LISTING_BUDGET) {
+            zb_listing_free(l);
+            free(l);
+            return -ENOMEM;
+        }
+        atomic_init(&l->refs, 1);
         f->listing = l;
     }
     uint8_t *out = zb_guest_ptr(sb, a[1], a[2], 1);
@@ -396,7 +405,12 @@ static long overlay_file_for(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int 
     if (!upath && (int)dirfd != AT_FDCWD) { /* futimens-style: the fd itself */
         zb_file *f = zb_fd_get(sb, (uint64_t)dirfd);
         if (!f) return -EBADF;
-        if (f->kind == FILE_OVERLAY || (f->kind == FILE_DIR && f->ino)) { *ino = f->ino; return 0; }
+        if (f->kind == FILE_OVERLAY || (f->kind == FILE_DIR && f->ino)) {
+            long denied = zb_file_write_check(f);
+            if (denied) return denied;
+            *ino = f->ino;
+            return 0;
+        }
         return -EROFS;
     }
     if ((rc = zb_path_arg(sb, dirfd, upath, flags, flags & AT_EMPTY_PATH, &r)) < 0) return rc;

@@ -69,7 +69,7 @@ static long sys_uname(zb_sandbox *sb, const uint64_t a[6]) {
 static long sys_sysinfo(zb_sandbox *sb, const uint64_t a[6]) {
     struct sysinfo si;
     memset(&si, 0, sizeof si);
-    si.uptime = (long)(sb->stats.run_ns / 1000000000) + 1;
+    si.uptime = (long)(zb_guest_cpu_ns(sb) / 1000000000) + 1;
     si.totalram = sb->mem.pages_limit * ZB_PAGE;
     si.freeram = (sb->mem.pages_limit - ZB_MIN(sb->mem.pages_allocated, sb->mem.pages_limit)) * ZB_PAGE;
     si.procs = 1;
@@ -119,14 +119,15 @@ static long sys_setrlimit(zb_sandbox *sb, const uint64_t a[6]) {
 static long sys_getrusage(zb_sandbox *sb, const uint64_t a[6]) {
     struct rusage ru;
     memset(&ru, 0, sizeof ru);
-    ru.ru_utime.tv_sec = (time_t)(sb->stats.run_ns / 1000000000);
-    ru.ru_utime.tv_usec = (suseconds_t)(sb->stats.run_ns % 1000000000 / 1000);
+    uint64_t cpu = zb_guest_cpu_ns(sb);
+    ru.ru_utime.tv_sec = (time_t)(cpu / 1000000000);
+    ru.ru_utime.tv_usec = (suseconds_t)(cpu % 1000000000 / 1000);
     ru.ru_maxrss = (long)(sb->mem.pages_allocated * 4);
     return zb_copy_to_guest(sb, a[1], &ru, sizeof ru);
 }
 
 static long sys_times(zb_sandbox *sb, const uint64_t a[6]) {
-    long ticks = (long)(sb->stats.run_ns / 10000000);
+    long ticks = (long)(zb_guest_cpu_ns(sb) / 10000000);
     if (a[0]) {
         struct tms t = {ticks, 0, 0, 0};
         if (zb_copy_to_guest(sb, a[0], &t, sizeof t) < 0) return -EFAULT;

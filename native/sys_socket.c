@@ -61,7 +61,7 @@ static long peek(zb_file *f, uint8_t *p, size_t n, size_t skip) {
     const zb_pipe *pp = f->rx;
     if (!pp || skip >= pp->len) return !pp || !pp->writers || skip ? 0 : -EAGAIN;
     n = ZB_MIN(n, pp->len - skip);
-    memcpy(p, pp->buf + skip, n);
+    memcpy(p, zb_pipe_bytes(pp) + skip, n);
     return (long)n;
 }
 

@@ -32,8 +32,7 @@ static int valid_clock(uint64_t clk) {
 
 /* The guest's CPU clocks count the time it spent running. */
 static void guest_cpu_time(zb_sandbox *sb, struct timespec *ts) {
-    uint64_t ns = sb->stats.run_ns; /* the finished runs, plus the one under way */
-    if (sb->run_started_ns) ns += (uint64_t)(zb_now_ns() - sb->run_started_ns);
+    uint64_t ns = zb_guest_cpu_ns(sb);
     ts->tv_sec = (time_t)(ns / 1000000000);
     ts->tv_nsec = (long)(ns % 1000000000);
 }

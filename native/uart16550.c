@@ -19,6 +19,11 @@
 #define LCR_DLAB 0x80
 #define MCR_LOOP 0x10
 #define LSR_DR 0x01
+#define LSR_OE 0x02
+/* A 16550A's receive FIFO: in loopback mode (MCR bit 4) what the guest transmits is received back,
+ * and, as on the chip, bytes beyond a full FIFO are lost (overrun, LSR bit 1). The engine's receive
+ * buffer otherwise only holds what the host queued, so the guest cannot grow it. */
+#define RX_FIFO 16
 #define LSR_THRE 0x20
 #define LSR_TEMT 0x40
 
@@ -143,7 +148,10 @@ int zb_uart_port_out(zb_uart *u, unsigned offset, uint8_t value, char *err) {
     switch (offset) {
     case REG_DATA:
         if (dlab) { u->dll = value; return 0; }
-        if (u->mcr & MCR_LOOP) return zb_uart_push_input(u, &value, 1);
+        if (u->mcr & MCR_LOOP) {
+            if (zb_uart_rx_available(u) >= RX_FIFO) { u->overrun = 1; return 0; }
+            return zb_uart_push_input(u, &value, 1);
+        }
         return zb_uart_write(u, &value, 1, err) < 0 ? -1 : 0;
     case REG_IER:
         if (dlab) u->dlm = value;
@@ -179,7 +187,11 @@ uint8_t zb_uart_port_in(zb_uart *u, unsigned offset) {
     }
     case REG_LCR: return u->lcr;
     case REG_MCR: return u->mcr;
-    case REG_LSR: return (zb_uart_rx_available(u) ? LSR_DR : 0) | LSR_THRE | LSR_TEMT;
+    case REG_LSR: {
+        uint8_t lsr = (zb_uart_rx_available(u) ? LSR_DR : 0) | (u->overrun ? LSR_OE : 0) | LSR_THRE | LSR_TEMT;
+        u->overrun = 0; /* reading LSR clears the error bits */
+        return lsr;
+    }
     case REG_MSR:
         if (u->mcr & MCR_LOOP) /* loopback: DTR->DSR, RTS->CTS, OUT1->RI, OUT2->DCD */
             return (uint8_t)(((u->mcr & 1) << 5) | ((u->mcr & 2) << 3) | ((u->mcr & 4) << 4) | ((u->mcr & 8) << 4));

@@ -1,6 +1,14 @@
 /* vdso.c - placing the guest vDSO (guest/vdso.c, embedded at build time) and keeping its clock
  * data current. The data page sits right below the image; the host rewrites it whenever the
  * sandbox starts running, so forks of an old snapshot see the current time.
+ *
+ * The monotonic clocks must never go back. The guest computes base + (tsc - tsc0) * mult, so a
+ * base taken later than tsc0 (the host thread preempted between reading the TSC and the clocks,
+ * common on a loaded host) makes guest time run ahead until the next rewrite, which then looked
+ * like a jump back (1.16 ms measured). So (1) the TSC is read between two CLOCK_MONOTONIC readings
+ * and the base is their midpoint, retried while the window is wide, and (2) every rewrite keeps
+ * each monotonic base at or above what the previous page gave at the guest's last TSC reading
+ * (recorded when the run stopped, zb_vdso_note_stop), whatever the sampling error.
  */
 #include "engine.h"
 
@@ -32,16 +40,17 @@ uint64_t zb_vdso_load(zb_sandbox *sb, char *err) {
     return at + ZB_PAGE;
 }
 
+#define SAMPLE_WINDOW_NS 20000 /* a TSC reading bracketed this tightly is taken as it is */
+#define SAMPLE_TRIES 8
+
 static int64_t clock_ns(clockid_t c) {
     struct timespec t;
     clock_gettime(c, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm) {
-    if (!sb->vdso_data) return;
-    struct zb_vdso_data d;
-    memset(&d, 0, sizeof d);
+/* The guest's TSC now (on VMX it carries an offset from the host's); 0 if KVM does not say. */
+static uint64_t guest_tsc(zb_vm *vm) {
     struct {
         struct kvm_msrs h;
         struct kvm_msr_entry e[1];
@@ -49,15 +58,56 @@ void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm) {
     memset(&m, 0, sizeof m);
     m.h.nmsrs = 1;
     m.e[0].index = MSR_IA32_TSC;
-    /* the guest's TSC (on VMX it carries an offset from the host's) */
-    if (vm->tsc_khz && ioctl(vm->vcpu_fd, KVM_GET_MSRS, &m) == 1) {
-        d.tsc0 = m.e[0].data;
-        d.mult = (uint64_t)(((unsigned __int128)1000000 << 32) / vm->tsc_khz);
+    return ioctl(vm->vcpu_fd, KVM_GET_MSRS, &m) == 1 ? m.e[0].data : 0;
+}
+
+/* What a page's base gives at guest TSC `tsc` (what a guest reading then got). */
+static int64_t extrapolate(int64_t base, uint64_t tsc0, uint64_t mult, uint64_t tsc) {
+    uint64_t ticks = tsc > tsc0 ? ZB_MIN(tsc - tsc0, 1ull << 52) : 0; /* (years of TSC: no overflow) */
+    return base + (int64_t)(((unsigned __int128)ticks * mult) >> 32);
+}
+
+void zb_vdso_note_stop(zb_sandbox *sb, zb_vm *vm) {
+    zb_process *p = &sb->proc;
+    if (!sb->vdso_data || !vm->tsc_khz || !p->clock_mult) return;
+    uint64_t tsc = guest_tsc(vm);
+    if (!tsc) return;
+    for (int i = 0; i < 3; i++) p->clock_floor[i] = extrapolate(p->clock_base[i], p->clock_tsc0, p->clock_mult, tsc);
+}
+
+void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm) {
+    if (!sb->vdso_data) return;
+    struct zb_vdso_data d;
+    memset(&d, 0, sizeof d);
+    int64_t best = INT64_MAX;
+    for (int i = 0; i < SAMPLE_TRIES && best > SAMPLE_WINDOW_NS; i++) {
+        int64_t before = clock_ns(CLOCK_MONOTONIC);
+        uint64_t tsc = vm->tsc_khz ? guest_tsc(vm) : 0;
+        int64_t after = clock_ns(CLOCK_MONOTONIC);
+        /* the other clocks as offsets from CLOCK_MONOTONIC read right after each */
+        int64_t real = clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC);
+        int64_t boot = clock_ns(CLOCK_BOOTTIME) - clock_ns(CLOCK_MONOTONIC);
+        int64_t raw = clock_ns(CLOCK_MONOTONIC_RAW) - clock_ns(CLOCK_MONOTONIC);
+        if (after - before >= best) continue;
+        best = after - before;
+        int64_t mid = before + (after - before) / 2;
+        d.tsc0 = tsc;
+        d.mult = tsc ? (uint64_t)(((unsigned __int128)1000000 << 32) / vm->tsc_khz) : 0;
+        d.mono_ns = mid;
+        d.real_ns = mid + real;
+        d.boot_ns = mid + boot;
+        d.raw_ns = mid + raw;
     }
-    d.mono_ns = clock_ns(CLOCK_MONOTONIC);
-    d.real_ns = clock_ns(CLOCK_REALTIME);
-    d.boot_ns = clock_ns(CLOCK_BOOTTIME);
-    d.raw_ns = clock_ns(CLOCK_MONOTONIC_RAW);
+    /* never behind what the guest may already have read (REALTIME may step, as on any host) */
+    zb_process *p = &sb->proc;
+    d.mono_ns = ZB_MAX(d.mono_ns, p->clock_floor[0]);
+    d.boot_ns = ZB_MAX(d.boot_ns, p->clock_floor[1]);
+    d.raw_ns = ZB_MAX(d.raw_ns, p->clock_floor[2]);
+    p->clock_base[0] = d.mono_ns;
+    p->clock_base[1] = d.boot_ns;
+    p->clock_base[2] = d.raw_ns;
+    p->clock_tsc0 = d.tsc0;
+    p->clock_mult = d.mult;
     struct zb_vdso_data *page = (struct zb_vdso_data *)(sb->mem.host + sb->vdso_data);
     d.generation = page->generation + 1;
     memcpy(page, &d, sizeof d);

@@ -198,7 +198,8 @@ uint64_t zb_snapshot_working_set_pages(zb_snapshot *snap);
  * (private copies; the guest's first touch then costs ~1.5 us instead of 8-20 us), mode 2 =
  * MADV_POPULATE_READ. Returns the pages prefaulted, or -1 with err. */
 long zb_sandbox_prefault(zb_sandbox *sb, int mode, char *err);
-/* Bytes of host memory the snapshot holds on its own (pages it copied), for accounting. */
+/* Bytes of host memory the snapshot holds on its own (pages it copied, and its copy of the engine's
+ * state of the sandbox: overlay metadata, fd table, stream and UART buffers), for accounting. */
 uint64_t zb_snapshot_private_bytes(zb_snapshot *snap);
 /* CFFI-END */
 
