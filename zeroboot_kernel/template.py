@@ -35,7 +35,7 @@ FORMAT = 1
 DEFAULT_NAME = "default"
 DEFAULT_MEMORY = 1 << 30
 BUILD_TIMEOUT = 300.0
-AGENT = GUEST_DIR / "agent.py"
+AGENT = GUEST_DIR / "_zeroboot_agent"  # a package run as a directory (its __main__.py)
 
 
 def default_preload() -> tuple[str, ...]:
@@ -64,7 +64,7 @@ def _native_build_id() -> str:
 @lru_cache(maxsize=1)
 def _environment_id() -> str:
     dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
-    agent = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(GUEST_DIR.glob("agent*.py")))).hexdigest()
+    agent = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(AGENT.glob("*.py")))).hexdigest()
     return hashlib.sha256(json.dumps([dists, list(python_view()), agent]).encode()).hexdigest()
 
 

@@ -21,7 +21,7 @@ from IPython.core.interactiveshell import InteractiveShell, InteractiveShellABC
 from traitlets import CBool, Instance, Type, default
 from traitlets.config import Config
 
-import agent_io as aio
+from . import agent_io as aio
 
 
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -32,8 +32,7 @@ _agent_files: frozenset[str] = frozenset()
 
 def _find_agent_files() -> frozenset[str]:
     files = {getattr(module, "__file__", None) for module in list(sys.modules.values())}
-    return frozenset(f for f in files if isinstance(f, str) and os.path.basename(f).startswith("agent")
-                     and os.path.dirname(os.path.abspath(f)) == _AGENT_DIR)
+    return frozenset(f for f in files if isinstance(f, str) and os.path.dirname(os.path.abspath(f)) == _AGENT_DIR)
 
 
 def _is_agent_code(filename: str) -> bool:

@@ -1,7 +1,7 @@
 """The guest agent: runs inside the VM, executes notebook cells in an IPython shell and talks to
 the host in frames over the UART (docs/PROTOCOL.md).
 
-    python guest/agent.py --preload numpy,pandas,matplotlib
+    python guest/_zeroboot_agent --preload numpy,pandas,matplotlib
 
 Start-up: open the UART, build the shell, import the preload modules, run a silent warm-up,
 send READY (the host snapshots the template there), then serve EXECUTE / COMPLETE / INSPECT
@@ -26,9 +26,8 @@ from typing import Any, NoReturn
 # so the builtins it uses are bound as this module's globals.
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
-# Running as a script puts this directory first on sys.path, which is where the helpers live.
-import agent_io as aio
-from agent_io import log
+from . import agent_io as aio
+from .agent_io import log
 
 UART_DEVICE = "/dev/ttyS0"
 
@@ -437,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     aio.install_streams(channel)
 
     try:
-        from agent_shell import make_shell
+        from .agent_shell import make_shell
 
         shell = make_shell(channel)
     except Exception:  # noqa: BLE001
@@ -457,7 +456,3 @@ def main(argv: list[str] | None = None) -> int:
     # The channel is gone: anything printed while Python shuts down goes to the raw console.
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())
