@@ -410,8 +410,7 @@ class ZerobootKernel(Kernel):
             if sub == "files":
                 if magic.arg is None:
                     stats = self._call(client, "stats").get("stats") or {}
-                    files = stats.get("files") or {}
-                    return f"{files.get('directory')}: {files.get('mode')} (change with `%sandbox files MODE`)\n"
+                    return mg.format_files(stats.get("files") or {})
                 return str(self._call(client, "files", mode=magic.arg).get("text", "")) + "\n"
             if sub == "diff":
                 stats = self._call(client, "stats").get("stats") or {}

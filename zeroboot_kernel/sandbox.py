@@ -143,11 +143,20 @@ class Sandbox:
         return self._simple_request(FrameType.INSPECT, {"code": code, "cursor_pos": cursor_pos,
                                                         "detail_level": detail_level}, timeout)
 
+    def start_session(self, environ: dict[str, str], timeout: float = 60.0) -> dict[str, Any]:
+        """SESSION: give the guest the kernel's forwarded environment (guest_environ.py) and the
+        notebook's sys.path; sent once, before a session's clean snapshot."""
+        reply = self._simple_request(FrameType.SESSION, {"environ": environ}, timeout)
+        if reply.get("status") != "ok":
+            raise SandboxError(f"the guest could not start the session: {str(reply.get('evalue'))[:500]}")
+        return reply
+
     def _simple_request(self, ftype: FrameType, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
         self._check_usable()
         self._request_id += 1
         self.guest.push_input(frames.encode(ftype, {"id": self._request_id, **payload}))
-        answer = FrameType.COMPLETE_REPLY if ftype == FrameType.COMPLETE else FrameType.INSPECT_REPLY
+        answer = {FrameType.COMPLETE: FrameType.COMPLETE_REPLY, FrameType.INSPECT: FrameType.INSPECT_REPLY,
+                  FrameType.SESSION: FrameType.SESSION_REPLY}[ftype]
         return self._serve(_CellRun(None, None, None, DEFAULT_OUTPUT_LIMIT, expect=(answer, self._request_id)),
                            monotonic_deadline(timeout), INTERRUPT_GRACE)
 
@@ -275,7 +284,7 @@ class _CellRun:
         elif ftype == FrameType.INPUT_REQUEST:
             value = self.on_input(str(p.get("prompt", "")), bool(p.get("password"))) if self.on_input else ""
             sb.guest.push_input(frames.encode(FrameType.INPUT_REPLY, {"value": value}))
-        elif ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY):
+        elif ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY, FrameType.SESSION_REPLY):
             if self.expect is not None and (ftype, p.get("id")) != self.expect:
                 return None  # the end of another request, or a frame user code forged: not ours
             if ftype == FrameType.DONE and p.get("status") == "error" and self.error is None:

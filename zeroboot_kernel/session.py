@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 from . import export
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
+from .guest_environ import session_environment
+from .project_root import find_project_root
 from .native import Snapshot
 from .sandbox import InputCallback, MessageCallback, StreamCallback
 from .template import Template
@@ -42,7 +44,11 @@ FILES_MODES = ("overlay", "readonly", "readwrite")
 class Session:
     def __init__(self, template: Template, *, mode: str = "chained", keep: int = 20,
                  timeout: float | None = None, interrupt_grace: float = 2.0,
-                 project_dir: str | None = None, files: str = "overlay") -> None:
+                 project_dir: str | None = None, files: str = "overlay",
+                 environ: dict[str, str] | None = None, project_root: str | None = None) -> None:
+        """project_dir: the notebook's folder (the cells' working directory); project_root: the
+        folder shown in the sandbox, which contains it (default: found by project_root.py).
+        environ: the variables the guest gets (default: this process's, by guest_environ.py)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if files not in FILES_MODES:
@@ -53,13 +59,22 @@ class Session:
         self.timeout = timeout
         self.interrupt_grace = interrupt_grace
         self.project_dir = os.path.realpath(project_dir) if project_dir else None
+        self.project_root = (os.path.realpath(project_root) if project_root
+                             else find_project_root(self.project_dir) if self.project_dir else None)
+        if self.project_dir and self.project_root and \
+                os.path.commonpath([self.project_dir, self.project_root]) != self.project_root:
+            raise SandboxError(f"the project root {self.project_root} does not contain the notebook's folder "
+                               f"{self.project_dir}")
         self.files = files
         self.host_writes_allowed = True  # False once the engine process is locked down (run phase)
         self.sandbox = template.fork()
-        if self.project_dir:
-            # the notebook's folder at its own path, and the cell's working directory
-            self.sandbox.guest.mount_project(self.project_dir, files)
+        if self.project_dir and self.project_root:
+            # the notebook's project at its own path, and the notebook's folder as the working directory
+            self.sandbox.guest.mount_project(self.project_root, files)
             self.sandbox.guest.chdir(self.project_dir)
+        # the kernel's environment and sys.path as ipykernel gives them, part of the clean state
+        self.environ = session_environment() if environ is None else dict(environ)
+        self.session_info = self.sandbox.start_session(self.environ)
         # what "a fresh sandbox" means for this session: the template plus the notebook's folder
         self.clean = self.sandbox.snapshot()
         self.checkpoints: deque[Checkpoint] = deque()
@@ -245,16 +260,19 @@ class Session:
             raise SandboxError("readwrite must be chosen when the kernel starts (ZEROBOOT_FILES=readwrite in the "
                                "kernelspec's env): the sandbox engine process is locked down against writing "
                                "host files")
+        root = self.project_root or directory
         self._state_changes()
-        self.sandbox.guest.set_project_mode(directory, files)
+        self.sandbox.guest.set_project_mode(root, files)
         self.files = files
-        return {"overlay": f"{directory}: reads from the host, writes stay private to the sandbox",
-                "readonly": f"{directory}: read-only (writes fail with EROFS)",
-                "readwrite": f"{directory}: writes go to the host (inside this folder only)"}[files]
+        return {"overlay": f"{root}: reads from the host, writes stay private to the sandbox",
+                "readonly": f"{root}: read-only (writes fail with EROFS)",
+                "readwrite": f"{root}: writes go to the host (inside this folder only)"}[files]
 
     def diff(self) -> list[tuple[str, str]]:
-        """What the sandbox created (A), changed (M) or deleted (D) in the notebook's folder."""
-        return self.sandbox.guest.project_diff(self._need_project())
+        """What the sandbox created (A), changed (M) or deleted (D) in the notebook's project
+        (paths relative to the project root)."""
+        self._need_project()
+        return self.sandbox.guest.project_diff(self.project_root or self.project_dir)
 
     def export_items(self, path: str) -> list[export.ExportItem]:
         """What %sandbox export PATH would write: the file or tree at PATH as the sandbox sees it."""
@@ -283,7 +301,7 @@ class Session:
 
         return {
             "mode": self.mode,
-            "files": {"directory": self.project_dir, "mode": self.files},
+            "files": {"directory": self.project_root, "notebook": self.project_dir, "mode": self.files},
             "template": {"name": self.template.name, "directory": str(self.template.directory),
                          "preload": self.template.manifest.get("preload", []),
                          "built": self.template.manifest.get("created")},

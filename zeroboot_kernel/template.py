@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from . import __version__, frames
 from .errors import SandboxError, TemplateError
-from .guest_view import GUEST_DIR, python_spec, python_view
+from .guest_environ import template_environment
+from .guest_view import GUEST_DIR, locale_view, python_spec, python_view
 from .native import Engine, EventKind, Guest, Snapshot, lib
 from .sandbox import Sandbox
 
@@ -65,7 +66,7 @@ def _native_build_id() -> str:
 def _environment_id() -> str:
     dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
     agent = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(AGENT.glob("*.py")))).hexdigest()
-    return hashlib.sha256(json.dumps([dists, list(python_view()), agent]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([dists, list(python_view()), locale_view(), agent]).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ class TemplateConfig:
             "environment": _environment_id(),
             "preload": list(self.preload),
             "memory": self.memory,
+            # variables numeric libraries read when the template imports them (OPENBLAS_CORETYPE)
+            "variables": template_environment(),
             "cpu": int(lib.zb_engine_fingerprint(engine.handle)),
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -150,7 +153,8 @@ class Template:
         target = config.directory(engine)
         t0 = time.monotonic()
         say(f"template {config.name!r}: booting Python in a VM and importing {', '.join(config.preload) or 'nothing'}")
-        spec = python_spec([str(AGENT), "--preload", ",".join(config.preload)], mem_bytes=config.memory)
+        spec = python_spec([str(AGENT), "--preload", ",".join(config.preload)], mem_bytes=config.memory,
+                           env=template_environment())
         with Guest.boot(spec, engine) as guest:
             ready = _boot_until_ready(guest, time.monotonic() + BUILD_TIMEOUT)
             booted = time.monotonic() - t0

@@ -28,6 +28,7 @@ from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max
 
 from . import agent_io as aio
 from .agent_io import log
+from .agent_session import start_session
 
 UART_DEVICE = "/dev/ttyS0"
 
@@ -160,6 +161,8 @@ class Agent:
                     self.complete(request)
                 elif ftype == aio.INSPECT:
                     self.inspect(request)
+                elif ftype == aio.SESSION:
+                    self.channel.send(aio.SESSION_REPLY, start_session(request, self.shell))
                 elif ftype == aio.RUN:
                     run_program(request)  # never returns: the VM exits with the program
                 elif ftype == aio.INPUT_REPLY:
@@ -189,6 +192,9 @@ class Agent:
         elif ftype == aio.INSPECT:
             self.channel.send(aio.INSPECT_REPLY, {"id": rid, "status": "ok", "found": False,
                                                   "data": {}, "metadata": {}})
+        elif ftype == aio.SESSION:
+            self.channel.send(aio.SESSION_REPLY, {"id": rid, "status": "error",
+                                                  "evalue": f"{type(exc).__name__}: {aio.safe_str(exc)}"})
 
     # ---- EXECUTE ---------------------------------------------------------------------------
 
@@ -448,6 +454,12 @@ def main(argv: list[str] | None = None) -> int:
 
     preloaded, errors = agent.preload(modules)
     agent.warm_up()
+    # The notebook's folder comes first on sys.path, as ipykernel's '' (resolved against the working
+    # directory, which a session sets to the notebook's folder); the agent's package is imported
+    # already and its directory is no longer needed there.
+    sys.path[0] = ""
+    # As ipykernel's kernel app (it sets this unless the user chose a backend).
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     gate.install()
     channel.quiet = False
     channel.quiet_stream = None

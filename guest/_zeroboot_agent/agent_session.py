@@ -1,0 +1,77 @@
+"""The start of a notebook session in the guest (the SESSION request, docs/PROTOCOL.md): the kernel's
+environment variables and sys.path as ipykernel gives them to a notebook.
+
+The template was built before any notebook existed, in the sandbox's home directory with a fixed
+environment; a session starts from a fork of it. Under ipykernel the kernel process is started in the
+notebook's folder with the user's environment, so a cell sees:
+  - os.environ: the kernel's environment (the host forwards it, minus what describes the host),
+    with TERM/CLICOLOR/PAGER as ipykernel's shell sets them;
+  - the locale: Python's start-up sets LC_CTYPE from LANG/LC_*; time zone from TZ;
+  - sys.path: ['', <the folder the kernel started in>, <PYTHONPATH entries>, <stdlib>, <site>]
+    ('' is ipykernel's, the folder is `python -m`'s, PYTHONPATH is the interpreter's).
+"""
+from __future__ import annotations
+
+import locale
+import os
+import sys
+import time
+from typing import Any
+# User code may replace builtins; the agent's own code must not follow.
+from builtins import dict, int, isinstance, len, list, str  # noqa: A004
+
+MAX_VARIABLES = 4096
+MAX_NAME = 1024
+MAX_VALUE = 128 * 1024
+
+
+def _valid(name: object, value: object) -> bool:
+    return (isinstance(name, str) and isinstance(value, str) and 0 < len(name) <= MAX_NAME
+            and len(value) <= MAX_VALUE and "=" not in name and "\0" not in name and "\0" not in value)
+
+
+def apply_environment(environ: dict[str, Any], shell: Any) -> int:
+    """Set the forwarded variables; returns how many were set."""
+    count = 0
+    for name, value in list(environ.items())[:MAX_VARIABLES]:
+        if _valid(name, value):
+            os.environ[name] = value
+            count += 1
+    init = getattr(shell, "init_environment", None)
+    if init is not None:
+        init()  # ipykernel's own values win over the host's (TERM=xterm-color, PAGER=cat, ...)
+    if "TZ" in environ:
+        time.tzset()
+    return count
+
+
+def apply_locale() -> str | None:
+    """LC_CTYPE from the (new) locale variables, as Python's start-up does; None if the locale
+    they name is not available in the sandbox (then the current one stays)."""
+    try:
+        return locale.setlocale(locale.LC_CTYPE, "")
+    except locale.Error:
+        return None
+
+
+def apply_sys_path(cwd: str) -> None:
+    """'' first (the template's agent already put it there), then the starting folder, then
+    PYTHONPATH, as under `python -m ipykernel_launcher` started in the notebook's folder."""
+    if not sys.path or sys.path[0] != "":
+        sys.path.insert(0, "")
+    wanted = [cwd] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    position = 1
+    for entry in wanted:
+        entry = os.path.abspath(entry)
+        if entry in sys.path[1:]:
+            continue
+        sys.path.insert(position, entry)
+        position += 1
+
+
+def start_session(request: dict[str, Any], shell: Any) -> dict[str, Any]:
+    environ = request.get("environ")
+    count = apply_environment(environ, shell) if isinstance(environ, dict) else 0
+    current = apply_locale()
+    apply_sys_path(os.getcwd())
+    return {"id": request.get("id"), "status": "ok", "variables": count, "locale": current}

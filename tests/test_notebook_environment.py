@@ -1,0 +1,181 @@
+"""The notebook's environment inside the sandbox as ipykernel gives it (issue 13): modules beside
+the notebook import, the kernel's environment variables arrive (minus what describes the host), the
+notebook's project (not only its folder) is shown, the locale follows the host's."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from zeroboot_kernel import guest_environ
+from zeroboot_kernel.project_root import ProjectRootError, find_project_root
+from zeroboot_kernel.session import Session
+from zeroboot_kernel.template import Template
+
+
+@pytest.fixture(scope="module")
+def template() -> Template:
+    return Template.ensure()
+
+
+def cell(s: Session, code: str, n: int = 1) -> dict:
+    out: list[str] = []
+    results: list[dict] = []
+    reply = s.execute(code, execution_count=n, on_stream=lambda name, t: out.append(t),
+                      on_message=lambda mt, c: results.append(c) if mt == "execute_result" else None)
+    reply["stdout"] = "".join(out)
+    reply["result"] = results[0]["data"]["text/plain"] if results else None
+    return reply
+
+
+@pytest.fixture
+def course(tmp_path):
+    """A course repository: notebooks/ beside data/ and src/, a pyproject.toml at the top."""
+    root = tmp_path / "course"
+    (root / "notebooks").mkdir(parents=True)
+    (root / "data").mkdir()
+    (root / "src" / "features").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("[project]\nname = 'course'\n")
+    (root / "data" / "x.csv").write_text("a,b\n1,2\n")
+    (root / "src" / "__init__.py").write_text("")
+    (root / "src" / "features" / "__init__.py").write_text("def double(x):\n    return 2 * x\n")
+    nb = root / "notebooks"
+    (nb / "helper.py").write_text("ANSWER = 42\n")
+    (nb / "pkg").mkdir()
+    (nb / "pkg" / "__init__.py").write_text("NAME = 'pkg'\n")
+    # a user module named like the agent's former top-level modules must win
+    (nb / "agent.py").write_text("MINE = True\n")
+    (nb / "agent_io.py").write_text("MINE = True\n")
+    return root
+
+
+# ---- item 1: local imports ----------------------------------------------------------------------
+
+def test_modules_beside_the_notebook_import(template, course) -> None:
+    nb = course / "notebooks"
+    s = Session(template, project_dir=str(nb))
+    try:
+        r = cell(s, "import helper, pkg, agent, agent_io\n(helper.ANSWER, pkg.NAME, agent.MINE, agent_io.MINE)")
+        assert r["status"] == "ok", r
+        assert r["result"] == "(42, 'pkg', True, True)"
+        r = cell(s, "import sys, os\n(sys.path[0], sys.path[1] == os.getcwd())", 2)
+        assert r["result"] == "('', True)", r
+        # a module written during the session is importable at once, as under ipykernel
+        r = cell(s, "open('fresh_mod.py', 'w').write('V = 7\\n')\nimport fresh_mod\nfresh_mod.V", 3)
+        assert r["status"] == "ok" and r["result"] == "7", r
+        # the project's packages import after the usual sys.path edit
+        r = cell(s, "sys.path.insert(0, '..')\nfrom src.features import double\ndouble(21)", 4)
+        assert r["status"] == "ok" and r["result"] == "42", r
+    finally:
+        s.close()
+
+
+def test_autoreload_sees_an_edited_module(template, course) -> None:
+    s = Session(template, project_dir=str(course / "notebooks"))
+    try:
+        assert cell(s, "%load_ext autoreload\n%autoreload 2\nimport helper\nhelper.ANSWER")["result"] == "42"
+        cell(s, "import time; time.sleep(1.1)\nopen('helper.py', 'w').write('ANSWER = 43\\n')", 2)
+        r = cell(s, "helper.ANSWER", 3)
+        assert r["result"] == "43", r
+    finally:
+        s.close()
+
+
+# ---- item 12: the project, not only the notebook's folder ---------------------------------------
+
+def test_the_project_root_is_shown(template, course) -> None:
+    s = Session(template, project_dir=str(course / "notebooks"))
+    try:
+        assert s.project_root == str(course.resolve())
+        r = cell(s, "import pandas as pd\npd.read_csv('../data/x.csv').values.tolist()")
+        assert r["result"] == "[[1, 2]]", r
+        r = cell(s, "sorted(os.listdir('..')) if (os := __import__('os')) else None", 2)
+        assert r["result"] == repr(["data", "notebooks", "pyproject.toml", "src"]), r
+        assert s.stats()["files"] == {"directory": str(course.resolve()), "notebook": str((course / "notebooks").resolve()),
+                                      "mode": "overlay"}
+    finally:
+        s.close()
+
+
+def test_project_root_search_is_bounded(tmp_path) -> None:
+    home = tmp_path / "home"
+    nb = home / "work" / "nb"
+    nb.mkdir(parents=True)
+    env = {"HOME": str(home)}
+    # no marker anywhere: the notebook's folder alone
+    assert find_project_root(str(nb), env) == str(nb)
+    # a marker in the home itself is never taken: the home is not a project
+    (home / ".git").mkdir()
+    assert find_project_root(str(nb), env) == str(nb)
+    (home / "work" / "requirements.txt").write_text("numpy\n")
+    assert find_project_root(str(nb), env) == str(home / "work")
+    # the notebook directly in the home: only that folder, as before
+    assert find_project_root(str(home), env) == str(home)
+    assert find_project_root(str(nb), {**env, "ZEROBOOT_PROJECT_ROOT": "notebook"}) == str(nb)
+    assert find_project_root(str(nb), {**env, "ZEROBOOT_PROJECT_ROOT": str(home / "work")}) == str(home / "work")
+    for bad in (str(home), str(tmp_path / "elsewhere"), "/"):
+        with pytest.raises(ProjectRootError):
+            find_project_root(str(nb), {**env, "ZEROBOOT_PROJECT_ROOT": bad})
+    # outside any home: never / nor a folder directly under it
+    assert find_project_root("/tmp", {"HOME": str(home)}) == "/tmp"
+
+
+# ---- item 3: the kernel's environment ------------------------------------------------------------
+
+def test_environment_policy() -> None:
+    env = {"MY_NOTEBOOK_VAR": "hello", "PATH": "/host/bin", "HOME": "/home/u", "LD_PRELOAD": "x.so",
+           "SSH_AUTH_SOCK": "/run/ssh", "LANG": "en_US.UTF-8", "LC_ALL": "C.UTF-8", "ZEROBOOT_MODE": "chained",
+           "OPENBLAS_CORETYPE": "Haswell", "OMP_NUM_THREADS": "8", "API_KEY": "k"}
+    got = guest_environ.session_environment(env)
+    assert got == {"MY_NOTEBOOK_VAR": "hello", "LANG": "en_US.UTF-8", "LC_ALL": "C.UTF-8", "API_KEY": "k"}
+    clean = guest_environ.session_environment({**env, "ZEROBOOT_ENV": "clean", "ZEROBOOT_ENV_ALLOW": "API_*"})
+    assert clean == {"LANG": "en_US.UTF-8", "LC_ALL": "C.UTF-8", "API_KEY": "k"}
+    denied = guest_environ.session_environment({**env, "ZEROBOOT_ENV_DENY": "API_KEY,MY_*"})
+    assert "API_KEY" not in denied and "MY_NOTEBOOK_VAR" not in denied
+    assert guest_environ.session_environment({**env, "ZEROBOOT_ENV_ALLOW": "SSH_AUTH_SOCK"})["SSH_AUTH_SOCK"]
+    assert guest_environ.template_environment(env) == {"OPENBLAS_CORETYPE": "Haswell"}
+    with pytest.raises(guest_environ.EnvironmentConfigError):
+        guest_environ.session_environment({"ZEROBOOT_ENV": "everything"})
+
+
+def test_environment_reaches_the_cells(template, tmp_path) -> None:
+    environ = {"MY_NOTEBOOK_VAR": "hello", "PYTHONPATH": str(tmp_path / "extra"), "TZ": "Asia/Tokyo",
+               "TERM": "dumb"}
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "extra_mod.py").write_text("X = 'extra'\n")
+    s = Session(template, project_dir=str(tmp_path), environ=environ)
+    try:
+        r = cell(s, "import os, time, sys\n(os.environ.get('MY_NOTEBOOK_VAR'), os.environ['TERM'], time.strftime('%Z'))")
+        assert r["result"] == "('hello', 'xterm-color', 'JST')", r
+        assert cell(s, "import extra_mod\nextra_mod.X", 2)["result"] == "'extra'"
+        assert cell(s, "os.environ['MPLBACKEND']", 3)["result"] == "'module://matplotlib_inline.backend_inline'"
+        # a restart (a fresh sandbox from the session's clean state) keeps the environment
+        s.restart()
+        assert cell(s, "import os\nos.environ.get('MY_NOTEBOOK_VAR')", 1)["result"] == "'hello'"
+    finally:
+        s.close()
+    iso = Session(template, mode="isolated", project_dir=str(tmp_path), environ=environ)
+    try:
+        for n in (1, 2):
+            assert cell(iso, "import os\nos.environ.get('MY_NOTEBOOK_VAR')", n)["result"] == "'hello'"
+    finally:
+        iso.close()
+
+
+def test_locale_follows_the_host(template, tmp_path) -> None:
+    """The host's compiled locales are in the view and LANG/LC_* are forwarded: setlocale with the
+    user's settings gives what it gives on the host."""
+    import subprocess
+    import sys
+    code = "import locale\nlocale.setlocale(locale.LC_ALL, '')\nprint(locale.getlocale(), locale.localeconv()['decimal_point'])"
+    env = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    host = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
+    assert host.returncode == 0, host.stderr
+    s = Session(template, project_dir=str(tmp_path), environ=env)
+    try:
+        r = cell(s, code)
+        assert r["status"] == "ok", r
+        assert r["stdout"] == host.stdout
+        assert cell(s, "import os\nos.path.isdir('/usr/lib/locale')", 2)["result"] == str(os.path.isdir("/usr/lib/locale"))
+    finally:
+        s.close()
