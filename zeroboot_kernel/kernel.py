@@ -40,6 +40,7 @@ from .engine_client import EngineClient, EngineDied
 from .errors import ZerobootError
 from .kernel_config import KernelSettings
 from .kernel_history import CellHistory
+from .stream_batch import StreamBatcher
 
 # Engine events forwarded to IOPub as they are (their "content" is the message content).
 OUTPUT_EVENTS = ("display_data", "update_display_data", "execute_result", "error", "clear_output")
@@ -325,6 +326,8 @@ class ZerobootKernel(Kernel):
                   entry: Any) -> dict[str, Any]:
         """Worker thread: run one cell in the guest, forwarding its events live."""
         reply_event: dict[str, Any] | None = None
+        # stream text in IOPub messages as ipykernel batches it (anything else published flushes it)
+        streams = StreamBatcher(lambda name, text: self._publish(parent, "stream", {"name": name, "text": text}))
         with self._engine_lock:
             self._executing.set()
             try:
@@ -333,8 +336,11 @@ class ZerobootKernel(Kernel):
                                          allow_stdin=allow_stdin):
                     kind = ev.get("event")
                     if kind == "stream":
-                        self._publish(parent, "stream", {"name": ev.get("name", "stdout"), "text": ev.get("text", "")})
-                    elif kind in OUTPUT_EVENTS:
+                        streams.write(str(ev.get("name", "stdout")), str(ev.get("text", "")))
+                        continue
+                    if kind != "log":
+                        streams.flush()
+                    if kind in OUTPUT_EVENTS:
                         content = dict(ev.get("content") or {})
                         if kind == "execute_result":
                             content["execution_count"] = count
@@ -354,6 +360,7 @@ class ZerobootKernel(Kernel):
                     elif kind == "log":
                         self.log.info("zeroboot: %s", ev.get("text"))
             finally:
+                streams.flush()
                 self._executing.clear()
         if reply_event is None:
             raise EngineDied("the engine ended the cell without a reply")

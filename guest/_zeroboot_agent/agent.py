@@ -28,7 +28,7 @@ from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max
 
 from . import agent_io as aio
 from .agent_io import log
-from .agent_session import start_session
+from .agent_session import insert_cwd_entry, start_session
 
 UART_DEVICE = "/dev/ttyS0"
 
@@ -59,20 +59,20 @@ class Agent:
         """Import the modules the template should hold; a failure is reported, not fatal."""
         loaded: list[str] = []
         errors: list[str] = []
+        # As ipykernel's kernel app, which sets this unless the user chose a backend: matplotlib
+        # then loads matplotlib_inline's backend, which hooks itself into the shell.
+        os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
         for name in names:
             try:
-                importlib.import_module(name)
+                # inside the shell's builtin trap, as an import in a cell is: libraries that look for
+                # the builtin get_ipython() at import time (pandas: is_terminal()) must find it
+                with self.shell.builtin_trap:
+                    importlib.import_module(name)
             except BaseException as exc:  # noqa: BLE001 - SystemExit from a broken module too
                 errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 log(f"preload of {name} failed: {type(exc).__name__}: {exc}")
             else:
                 loaded.append(name)
-        if "matplotlib" in sys.modules:
-            try:
-                self.shell.enable_matplotlib("inline")
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"matplotlib inline backend: {type(exc).__name__}: {exc}")
-                log(f"matplotlib inline backend: {type(exc).__name__}: {exc}")
         return loaded, errors
 
     def warm_up(self) -> None:
@@ -116,6 +116,12 @@ class Agent:
             shell.payload_manager.clear_payload()
             shell.last_execution_succeeded = True
             shell.last_execution_result = None
+            # The warm-up drew a figure: IPython's %run would redraw (an empty figure) on first use.
+            pyplot = sys.modules.get("matplotlib.pyplot")
+            if pyplot is not None:
+                pyplot.close("all")
+                if hasattr(pyplot.draw_if_interactive, "called"):
+                    pyplot.draw_if_interactive.called = False
             for name in ("last_type", "last_value", "last_traceback", "last_exc"):
                 if hasattr(sys, name):
                     delattr(sys, name)
@@ -454,12 +460,14 @@ def main(argv: list[str] | None = None) -> int:
 
     preloaded, errors = agent.preload(modules)
     agent.warm_up()
-    # The notebook's folder comes first on sys.path, as ipykernel's '' (resolved against the working
-    # directory, which a session sets to the notebook's folder); the agent's package is imported
-    # already and its directory is no longer needed there.
-    sys.path[0] = ""
-    # As ipykernel's kernel app (it sets this unless the user chose a backend).
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    # The agent's package is imported: its directory leaves sys.path (as ipykernel_launcher removes
+    # its own), and '' (the working directory, which a session sets to the notebook's folder) goes
+    # where IPython's kernel app puts it.
+    del sys.path[0]
+    insert_cwd_entry()
+    # joblib probes for POSIX semaphores on import and warns "[Errno 2] No such file or directory.
+    # joblib will operate in serial mode", which reads like a bug: serial is all the sandbox can do.
+    os.environ.setdefault("JOBLIB_MULTIPROCESSING", "0")
     gate.install()
     channel.quiet = False
     channel.quiet_stream = None

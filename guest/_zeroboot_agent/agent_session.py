@@ -7,8 +7,8 @@ notebook's folder with the user's environment, so a cell sees:
   - os.environ: the kernel's environment (the host forwards it, minus what describes the host),
     with TERM/CLICOLOR/PAGER as ipykernel's shell sets them;
   - the locale: Python's start-up sets LC_CTYPE from LANG/LC_*; time zone from TZ;
-  - sys.path: ['', <the folder the kernel started in>, <PYTHONPATH entries>, <stdlib>, <site>]
-    ('' is ipykernel's, the folder is `python -m`'s, PYTHONPATH is the interpreter's).
+  - sys.path: [<PYTHONPATH entries>, <stdlib>, '', <site-packages>] ('' where IPython's
+    InteractiveShellApp.init_path puts it; ipykernel_launcher removes the folder `python -m` adds).
 """
 from __future__ import annotations
 
@@ -54,16 +54,27 @@ def apply_locale() -> str | None:
         return None
 
 
-def apply_sys_path(cwd: str) -> None:
-    """'' first (the template's agent already put it there), then the starting folder, then
-    PYTHONPATH, as under `python -m ipykernel_launcher` started in the notebook's folder."""
-    if not sys.path or sys.path[0] != "":
-        sys.path.insert(0, "")
-    wanted = [cwd] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    position = 1
-    for entry in wanted:
+def insert_cwd_entry() -> None:
+    """'' (the working directory) before the first site-packages, as IPython's init_path does."""
+    if "" in sys.path:
+        return
+    for index, path in enumerate(sys.path):
+        if os.path.basename(path) in ("site-packages", "dist-packages"):
+            break
+    else:
+        index = 0
+    sys.path.insert(index, "")
+
+
+def apply_sys_path() -> None:
+    """PYTHONPATH entries first, as the interpreter puts them when it starts."""
+    insert_cwd_entry()
+    position = 0
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if not entry:
+            continue
         entry = os.path.abspath(entry)
-        if entry in sys.path[1:]:
+        if entry in sys.path:
             continue
         sys.path.insert(position, entry)
         position += 1
@@ -73,5 +84,5 @@ def start_session(request: dict[str, Any], shell: Any) -> dict[str, Any]:
     environ = request.get("environ")
     count = apply_environment(environ, shell) if isinstance(environ, dict) else 0
     current = apply_locale()
-    apply_sys_path(os.getcwd())
+    apply_sys_path()
     return {"id": request.get("id"), "status": "ok", "variables": count, "locale": current}
