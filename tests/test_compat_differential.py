@@ -35,7 +35,7 @@ _NORMALISE = [
     (re.compile(r"0x[0-9a-fA-F]{6,}"), "0xADDR"),
     (re.compile(r"T_[0-9a-f]{5}"), "T_ID"),                      # pandas Styler table ids
     (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), "UUID"),
-    (re.compile("\\d+(?:\\.\\d+)?\\s?(?:ns|\u00b5s|\u03bcs|us|ms|s|min)\\b"), "TIME"),
+    (re.compile("\\d+(?:\\.\\d+)?(?:e[+-]?\\d+)?\\s?(?:ns|\u00b5s|\u03bcs|us|ms|s|min)\\b"), "TIME"),
     (re.compile(r"[\d,]+ loops?"), "N loops"),
     (re.compile(r"\d+ runs?"), "N runs"),
 ]

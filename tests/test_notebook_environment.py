@@ -180,3 +180,41 @@ def test_locale_follows_the_host(template, tmp_path) -> None:
         assert cell(s, "import os\nos.path.isdir('/usr/lib/locale')", 2)["result"] == str(os.path.isdir("/usr/lib/locale"))
     finally:
         s.close()
+
+
+# ---- items 7 and 11: memory -----------------------------------------------------------------------
+
+def test_memory_size_settings() -> None:
+    from zeroboot_kernel import guest_memory_size as gm
+    assert gm.parse_size("8G") == 8 << 30 and gm.parse_size("8GiB") == 8 << 30
+    assert gm.parse_size("1536M") == 1536 << 20 and gm.parse_size("2048") == 2 << 30
+    for bad in ("lots", "1K", "100T", ""):
+        with pytest.raises(gm.MemorySizeError):
+            gm.parse_size(bad)
+    assert gm.default_memory({"ZEROBOOT_MEMORY": "6G"}) == 6 << 30
+    host = gm.host_memory()
+    assert gm.default_memory({}) == max(gm.MINIMUM, min(host or gm.DEFAULT_CAP, gm.DEFAULT_CAP) // gm.ALIGN * gm.ALIGN)
+
+
+def test_memory_limit_and_message(template, tmp_path) -> None:
+    s = Session(template, project_dir=str(tmp_path), environ={})
+    try:
+        total = int(template.manifest["memory"])
+        # the default template follows the host: more than the old fixed 1 GiB where the host has it
+        assert total >= min(2 << 30, __import__("zeroboot_kernel.guest_memory_size", fromlist=["x"]).host_memory())
+        r = cell(s, "import numpy as np\nbig = [np.ones(10_000_000) for _ in range(8)]\nlen(big)")
+        assert r["status"] == "ok", r
+        cell(s, "big = None", 2)
+        s.set_memory(1 << 30)
+        out: list[str] = []
+        reply = s.execute("import numpy as np\nx = np.ones(2**28)", execution_count=3,
+                          on_message=lambda mt, c: out.append("\n".join(c.get("traceback", []))) if mt == "error" else None)
+        assert reply["status"] == "error" and reply["ename"] == "MemoryError", reply
+        assert "%sandbox memory SIZE" in "".join(out) and "ZEROBOOT_MEMORY" in "".join(out)
+        # the limit holds across a rollback/restore of the session
+        s.restart()
+        assert s.stats()["guest_memory_limit_mib"] == 1024.0
+        with pytest.raises(Exception, match="ZEROBOOT_MEMORY"):
+            s.set_memory(total + (1 << 30))
+    finally:
+        s.close()

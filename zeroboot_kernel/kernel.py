@@ -39,6 +39,7 @@ from . import magics as mg
 from .engine_client import EngineClient, EngineDied
 from .errors import ZerobootError
 from .kernel_config import KernelSettings
+from .guest_memory_size import parse_size
 from .kernel_history import CellHistory
 from .stream_batch import StreamBatcher
 
@@ -404,6 +405,13 @@ class ZerobootKernel(Kernel):
                     self._call(client, "timeout", seconds=magic.seconds)
                     self.cell_timeout = magic.seconds or None
                 return f"cell timeout: {self._timeout_text()}\n"
+            if sub == "memory":
+                if magic.arg is not None:
+                    return str(self._call(client, "memory", bytes=parse_size(magic.arg, "%sandbox memory")).get("text", "")) + "\n"
+                stats = self._call(client, "stats").get("stats") or {}
+                return (f"sandbox memory: {stats.get('guest_memory_mib')} MiB in use of a "
+                        f"{stats.get('guest_memory_limit_mib')} MiB limit (change with `%sandbox memory SIZE`; "
+                        f"ZEROBOOT_MEMORY sets the most it can be)\n")
             if sub == "checkpoints":
                 return mg.format_checkpoints(self._call(client, "checkpoints").get("checkpoints") or [], self.mode)
             if sub == "stats":

@@ -9,6 +9,7 @@ the cell (if any) goes to the guest. A cell that is only magics never touches th
     %sandbox checkpoints                 the checkpoints %rewind can go back to
     %sandbox stats                       fork/exec timings, memory of the live fork, template
     %sandbox timeout [SECONDS]           show or set the per-cell time limit (0 = none)
+    %sandbox memory [SIZE]               show or set the sandbox's memory limit
     %sandbox reset                       back to a clean sandbox (drops every checkpoint)
     %sandbox files [overlay|readonly|readwrite]  what of the host is shown (the notebook's project), and how
     %sandbox diff                        what the sandbox changed in the notebook's folder
@@ -24,9 +25,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Union
 
+from .guest_memory_size import MemorySizeError, parse_size
+
 MAGIC_NAMES = ("rewind", "sandbox")
 MODES = ("chained", "isolated")
-SUBCOMMANDS = ("mode", "checkpoints", "stats", "timeout", "reset", "files", "diff", "export", "help")
+SUBCOMMANDS = ("mode", "checkpoints", "stats", "timeout", "memory", "reset", "files", "diff", "export", "help")
 FILES_MODES = ("overlay", "readonly", "readwrite")
 
 HELP = """\
@@ -39,6 +42,8 @@ zeroboot kernel magics (run by the kernel, before the rest of the cell goes to t
   %sandbox checkpoints               list the checkpoints %rewind can return to
   %sandbox stats                     fork/exec timings, memory of the live fork, template in use
   %sandbox timeout [SECONDS]         show or set the time limit per cell (0 = no limit)
+  %sandbox memory [SIZE]             show or set the sandbox's memory limit (2G, 1536M; up to the
+                                     template's size, which ZEROBOOT_MEMORY sets)
   %sandbox reset                     back to a clean sandbox, dropping every checkpoint
   %sandbox files [MODE]              what of the host is shown (the notebook's project), and how:
                                        overlay    reads from the host, writes stay in the sandbox
@@ -180,6 +185,15 @@ def _parse_sandbox(args: list[str]) -> SandboxCommand:
             raise MagicUsageError(f"usage: %sandbox timeout [SECONDS] with SECONDS >= 0, 0 for no limit "
                                   f"(got: {' '.join(params)})")
         return SandboxCommand("timeout", params[0])
+    if sub == "memory":
+        if len(params) > 1:
+            raise MagicUsageError(f"usage: %sandbox memory [SIZE] such as 2G or 1536M (got: {' '.join(params)})")
+        if params:
+            try:
+                parse_size(params[0], "%sandbox memory")
+            except MemorySizeError as exc:
+                raise MagicUsageError(str(exc)) from None
+        return SandboxCommand("memory", params[0] if params else None)
     if sub == "files":
         if len(params) > 1 or (params and params[0] not in FILES_MODES):
             raise MagicUsageError(f"usage: %sandbox files [overlay|readonly|readwrite] (got: {' '.join(params)})")

@@ -54,6 +54,7 @@ class Sandbox:
         self.guest = guest
         self.template = template
         self.fresh = fresh            # started from the template: reseed before the next cell
+        self.memory_limit = 0         # bytes, 0 = all of the guest's memory (%sandbox memory)
         self.broken: str | None = None
         self.execution_count = 0
         self._request_id = 0
@@ -78,6 +79,8 @@ class Sandbox:
     def restore(self, snap: Snapshot, *, fresh: bool = False) -> None:
         """Return to a snapshot of this lineage (also revives a broken sandbox)."""
         self.guest.restore(snap)
+        if self.memory_limit:
+            self.guest.set_memory_limit(self.memory_limit)  # the session's setting, not the snapshot's
         self.broken = None
         self.fresh = fresh
         self._interrupt.clear()
@@ -203,7 +206,10 @@ class Sandbox:
         if ev.kind is EventKind.FAULT:
             st = self.guest.stats()
             if st["guest_pages_limit"] and st["guest_pages"] >= 0.95 * st["guest_pages_limit"]:
-                return SandboxMemoryError(f"the sandbox ran out of memory and crashed ({ev.message})")
+                limit = st["guest_pages_limit"] * 4096 >> 20
+                return SandboxMemoryError(f"the sandbox ran out of its {limit} MiB of memory and crashed "
+                                          f"({ev.message}); the host's memory is not the limit: raise it with "
+                                          f"`%sandbox memory SIZE` or ZEROBOOT_MEMORY=SIZE in the kernelspec's env.")
             return SandboxCrashed(ev.message, ev.signal, ev.rip)
         if ev.kind is EventKind.EXIT:
             return SandboxCrashed(f"the guest agent exited with status {ev.status}")

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from . import export
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
 from .guest_environ import session_environment
+from .guest_memory_size import describe
 from .project_root import find_project_root
 from .native import Snapshot
 from .sandbox import InputCallback, MessageCallback, StreamCallback
@@ -244,6 +245,23 @@ class Session:
 
     def inspect(self, code: str, cursor_pos: int, detail_level: int = 0) -> dict[str, Any]:
         return self._throwaway(lambda: self.sandbox.inspect(code, cursor_pos, detail_level))
+
+    # ---- memory ----
+    def set_memory(self, size: int) -> str:
+        """%sandbox memory SIZE: the guest's memory limit from now on (up to the template's size)."""
+        total = int(self.template.manifest.get("memory") or 0)
+        if size > total:
+            raise SandboxError(f"this sandbox's memory is {describe(total)} (its template's size); for more, set "
+                               f"ZEROBOOT_MEMORY={max(size, total) // (1 << 30) + 1}G in the kernelspec's env and "
+                               f"restart the kernel (a template of that size is built once)")
+        st = self.sandbox.guest.stats()
+        used = st["guest_pages"] * 4096
+        if size < used:
+            raise SandboxError(f"the sandbox already uses {describe(used)}; give a limit above that")
+        self._state_changes()
+        self.sandbox.memory_limit = size if size < total else 0
+        self.sandbox.guest.set_memory_limit(size)
+        return f"sandbox memory limit: {describe(size)} (of {describe(total)}; {describe(used)} in use)"
 
     # ---- the notebook's files ----
     def _need_project(self) -> str:

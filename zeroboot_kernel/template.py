@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +26,7 @@ from typing import Any, Callable
 from . import __version__, frames
 from .errors import SandboxError, TemplateError
 from .guest_environ import template_environment
+from .guest_memory_size import default_memory
 from .guest_view import GUEST_DIR, locale_view, python_spec, python_view
 from .native import Engine, EventKind, Guest, Snapshot, lib
 from .sandbox import Sandbox
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 DEFAULT_NAME = "default"
-DEFAULT_MEMORY = 1 << 30
+DEFAULT_MEMORY = 1 << 30   # of templates whose manifest predates the memory field
 BUILD_TIMEOUT = 300.0
 AGENT = GUEST_DIR / "_zeroboot_agent"  # a package run as a directory (its __main__.py)
 
@@ -73,7 +74,7 @@ def _environment_id() -> str:
 class TemplateConfig:
     name: str = DEFAULT_NAME
     preload: tuple[str, ...] = ()
-    memory: int = DEFAULT_MEMORY
+    memory: int = field(default_factory=default_memory)  # follows the host (guest_memory_size.py)
 
     def key(self, engine: Engine) -> str:
         parts = {
@@ -116,10 +117,12 @@ class Template:
         return dict(self.manifest.get("ready", {}))
 
     @classmethod
-    def load(cls, name: str = DEFAULT_NAME, engine: Engine | None = None) -> Template:
-        """The current template called `name`; TemplateError if it is missing, stale or corrupt."""
+    def load(cls, name: str = DEFAULT_NAME, engine: Engine | None = None, memory: int | None = None) -> Template:
+        """The current template called `name` (of `memory` bytes of guest memory, if given);
+        TemplateError if it is missing, stale or corrupt."""
         engine = engine or Engine.default()
-        candidates = [d for d in _list_dirs() if d.name.rsplit("-", 1)[0] == name]
+        candidates = [d for d in _list_dirs() if d.name.rsplit("-", 1)[0] == name and
+                      (memory is None or (_read_manifest(d) or {}).get("memory") == memory)]
         if not candidates:
             raise TemplateError(f"there is no template {name!r} yet: build it with "
                                 f"`zeroboot-kernel template build --name {name}`")
@@ -204,7 +207,7 @@ class Template:
         config = config or TemplateConfig(preload=default_preload())
         engine = engine or Engine.default()
         try:
-            return cls.load(config.name, engine)
+            return cls.load(config.name, engine, memory=config.memory)
         except TemplateError as exc:
             (progress or log.info)(f"{exc}; building it now")
             return cls.build(config, engine, progress)

@@ -77,11 +77,28 @@ def _starts_a_process(tb: TracebackType | None) -> bool:
     return False
 
 
+def _memory_note() -> str:
+    """Why a MemoryError happened in the sandbox, and how to get more (sysinfo: the guest's limit)."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        limit, free = os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
+        sizes = f"{limit / 2**30:.1f} GiB, {free / 2**30:.1f} GiB of it free"
+    except (OSError, ValueError):
+        sizes = "limited"
+    return (f"zeroboot: the sandbox's memory is the limit here ({sizes}), not the host's: raise it with "
+            f"`%sandbox memory SIZE`, or beyond the sandbox's size set ZEROBOOT_MEMORY=SIZE in the kernelspec's env "
+            f"and restart the kernel.")
+
+
 def _explain_sandbox_refusal(value: BaseException | None) -> None:
     """Add a note saying why, to the error of a thread or process the sandbox refused to start:
     the messages Python gives ("can't start new thread", "Resource temporarily unavailable")
     do not say that it will never work here."""
     if value is None or not hasattr(value, "add_note") or SANDBOX_NOTE in getattr(value, "__notes__", ()):
+        return
+    if isinstance(value, MemoryError):
+        if not any(str(n).startswith("zeroboot: the sandbox's memory") for n in getattr(value, "__notes__", ())):
+            value.add_note(_memory_note())
         return
     thread = isinstance(value, RuntimeError) and str(value) == "can't start new thread"
     process = isinstance(value, OSError) and _starts_a_process(value.__traceback__)
