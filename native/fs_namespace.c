@@ -126,7 +126,8 @@ zb_fs *zb_fs_new(char *err) {
     zb_mnode *self = proc ? zb_mnode_add(proc, "self", MNT_SYNTH) : NULL;
     if (!fs->inodes || !dev || !self || !dev_add(dev, "null", DEV_NULL) || !dev_add(dev, "zero", DEV_ZERO) ||
         !dev_add(dev, "urandom", DEV_URANDOM) || !dev_add(dev, "random", DEV_URANDOM) ||
-        !dev_add(dev, "ttyS0", DEV_UART) || !zb_mnode_add(self, "exe", MNT_PROC_EXE)) {
+        !dev_add(dev, "ttyS0", DEV_UART) || !zb_mnode_add(self, "exe", MNT_PROC_EXE) ||
+        zb_proc_add_files(proc, self) < 0) {
         zb_seterr(err, "out of memory");
         zb_fs_free(fs);
         return NULL;
@@ -475,6 +476,11 @@ void zb_dev_stat(int dev, struct stat *st) {
     st->st_nlink = 1;
     st->st_blksize = 4096;
     st->st_mode = S_IFCHR | 0666;
+    if (zb_dev_is_proc(dev)) { /* /proc files: regular, read-only, size 0 as Linux reports them */
+        st->st_mode = S_IFREG | 0444;
+        st->st_blksize = 1024;
+        return;
+    }
     st->st_rdev = dev == DEV_UART ? makedev(4, 64) : makedev(1, dev == DEV_NULL ? 3 : dev == DEV_ZERO ? 5 : 9);
 }
 
@@ -536,7 +542,7 @@ static unsigned char mnode_dtype(zb_sandbox *sb, const zb_mnode *m) {
     case MNT_SYNTH: case MNT_HOST_DIR: return DT_DIR;
     case MNT_HOST_FILE: return DT_REG;
     case MNT_SYMLINK: case MNT_PROC_EXE: return DT_LNK;
-    case MNT_DEV: return DT_CHR;
+    case MNT_DEV: return zb_dev_is_proc(m->dev) ? DT_REG : DT_CHR;
     case MNT_OVERLAY: {
         zb_inode *in = zb_ovl_inode(sb->fs, m->ino);
         return in && in->type == INO_DIR ? DT_DIR : DT_REG;

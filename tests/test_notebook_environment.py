@@ -218,3 +218,37 @@ def test_memory_limit_and_message(template, tmp_path) -> None:
             s.set_memory(total + (1 << 30))
     finally:
         s.close()
+
+
+# ---- item 5: /proc in guest terms ---------------------------------------------------------------
+
+def test_proc_files_in_guest_terms(template, tmp_path) -> None:
+    s = Session(template, project_dir=str(tmp_path), environ={})
+    try:
+        code = ("import os, re\n"
+                "maps = open('/proc/self/maps').read().splitlines()\n"
+                "libs = [l.split()[-1] for l in maps if l.split()[-1].endswith('.so') or '.so.' in l.split()[-1]]\n"
+                "status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines())\n"
+                "mem = {l.split(':')[0]: int(l.split()[1]) for l in open('/proc/meminfo')}\n"
+                "stat = open('/proc/self/stat').read().split()\n"
+                "(all(re.match(r'^[0-9a-f]+-[0-9a-f]+ [r-][w-][x-]p ', l) for l in maps), any('libpython' in p or 'numpy' in p for p in libs),"
+                " status['Pid'], status['Threads'], int(status['VmRSS'].split()[0]) > 100_000,"
+                " mem['MemTotal'] == os.sysconf('SC_PHYS_PAGES') * 4, len(stat), stat[0],"
+                " open('/proc/self/cgroup').read(), 'processor\\t: 0' in open('/proc/cpuinfo').read(),"
+                " os.path.isfile('/proc/self/statm'), 'Rss:' in open('/proc/self/smaps_rollup').read(),"
+                " sorted(os.listdir('/proc/self')))")
+        r = cell(s, code)
+        assert r["status"] == "ok", r
+        import ast
+        assert ast.literal_eval(r["result"]) == (True, True, '1', '1', True, True, 52, '1', '0::/\n', True, True, True,
+                                                 ['cgroup', 'exe', 'maps', 'smaps_rollup', 'stat', 'statm', 'status']), r
+        # the host's pid appears nowhere
+        host_pid = str(os.getpid())
+        r = cell(s, "open('/proc/self/status').read() + open('/proc/self/stat').read()", 2)
+        assert f"\\t{host_pid}\\n" not in r["result"]
+        # read-only, and CPU times count
+        r = cell(s, "sum(range(5_000_000))\ntry:\n    open('/proc/self/maps', 'w')\nexcept PermissionError as e:\n    w = 'denied'\n"
+                    "(w, int(open('/proc/self/stat').read().split()[13]) > 0)", 3)
+        assert r["result"] == "('denied', True)", r
+    finally:
+        s.close()
