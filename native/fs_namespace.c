@@ -484,6 +484,17 @@ void zb_dev_stat(int dev, struct stat *st) {
     st->st_rdev = dev == DEV_UART ? makedev(4, 64) : makedev(1, dev == DEV_NULL ? 3 : dev == DEV_ZERO ? 5 : 9);
 }
 
+/* A project folder seen through an overlay (its upper layer holds the sandbox's changes): entries
+ * the sandbox created, renamed or deleted there change its mtime and ctime, as on Linux. */
+static void upper_dir_times(zb_sandbox *sb, uint32_t upper, struct stat *st) {
+    const zb_inode *in = zb_ovl_inode(sb->fs, upper);
+    if (!in) return;
+    int64_t m = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    int64_t c = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+    if (in->mtime_ns > m) { st->st_mtim.tv_sec = in->mtime_ns / 1000000000; st->st_mtim.tv_nsec = in->mtime_ns % 1000000000; }
+    if (in->ctime_ns > c) { st->st_ctim.tv_sec = in->ctime_ns / 1000000000; st->st_ctim.tv_nsec = in->ctime_ns % 1000000000; }
+}
+
 int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
     memset(st, 0, sizeof *st);
     const zb_loc *l = &r->loc;
@@ -495,6 +506,7 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
     case LOC_HOST:
         if (lstat(r->path, st) < 0) return -errno;
         if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;
+        if (l->upper && S_ISDIR(st->st_mode)) upper_dir_times(sb, l->upper, st);
         return 0;
     case LOC_OVERLAY:
         zb_ovl_stat(sb->fs, l->ino, st);

@@ -135,7 +135,9 @@ int zb_ovl_link(zb_fs *fs, uint32_t dir, const char *name, uint32_t ino) {
     d->ents[d->nents].name = copy;
     d->ents[d->nents].ino = ino;
     d->nents++;
-    d->mtime_ns = wall_ns();
+    /* as Linux: a new entry changes the directory (mtime, ctime) and the linked inode (ctime, nlink) */
+    d->mtime_ns = d->ctime_ns = wall_ns();
+    in->ctime_ns = d->ctime_ns;
     in->nlink++;
     if (in->type == INO_DIR) in->parent = dir;
     return 0;
@@ -150,8 +152,9 @@ int zb_ovl_unlink(zb_fs *fs, uint32_t dir, const char *name) {
         uncharge(fs, name_cost(d->ents[i].name));
         free(d->ents[i].name);
         d->ents[i] = d->ents[--d->nents];
-        d->mtime_ns = wall_ns();
+        d->mtime_ns = d->ctime_ns = wall_ns();
         zb_inode *in = zb_ovl_inode(fs, ino);
+        if (in) in->ctime_ns = d->ctime_ns;
         if (in && --in->nlink == 0 && in->opens == 0) inode_release(fs, in);
         return 0;
     }
@@ -229,7 +232,7 @@ long zb_ovl_write(zb_fs *fs, uint32_t ino, const void *buf, size_t len, uint64_t
         done += n;
     }
     if (off + done > in->size) in->size = off + done;
-    in->mtime_ns = wall_ns();
+    in->mtime_ns = in->ctime_ns = wall_ns();
     return (long)done;
 }
 
@@ -255,7 +258,7 @@ int zb_ovl_truncate(zb_fs *fs, uint32_t ino, uint64_t size) {
         }
     }
     in->size = size;
-    in->mtime_ns = wall_ns();
+    in->mtime_ns = in->ctime_ns = wall_ns();
     return 0;
 }
 

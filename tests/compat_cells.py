@@ -52,6 +52,13 @@ CELLS: list[Cell] = [
                               "open('new_file.txt', 'w').close()\nos.stat('.').st_mtime_ns > before"),
     Cell("dir-mtime-tmp", "import tempfile\nd = tempfile.mkdtemp()\nbefore = os.stat(d).st_mtime_ns\n"
                           "time.sleep(0.05)\nopen(os.path.join(d, 'f'), 'w').close()\nos.stat(d).st_mtime_ns > before"),
+    Cell("dir-mtime-rename-delete", "def changed(op, d):\n    before = os.stat(d).st_mtime_ns, os.stat(d).st_ctime_ns\n"
+                                    "    time.sleep(0.05)\n    op()\n    after = os.stat(d).st_mtime_ns, os.stat(d).st_ctime_ns\n"
+                                    "    return after[0] > before[0] and after[1] > before[1]\n"
+                                    "open(os.path.join(d, 'g'), 'w').close()\n"
+                                    "(changed(lambda: os.rename(os.path.join(d, 'g'), os.path.join(d, 'h')), d),\n"
+                                    " changed(lambda: os.unlink(os.path.join(d, 'h')), d),\n"
+                                    " changed(lambda: os.mkdir('sub_dir'), '.'), changed(lambda: os.rmdir('sub_dir'), '.'))"),
     # item 3: environment
     Cell("env-var", "os.environ.get('MY_NOTEBOOK_VAR')"),
     Cell("env-magic", "%env MY_NOTEBOOK_VAR"),
@@ -59,7 +66,7 @@ CELLS: list[Cell] = [
     # item 4: CPU times
     Cell("getrusage", "import resource\nsum(range(3_000_000))\nr = resource.getrusage(resource.RUSAGE_SELF)\n"
                       "(r.ru_utime > 0, r.ru_maxrss > 0)"),
-    Cell("os-times", "t = os.times()\nt.user > 0"),
+    Cell("os-times", "t = os.times()\n(t.user > 0, t.children_user)"),
     Cell("time-magic", "%time sum(range(100_000))"),
     Cell("timeit-magic", "%timeit -n1 -r1 sum(range(100))"),
     # item 5: /proc
@@ -101,6 +108,10 @@ CELLS: list[Cell] = [
     Cell("list-parent", "sorted(os.listdir('..'))"),
     # item 13: shell commands, joblib
     Cell("shell-command", "!echo hi"),
+    Cell("proc-meminfo", "mem = {l.split(':')[0]: int(l.split()[1]) for l in open('/proc/meminfo')}\n"
+                         "(mem['MemTotal'] * 1024 == os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE'), mem['MemAvailable'] > 0)"),
+    Cell("proc-self-status", "st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
+                             "(int(st['Pid']) == os.getpid(), int(st['VmRSS'].split()[0]) > 0)"),
     # the rest of the battery
     Cell("who", "%who_ls int"),
     Cell("capture", "%%capture captured\nprint('hidden')"),

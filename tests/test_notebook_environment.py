@@ -252,3 +252,34 @@ def test_proc_files_in_guest_terms(template, tmp_path) -> None:
         assert r["result"] == "('denied', True)", r
     finally:
         s.close()
+
+
+# ---- item 2: directory times --------------------------------------------------------------------
+
+def test_directory_times_follow_entry_changes(template, tmp_path) -> None:
+    """Creating, renaming and deleting entries changes the directory's mtime and ctime (Python's
+    import cache and make-like tools rely on it), in /tmp, the home and the notebook's folder."""
+    s = Session(template, project_dir=str(tmp_path), environ={})
+    try:
+        code = ("import os, time\n"
+                "def changed(op, d):\n"
+                "    before = os.stat(d)\n"
+                "    time.sleep(0.01)\n"
+                "    op()\n"
+                "    after = os.stat(d)\n"
+                "    return after.st_mtime_ns > before.st_mtime_ns and after.st_ctime_ns > before.st_ctime_ns\n"
+                "out = []\n"
+                "for d in ('/tmp', os.path.expanduser('~'), os.getcwd()):\n"
+                "    a, b = os.path.join(d, 'zb_a'), os.path.join(d, 'zb_b')\n"
+                "    out += [changed(lambda: open(a, 'w').close(), d), changed(lambda: os.rename(a, b), d),\n"
+                "            changed(lambda: os.unlink(b), d), changed(lambda: os.mkdir(a), d), changed(lambda: os.rmdir(a), d)]\n"
+                "before = os.stat('/tmp').st_ctime_ns\n"
+                "open('/tmp/zb_c', 'w').close(); c0 = os.stat('/tmp/zb_c').st_ctime_ns; time.sleep(0.01)\n"
+                "os.chmod('/tmp/zb_c', 0o600)\n"
+                "out.append(os.stat('/tmp/zb_c').st_ctime_ns > c0)\n"
+                "out")
+        r = cell(s, code)
+        assert r["status"] == "ok", r
+        assert r["result"] is not None and "False" not in r["result"], r["result"]
+    finally:
+        s.close()

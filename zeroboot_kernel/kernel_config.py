@@ -5,6 +5,11 @@
     ZEROBOOT_CELL_TIMEOUT  seconds a cell may run, 0 or empty for no limit
     ZEROBOOT_CHECKPOINTS   how many checkpoints %rewind can go back to (default 20)
     ZEROBOOT_FILES         how the notebook's folder is seen: overlay (default), readonly, readwrite
+
+Read by the engine process where they are used (docs/COMPATIBILITY.md):
+    ZEROBOOT_ENV, ZEROBOOT_ENV_ALLOW, ZEROBOOT_ENV_DENY   the kernel's environment in the sandbox (guest_environ.py)
+    ZEROBOOT_PROJECT_ROOT  the folder shown in the sandbox (project_root.py)
+    ZEROBOOT_MEMORY        the sandbox's memory size (guest_memory_size.py)
 """
 from __future__ import annotations
 
