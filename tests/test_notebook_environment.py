@@ -283,3 +283,20 @@ def test_directory_times_follow_entry_changes(template, tmp_path) -> None:
         assert r["result"] is not None and "False" not in r["result"], r["result"]
     finally:
         s.close()
+
+
+# ---- item 13: commands that need processes say why they fail ------------------------------------
+
+def test_shell_commands_say_the_sandbox_is_why(template, tmp_path) -> None:
+    s = Session(template, project_dir=str(tmp_path), environ={})
+    try:
+        for n, code in enumerate(["!echo hi", "x = !ls", "import os\nos.system('ls')", "%sx ls"], start=1):
+            out: list[str] = []
+            r = s.execute(code, execution_count=n,
+                          on_message=lambda mt, c: out.append("\n".join(c.get("traceback", []))) if mt == "error" else None)
+            assert r["status"] == "error" and r["ename"] == "OSError", (code, r)
+            assert "cannot start processes" in "".join(out), (code, out)
+        r = cell(s, "import os\nos.environ.get('JOBLIB_MULTIPROCESSING')", 9)
+        assert r["result"] == "'0'"
+    finally:
+        s.close()

@@ -106,6 +106,12 @@ def _explain_sandbox_refusal(value: BaseException | None) -> None:
         value.add_note(SANDBOX_NOTE)
 
 
+def _sandbox_os_system(command: object) -> int:
+    """os.system in the sandbox: glibc's system() cannot start /bin/sh here and would return 127 << 8,
+    a status code most callers never look at; say so instead."""
+    raise OSError(f"os.system({str(command)[:200]!r}): {SHELL_COMMAND_NOTE}")
+
+
 class FrameDisplayPublisher(DisplayPublisher):
     """display() / update_display() / clear_output() as DISPLAY and CLEAR_OUTPUT frames.
 
@@ -290,6 +296,7 @@ def make_shell(channel: aio.Channel) -> ZMQInteractiveShell:
     shell.kernel = SandboxKernel(shell)
     # Jedi is slow in the VM; ipykernel leaves it off by default too.
     shell.Completer.use_jedi = False
+    os.system = _sandbox_os_system  # type: ignore[assignment]
     # As ipykernel's kernel app (IPython's default_extensions): %store.
     try:
         shell.extension_manager.load_extension("storemagic")
