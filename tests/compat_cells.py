@@ -76,6 +76,8 @@ CELLS: list[Cell] = [
     # item 6: shared writable file mappings
     Cell("memmap-w+", "mm = np.memmap('mm.dat', dtype='float64', mode='w+', shape=(100,))\nmm[:] = 1.5\nmm.flush()\n"
                       "del mm\nfloat(np.fromfile('mm.dat').sum())"),
+    Cell("memmap-copy-on-write", "mc = np.memmap('mm.dat', dtype='float64', mode='c', shape=(100,))\nmc[:] = 2\n"
+                                 "(float(mc.sum()), float(np.fromfile('mm.dat').sum()) != 200.0)"),
     Cell("sqlite-wal", "import sqlite3\ncon = sqlite3.connect('wal.db')\ncon.execute('PRAGMA journal_mode=wal')\n"
                        "con.execute('create table if not exists t (x)')\ncon.execute('insert into t values (1)')\n"
                        "con.commit()\ncon.execute('select count(*) from t').fetchone()"),
@@ -108,6 +110,7 @@ CELLS: list[Cell] = [
     Cell("list-parent", "sorted(os.listdir('..'))"),
     # item 13: shell commands, joblib
     Cell("shell-command", "!echo hi"),
+    Cell("os-system", "os.system('true')"),
     Cell("proc-meminfo", "mem = {l.split(':')[0]: int(l.split()[1]) for l in open('/proc/meminfo')}\n"
                          "(mem['MemTotal'] * 1024 == os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE'), mem['MemAvailable'] > 0)"),
     Cell("proc-self-status", "st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"

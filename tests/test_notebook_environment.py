@@ -300,3 +300,25 @@ def test_shell_commands_say_the_sandbox_is_why(template, tmp_path) -> None:
         assert r["result"] == "'0'"
     finally:
         s.close()
+
+
+# ---- item 6 (not implemented yet): the refusal says what and why --------------------------------
+
+def test_shared_writable_mappings_are_refused_clearly(template, tmp_path) -> None:
+    s = Session(template, project_dir=str(tmp_path), environ={})
+    try:
+        cases = ["import numpy as np\nnp.memmap('/tmp/m.dat', dtype='float64', mode='w+', shape=(10,))",
+                 "import mmap\nf = open('/tmp/m2', 'w+b'); f.write(b'x' * 4096); f.flush()\nmmap.mmap(f.fileno(), 4096)",
+                 "import sqlite3\ncon = sqlite3.connect('/tmp/w.db')\ncon.execute('PRAGMA journal_mode=wal')\n"
+                 "con.execute('create table t (x)')"]
+        for n, code in enumerate(cases, start=1):
+            out: list[str] = []
+            r = s.execute(code, execution_count=n,
+                          on_message=lambda mt, c: out.append("\n".join(c.get("traceback", []))) if mt == "error" else None)
+            assert r["status"] == "error", (code, r)
+            assert "writable shared file mappings are not supported" in "".join(out), (code, out)
+        # copy-on-write and read-only mappings work
+        r = cell(s, "m = np.memmap('/tmp/m.dat', dtype='float64', mode='c', shape=(10,))\nm[:] = 2\nfloat(m.sum())", 9)
+        assert r["result"] == "20.0", r
+    finally:
+        s.close()

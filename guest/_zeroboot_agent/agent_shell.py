@@ -9,6 +9,7 @@ rich, plotly's renderer), silently.
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from types import TracebackType
@@ -60,6 +61,10 @@ def _without_agent_frames(tb: TracebackType | None) -> TracebackType | None:
 
 SANDBOX_NOTE = ("zeroboot: cells run as one thread in a VM sandbox; starting threads or processes "
                 "(threading, concurrent.futures, subprocess, multiprocessing) is not supported here.")
+SHARED_MAPPING_NOTE = ("zeroboot: writable shared file mappings are not supported in the sandbox yet "
+                       "(np.memmap mode 'w+'/'r+', mmap.mmap with write access, sqlite's WAL journal); "
+                       "use np.memmap mode 'c' (copy-on-write) or 'r', read the file into memory, or keep "
+                       "sqlite's default journal mode.")
 SHELL_COMMAND_NOTE = ("the zeroboot sandbox cannot start processes yet, so shell commands (`!cmd`, `x = !cmd`, "
                       "%%bash, %%sh, %%script) do not run here; use Python instead (os, shutil, glob, pathlib)")
 # Functions of the standard library that start a process; an EAGAIN raised below them is the
@@ -90,6 +95,23 @@ def _memory_note() -> str:
             f"and restart the kernel.")
 
 
+def _is_shared_mapping_refusal(value: BaseException) -> bool:
+    """ENODEV from mmap (the engine's answer to MAP_SHARED + PROT_WRITE of a file), or sqlite's
+    "disk I/O error" (what WAL mode reports when it cannot map its -shm file)."""
+    if SHARED_MAPPING_NOTE in getattr(value, "__notes__", ()):
+        return False
+    if isinstance(value, OSError) and value.errno == errno.ENODEV:
+        tb = value.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_filename.endswith("memmap.py") or "mmap" in code.co_names:
+                return True
+            tb = tb.tb_next
+        return False
+    return type(value).__name__ == "OperationalError" and str(value) == "disk I/O error" and \
+        type(value).__module__ == "sqlite3"
+
+
 def _explain_sandbox_refusal(value: BaseException | None) -> None:
     """Add a note saying why, to the error of a thread or process the sandbox refused to start:
     the messages Python gives ("can't start new thread", "Resource temporarily unavailable")
@@ -99,6 +121,9 @@ def _explain_sandbox_refusal(value: BaseException | None) -> None:
     if isinstance(value, MemoryError):
         if not any(str(n).startswith("zeroboot: the sandbox's memory") for n in getattr(value, "__notes__", ())):
             value.add_note(_memory_note())
+        return
+    if _is_shared_mapping_refusal(value):
+        value.add_note(SHARED_MAPPING_NOTE)
         return
     thread = isinstance(value, RuntimeError) and str(value) == "can't start new thread"
     process = isinstance(value, OSError) and _starts_a_process(value.__traceback__)
