@@ -322,3 +322,15 @@ def test_shared_writable_mappings_are_refused_clearly(template, tmp_path) -> Non
         assert r["result"] == "20.0", r
     finally:
         s.close()
+
+
+def test_sandbox_files_says_what_is_shown() -> None:
+    from zeroboot_kernel import magics as mg
+    text = mg.format_files({"directory": "/home/u/course", "notebook": "/home/u/course/notebooks", "mode": "overlay"})
+    assert "/home/u/course (overlay" in text and "/home/u/course/notebooks is the working directory" in text
+    assert "ZEROBOOT_PROJECT_ROOT" in text
+    assert "no host folder" in mg.format_files({})
+    assert mg.parse_magic("sandbox", "memory 2G") == mg.SandboxCommand("memory", "2G")
+    for bad in ("memory lots", "memory 1K", "memory 2G 3G"):
+        with pytest.raises(mg.MagicUsageError):
+            mg.parse_magic("sandbox", bad)
