@@ -7,7 +7,7 @@ import numpy as np
 import nbformat
 from nbclient import NotebookClient
 
-from kernel_helpers import ensure_kernelspecs, kernel, plain
+from kernel_helpers import ensure_kernelspecs, kernel, plain, shell_reply
 
 CELLS = [
     "import pandas as pd, numpy as np\ndf = pd.read_csv('data.csv')\nint(df.amount.sum())",
@@ -46,9 +46,7 @@ def test_a_notebook_reads_its_folder_and_exports_on_request(tmp_path) -> None:
 
 def _run(kc, code: str) -> dict:
     msg_id = kc.execute(code)
-    reply = kc.get_shell_msg(timeout=60)
-    assert reply["parent_header"]["msg_id"] == msg_id
-    return reply["content"]
+    return shell_reply(kc, msg_id, timeout=60)["content"]  # skips a late kernel_info reply of wait_for_ready
 
 
 def test_engine_is_locked_down_unless_readwrite(tmp_path, monkeypatch) -> None:
