@@ -248,6 +248,8 @@ typedef struct zb_process {
     uint64_t cpu_ns;         /* CPU time the guest has used (its runs' wall time), as the guest reads it
                                 (clock_gettime CPU clocks, getrusage, times, sysinfo): part of the state a
                                 snapshot restores, so an isolated cell never learns how long another ran */
+    uint64_t sys_ns;         /* the part of cpu_ns the engine spent serving the guest\'s syscalls (its
+                                "system" time), restored the same way */
     int64_t clock_base[3];   /* CLOCK_MONOTONIC, BOOTTIME, MONOTONIC_RAW bases of the vDSO page last
                                 published (host copies: the page itself is guest memory), */
     uint64_t clock_tsc0, clock_mult; /* with its TSC origin and scale (vdso.c) */
@@ -354,6 +356,8 @@ void zb_vdso_note_stop(zb_sandbox *sb, zb_vm *vm);
 
 /* The guest's CPU time in ns: proc.cpu_ns plus the run under way (run_loop.c). */
 uint64_t zb_guest_cpu_ns(const zb_sandbox *sb);
+/* The same split as a kernel reports it: syscall service is system time, the rest user time. */
+void zb_guest_cpu_split(const zb_sandbox *sb, uint64_t *user_ns, uint64_t *sys_ns);
 
 /* ---- sandboxes (sandbox.c) ---- */
 zb_sandbox *zb_sandbox_alloc(zb_engine *e, char *err);

@@ -25,7 +25,10 @@ enum { MNT_SYNTH = 1, MNT_HOST_DIR, MNT_HOST_FILE, MNT_SYMLINK, MNT_OVERLAY, MNT
 enum { PROJ_NONE = 0, PROJ_READONLY = ZB_PROJECT_READONLY, PROJ_OVERLAY = ZB_PROJECT_OVERLAY,
        PROJ_READWRITE = ZB_PROJECT_READWRITE };
 /* devices */
-enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART };
+enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART,
+       /* /proc files synthesised when opened (fs_proc.c): regular read-only files, not devices */
+       DEV_PROC_FIRST = 32, DEV_PROC_MAPS = DEV_PROC_FIRST, DEV_PROC_STATUS, DEV_PROC_STAT, DEV_PROC_STATM,
+       DEV_PROC_SMAPS_ROLLUP, DEV_PROC_CGROUP, DEV_PROC_MEMINFO, DEV_PROC_CPUINFO, DEV_PROC_LAST = DEV_PROC_CPUINFO };
 
 /* How a mounted project is seen (PROJ_*). One object per mount, shared by every copy of the trie
  * (snapshots, restores, rewinds): the files mode is a property of the session, not of the state a
@@ -246,6 +249,10 @@ int zb_host_lstat(const char *path, struct stat *st);
 /* Open a host file of the view or of a project for reading (dir: a directory), symlink-free.
  * Only regular files and directories are opened: -EACCES for FIFOs, sockets and devices. */
 int zb_host_open_ro(const char *path, int dir);
+/* fs_proc.c */
+int zb_proc_add_files(zb_mnode *proc, zb_mnode *self);
+int zb_dev_is_proc(int dev);
+long zb_proc_snapshot(zb_sandbox *sb, int dev); /* a new unnamed inode with the content, or -errno */
 /* fd if it (a host file just opened) is a regular file or a directory, else -EACCES (closing it). */
 int zb_host_fd_ordinary(int fd);
 

@@ -128,7 +128,8 @@ zb_fs *zb_fs_new(char *err) {
     zb_mnode *self = proc ? zb_mnode_add(proc, "self", MNT_SYNTH) : NULL;
     if (no_inodes || !dev || !self || !dev_add(dev, "null", DEV_NULL) || !dev_add(dev, "zero", DEV_ZERO) ||
         !dev_add(dev, "urandom", DEV_URANDOM) || !dev_add(dev, "random", DEV_URANDOM) ||
-        !dev_add(dev, "ttyS0", DEV_UART) || !zb_mnode_add(self, "exe", MNT_PROC_EXE)) {
+        !dev_add(dev, "ttyS0", DEV_UART) || !zb_mnode_add(self, "exe", MNT_PROC_EXE) ||
+        zb_proc_add_files(proc, self) < 0) {
         zb_seterr(err, "out of memory");
         zb_fs_free(fs);
         return NULL;
@@ -478,7 +479,23 @@ void zb_dev_stat(int dev, struct stat *st) {
     st->st_nlink = 1;
     st->st_blksize = 4096;
     st->st_mode = S_IFCHR | 0666;
+    if (zb_dev_is_proc(dev)) { /* /proc files: regular, read-only, size 0 as Linux reports them */
+        st->st_mode = S_IFREG | 0444;
+        st->st_blksize = 1024;
+        return;
+    }
     st->st_rdev = dev == DEV_UART ? makedev(4, 64) : makedev(1, dev == DEV_NULL ? 3 : dev == DEV_ZERO ? 5 : 9);
+}
+
+/* A project folder seen through an overlay (its upper layer holds the sandbox's changes): entries
+ * the sandbox created, renamed or deleted there change its mtime and ctime, as on Linux. */
+static void upper_dir_times(zb_sandbox *sb, uint32_t upper, struct stat *st) {
+    const zb_inode *in = zb_ovl_inode(sb->fs, upper);
+    if (!in) return;
+    int64_t m = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+    int64_t c = (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec;
+    if (in->mtime_ns > m) { st->st_mtim.tv_sec = in->mtime_ns / 1000000000; st->st_mtim.tv_nsec = in->mtime_ns % 1000000000; }
+    if (in->ctime_ns > c) { st->st_ctim.tv_sec = in->ctime_ns / 1000000000; st->st_ctim.tv_nsec = in->ctime_ns % 1000000000; }
 }
 
 int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
@@ -492,6 +509,7 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
     case LOC_HOST:
         if (lstat(r->path, st) < 0) return -errno;
         if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;
+        if (l->upper && S_ISDIR(st->st_mode)) upper_dir_times(sb, l->upper, st);
         return 0;
     case LOC_OVERLAY:
         zb_ovl_stat(sb->fs, l->ino, st);
@@ -588,7 +606,7 @@ static unsigned char mnode_dtype(zb_sandbox *sb, const zb_mnode *m) {
     case MNT_SYNTH: case MNT_HOST_DIR: return DT_DIR;
     case MNT_HOST_FILE: return DT_REG;
     case MNT_SYMLINK: case MNT_PROC_EXE: return DT_LNK;
-    case MNT_DEV: return DT_CHR;
+    case MNT_DEV: return zb_dev_is_proc(m->dev) ? DT_REG : DT_CHR;
     case MNT_OVERLAY: {
         zb_inode *in = zb_ovl_inode(sb->fs, m->ino);
         return in && in->type == INO_DIR ? DT_DIR : DT_REG;

@@ -362,7 +362,9 @@ int zb_ovl_link(zb_fs *fs, uint32_t dir, const char *name, uint32_t ino) {
         t->index[dir_slot(t, copy)] = (uint32_t)t->n;
     }
     dir_sync(d);
-    d->mtime_ns = wall_ns();
+    /* as Linux: a new entry changes the directory (mtime, ctime) and the linked inode (ctime, nlink) */
+    d->mtime_ns = d->ctime_ns = wall_ns();
+    in->ctime_ns = d->ctime_ns;
     in->nlink++;
     if (in->type == INO_DIR) in->parent = dir;
     return 0;
@@ -386,8 +388,9 @@ int zb_ovl_unlink(zb_fs *fs, uint32_t dir, const char *name) {
     t->ents[i] = t->ents[last];
     t->n--;
     dir_sync(d);
-    d->mtime_ns = wall_ns();
+    d->mtime_ns = d->ctime_ns = wall_ns();
     zb_inode *in = zb_ovl_inode(fs, ino);
+    if (in) in->ctime_ns = d->ctime_ns;
     if (in && --in->nlink == 0 && in->opens == 0) inode_release(fs, ino, in);
     return 0;
 }
@@ -463,7 +466,7 @@ long zb_ovl_write(zb_fs *fs, uint32_t ino, const void *buf, size_t len, uint64_t
         done += n;
     }
     if (off + done > in->size) in->size = off + done;
-    in->mtime_ns = wall_ns();
+    in->mtime_ns = in->ctime_ns = wall_ns();
     return (long)done;
 }
 
@@ -489,7 +492,7 @@ int zb_ovl_truncate(zb_fs *fs, uint32_t ino, uint64_t size) {
         }
     }
     in->size = size;
-    in->mtime_ns = wall_ns();
+    in->mtime_ns = in->ctime_ns = wall_ns();
     return 0;
 }
 

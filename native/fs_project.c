@@ -60,6 +60,8 @@ int zb_fs_mount_project(zb_fs *fs, const char *host_dir, int mode, char *err) {
         return -1;
     }
     zb_ovl_inode(fs, upper)->nlink = 1; /* held by the mount point */
+    /* the host folder's times show until the sandbox changes its entries (zb_fs_stat) */
+    zb_ovl_inode(fs, upper)->mtime_ns = zb_ovl_inode(fs, upper)->ctime_ns = 0;
     n->kind = MNT_PROJECT;
     n->root_fd = fd;
     n->policy = policy;

@@ -143,6 +143,7 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     int64_t dt = zb_now_ns() - t0;
     sb->stats.syscalls++;
     sb->stats.syscall_ns += (uint64_t)dt;
+    sb->proc.sys_ns += (uint64_t)dt;
     if (sb->trace_fd >= 0) trace_syscall(sb, nr, a, ret, dt);
     if (sb->cpu.context_restored) { /* rt_sigreturn: rax is the interrupted code's, not a result */
         sb->cpu.context_restored = 0;
@@ -470,6 +471,12 @@ uint64_t zb_guest_cpu_ns(const zb_sandbox *sb) {
     uint64_t ns = sb->proc.cpu_ns; /* the finished runs, plus the one under way */
     if (sb->run_started_ns) ns += (uint64_t)(zb_now_ns() - sb->run_started_ns);
     return ns;
+}
+
+void zb_guest_cpu_split(const zb_sandbox *sb, uint64_t *user_ns, uint64_t *sys_ns) {
+    uint64_t run = zb_guest_cpu_ns(sb);
+    *sys_ns = ZB_MIN(sb->proc.sys_ns, run);
+    *user_ns = run - *sys_ns;
 }
 
 int zb_should_stop(const zb_sandbox *sb) {

@@ -139,6 +139,17 @@ static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flag
         if (!(f = zb_file_new(FILE_DIR))) return -ENOMEM;
         break;
     case LOC_DEV:
+        if (zb_dev_is_proc(r.loc.dev)) { /* a private snapshot of the synthesised content (fs_proc.c) */
+            if (wr || (flags & O_TRUNC)) return -EACCES;
+            long ino = zb_proc_snapshot(sb, r.loc.dev);
+            if (ino < 0) return ino;
+            zb_ovl_open_ref(sb->fs, (uint32_t)ino, 1); /* nlink 0: released with its last open */
+            if (!(f = zb_file_new(FILE_OVERLAY))) { zb_ovl_open_ref(sb->fs, (uint32_t)ino, -1); return -ENOMEM; }
+            f->ino = (uint32_t)ino;
+            r.loc.kind = LOC_OVERLAY;
+            r.loc.ino = (uint32_t)ino;
+            break;
+        }
         if (!(f = zb_file_new(FILE_DEV))) return -ENOMEM;
         f->dev = r.loc.dev;
         break;

@@ -442,7 +442,11 @@ static long do_chmod(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mod
     uint32_t ino;
     long rc = overlay_file_for(sb, dirfd, upath, flags, &ino);
     if (rc < 0) return rc;
-    zb_ovl_inode(sb->fs, ino)->mode = mode & 07777;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    zb_inode *in = zb_ovl_inode(sb->fs, ino);
+    in->mode = mode & 07777;
+    in->ctime_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec; /* a status change */
     return 0;
 }
 static long sys_chmod(zb_sandbox *sb, const uint64_t a[6]) { return do_chmod(sb, AT_FDCWD, a[0], a[1], 0); }
@@ -477,6 +481,7 @@ static long sys_utimensat(zb_sandbox *sb, const uint64_t a[6]) {
     zb_inode *in = zb_ovl_inode(sb->fs, ino);
     if (set_a) in->atime_ns = atime;
     if (set_m) in->mtime_ns = mtime;
+    in->ctime_ns = now; /* any change of the inode's times is a status change */
     return 0;
 }
 

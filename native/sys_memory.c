@@ -84,8 +84,10 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         if (!(f = zb_fd_get(sb, (uint64_t)fd))) return -EBADF;
         if ((f->flags & O_ACCMODE) == O_WRONLY) return -EACCES;
         if (type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->flags & O_ACCMODE) != O_RDWR) return -EACCES;
-        if (type != MAP_PRIVATE && (prot & PROT_WRITE) && f->kind == FILE_OVERLAY)
-            return -ENODEV; /* shared writable file mappings would need write-back: not supported */
+        /* shared writable file mappings would need write-back: not supported (a host file of a
+         * read-write project would be copied in, so writes to the mapping would be lost silently) */
+        if (type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->kind == FILE_OVERLAY || f->kind == FILE_HOST))
+            return -ENODEV;
         if (f->kind == FILE_DIR) return -ENODEV;
     }
     uint64_t at;

@@ -116,23 +116,41 @@ static long sys_setrlimit(zb_sandbox *sb, const uint64_t a[6]) {
     return sys_prlimit64(sb, b);
 }
 
+static struct timeval ns_to_timeval(uint64_t ns) {
+    struct timeval tv = {(time_t)(ns / 1000000000), (suseconds_t)(ns % 1000000000 / 1000)};
+    return tv;
+}
+
 static long sys_getrusage(zb_sandbox *sb, const uint64_t a[6]) {
+    int who = (int)a[0];
+    if (who != RUSAGE_SELF && who != RUSAGE_THREAD && who != RUSAGE_CHILDREN) return -EINVAL;
     struct rusage ru;
     memset(&ru, 0, sizeof ru);
-    uint64_t cpu = zb_guest_cpu_ns(sb);
-    ru.ru_utime.tv_sec = (time_t)(cpu / 1000000000);
-    ru.ru_utime.tv_usec = (suseconds_t)(cpu % 1000000000 / 1000);
-    ru.ru_maxrss = (long)(sb->mem.pages_allocated * 4);
+    if (who != RUSAGE_CHILDREN) { /* no child process ever ran: its figures are zero */
+        uint64_t user, sys;
+        zb_guest_cpu_split(sb, &user, &sys);
+        ru.ru_utime = ns_to_timeval(user);
+        ru.ru_stime = ns_to_timeval(sys);
+        /* resident = the pages the guest holds (all present: no demand paging, no swap); each was
+         * faulted in once, which is what a kernel would count as a minor fault */
+        ru.ru_maxrss = (long)(sb->mem.pages_allocated * 4);
+        ru.ru_minflt = (long)sb->mem.pages_allocated;
+    }
     return zb_copy_to_guest(sb, a[1], &ru, sizeof ru);
 }
 
 static long sys_times(zb_sandbox *sb, const uint64_t a[6]) {
-    long ticks = (long)(zb_guest_cpu_ns(sb) / 10000000);
+    const uint64_t tick_ns = 10000000; /* USER_HZ = 100 */
     if (a[0]) {
-        struct tms t = {ticks, 0, 0, 0};
+        uint64_t user, sys;
+        zb_guest_cpu_split(sb, &user, &sys);
+        struct tms t = {(clock_t)(user / tick_ns), (clock_t)(sys / tick_ns), 0, 0};
         if (zb_copy_to_guest(sb, a[0], &t, sizeof t) < 0) return -EFAULT;
     }
-    return ticks + 1;
+    /* elapsed real time from an arbitrary point: the host's monotonic clock */
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long)((uint64_t)now.tv_sec * 100 + (uint64_t)now.tv_nsec / tick_ns);
 }
 
 static long sys_exit_group(zb_sandbox *sb, const uint64_t a[6]) {

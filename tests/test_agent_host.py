@@ -1,4 +1,4 @@
-"""The guest agent (guest/agent.py) run on the host, driven with real frames.
+"""The guest agent (guest/_zeroboot_agent) run on the host, driven with real frames.
 
 The agent runs as a subprocess of this environment's Python with one end of a socketpair as its
 UART (ZEROBOOT_UART_FD). The frame codec here is written from docs/PROTOCOL.md on its own, not
@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-AGENT = REPO / "guest" / "agent.py"
+AGENT = REPO / "guest" / "_zeroboot_agent"
 PYTHON = REPO / ".venv" / "bin" / "python"
 
 MAGIC = 0x5A42464D

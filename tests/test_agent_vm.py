@@ -20,7 +20,7 @@ import pytest
 from zeroboot_kernel.native import Event, EventKind, Guest
 from zeroboot_kernel.guest_view import python_spec
 
-AGENT = Path(__file__).resolve().parent.parent / "guest" / "agent.py"
+AGENT = Path(__file__).resolve().parent.parent / "guest" / "_zeroboot_agent"
 
 MAGIC = 0x5A42464D
 HEADER = struct.Struct("<IHHI")

@@ -88,7 +88,12 @@ def test_host_secrets_are_invisible():
     assert r["top"] == ["ok", sorted(top)]
 
 
-def test_proc_shows_only_exe():
+SYNTHESISED_PROC = ("/proc/self/maps", "/proc/self/status", "/proc/cpuinfo", "/proc/meminfo")
+
+
+def test_proc_shows_only_exe_and_synthesised_files():
+    """/proc has the executable's link and the files libraries read about their process, written by
+    the engine in guest terms (fs_proc.c); nothing else of the host's /proc."""
     r = run_guest('''
         attempt("exe", lambda: os.readlink("/proc/self/exe"))
         attempt("self", lambda: sorted(os.listdir("/proc/self")))
@@ -101,10 +106,14 @@ def test_proc_shows_only_exe():
         attempt("exe_dotdot", lambda: read("/proc/self/exe/../../../etc/shadow"))
     ''')
     assert r["exe"][0] == "ok" and r["exe"][1].endswith("python3.11")
-    assert r["self"] == ["ok", ["exe"]]
-    assert r["proc"] == ["ok", ["self"]]
+    assert r["self"] == ["ok", ["cgroup", "exe", "maps", "smaps_rollup", "stat", "statm", "status"]]
+    assert r["proc"] == ["ok", ["cpuinfo", "meminfo", "self"]]
+    host = open("/proc/self/status").read()
     for name, result in r.items():
-        if name.startswith("/proc") or name in ("fd_dir", "exe_dotdot"):
+        if name in SYNTHESISED_PROC:
+            assert result[0] == "ok" and result[1] and result[1] not in host, (name, result)
+            assert f"\t{os.getpid()}\n" not in result[1]  # no host pid
+        elif name.startswith("/proc") or name in ("fd_dir", "exe_dotdot"):
             assert failed(result), (name, result)
 
 

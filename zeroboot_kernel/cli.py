@@ -54,7 +54,8 @@ def _cmd_template(args: argparse.Namespace) -> int:
 
     if args.action == "build":
         preload = tuple(p for p in args.preload.split(",") if p) if args.preload is not None else default_preload()
-        config = TemplateConfig(args.name, preload, args.memory << 20)
+        config = TemplateConfig(args.name, preload, args.memory << 20) if args.memory else \
+            TemplateConfig(args.name, preload)
         Template.build(config, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
         return 0
     if args.action == "list":
@@ -135,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--name", default="default")
     build.add_argument("--preload", default=None, help="comma-separated modules (default: numpy,pandas,matplotlib "
                                                         "where installed)")
-    build.add_argument("--memory", type=int, default=1024, metavar="MIB", help="guest memory (default 1024 MiB)")
+    build.add_argument("--memory", type=int, default=None, metavar="MIB",
+                       help="guest memory (default: ZEROBOOT_MEMORY, else the host's RAM up to 4 GiB)")
     tsub.add_parser("list", help="show the templates in the cache and whether they are current")
     rm = tsub.add_parser("rm", help="delete a template")
     rm.add_argument("name")

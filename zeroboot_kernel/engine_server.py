@@ -100,6 +100,8 @@ class EngineServer:
         if op == "timeout":
             s.timeout = float(msg["seconds"]) or None
             return {"status": "ok", "text": f"cell timeout: {s.timeout or 'none'}"}
+        if op == "memory":
+            return {"status": "ok", "text": s.set_memory(int(msg["bytes"]))}
         if op == "files":
             return {"status": "ok", "text": s.set_files(str(msg["mode"]))}
         if op == "diff":

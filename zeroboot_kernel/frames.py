@@ -25,6 +25,7 @@ class FrameType(enum.IntEnum):
     COMPLETE = 3
     INSPECT = 4
     RUN = 5
+    SESSION = 6
     # guest -> host
     READY = 100
     STREAM = 101
@@ -36,6 +37,7 @@ class FrameType(enum.IntEnum):
     DONE = 107
     COMPLETE_REPLY = 108
     INSPECT_REPLY = 109
+    SESSION_REPLY = 110
 
 
 def encode(ftype: FrameType, payload: dict[str, Any]) -> bytes:

@@ -132,6 +132,18 @@ def _compute_python_view() -> tuple[str, ...]:
     return tuple(sorted(view))
 
 
+# Compiled locales (glibc's locale-archive and per-locale folders): `setlocale(LC_ALL, "")` with the
+# host's LANG/LC_* (forwarded, guest_environ.py) finds the same locales as on the host.
+LOCALE_DIRS = ("/usr/lib/locale", "/usr/lib64/locale")
+
+
+def locale_view(env: dict[str, str] | None = None) -> list[str]:
+    """The host's compiled locales, read-only: the standard folders and those LOCPATH names."""
+    env = dict(os.environ) if env is None else env
+    dirs = list(LOCALE_DIRS) + [p for p in env.get("LOCPATH", "").split(":") if os.path.isabs(p)]
+    return sorted({os.path.realpath(d) for d in dirs if os.path.isdir(d)})
+
+
 def guest_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {
         "PATH": os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin",
@@ -157,7 +169,7 @@ def python_spec(args: list[str], *, env: dict[str, str] | None = None, extra_vie
         exe=sys.executable,
         argv=[sys.executable, *args],
         env=guest_env(env),
-        view=list(python_view()) + list(extra_view or []),
+        view=list(python_view()) + locale_view() + list(extra_view or []),
         mem_bytes=mem_bytes,
         cwd=cwd,
     )

@@ -41,8 +41,11 @@ from . import outputs
 from . import schema
 from .engine_client import EngineClient, EngineDied
 from .errors import ZerobootError
+from .guest_memory_size import parse_size
 from .kernel_config import KernelSettings
 from .kernel_history import CellHistory
+from .project_root import ProjectRootError, find_project_root
+from .stream_batch import StreamBatcher
 
 # Engine events forwarded to IOPub as they are (their "content" is the message content).
 OUTPUT_EVENTS = ("display_data", "update_display_data", "execute_result", "error", "clear_output")
@@ -342,6 +345,8 @@ class ZerobootKernel(Kernel):
                   entry: Any) -> dict[str, Any]:
         """Worker thread: run one cell in the guest, forwarding its events live."""
         reply_event: dict[str, Any] | None = None
+        # stream text in IOPub messages as ipykernel batches it (anything else published flushes it)
+        streams = StreamBatcher(lambda name, text: self._publish(parent, "stream", {"name": name, "text": text}))
         with self._engine_lock:
             self._executing.set()
             try:
@@ -352,8 +357,11 @@ class ZerobootKernel(Kernel):
                                          allow_stdin=allow_stdin):
                     kind = ev["event"]
                     if kind == "stream":
-                        self._publish(parent, "stream", {"name": ev["name"], "text": ev["text"]})
-                    elif kind in OUTPUT_EVENTS:
+                        streams.write(ev["name"], ev["text"])
+                        continue
+                    if kind != "log":
+                        streams.flush()
+                    if kind in OUTPUT_EVENTS:
                         content = ev["content"]
                         if kind in ("display_data", "update_display_data", "execute_result"):
                             content = outputs.filter_content(content, self.outputs)
@@ -375,6 +383,7 @@ class ZerobootKernel(Kernel):
                     elif kind == "log":
                         self.log.info("zeroboot: %s", ev["text"])
             finally:
+                streams.flush()
                 self._executing.clear()
         if reply_event is None:
             raise EngineDied("the engine ended the cell without a reply")
@@ -418,6 +427,13 @@ class ZerobootKernel(Kernel):
                     self._call(client, "timeout", seconds=magic.seconds)
                     self.cell_timeout = magic.seconds or None
                 return f"cell timeout: {self._timeout_text()}\n"
+            if sub == "memory":
+                if magic.arg is not None:
+                    return str(self._call(client, "memory", bytes=parse_size(magic.arg, "%sandbox memory")).get("text", "")) + "\n"
+                stats = self._call(client, "stats").get("stats") or {}
+                return (f"sandbox memory: {stats.get('guest_memory_mib')} MiB in use of a "
+                        f"{stats.get('guest_memory_limit_mib')} MiB limit (change with `%sandbox memory SIZE`; "
+                        f"ZEROBOOT_MEMORY sets the most it can be)\n")
             if sub == "checkpoints":
                 return mg.format_checkpoints(self._call(client, "checkpoints").get("checkpoints") or [], self.mode)
             if sub == "stats":
@@ -431,13 +447,12 @@ class ZerobootKernel(Kernel):
             if sub == "files":
                 if magic.arg is None:
                     stats = self._call(client, "stats").get("stats") or {}
-                    files = stats.get("files") or {}
-                    return f"{files.get('directory')}: {files.get('mode')} (change with `%sandbox files MODE`)\n"
+                    return mg.format_files(stats.get("files") or {})
                 return str(self._call(client, "files", mode=magic.arg).get("text", "")) + "\n"
             if sub == "diff":
                 got = self._call(client, "diff")
                 more = got.get("more")
-                return mg.format_diff(self._checked_changes(got.get("changes")), self.notebook_dir,
+                return mg.format_diff(self._checked_changes(got.get("changes")), self._project_root(),
                                       more if type(more) is int and more > 0 else 0)
             if sub == "export":
                 return self._export(client, magic.arg or "", magic.dest)
@@ -460,6 +475,14 @@ class ZerobootKernel(Kernel):
                 for c in changes):
             raise _MagicFailed("SandboxError", "malformed list of changes from the engine")
         return changes
+
+    def _project_root(self) -> str:
+        """The folder the sandbox shows (the engine finds it the same way, from the same
+        environment); %sandbox diff paths are relative to it. A label only: no host write uses it."""
+        try:
+            return find_project_root(self.notebook_dir)
+        except ProjectRootError:
+            return self.notebook_dir
 
     def _export(self, client: EngineClient, path: str, dest: str | None) -> str:
         """%sandbox export: the engine lists the tree and reads it in chunks; the kernel checks

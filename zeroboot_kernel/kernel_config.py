@@ -9,6 +9,11 @@
                            relative to the folder; "none" hides nothing; default: DEFAULT_HIDDEN
     ZEROBOOT_OUTPUTS       trusted (default) or safe: what rich outputs may do in the browser
                            (outputs.py; the isolated kernelspec sets safe)
+
+Read by the engine process where they are used (docs/COMPATIBILITY.md):
+    ZEROBOOT_ENV, ZEROBOOT_ENV_ALLOW, ZEROBOOT_ENV_DENY   the kernel's environment in the sandbox (guest_environ.py)
+    ZEROBOOT_PROJECT_ROOT  the folder shown in the sandbox (project_root.py)
+    ZEROBOOT_MEMORY        the sandbox's memory size (guest_memory_size.py)
 """
 from __future__ import annotations
 

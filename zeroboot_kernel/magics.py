@@ -9,8 +9,9 @@ the cell (if any) goes to the guest. A cell that is only magics never touches th
     %sandbox checkpoints                 the checkpoints %rewind can go back to
     %sandbox stats                       fork/exec timings, memory of the live fork, template
     %sandbox timeout [SECONDS]           show or set the per-cell time limit (0 = none)
+    %sandbox memory [SIZE]               show or set the sandbox's memory limit
     %sandbox reset                       back to a clean sandbox (drops every checkpoint)
-    %sandbox files [overlay|readonly|readwrite]  how the notebook's folder is seen
+    %sandbox files [overlay|readonly|readwrite]  what of the host is shown (the notebook's project), and how
     %sandbox diff                        what the sandbox changed in the notebook's folder
     %sandbox export PATH [DEST]          copy a file or folder from the sandbox to the host folder
     %sandbox outputs [trusted|safe]      show or set what rich outputs may do in the browser
@@ -25,11 +26,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Union
 
+from .guest_memory_size import MemorySizeError, parse_size
 from .listing import printable
 
 MAGIC_NAMES = ("rewind", "sandbox")
 MODES = ("chained", "isolated")
-SUBCOMMANDS = ("mode", "checkpoints", "stats", "timeout", "reset", "files", "diff", "export", "outputs", "help")
+SUBCOMMANDS = ("mode", "checkpoints", "stats", "timeout", "memory", "reset", "files", "diff", "export", "outputs",
+               "help")
 FILES_MODES = ("overlay", "readonly", "readwrite")
 OUTPUT_POLICIES = ("trusted", "safe")
 
@@ -43,8 +46,10 @@ zeroboot kernel magics (run by the kernel, before the rest of the cell goes to t
   %sandbox checkpoints               list the checkpoints %rewind can return to
   %sandbox stats                     fork/exec timings, memory of the live fork, template in use
   %sandbox timeout [SECONDS]         show or set the time limit per cell (0 = no limit)
+  %sandbox memory [SIZE]             show or set the sandbox's memory limit (2G, 1536M; up to the
+                                     template's size, which ZEROBOOT_MEMORY sets)
   %sandbox reset                     back to a clean sandbox, dropping every checkpoint
-  %sandbox files [MODE]              show or set how the notebook's folder is seen:
+  %sandbox files [MODE]              what of the host is shown (the notebook's project), and how:
                                        overlay    reads from the host, writes stay in the sandbox
                                        readonly   writes fail (read-only file system)
                                        readwrite  writes go to the host folder (trusted notebooks)
@@ -188,6 +193,15 @@ def _parse_sandbox(args: list[str]) -> SandboxCommand:
             raise MagicUsageError(f"usage: %sandbox timeout [SECONDS] with SECONDS >= 0, 0 for no limit "
                                   f"(got: {' '.join(params)})")
         return SandboxCommand("timeout", params[0])
+    if sub == "memory":
+        if len(params) > 1:
+            raise MagicUsageError(f"usage: %sandbox memory [SIZE] such as 2G or 1536M (got: {' '.join(params)})")
+        if params:
+            try:
+                parse_size(params[0], "%sandbox memory")
+            except MemorySizeError as exc:
+                raise MagicUsageError(str(exc)) from None
+        return SandboxCommand("memory", params[0] if params else None)
     if sub == "files":
         if len(params) > 1 or (params and params[0] not in FILES_MODES):
             raise MagicUsageError(f"usage: %sandbox files [overlay|readonly|readwrite] (got: {' '.join(params)})")
@@ -235,6 +249,24 @@ def format_diff(changes: list[list[str]], directory: str | None, more: int = 0) 
     return "\n".join(lines) + "\n"
 
 
+def format_files(files: dict[str, Any]) -> str:
+    """%sandbox files: what of the host the sandbox shows, and how."""
+    root, notebook, mode = files.get("directory"), files.get("notebook"), files.get("mode")
+    if not root:
+        return "no host folder is shown in the sandbox\n"
+    how = {"overlay": "reads from the host, writes stay private to the sandbox",
+           "readonly": "read-only (writes fail with EROFS)",
+           "readwrite": "writes go to the host"}.get(str(mode), str(mode))
+    lines = [f"shown in the sandbox at its own path: {root} ({mode}: {how})"]
+    if notebook and notebook != root:
+        lines.append(f"the notebook's folder {notebook} is the working directory; the project root was chosen "
+                     f"as the nearest folder above it with .git, pyproject.toml, setup.py, requirements.txt, ... "
+                     f"(set ZEROBOOT_PROJECT_ROOT to choose, 'notebook' for the notebook's folder alone)")
+    lines.append("everything else of the host is invisible except the Python environment (read-only); "
+                 "change the mode with `%sandbox files overlay|readonly|readwrite`")
+    return "\n".join(lines) + "\n"
+
+
 def format_stats(stats: dict[str, Any], kernel: dict[str, Any]) -> str:
     tpl = stats.get("template") or {}
 
@@ -243,7 +275,7 @@ def format_stats(stats: dict[str, Any], kernel: dict[str, Any]) -> str:
 
     rows = [
         ("mode", stats.get("mode")),
-        ("notebook folder", "{directory} ({mode})".format(**stats["files"]) if (stats.get("files") or {}).get("directory")
+        ("project folder shown", "{directory} ({mode})".format(**stats["files"]) if (stats.get("files") or {}).get("directory")
          else "not mounted"),
         ("cell timeout", kernel.get("timeout") or "none"),
         ("cells run in the sandbox", stats.get("cells_run")),

@@ -215,6 +215,11 @@ class Guest:
         if lib.zb_sandbox_restore(self.handle, snap.handle, err) < 0:
             raise SandboxError(_text(err))
 
+    def set_memory_limit(self, limit_bytes: int) -> None:
+        """Cap the guest's memory at limit_bytes (0: all of its memory). A snapshot carries the
+        limit in force when it was taken."""
+        lib.zb_sandbox_set_memory_limit(self.handle, max(0, int(limit_bytes)))
+
     def view_add(self, host_path: str) -> None:
         """Make a host file or tree visible read-only in this guest (also in a fork)."""
         err = _err()

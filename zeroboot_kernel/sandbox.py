@@ -54,6 +54,7 @@ class Sandbox:
         self.guest = guest
         self.template = template
         self.fresh = fresh            # started from the template: reseed before the next cell
+        self.memory_limit = 0         # bytes, 0 = all of the guest's memory (%sandbox memory)
         self.broken: str | None = None
         self.execution_count = 0
         self._request_id = 0
@@ -78,6 +79,8 @@ class Sandbox:
     def restore(self, snap: Snapshot, *, fresh: bool = False) -> None:
         """Return to a snapshot of this lineage (also revives a broken sandbox)."""
         self.guest.restore(snap)
+        if self.memory_limit:
+            self.guest.set_memory_limit(self.memory_limit)  # the session's setting, not the snapshot's
         self.broken = None
         self.fresh = fresh
         self._interrupt.clear()
@@ -143,11 +146,20 @@ class Sandbox:
         return self._simple_request(FrameType.INSPECT, {"code": code, "cursor_pos": cursor_pos,
                                                         "detail_level": detail_level}, timeout)
 
+    def start_session(self, environ: dict[str, str], timeout: float = 60.0) -> dict[str, Any]:
+        """SESSION: give the guest the kernel's forwarded environment (guest_environ.py) and the
+        notebook's sys.path; sent once, before a session's clean snapshot."""
+        reply = self._simple_request(FrameType.SESSION, {"environ": environ}, timeout)
+        if reply.get("status") != "ok":
+            raise SandboxError(f"the guest could not start the session: {str(reply.get('evalue'))[:500]}")
+        return reply
+
     def _simple_request(self, ftype: FrameType, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
         self._check_usable()
         self._request_id += 1
         self.guest.push_input(frames.encode(ftype, {"id": self._request_id, **payload}))
-        answer = FrameType.COMPLETE_REPLY if ftype == FrameType.COMPLETE else FrameType.INSPECT_REPLY
+        answer = {FrameType.COMPLETE: FrameType.COMPLETE_REPLY, FrameType.INSPECT: FrameType.INSPECT_REPLY,
+                  FrameType.SESSION: FrameType.SESSION_REPLY}[ftype]
         return self._serve(_CellRun(None, None, None, DEFAULT_OUTPUT_LIMIT, expect=(answer, self._request_id)),
                            monotonic_deadline(timeout), INTERRUPT_GRACE)
 
@@ -194,7 +206,10 @@ class Sandbox:
         if ev.kind is EventKind.FAULT:
             st = self.guest.stats()
             if st["guest_pages_limit"] and st["guest_pages"] >= 0.95 * st["guest_pages_limit"]:
-                return SandboxMemoryError(f"the sandbox ran out of memory and crashed ({ev.message})")
+                limit = st["guest_pages_limit"] * 4096 >> 20
+                return SandboxMemoryError(f"the sandbox ran out of its {limit} MiB of memory and crashed "
+                                          f"({ev.message}); the host's memory is not the limit: raise it with "
+                                          f"`%sandbox memory SIZE` or ZEROBOOT_MEMORY=SIZE in the kernelspec's env.")
             return SandboxCrashed(ev.message, ev.signal, ev.rip)
         if ev.kind is EventKind.EXIT:
             return SandboxCrashed(f"the guest agent exited with status {ev.status}")
@@ -275,7 +290,7 @@ class _CellRun:
         elif ftype == FrameType.INPUT_REQUEST:
             value = self.on_input(str(p.get("prompt", "")), bool(p.get("password"))) if self.on_input else ""
             sb.guest.push_input(frames.encode(FrameType.INPUT_REPLY, {"value": value}))
-        elif ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY):
+        elif ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY, FrameType.SESSION_REPLY):
             if self.expect is not None and (ftype, p.get("id")) != self.expect:
                 return None  # the end of another request, or a frame user code forged: not ours
             if ftype == FrameType.DONE and p.get("status") == "error" and self.error is None:

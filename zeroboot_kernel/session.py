@@ -20,6 +20,9 @@ from typing import Any, Callable
 from . import export
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
 from .guest_view import GUEST_HOME
+from .guest_environ import session_environment
+from .guest_memory_size import describe
+from .project_root import find_project_root
 from .native import Snapshot
 from .sandbox import InputCallback, MessageCallback, StreamCallback
 from .template import Template
@@ -45,7 +48,12 @@ GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME)
 class Session:
     def __init__(self, template: Template, *, mode: str = "chained", keep: int = 20,
                  timeout: float | None = None, interrupt_grace: float = 2.0,
-                 project_dir: str | None = None, files: str = "overlay", hidden: tuple[str, ...] = ()) -> None:
+                 project_dir: str | None = None, files: str = "overlay", hidden: tuple[str, ...] = (),
+                 environ: dict[str, str] | None = None, project_root: str | None = None) -> None:
+        """project_dir: the notebook's folder (the cells' working directory); project_root: the
+        folder shown in the sandbox, which contains it (default: found by project_root.py); hidden:
+        paths relative to project_root the sandbox does not see (credentials, histories).
+        environ: the variables the guest gets (default: this process's, by guest_environ.py)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if files not in FILES_MODES:
@@ -56,20 +64,29 @@ class Session:
         self.timeout = timeout
         self.interrupt_grace = interrupt_grace
         self.project_dir = os.path.realpath(project_dir) if project_dir else None
+        self.project_root = (os.path.realpath(project_root) if project_root
+                             else find_project_root(self.project_dir) if self.project_dir else None)
+        if self.project_dir and self.project_root and \
+                os.path.commonpath([self.project_dir, self.project_root]) != self.project_root:
+            raise SandboxError(f"the project root {self.project_root} does not contain the notebook's folder "
+                               f"{self.project_dir}")
         self.files = files
         self.host_writes_allowed = True  # False once the engine process is locked down (run phase)
         self.sandbox = template.fork()
-        if self.project_dir:
+        if self.project_dir and self.project_root:
             if self.project_dir in GUEST_PRIVATE_DIRS:
                 raise SandboxError(
                     f"the notebook's folder is {self.project_dir}, where the sandbox keeps its own private "
                     f"{self.project_dir}: the notebook's files cannot be shown there. Move the notebook into a "
                     f"folder of its own (for example {self.project_dir.rstrip('/')}/work/) and open it from there")
-            # the notebook's folder at its own path, and the cell's working directory; credentials
-            # and histories in it (a home folder) hidden
-            self.sandbox.guest.mount_project(self.project_dir, files)
-            self.sandbox.guest.project_hide(self.project_dir, list(hidden))
+            # the notebook's project at its own path, and the notebook's folder as the working
+            # directory; credentials and histories in it (a home folder) hidden
+            self.sandbox.guest.mount_project(self.project_root, files)
+            self.sandbox.guest.project_hide(self.project_root, list(hidden))
             self.sandbox.guest.chdir(self.project_dir)
+        # the kernel's environment and sys.path as ipykernel gives them, part of the clean state
+        self.environ = session_environment() if environ is None else dict(environ)
+        self.session_info = self.sandbox.start_session(self.environ)
         # what "a fresh sandbox" means for this session: the template plus the notebook's folder
         self.clean = self.sandbox.snapshot()
         self.checkpoints: deque[Checkpoint] = deque()
@@ -244,6 +261,23 @@ class Session:
     def inspect(self, code: str, cursor_pos: int, detail_level: int = 0) -> dict[str, Any]:
         return self._throwaway(lambda: self.sandbox.inspect(code, cursor_pos, detail_level))
 
+    # ---- memory ----
+    def set_memory(self, size: int) -> str:
+        """%sandbox memory SIZE: the guest's memory limit from now on (up to the template's size)."""
+        total = int(self.template.manifest.get("memory") or 0)
+        if size > total:
+            raise SandboxError(f"this sandbox's memory is {describe(total)} (its template's size); for more, set "
+                               f"ZEROBOOT_MEMORY={max(size, total) // (1 << 30) + 1}G in the kernelspec's env and "
+                               f"restart the kernel (a template of that size is built once)")
+        st = self.sandbox.guest.stats()
+        used = st["guest_pages"] * 4096
+        if size < used:
+            raise SandboxError(f"the sandbox already uses {describe(used)}; give a limit above that")
+        self._state_changes()
+        self.sandbox.memory_limit = size if size < total else 0
+        self.sandbox.guest.set_memory_limit(size)
+        return f"sandbox memory limit: {describe(size)} (of {describe(total)}; {describe(used)} in use)"
+
     # ---- the notebook's files ----
     def _need_project(self) -> str:
         if not self.project_dir:
@@ -259,17 +293,20 @@ class Session:
             raise SandboxError("readwrite must be chosen when the kernel starts (ZEROBOOT_FILES=readwrite in the "
                                "kernelspec's env): the sandbox engine process is locked down against writing "
                                "host files")
+        root = self.project_root or directory
         self._state_changes()
-        self.sandbox.guest.set_project_mode(directory, files)
+        self.sandbox.guest.set_project_mode(root, files)
         self.files = files
-        return {"overlay": f"{directory}: reads from the host, writes stay private to the sandbox",
-                "readonly": f"{directory}: read-only (writes fail with EROFS)",
-                "readwrite": f"{directory}: writes go to the host (inside this folder only)"}[files]
+        return {"overlay": f"{root}: reads from the host, writes stay private to the sandbox",
+                "readonly": f"{root}: read-only (writes fail with EROFS)",
+                "readwrite": f"{root}: writes go to the host (inside this folder only)"}[files]
 
     def diff(self) -> list[tuple[str, str]]:
-        """What the sandbox created (A), changed (M) or deleted (D) in the notebook's folder
-        (tags of zeroboot_kernel.listing; "!" marks a directory too deep to list)."""
-        return self.sandbox.guest.project_diff(self._need_project())
+        """What the sandbox created (A), changed (M) or deleted (D) in the notebook's project
+        (paths relative to the project root; tags of zeroboot_kernel.listing; "!" marks a directory
+        too deep to list)."""
+        self._need_project()
+        return self.sandbox.guest.project_diff(self.project_root or self.project_dir)
 
     def _export_source(self, path: str) -> str:
         return path if os.path.isabs(path) else os.path.join(self._need_project(), path)
@@ -305,7 +342,7 @@ class Session:
 
         return {
             "mode": self.mode,
-            "files": {"directory": self.project_dir, "mode": self.files},
+            "files": {"directory": self.project_root, "notebook": self.project_dir, "mode": self.files},
             "template": {"name": self.template.name, "directory": str(self.template.directory),
                          "preload": self.template.manifest.get("preload", []),
                          "built": self.template.manifest.get("created")},

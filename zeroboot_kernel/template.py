@@ -18,14 +18,16 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__, frames
 from .errors import SandboxError, TemplateError
-from .guest_view import GUEST_DIR, python_spec, python_view
+from .guest_environ import template_environment
+from .guest_memory_size import default_memory
+from .guest_view import GUEST_DIR, locale_view, python_spec, python_view
 from .native import Engine, EventKind, Guest, Snapshot, lib
 from .sandbox import Sandbox
 
@@ -33,9 +35,9 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 DEFAULT_NAME = "default"
-DEFAULT_MEMORY = 1 << 30
+DEFAULT_MEMORY = 1 << 30   # of templates whose manifest predates the memory field
 BUILD_TIMEOUT = 300.0
-AGENT = GUEST_DIR / "agent.py"
+AGENT = GUEST_DIR / "_zeroboot_agent"  # a package run as a directory (its __main__.py)
 
 
 def default_preload() -> tuple[str, ...]:
@@ -64,15 +66,15 @@ def _native_build_id() -> str:
 @lru_cache(maxsize=1)
 def _environment_id() -> str:
     dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
-    agent = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(GUEST_DIR.glob("agent*.py")))).hexdigest()
-    return hashlib.sha256(json.dumps([dists, list(python_view()), agent]).encode()).hexdigest()
+    agent = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(AGENT.glob("*.py")))).hexdigest()
+    return hashlib.sha256(json.dumps([dists, list(python_view()), locale_view(), agent]).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
 class TemplateConfig:
     name: str = DEFAULT_NAME
     preload: tuple[str, ...] = ()
-    memory: int = DEFAULT_MEMORY
+    memory: int = field(default_factory=default_memory)  # follows the host (guest_memory_size.py)
 
     def key(self, engine: Engine) -> str:
         parts = {
@@ -83,6 +85,8 @@ class TemplateConfig:
             "environment": _environment_id(),
             "preload": list(self.preload),
             "memory": self.memory,
+            # variables numeric libraries read when the template imports them (OPENBLAS_CORETYPE)
+            "variables": template_environment(),
             "cpu": int(lib.zb_engine_fingerprint(engine.handle)),
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -113,10 +117,12 @@ class Template:
         return dict(self.manifest.get("ready", {}))
 
     @classmethod
-    def load(cls, name: str = DEFAULT_NAME, engine: Engine | None = None) -> Template:
-        """The current template called `name`; TemplateError if it is missing, stale or corrupt."""
+    def load(cls, name: str = DEFAULT_NAME, engine: Engine | None = None, memory: int | None = None) -> Template:
+        """The current template called `name` (of `memory` bytes of guest memory, if given);
+        TemplateError if it is missing, stale or corrupt."""
         engine = engine or Engine.default()
-        candidates = [d for d in _list_dirs() if d.name.rsplit("-", 1)[0] == name]
+        candidates = [d for d in _list_dirs() if d.name.rsplit("-", 1)[0] == name and
+                      (memory is None or (_read_manifest(d) or {}).get("memory") == memory)]
         if not candidates:
             raise TemplateError(f"there is no template {name!r} yet: build it with "
                                 f"`zeroboot-kernel template build --name {name}`")
@@ -150,7 +156,8 @@ class Template:
         target = config.directory(engine)
         t0 = time.monotonic()
         say(f"template {config.name!r}: booting Python in a VM and importing {', '.join(config.preload) or 'nothing'}")
-        spec = python_spec([str(AGENT), "--preload", ",".join(config.preload)], mem_bytes=config.memory)
+        spec = python_spec([str(AGENT), "--preload", ",".join(config.preload)], mem_bytes=config.memory,
+                           env=template_environment())
         with Guest.boot(spec, engine) as guest:
             ready = _boot_until_ready(guest, time.monotonic() + BUILD_TIMEOUT)
             booted = time.monotonic() - t0
@@ -200,7 +207,7 @@ class Template:
         config = config or TemplateConfig(preload=default_preload())
         engine = engine or Engine.default()
         try:
-            return cls.load(config.name, engine)
+            return cls.load(config.name, engine, memory=config.memory)
         except TemplateError as exc:
             (progress or log.info)(f"{exc}; building it now")
             return cls.build(config, engine, progress)

@@ -1,9 +1,15 @@
-"""The IPython shell of the guest agent: a plain InteractiveShell set up the way ipykernel's
-ZMQInteractiveShell is, except that every output becomes a frame on the cell channel instead of
-a ZMQ message (display data, execute results, errors, pager payloads, clear_output).
+"""The IPython shell of the guest agent: ipykernel's own ZMQInteractiveShell, except that every
+output becomes a frame on the cell channel instead of a ZMQ message (display data, execute results,
+errors, pager payloads, clear_output).
+
+Being ipykernel's class (same name, a subclass, `kernel` attribute, IPKernelApp in its config,
+ipykernel's cell file names) matters: libraries decide "am I in a Jupyter kernel?" from it, and
+behave differently when they think they run in a terminal (pandas' display.max_columns, tqdm.auto,
+rich, plotly's renderer), silently.
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from types import TracebackType
@@ -12,16 +18,16 @@ from typing import Any
 # so the builtins it uses are bound as this module's globals.
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
-from IPython.core import page
-from IPython.core.autocall import ZMQExitAutocall
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell, InteractiveShellABC
-from traitlets import CBool, Instance, Type, default
+from IPython.core.interactiveshell import InteractiveShellABC
+from ipykernel import zmqshell
+from ipykernel.compiler import XCachingCompiler
+from traitlets import CBool, Type
 from traitlets.config import Config
 
-import agent_io as aio
+from . import agent_io as aio
 
 
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -32,8 +38,7 @@ _agent_files: frozenset[str] = frozenset()
 
 def _find_agent_files() -> frozenset[str]:
     files = {getattr(module, "__file__", None) for module in list(sys.modules.values())}
-    return frozenset(f for f in files if isinstance(f, str) and os.path.basename(f).startswith("agent")
-                     and os.path.dirname(os.path.abspath(f)) == _AGENT_DIR)
+    return frozenset(f for f in files if isinstance(f, str) and os.path.dirname(os.path.abspath(f)) == _AGENT_DIR)
 
 
 def _is_agent_code(filename: str) -> bool:
@@ -56,6 +61,12 @@ def _without_agent_frames(tb: TracebackType | None) -> TracebackType | None:
 
 SANDBOX_NOTE = ("zeroboot: cells run as one thread in a VM sandbox; starting threads or processes "
                 "(threading, concurrent.futures, subprocess, multiprocessing) is not supported here.")
+SHARED_MAPPING_NOTE = ("zeroboot: writable shared file mappings are not supported in the sandbox yet "
+                       "(np.memmap mode 'w+'/'r+', mmap.mmap with write access, sqlite's WAL journal); "
+                       "use np.memmap mode 'c' (copy-on-write) or 'r', read the file into memory, or keep "
+                       "sqlite's default journal mode.")
+SHELL_COMMAND_NOTE = ("the zeroboot sandbox cannot start processes yet, so shell commands (`!cmd`, `x = !cmd`, "
+                      "%%bash, %%sh, %%script) do not run here; use Python instead (os, shutil, glob, pathlib)")
 # Functions of the standard library that start a process; an EAGAIN raised below them is the
 # sandbox refusing clone().
 _PROCESS_STARTERS = frozenset({"_execute_child", "_fork_exec", "_launch", "_posix_spawn", "fork_exec"})
@@ -71,11 +82,48 @@ def _starts_a_process(tb: TracebackType | None) -> bool:
     return False
 
 
+def _memory_note() -> str:
+    """Why a MemoryError happened in the sandbox, and how to get more (sysinfo: the guest's limit)."""
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        limit, free = os.sysconf("SC_PHYS_PAGES") * page, os.sysconf("SC_AVPHYS_PAGES") * page
+        sizes = f"{limit / 2**30:.1f} GiB, {free / 2**30:.1f} GiB of it free"
+    except (OSError, ValueError):
+        sizes = "limited"
+    return (f"zeroboot: the sandbox's memory is the limit here ({sizes}), not the host's: raise it with "
+            f"`%sandbox memory SIZE`, or beyond the sandbox's size set ZEROBOOT_MEMORY=SIZE in the kernelspec's env "
+            f"and restart the kernel.")
+
+
+def _is_shared_mapping_refusal(value: BaseException) -> bool:
+    """ENODEV from mmap (the engine's answer to MAP_SHARED + PROT_WRITE of a file), or sqlite's
+    "disk I/O error" (what WAL mode reports when it cannot map its -shm file)."""
+    if SHARED_MAPPING_NOTE in getattr(value, "__notes__", ()):
+        return False
+    if isinstance(value, OSError) and value.errno == errno.ENODEV:
+        tb = value.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_filename.endswith("memmap.py") or "mmap" in code.co_names:
+                return True
+            tb = tb.tb_next
+        return False
+    return type(value).__name__ == "OperationalError" and str(value) == "disk I/O error" and \
+        type(value).__module__ == "sqlite3"
+
+
 def _explain_sandbox_refusal(value: BaseException | None) -> None:
     """Add a note saying why, to the error of a thread or process the sandbox refused to start:
     the messages Python gives ("can't start new thread", "Resource temporarily unavailable")
     do not say that it will never work here."""
     if value is None or not hasattr(value, "add_note") or SANDBOX_NOTE in getattr(value, "__notes__", ()):
+        return
+    if isinstance(value, MemoryError):
+        if not any(str(n).startswith("zeroboot: the sandbox's memory") for n in getattr(value, "__notes__", ())):
+            value.add_note(_memory_note())
+        return
+    if _is_shared_mapping_refusal(value):
+        value.add_note(SHARED_MAPPING_NOTE)
         return
     thread = isinstance(value, RuntimeError) and str(value) == "can't start new thread"
     process = isinstance(value, OSError) and _starts_a_process(value.__traceback__)
@@ -83,21 +131,64 @@ def _explain_sandbox_refusal(value: BaseException | None) -> None:
         value.add_note(SANDBOX_NOTE)
 
 
+def _sandbox_os_system(command: object) -> int:
+    """os.system in the sandbox: glibc's system() cannot start /bin/sh here and would return 127 << 8,
+    a status code most callers never look at; say so instead."""
+    raise OSError(f"os.system({str(command)[:200]!r}): {SHELL_COMMAND_NOTE}")
+
+
 class FrameDisplayPublisher(DisplayPublisher):
-    """display() / update_display() / clear_output() as DISPLAY and CLEAR_OUTPUT frames."""
+    """display() / update_display() / clear_output() as DISPLAY and CLEAR_OUTPUT frames.
+
+    Hooks work as in ipykernel's ZMQDisplayPublisher: each is called with the message about to
+    be sent and may return it (possibly changed) or None to swallow it (output capturing)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hooks: list[Any] = []
+
+    def register_hook(self, hook: Any) -> None:
+        self._hooks.append(hook)
+
+    def unregister_hook(self, hook: Any) -> bool:
+        try:
+            self._hooks.remove(hook)
+            return True
+        except ValueError:
+            return False
+
+    def set_parent(self, parent: Any) -> None:
+        pass  # messages are addressed by the host
+
+    def _through_hooks(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any] | None:
+        msg: dict[str, Any] | None = {"msg_type": msg_type, "header": {"msg_type": msg_type},
+                                      "parent_header": {}, "metadata": {}, "content": content}
+        for hook in list(self._hooks):
+            msg = hook(msg)
+            if msg is None:
+                return None
+        return msg.get("content", content) if isinstance(msg, dict) else content
 
     def publish(self, data: dict[str, Any], metadata: dict[str, Any] | None = None,  # type: ignore[override]
                 source: object = None, *, transient: dict[str, Any] | None = None,
                 update: bool = False, **kwargs: Any) -> None:
         self._validate_data(data, metadata)
+        content = {"data": data, "metadata": metadata or {}, "transient": transient or {}}
+        if self._hooks:
+            got = self._through_hooks("update_display_data" if update else "display_data", content)
+            if got is None:
+                return
+            content = got
         self.shell.channel.send(aio.DISPLAY, {
-            "data": data,
-            "metadata": metadata or {},
-            "transient": transient or {},
+            "data": content.get("data", {}),
+            "metadata": content.get("metadata") or {},
+            "transient": content.get("transient") or {},
             "update": bool(update),
         })
 
     def clear_output(self, wait: bool = False) -> None:
+        if self._hooks and self._through_hooks("clear_output", {"wait": bool(wait)}) is None:
+            return
         self.shell.channel.send(aio.CLEAR_OUTPUT, {"wait": bool(wait)})
 
 
@@ -136,8 +227,27 @@ class FrameDisplayHook(DisplayHook):
             })
 
 
-class AgentShell(InteractiveShell):
-    """InteractiveShell for the guest: the ZMQInteractiveShell recipe with frames for transport."""
+class SandboxKernel:
+    """What `get_ipython().kernel` is in the sandbox. The kernel itself (ZMQ sockets, session,
+    comms) runs on the host; code that reaches for those parts gets an AttributeError that says so
+    instead of a half-working imitation."""
+
+    implementation = "zeroboot"
+    eventloop = None  # no GUI event loop runs in the sandbox (ipykernel's exit path checks it)
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"get_ipython().kernel.{name}: the Jupyter kernel runs outside the zeroboot "
+                             f"sandbox; its sockets, session and comms (widgets) are not reachable from a cell")
+
+    def __repr__(self) -> str:
+        return "<zeroboot sandbox kernel>"
+
+
+class ZMQInteractiveShell(zmqshell.ZMQInteractiveShell):
+    """ipykernel's shell (same class name, a subclass of it) with frames for transport."""
 
     displayhook_class = Type(FrameDisplayHook)
     display_pub_class = Type(FrameDisplayPublisher)
@@ -145,10 +255,6 @@ class AgentShell(InteractiveShell):
     # No terminal behind this shell (as in ZMQInteractiveShell).
     readline_use = CBool(False)
     autoindent = CBool(False)
-
-    # exit()/quit() leave the agent alive: they only tell the host through an ask_exit payload.
-    exiter = Instance(ZMQExitAutocall)
-    keepkernel_on_exit: bool | None = None
 
     # Set by make_shell before any cell runs.
     channel: aio.Channel
@@ -158,40 +264,21 @@ class AgentShell(InteractiveShell):
     _last_error: tuple[str, str] | None = None
     _last_traceback_during_displayhook = False
 
-    @default("exiter")
-    def _default_exiter(self) -> ZMQExitAutocall:
-        return ZMQExitAutocall(self)
+    def system_piped(self, cmd: str) -> None:  # type: ignore[override]
+        # IPython would look for /bin/sh and report '"sh" shell not found', which does not say why.
+        raise OSError(f"cannot run `!{cmd.strip()}`: {SHELL_COMMAND_NOTE}")
 
-    def init_environment(self) -> None:
-        # As ipykernel: colours for tools that check, and pagers that cannot page anyway.
-        os.environ.update(TERM="xterm-color", CLICOLOR="1", FORCE_COLOR="1", CLICOLOR_FORCE="1",
-                          PAGER="cat", GIT_PAGER="cat")
+    system = system_piped
+    system_raw = system_piped
 
-    def init_virtualenv(self) -> None:
-        # The interpreter is already the environment's own; no venv guessing (as ipykernel).
-        pass
-
-    def init_hooks(self) -> None:
-        super().init_hooks()
-        self.set_hook("show_in_pager", page.as_hook(self.payloadpage_page), 99)
-
-    def payloadpage_page(self, strg: str | dict[str, Any], start: int = 0, screen_lines: int = 0,
-                         pager_cmd: str | None = None) -> None:
-        """The pager (`obj?`, %page, ...): a 'page' payload in DONE, as in ipykernel."""
-        data = strg if isinstance(strg, dict) else {"text/plain": strg}
-        self.payload_manager.write_payload({"source": "page", "data": data, "start": max(0, start)})
+    def getoutput(self, cmd: str, split: bool = True, depth: int = 0) -> Any:
+        raise OSError(f"cannot run `!{cmd.strip()}`: {SHELL_COMMAND_NOTE}")
 
     def enable_gui(self, gui: str | None = None) -> None:
         # No GUI toolkit can run in the VM; inline matplotlib needs no event loop.
         if gui not in (None, "inline"):
             raise UsageError(f"GUI event loop {gui!r} is not available in the sandbox (use inline)")
         self.active_eventloop = None
-
-    def ask_exit(self) -> None:
-        self.payload_manager.write_payload({"source": "ask_exit", "keepkernel": self.keepkernel_on_exit})
-
-    def set_next_input(self, text: str, replace: bool = False) -> None:
-        self.payload_manager.write_payload({"source": "set_next_input", "text": text, "replace": replace})
 
     def run_cell(self, *args: Any, **kwargs: Any) -> Any:
         self._last_traceback = None
@@ -217,17 +304,27 @@ class AgentShell(InteractiveShell):
         self._last_error = (ename, text)
 
 
-InteractiveShellABC.register(AgentShell)
+InteractiveShellABC.register(ZMQInteractiveShell)
+AgentShell = ZMQInteractiveShell
 
 
-def make_shell(channel: aio.Channel) -> AgentShell:
+def make_shell(channel: aio.Channel) -> ZMQInteractiveShell:
     global _agent_files
     _agent_files = _find_agent_files()
     config = Config()
     # An on-disk history needs a saving thread, and the VM cannot start threads.
     config.HistoryManager.hist_file = ":memory:"
-    shell = AgentShell.instance(config=config)
+    # As ipykernel's kernel app: cells are compiled under ipykernel's file names
+    # (<tmp>/ipykernel_<pid>/<hash>.py), which tracebacks, warnings and linecache show.
+    shell = ZMQInteractiveShell.instance(config=config, compiler_class=XCachingCompiler)
     shell.channel = channel
+    shell.kernel = SandboxKernel(shell)
     # Jedi is slow in the VM; ipykernel leaves it off by default too.
     shell.Completer.use_jedi = False
+    os.system = _sandbox_os_system  # type: ignore[assignment]
+    # As ipykernel's kernel app (IPython's default_extensions): %store.
+    try:
+        shell.extension_manager.load_extension("storemagic")
+    except Exception as exc:  # noqa: BLE001 - a missing extension costs only %store
+        aio.log(f"storemagic: {type(exc).__name__}: {exc}")
     return shell

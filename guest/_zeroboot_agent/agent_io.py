@@ -32,6 +32,7 @@ INPUT_REPLY = 2
 COMPLETE = 3
 INSPECT = 4
 RUN = 5
+SESSION = 6
 # guest -> host
 READY = 100
 STREAM = 101
@@ -43,6 +44,7 @@ INPUT_REQUEST = 106
 DONE = 107
 COMPLETE_REPLY = 108
 INSPECT_REPLY = 109
+SESSION_REPLY = 110
 
 STREAM_MAX_BUFFER = 4096      # send once this much text is pending (PROTOCOL.md: 4 KiB)
 STREAM_INTERVAL = 0.05        # send a completed line only if the last STREAM frame is this old

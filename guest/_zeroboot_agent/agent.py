@@ -1,7 +1,7 @@
 """The guest agent: runs inside the VM, executes notebook cells in an IPython shell and talks to
 the host in frames over the UART (docs/PROTOCOL.md).
 
-    python guest/agent.py --preload numpy,pandas,matplotlib
+    python guest/_zeroboot_agent --preload numpy,pandas,matplotlib
 
 Start-up: open the UART, build the shell, import the preload modules, run a silent warm-up,
 send READY (the host snapshots the template there), then serve EXECUTE / COMPLETE / INSPECT
@@ -26,9 +26,9 @@ from typing import Any, NoReturn
 # so the builtins it uses are bound as this module's globals.
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
-# Running as a script puts this directory first on sys.path, which is where the helpers live.
-import agent_io as aio
-from agent_io import log
+from . import agent_io as aio
+from .agent_io import log
+from .agent_session import insert_cwd_entry, start_session
 
 UART_DEVICE = "/dev/ttyS0"
 
@@ -59,20 +59,20 @@ class Agent:
         """Import the modules the template should hold; a failure is reported, not fatal."""
         loaded: list[str] = []
         errors: list[str] = []
+        # As ipykernel's kernel app, which sets this unless the user chose a backend: matplotlib
+        # then loads matplotlib_inline's backend, which hooks itself into the shell.
+        os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
         for name in names:
             try:
-                importlib.import_module(name)
+                # inside the shell's builtin trap, as an import in a cell is: libraries that look for
+                # the builtin get_ipython() at import time (pandas: is_terminal()) must find it
+                with self.shell.builtin_trap:
+                    importlib.import_module(name)
             except BaseException as exc:  # noqa: BLE001 - SystemExit from a broken module too
                 errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 log(f"preload of {name} failed: {type(exc).__name__}: {exc}")
             else:
                 loaded.append(name)
-        if "matplotlib" in sys.modules:
-            try:
-                self.shell.enable_matplotlib("inline")
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"matplotlib inline backend: {type(exc).__name__}: {exc}")
-                log(f"matplotlib inline backend: {type(exc).__name__}: {exc}")
         return loaded, errors
 
     def warm_up(self) -> None:
@@ -116,6 +116,12 @@ class Agent:
             shell.payload_manager.clear_payload()
             shell.last_execution_succeeded = True
             shell.last_execution_result = None
+            # The warm-up drew a figure: IPython's %run would redraw (an empty figure) on first use.
+            pyplot = sys.modules.get("matplotlib.pyplot")
+            if pyplot is not None:
+                pyplot.close("all")
+                if hasattr(pyplot.draw_if_interactive, "called"):
+                    pyplot.draw_if_interactive.called = False
             for name in ("last_type", "last_value", "last_traceback", "last_exc"):
                 if hasattr(sys, name):
                     delattr(sys, name)
@@ -161,6 +167,8 @@ class Agent:
                     self.complete(request)
                 elif ftype == aio.INSPECT:
                     self.inspect(request)
+                elif ftype == aio.SESSION:
+                    self.channel.send(aio.SESSION_REPLY, start_session(request, self.shell))
                 elif ftype == aio.RUN:
                     run_program(request)  # never returns: the VM exits with the program
                 elif ftype == aio.INPUT_REPLY:
@@ -190,6 +198,9 @@ class Agent:
         elif ftype == aio.INSPECT:
             self.channel.send(aio.INSPECT_REPLY, {"id": rid, "status": "ok", "found": False,
                                                   "data": {}, "metadata": {}})
+        elif ftype == aio.SESSION:
+            self.channel.send(aio.SESSION_REPLY, {"id": rid, "status": "error",
+                                                  "evalue": f"{type(exc).__name__}: {aio.safe_str(exc)}"})
 
     # ---- EXECUTE ---------------------------------------------------------------------------
 
@@ -437,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     aio.install_streams(channel)
 
     try:
-        from agent_shell import make_shell
+        from .agent_shell import make_shell
 
         shell = make_shell(channel)
     except Exception:  # noqa: BLE001
@@ -449,6 +460,14 @@ def main(argv: list[str] | None = None) -> int:
 
     preloaded, errors = agent.preload(modules)
     agent.warm_up()
+    # The agent's package is imported: its directory leaves sys.path (as ipykernel_launcher removes
+    # its own), and '' (the working directory, which a session sets to the notebook's folder) goes
+    # where IPython's kernel app puts it.
+    del sys.path[0]
+    insert_cwd_entry()
+    # joblib probes for POSIX semaphores on import and warns "[Errno 2] No such file or directory.
+    # joblib will operate in serial mode", which reads like a bug: serial is all the sandbox can do.
+    os.environ.setdefault("JOBLIB_MULTIPROCESSING", "0")
     gate.install()
     channel.quiet = False
     channel.quiet_stream = None
@@ -457,7 +476,3 @@ def main(argv: list[str] | None = None) -> int:
     # The channel is gone: anything printed while Python shuts down goes to the raw console.
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The start of a notebook session in the guest (the SESSION request, docs/PROTOCOL.md): the kernel's
+environment variables and sys.path as ipykernel gives them to a notebook.
+
+The template was built before any notebook existed, in the sandbox's home directory with a fixed
+environment; a session starts from a fork of it. Under ipykernel the kernel process is started in the
+notebook's folder with the user's environment, so a cell sees:
+  - os.environ: the kernel's environment (the host forwards it, minus what describes the host),
+    with TERM/CLICOLOR/PAGER as ipykernel's shell sets them;
+  - the locale: Python's start-up sets LC_CTYPE from LANG/LC_*; time zone from TZ;
+  - sys.path: [<PYTHONPATH entries>, <stdlib>, '', <site-packages>] ('' where IPython's
+    InteractiveShellApp.init_path puts it; ipykernel_launcher removes the folder `python -m` adds).
+"""
+from __future__ import annotations
+
+import locale
+import os
+import sys
+import time
+from typing import Any
+# User code may replace builtins; the agent's own code must not follow.
+from builtins import dict, int, isinstance, len, list, str  # noqa: A004
+
+MAX_VARIABLES = 4096
+MAX_NAME = 1024
+MAX_VALUE = 128 * 1024
+
+
+def _valid(name: object, value: object) -> bool:
+    return (isinstance(name, str) and isinstance(value, str) and 0 < len(name) <= MAX_NAME
+            and len(value) <= MAX_VALUE and "=" not in name and "\0" not in name and "\0" not in value)
+
+
+def apply_environment(environ: dict[str, Any], shell: Any) -> int:
+    """Set the forwarded variables; returns how many were set."""
+    count = 0
+    for name, value in list(environ.items())[:MAX_VARIABLES]:
+        if _valid(name, value):
+            os.environ[name] = value
+            count += 1
+    init = getattr(shell, "init_environment", None)
+    if init is not None:
+        init()  # ipykernel's own values win over the host's (TERM=xterm-color, PAGER=cat, ...)
+    if "TZ" in environ:
+        time.tzset()
+    return count
+
+
+def apply_locale() -> str | None:
+    """LC_CTYPE from the (new) locale variables, as Python's start-up does; None if the locale
+    they name is not available in the sandbox (then the current one stays)."""
+    try:
+        return locale.setlocale(locale.LC_CTYPE, "")
+    except locale.Error:
+        return None
+
+
+def insert_cwd_entry() -> None:
+    """'' (the working directory) before the first site-packages, as IPython's init_path does."""
+    if "" in sys.path:
+        return
+    for index, path in enumerate(sys.path):
+        if os.path.basename(path) in ("site-packages", "dist-packages"):
+            break
+    else:
+        index = 0
+    sys.path.insert(index, "")
+
+
+def apply_sys_path() -> None:
+    """PYTHONPATH entries first, as the interpreter puts them when it starts."""
+    insert_cwd_entry()
+    position = 0
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if not entry:
+            continue
+        entry = os.path.abspath(entry)
+        if entry in sys.path:
+            continue
+        sys.path.insert(position, entry)
+        position += 1
+
+
+def start_session(request: dict[str, Any], shell: Any) -> dict[str, Any]:
+    environ = request.get("environ")
+    count = apply_environment(environ, shell) if isinstance(environ, dict) else 0
+    current = apply_locale()
+    apply_sys_path()
+    return {"id": request.get("id"), "status": "ok", "variables": count, "locale": current}

@@ -1,0 +1,220 @@
+/* fs_proc.c - the /proc files libraries read about their own process, synthesised in guest terms.
+ *
+ * threadpoolctl, psutil, scikit-learn, joblib and friends read /proc/self/maps, status, stat, statm,
+ * smaps_rollup and cgroup, /proc/meminfo and /proc/cpuinfo. The guest has no kernel, so the engine
+ * writes them from the sandbox's own state when they are opened: guest addresses and the region
+ * names the guest itself used (paths as the guest sees them), the guest's pid, memory limit and
+ * CPU time; never host pids, host memory figures or host paths the view does not show. Each open
+ * gets a private snapshot of the content (an unnamed read-only overlay file), as Linux's seq files
+ * give a consistent view per open.
+ */
+#include "fs.h"
+
+#include <fcntl.h>
+#include <stdarg.h>
+#include <sys/mman.h>
+
+#define GUEST_PID 1       /* sys_process.c answers getpid() with this */
+#define PROC_MAX (4u << 20)
+
+typedef struct proc_buf {
+    char *data;
+    size_t len, cap;
+    int failed;
+} proc_buf;
+
+static void put(proc_buf *b, const char *fmt, ...) {
+    if (b->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->data ? b->data + b->len : NULL, b->data ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) { b->failed = 1; return; }
+        if (b->data && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap <= b->len + (size_t)n) cap *= 2;
+        if (cap > PROC_MAX) { b->failed = 1; return; }
+        char *nd = realloc(b->data, cap);
+        if (!nd) { b->failed = 1; return; }
+        b->data = nd;
+        b->cap = cap;
+    }
+}
+
+static uint64_t kib(uint64_t pages) { return pages * (ZB_PAGE / 1024); }
+
+static const char *comm(zb_sandbox *sb) {
+    const char *slash = strrchr(sb->proc.exe, '/');
+    return slash ? slash + 1 : sb->proc.exe;
+}
+
+static uint64_t mapped_pages(zb_sandbox *sb) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < sb->mem.nregions; i++) n += (sb->mem.regions[i].end - sb->mem.regions[i].start) / ZB_PAGE;
+    return n;
+}
+
+static void gen_maps(zb_sandbox *sb, proc_buf *b) {
+    for (size_t i = 0; i < sb->mem.nregions; i++) {
+        const zb_region *r = &sb->mem.regions[i];
+        const char *name = strcmp(r->name, "[anon]") ? r->name : "";
+        put(b, "%012llx-%012llx %c%c%cp 00000000 00:00 0%s%s\n", (unsigned long long)r->start,
+            (unsigned long long)r->end, (r->prot & PROT_READ) ? 'r' : '-', (r->prot & PROT_WRITE) ? 'w' : '-',
+            (r->prot & PROT_EXEC) ? 'x' : '-', name[0] ? "                          " : "", name);
+    }
+}
+
+static void gen_status(zb_sandbox *sb, proc_buf *b) {
+    uint64_t rss = sb->mem.pages_allocated, vm = mapped_pages(sb);
+    put(b, "Name:\t%.15s\nUmask:\t%04o\nState:\tR (running)\nTgid:\t%d\nNgid:\t0\nPid:\t%d\nPPid:\t0\n"
+           "TracerPid:\t0\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\nFDSize:\t%d\nGroups:\t1000\n"
+           "VmPeak:\t%8llu kB\nVmSize:\t%8llu kB\nVmLck:\t       0 kB\nVmPin:\t       0 kB\n"
+           "VmHWM:\t%8llu kB\nVmRSS:\t%8llu kB\nRssAnon:\t%8llu kB\nRssFile:\t       0 kB\nRssShmem:\t       0 kB\n"
+           "VmData:\t%8llu kB\nVmStk:\t     132 kB\nVmExe:\t       0 kB\nVmLib:\t       0 kB\nVmSwap:\t       0 kB\n"
+           "Threads:\t1\nSigQ:\t0/0\nCpus_allowed:\t1\nCpus_allowed_list:\t0\nMems_allowed_list:\t0\n"
+           "voluntary_ctxt_switches:\t0\nnonvoluntary_ctxt_switches:\t0\n",
+        comm(sb), (unsigned)sb->proc.umask, GUEST_PID, GUEST_PID, ZB_MAX_FDS,
+        (unsigned long long)kib(vm), (unsigned long long)kib(vm), (unsigned long long)kib(rss),
+        (unsigned long long)kib(rss), (unsigned long long)kib(rss), (unsigned long long)kib(rss));
+}
+
+static void gen_statm(zb_sandbox *sb, proc_buf *b) {
+    uint64_t rss = sb->mem.pages_allocated;
+    put(b, "%llu %llu 0 0 0 %llu 0\n", (unsigned long long)mapped_pages(sb), (unsigned long long)rss,
+        (unsigned long long)rss);
+}
+
+static void gen_stat(zb_sandbox *sb, proc_buf *b) {
+    uint64_t user, sys;
+    zb_guest_cpu_split(sb, &user, &sys);
+    const uint64_t tick = 10000000; /* USER_HZ 100 */
+    /* the 52 fields of proc(5); what the sandbox has no notion of is 0 */
+    put(b, "%d (%.15s) R 0 %d %d 0 -1 4194304 %llu 0 0 0 %llu %llu 0 0 20 0 1 0 0 %llu %llu "
+           "18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
+        GUEST_PID, comm(sb), GUEST_PID, GUEST_PID, (unsigned long long)sb->mem.pages_allocated,
+        (unsigned long long)(user / tick), (unsigned long long)(sys / tick),
+        (unsigned long long)(mapped_pages(sb) * ZB_PAGE), (unsigned long long)sb->mem.pages_allocated);
+}
+
+static void gen_smaps_rollup(zb_sandbox *sb, proc_buf *b) {
+    uint64_t lo = sb->mem.nregions ? sb->mem.regions[0].start : 0, hi = lo;
+    for (size_t i = 0; i < sb->mem.nregions; i++) {
+        lo = ZB_MIN(lo, sb->mem.regions[i].start);
+        hi = sb->mem.regions[i].end > hi ? sb->mem.regions[i].end : hi;
+    }
+    unsigned long long rss = (unsigned long long)kib(sb->mem.pages_allocated);
+    put(b, "%012llx-%012llx ---p 00000000 00:00 0                          [rollup]\n"
+           "Rss:            %8llu kB\nPss:            %8llu kB\nPss_Anon:       %8llu kB\nPss_File:              0 kB\n"
+           "Pss_Shmem:             0 kB\nShared_Clean:          0 kB\nShared_Dirty:          0 kB\n"
+           "Private_Clean:         0 kB\nPrivate_Dirty:  %8llu kB\nReferenced:     %8llu kB\nAnonymous:      %8llu kB\n"
+           "LazyFree:              0 kB\nAnonHugePages:         0 kB\nShmemPmdMapped:        0 kB\nFilePmdMapped:         0 kB\n"
+           "Shared_Hugetlb:        0 kB\nPrivate_Hugetlb:       0 kB\nSwap:                  0 kB\nSwapPss:               0 kB\n"
+           "Locked:                0 kB\n",
+        (unsigned long long)lo, (unsigned long long)hi, rss, rss, rss, rss, rss, rss);
+}
+
+static void gen_meminfo(zb_sandbox *sb, proc_buf *b) {
+    uint64_t total = kib(sb->mem.pages_limit);
+    uint64_t used = kib(ZB_MIN(sb->mem.pages_allocated, sb->mem.pages_limit));
+    put(b, "MemTotal:       %8llu kB\nMemFree:        %8llu kB\nMemAvailable:   %8llu kB\nBuffers:               0 kB\n"
+           "Cached:                0 kB\nSwapCached:            0 kB\nActive:         %8llu kB\nInactive:              0 kB\n"
+           "SwapTotal:             0 kB\nSwapFree:              0 kB\nDirty:                 0 kB\nAnonPages:      %8llu kB\n"
+           "Shmem:                 0 kB\nCommitLimit:    %8llu kB\nCommitted_AS:   %8llu kB\nHugePages_Total:       0\n"
+           "HugePages_Free:        0\nHugepagesize:       2048 kB\n",
+        (unsigned long long)total, (unsigned long long)(total - used), (unsigned long long)(total - used),
+        (unsigned long long)used, (unsigned long long)used, (unsigned long long)total, (unsigned long long)used);
+}
+
+/* The CPU the guest runs on is the host's (CPUID is not hidden from it): the first processor's
+ * description from the host, read once, as the single CPU the sandbox reports. */
+static char cpu_desc[8192];
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+static const char *const cpu_keys[] = {"vendor_id", "cpu family", "model", "model name", "stepping", "microcode",
+                                       "cpu MHz", "cache size", "fpu", "fpu_exception", "cpuid level", "wp", "flags",
+                                       "bugs", "bogomips", "clflush size", "cache_alignment", "address sizes", NULL};
+
+static void read_cpu_desc(void) {
+    char raw[65536];
+    size_t len = 0;
+    int fd = open("/proc/cpuinfo", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n;
+        while (len < sizeof raw - 1 && (n = read(fd, raw + len, sizeof raw - 1 - len)) > 0) len += (size_t)n;
+        close(fd);
+    }
+    raw[len] = 0;
+    char *end = strstr(raw, "\n\n"); /* the first processor only */
+    if (end) *end = 0;
+    size_t out = 0;
+    for (char *line = raw, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        size_t keylen = (size_t)(colon - line);
+        while (keylen && (line[keylen - 1] == '\t' || line[keylen - 1] == ' ')) keylen--;
+        for (int k = 0; cpu_keys[k]; k++) {
+            if (strlen(cpu_keys[k]) == keylen && !strncmp(line, cpu_keys[k], keylen)) {
+                int n = snprintf(cpu_desc + out, sizeof cpu_desc - out, "%s\n", line);
+                if (n > 0 && out + (size_t)n < sizeof cpu_desc) out += (size_t)n;
+                break;
+            }
+        }
+    }
+}
+
+static void gen_cpuinfo(zb_sandbox *sb, proc_buf *b) {
+    (void)sb;
+    pthread_once(&cpu_once, read_cpu_desc);
+    put(b, "processor\t: 0\n%sphysical id\t: 0\nsiblings\t: 1\ncore id\t\t: 0\ncpu cores\t: 1\napicid\t\t: 0\n"
+           "initial apicid\t: 0\n\n", cpu_desc);
+}
+
+static void gen_cgroup(zb_sandbox *sb, proc_buf *b) {
+    (void)sb;
+    put(b, "0::/\n");
+}
+
+typedef void (*proc_gen)(zb_sandbox *, proc_buf *);
+static const struct { int id; const char *name; int in_self; proc_gen gen; } proc_files[] = {
+    {DEV_PROC_MAPS, "maps", 1, gen_maps},
+    {DEV_PROC_STATUS, "status", 1, gen_status},
+    {DEV_PROC_STAT, "stat", 1, gen_stat},
+    {DEV_PROC_STATM, "statm", 1, gen_statm},
+    {DEV_PROC_SMAPS_ROLLUP, "smaps_rollup", 1, gen_smaps_rollup},
+    {DEV_PROC_CGROUP, "cgroup", 1, gen_cgroup},
+    {DEV_PROC_MEMINFO, "meminfo", 0, gen_meminfo},
+    {DEV_PROC_CPUINFO, "cpuinfo", 0, gen_cpuinfo},
+};
+#define NPROC (sizeof proc_files / sizeof proc_files[0])
+
+int zb_proc_add_files(zb_mnode *proc, zb_mnode *self) {
+    for (size_t i = 0; i < NPROC; i++) {
+        zb_mnode *n = zb_mnode_add(proc_files[i].in_self ? self : proc, proc_files[i].name, MNT_DEV);
+        if (!n) return -1;
+        n->dev = proc_files[i].id;
+    }
+    return 0;
+}
+
+int zb_dev_is_proc(int dev) { return dev >= DEV_PROC_FIRST && dev <= DEV_PROC_LAST; }
+
+/* An unnamed read-only overlay file holding the content of /proc file `dev` now: its inode, or -errno. */
+long zb_proc_snapshot(zb_sandbox *sb, int dev) {
+    proc_gen gen = NULL;
+    for (size_t i = 0; i < NPROC; i++)
+        if (proc_files[i].id == dev) gen = proc_files[i].gen;
+    if (!gen) return -ENOENT;
+    proc_buf b = {0};
+    gen(sb, &b);
+    if (b.failed) { free(b.data); return -ENOMEM; }
+    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, 0444);
+    if (!ino) { free(b.data); return -ENOMEM; }
+    long rc = b.len ? zb_ovl_write(sb->fs, ino, b.data, b.len, 0) : 0;
+    free(b.data);
+    if (rc < 0) { zb_ovl_discard(sb->fs, ino); return rc; }
+    zb_inode *in = zb_ovl_inode(sb->fs, ino);
+    if (in) in->readonly = 1;
+    return ino;
+}

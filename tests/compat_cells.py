@@ -1,0 +1,148 @@
+"""The battery of notebook idioms of the differential test (tests/test_compat_differential.py).
+
+Each cell runs, in this order and in one session, under the stock `python3` kernel and under
+`zeroboot`, both started in the same notebook folder (NOTEBOOK below, inside a small project) with
+the same environment (ENV). A cell's id is the row of docs/COMPATIBILITY.md that reports it.
+
+`compare` says what must match:
+  "text"     outcome (status, ename), MIME types in order, normalised output text and payloads
+  "outcome"  outcome, MIME types and payload sources only (output legitimately varies: profiles,
+             histories, timings that normalisation cannot tame)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cell:
+    id: str
+    code: str
+    compare: str = "text"
+    stdin: str | None = None   # the answer to an input() request
+
+
+# The environment both kernels get (the kernelspec's env).
+ENV = {"MY_NOTEBOOK_VAR": "hello", "OPENBLAS_CORETYPE": "Haswell", "LANG": "C.UTF-8"}
+
+# The project the notebook lives in: {relative path: content}; the notebook folder is "notebooks".
+PROJECT = {
+    "pyproject.toml": "[project]\nname = 'course'\n",
+    "data/x.csv": "a,b\n1,2\n3,4\n",
+    "src/__init__.py": "",
+    "src/features.py": "def double(x):\n    return 2 * x\n",
+    "notebooks/helper.py": "ANSWER = 42\n",
+    "notebooks/pkg/__init__.py": "NAME = 'pkg'\n",
+    "notebooks/agent.py": "MINE = 'user agent module'\n",
+}
+NOTEBOOK = "notebooks"
+
+CELLS: list[Cell] = [
+    # item 1: local imports
+    Cell("import-local-module", "import helper, pkg\n(helper.ANSWER, pkg.NAME)"),
+    Cell("import-user-agent-module", "import agent\nagent.MINE"),
+    Cell("sys-path-head", "import sys, os\n(os.path.basename(sys.path[sys.path.index('') + 1]), os.getcwd() in sys.path)"),
+    Cell("import-written-module", "with open('fresh_mod.py', 'w') as f:\n    f.write('V = 7\\n')\nimport fresh_mod\nfresh_mod.V"),
+    Cell("autoreload", "%load_ext autoreload\n%autoreload 2\nimport time\ntime.sleep(1.1)\n"
+                       "with open('helper.py', 'w') as f:\n    f.write('ANSWER = 43\\n')"),
+    Cell("autoreload-read", "helper.ANSWER"),
+    Cell("import-from-project", "sys.path.insert(0, '..')\nfrom src.features import double\ndouble(21)"),
+    # item 2: directory times
+    Cell("dir-mtime-overlay", "import os, time\nbefore = os.stat('.').st_mtime_ns\ntime.sleep(0.05)\n"
+                              "open('new_file.txt', 'w').close()\nos.stat('.').st_mtime_ns > before"),
+    Cell("dir-mtime-tmp", "import tempfile\nd = tempfile.mkdtemp()\nbefore = os.stat(d).st_mtime_ns\n"
+                          "time.sleep(0.05)\nopen(os.path.join(d, 'f'), 'w').close()\nos.stat(d).st_mtime_ns > before"),
+    Cell("dir-mtime-rename-delete", "def changed(op, d):\n    before = os.stat(d).st_mtime_ns, os.stat(d).st_ctime_ns\n"
+                                    "    time.sleep(0.05)\n    op()\n    after = os.stat(d).st_mtime_ns, os.stat(d).st_ctime_ns\n"
+                                    "    return after[0] > before[0] and after[1] > before[1]\n"
+                                    "open(os.path.join(d, 'g'), 'w').close()\n"
+                                    "(changed(lambda: os.rename(os.path.join(d, 'g'), os.path.join(d, 'h')), d),\n"
+                                    " changed(lambda: os.unlink(os.path.join(d, 'h')), d),\n"
+                                    " changed(lambda: os.mkdir('sub_dir'), '.'), changed(lambda: os.rmdir('sub_dir'), '.'))"),
+    # item 3: environment
+    Cell("env-var", "os.environ.get('MY_NOTEBOOK_VAR')"),
+    Cell("env-magic", "%env MY_NOTEBOOK_VAR"),
+    Cell("openblas-det", "import numpy as np\nrng = np.random.default_rng(0)\nm = rng.random((50, 50))\nrepr(np.linalg.det(m))"),
+    # item 4: CPU times
+    Cell("getrusage", "import resource\nsum(range(3_000_000))\nr = resource.getrusage(resource.RUSAGE_SELF)\n"
+                      "(r.ru_utime > 0, r.ru_maxrss > 0)"),
+    Cell("os-times", "t = os.times()\n(t.user > 0, t.children_user)"),
+    Cell("time-magic", "%time sum(range(100_000))"),
+    Cell("timeit-magic", "%timeit -n1 -r1 sum(range(100))"),
+    # item 5: /proc
+    Cell("proc-self-maps", "sorted(p for p in ('/proc/self/maps', '/proc/self/status', '/proc/self/statm', "
+                           "'/proc/meminfo', '/proc/cpuinfo', '/proc/self/cgroup', '/proc/self/smaps_rollup') "
+                           "if os.path.exists(p))"),
+    # item 6: shared writable file mappings
+    Cell("memmap-w+", "mm = np.memmap('mm.dat', dtype='float64', mode='w+', shape=(100,))\nmm[:] = 1.5\nmm.flush()\n"
+                      "del mm\nfloat(np.fromfile('mm.dat').sum())"),
+    Cell("memmap-copy-on-write", "mc = np.memmap('mm.dat', dtype='float64', mode='c', shape=(100,))\nmc[:] = 2\n"
+                                 "(float(mc.sum()), float(np.fromfile('mm.dat').sum()) != 200.0)"),
+    Cell("sqlite-wal", "import sqlite3\ncon = sqlite3.connect('wal.db')\ncon.execute('PRAGMA journal_mode=wal')\n"
+                       "con.execute('create table if not exists t (x)')\ncon.execute('insert into t values (1)')\n"
+                       "con.commit()\ncon.execute('select count(*) from t').fetchone()"),
+    # items 7 and 11: memory
+    Cell("alloc-2gib", "a = np.zeros(2**28)\na[::4096] = 1\nint(a.sum())"),
+    Cell("alloc-610mb", "a = None\nbig = [np.ones(10_000_000) for _ in range(8)]\nlen(big)"),
+    Cell("alloc-free", "big = None\n'freed'"),
+    # item 8: locale
+    Cell("locale", "import locale\nlocale.setlocale(locale.LC_ALL, '')\nlocale.getlocale()"),
+    # item 9: small differences
+    Cell("store-magic", "stored_value = 5\n%store stored_value"),
+    Cell("writefile", "%%writefile script_run.py\nscript_x = 5\nprint('ran')\n"),
+    Cell("run-script", "%run script_run.py\nscript_x"),
+    Cell("print-array", "print(np.arange(12).reshape(3, 4))"),
+    Cell("warning-filename", "import warnings\nwarnings.warn('careful')"),
+    Cell("traceback", "def failing():\n    return 1 / 0\nfailing()"),
+    # item 10: a Jupyter kernel to libraries
+    Cell("shell-class", "ip = get_ipython()\n(type(ip).__name__, 'zmq' in str(type(ip)).lower(), hasattr(ip, 'kernel'), "
+                        "'IPKernelApp' in ip.config)"),
+    Cell("pandas-max-columns", "import pandas as pd\npd.get_option('display.max_columns')"),
+    Cell("pandas-wide-frame", "df = pd.DataFrame([range(12)] * 3, columns=[f'column_{i}' for i in range(12)])\ndf"),
+    Cell("pandas-print-frame", "print(df)"),
+    Cell("pandas-categorical", "pd.Categorical(list('abcabcabca') * 5)"),
+    Cell("pandas-styler", "df.style.highlight_max()"),
+    Cell("tqdm-auto", "from tqdm.auto import tqdm\nfor _ in tqdm(range(3), disable=True):\n    pass\ntqdm.__module__"),
+    Cell("matplotlib-backend", "import matplotlib\nmatplotlib.get_backend()"),
+    Cell("matplotlib-figure", "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()"),
+    # item 12: the project
+    Cell("read-parent-data", "pd.read_csv('../data/x.csv').values.tolist()"),
+    Cell("list-parent", "sorted(os.listdir('..'))"),
+    # item 13: shell commands, joblib
+    Cell("shell-command", "!echo hi"),
+    Cell("os-system", "os.system('true')"),
+    Cell("proc-meminfo", "mem = {l.split(':')[0]: int(l.split()[1]) for l in open('/proc/meminfo')}\n"
+                         "(mem['MemTotal'] * 1024 == os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE'), mem['MemAvailable'] > 0)"),
+    Cell("proc-self-status", "st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
+                             "(int(st['Pid']) == os.getpid(), int(st['VmRSS'].split()[0]) > 0)"),
+    # the rest of the battery
+    Cell("who", "%who_ls int"),
+    Cell("capture", "%%capture captured\nprint('hidden')"),
+    Cell("capture-read", "captured.stdout"),
+    Cell("prun", "%prun -q sum(range(1000))", compare="outcome"),
+    Cell("history", "%history -l 1", compare="outcome"),
+    Cell("load", "%load script_run.py", compare="outcome"),
+    Cell("pager", "len?", compare="outcome"),
+    Cell("underscore", "40 + 2"),
+    Cell("underscore-read", "_ + 1"),
+    Cell("html-magic", "%%html\n<b>bold</b>"),
+    Cell("latex-magic", "%%latex\n$x^2$"),
+    Cell("display-mimes", "from IPython.display import HTML, Markdown, Latex, JSON, SVG, Math, Javascript, Image, display\n"
+                          "import base64\n"
+                          "png = base64.b64decode('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==')\n"
+                          "display(HTML('<i>h</i>'), Markdown('**m**'), Latex('$y$'), JSON({'a': 1}), "
+                          "SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1\" height=\"1\"></svg>'), "
+                          "Math('z'), Javascript('1'), Image(png))"),
+    Cell("display-update", "h = display('first', display_id=True)\nh.update('second')"),
+    Cell("sqlite-memory", "con2 = sqlite3.connect(':memory:')\ncon2.execute('create table t (x)')\n"
+                          "con2.executemany('insert into t values (?)', [(1,), (2,)])\ncon2.execute('select sum(x) from t').fetchone()"),
+    Cell("pickle-roundtrip", "import pickle\npickle.dump({'k': [1, 2]}, open('/tmp/p.pkl', 'wb'))\npickle.load(open('/tmp/p.pkl', 'rb'))"),
+    Cell("csv-roundtrip", "df.to_csv('out.csv', index=False)\npd.read_csv('out.csv').shape"),
+    Cell("json-roundtrip", "import json\njson.dump({'a': [1, 2]}, open('out.json', 'w'))\njson.load(open('out.json'))"),
+    Cell("input", "answer = input('value? ')\nanswer", stdin="forty-two"),
+    Cell("sys-exit", "import sys\nsys.exit(3)"),
+    Cell("recursion-error", "def r(n):\n    return r(n + 1)\nr(0)", compare="outcome"),
+    Cell("top-level-await", "import asyncio\nawait asyncio.sleep(0.01)\n'awaited'"),
+    Cell("signal-alarm", "import signal\nsignal.signal(signal.SIGALRM, lambda *a: print('alarm'))\nsignal.alarm(1)\n"
+                         "time.sleep(1.5)"),
+]
