@@ -66,6 +66,7 @@ CHECKS = {
     FrameType.ERROR: schema.error, FrameType.CLEAR_OUTPUT: schema.clear_output,
     FrameType.INPUT_REQUEST: schema.input_request, FrameType.DONE: schema.done,
     FrameType.COMPLETE_REPLY: schema.complete_reply, FrameType.INSPECT_REPLY: schema.inspect_reply,
+    FrameType.SESSION_REPLY: schema.session_reply,
 }
 
 

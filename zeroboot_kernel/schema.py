@@ -206,6 +206,19 @@ OUTPUT_EVENTS = {"display_data": display, "update_display_data": display, "execu
                  "error": error, "clear_output": clear_output}
 
 
+def session_reply(p: dict[str, Any]) -> dict[str, Any]:
+    """The agent's answer to SESSION (agent_session.start_session): how many variables it set and
+    the locale it could select; an error carries error fields."""
+    status = _str(p, "status", "error")
+    out: dict[str, Any] = {"id": _int(p, "id"), "status": "ok" if status == "ok" else "error"}
+    if out["status"] == "ok":
+        out["variables"] = _int(p, "variables", 0)
+        out["locale"] = _str(p, "locale", "")
+    else:
+        out.update(error_fields(p))
+    return out
+
+
 def check_event(ev: dict[str, Any]) -> dict[str, Any]:
     """An engine event of a running request, checked: {"event": kind, ...fields}."""
     kind = ev.get("event")
