@@ -63,14 +63,24 @@ class AgentProcess:
         self.buf = bytearray()
         self.next_id = 1
         self.count = 0
+        # the channel's self-check, as the host does it (sandbox._CellRun.check): frames of a
+        # request numbered from 0, and the reply's count of stream characters
+        self.seq = 0
+        self.stream_chars = 0
         self.ready = self.recv()
         assert self.ready.type == READY, self.ready
 
     # ---- frames ---------------------------------------------------------------------------
 
     def send(self, ftype: int, payload: dict[str, Any]) -> None:
+        if ftype in (EXECUTE, COMPLETE, INSPECT):
+            self.new_request()
         body = json.dumps(payload).encode()
         self.sock.sendall(HEADER.pack(MAGIC, 1, ftype, len(body)) + body)
+
+    def new_request(self) -> None:
+        """A request goes out (send() calls this; a test sending one raw calls it itself)."""
+        self.seq = self.stream_chars = 0
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -85,7 +95,7 @@ class AgentProcess:
                 if len(self.buf) >= HEADER.size + length:
                     body = bytes(self.buf[HEADER.size:HEADER.size + length])
                     del self.buf[:HEADER.size + length]
-                    return Frame(ftype, json.loads(body.decode("utf-8")), time.monotonic())
+                    return self._checked(Frame(ftype, json.loads(body.decode("utf-8")), time.monotonic()))
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no frame within {timeout} s; agent log:\n{self.agent_log()}")
@@ -97,6 +107,16 @@ class AgentProcess:
             if not chunk:
                 raise EOFError(f"agent closed the channel; log:\n{self.agent_log()}")
             self.buf += chunk
+
+    def _checked(self, frame: Frame) -> Frame:
+        """Verify and strip the self-check fields, so tests compare the payloads themselves."""
+        assert frame.payload.pop("seq", None) == self.seq, (self.seq, frame)
+        self.seq += 1
+        if frame.type == STREAM:
+            self.stream_chars += len(frame.payload["text"])
+        if frame.type in (DONE, COMPLETE_REPLY, INSPECT_REPLY):
+            assert frame.payload.pop("stream_chars", None) == self.stream_chars, (self.stream_chars, frame)
+        return frame
 
     def agent_log(self) -> str:
         self.log.seek(0)
@@ -493,6 +513,7 @@ def test_frame_split_across_writes(agent: AgentProcess) -> None:
                        "user_expressions": {}, "allow_stdin": False, "execution_count": 99,
                        "reseed": None}).encode()
     data = HEADER.pack(MAGIC, 1, EXECUTE, len(body)) + body
+    agent.new_request()
     for i in range(0, len(data), 7):
         agent.send_raw(data[i:i + 7])
         time.sleep(0.001)

@@ -34,6 +34,7 @@ class EngineClient:
         self.sock = parent_end
         self._send_lock = threading.Lock()
         self._next_id = 0
+        self._in_flight: int | None = None  # the request whose reply has not arrived yet
         cmd = [sys.executable, "-m", "zeroboot_kernel.engine_server", "--fd", str(child_end.fileno()),
                "--parent", str(os.getpid()), "--template", template, "--mode", mode,
                "--timeout", str(timeout or 0), "--checkpoints", str(checkpoints), "--files", files]
@@ -82,12 +83,18 @@ class EngineClient:
         one yielded has event == "reply"."""
         self._next_id += 1
         rid = self._next_id
-        self._send({"op": op, "id": rid, **fields})
-        while True:
-            msg = self._recv()
-            yield msg
-            if msg.get("event") == "reply" and msg.get("id") == rid:
-                return
+        self._in_flight = rid
+        try:
+            self._send({"op": op, "id": rid, **fields})
+            while True:
+                msg = self._recv()
+                if msg.get("event") == "reply" and msg.get("id") == rid:
+                    self._in_flight = None  # before the caller sees it: no interrupt aims at it now
+                    yield msg
+                    return
+                yield msg
+        finally:
+            self._in_flight = None
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         """A request without intermediate events; returns the reply content."""
@@ -99,14 +106,24 @@ class EngineClient:
     def input_reply(self, value: str) -> None:
         self._send({"op": "input_reply", "value": value})
 
-    def interrupt(self) -> None:
-        """Interrupt the running cell (thread-safe): a control message, then the kick signal so
-        that a running vCPU comes back to read it."""
-        self._send({"op": "interrupt"})
+    def interrupt(self) -> bool:
+        """Interrupt the request in flight (thread-safe): a control message naming it, then the
+        kick signal so that a running or sleeping guest comes back to read it. The engine acts on
+        it only while that very request runs a cell, so an interrupt that arrives late is dropped
+        rather than hitting the next cell. False if no request was in flight."""
+        try:
+            with self._send_lock:
+                target = self._in_flight
+                if target is None:
+                    return False
+                wire.send(self.sock, {"op": "interrupt", "target": target})
+        except OSError as exc:
+            raise EngineDied(f"the sandbox engine process died ({self._exit_status()}): {exc}") from None
         try:
             os.kill(self.proc.pid, KICK_SIGNAL)
         except ProcessLookupError:
             pass
+        return True
 
     def alive(self) -> bool:
         return self.proc.poll() is None

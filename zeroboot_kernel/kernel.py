@@ -21,6 +21,7 @@ import logging
 import os
 import platform
 import select
+import signal
 import sys
 import threading
 import time
@@ -472,6 +473,32 @@ class ZerobootKernel(Kernel):
 
     # ---- interrupt / shutdown -------------------------------------------------------------
 
+    def start(self) -> None:
+        super().start()
+        # interrupt_mode "signal" (the kernelspecs, as ipykernel's): the client interrupts with
+        # SIGINT to the kernel's process group. The asyncio loop runs the handler as an ordinary
+        # callback (never inside a lock another thread holds); the engine has its own session,
+        # so the signal never reaches it.
+        try:
+            loop = getattr(self.io_loop, "asyncio_loop", None) or asyncio.get_event_loop()
+            loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+        except (RuntimeError, NotImplementedError, ValueError) as exc:  # not the main thread / no loop
+            self.log.warning("zeroboot: cannot handle SIGINT (%s); interrupts need interrupt_request messages", exc)
+
+    def _on_sigint(self) -> None:
+        try:
+            self._interrupt_cell()
+        except EngineDied as exc:
+            self.log.warning("zeroboot: interrupt not delivered: %s", exc)
+
+    def _interrupt_cell(self) -> None:
+        """Interrupt the cell that is running now, if any (thread-safe). The engine request in
+        flight is named in the message, so an interrupt that reaches the engine after that cell
+        ended is dropped there instead of hitting the next cell (docs/PROTOCOL.md, Interrupts)."""
+        client = self._client_if_ready()
+        if client is not None and self._executing.is_set():
+            client.interrupt()
+
     async def interrupt_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """Interrupt the running cell through the engine. Never signals a process group
         (ipykernel's _send_interrupt_children would SIGINT the kernel and its children): the
@@ -480,12 +507,10 @@ class ZerobootKernel(Kernel):
         if not self.session:
             return
         content: dict[str, Any] = {"status": "ok"}
-        client = self._client_if_ready()
-        if client is not None and self._executing.is_set():
-            try:
-                client.interrupt()
-            except EngineDied as exc:
-                content = {"status": "error", "ename": "EngineDied", "evalue": str(exc), "traceback": []}
+        try:
+            self._interrupt_cell()
+        except EngineDied as exc:
+            content = {"status": "error", "ename": "EngineDied", "evalue": str(exc), "traceback": []}
         self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
@@ -494,9 +519,9 @@ class ZerobootKernel(Kernel):
         return {"status": "ok", "restart": restart}
 
     def pre_handler_hook(self) -> None:
-        # ipykernel turns SIGINT into KeyboardInterrupt while a handler runs. Interrupts come as
-        # messages here, and a stray SIGINT (Ctrl-C in the terminal that started Jupyter) must
-        # not break the kernel's bookkeeping in the middle of a request: keep it ignored.
+        # ipykernel turns SIGINT into KeyboardInterrupt while a handler runs. Here SIGINT is an
+        # interrupt of the guest's cell (start), never an exception in the kernel's bookkeeping
+        # in the middle of a request: keep ipykernel's handler out.
         pass
 
     def post_handler_hook(self) -> None:
