@@ -211,20 +211,22 @@ class Agent:
         reseed(request.get("reseed"))
 
         error: BaseException | None = None
+        # Interrupts reach the cell's code only (AgentShell.run_code); in IPython's machinery
+        # around it they are held until the code runs, after it they are dropped.
+        self.gate.begin_request()
         try:
-            self.gate.enter_user_code()  # raises an interrupt that came while the cell was set up
             result = shell.run_cell(code, store_history=store_history, silent=silent)
-            self.gate.leave_user_code()
+            self.gate.end_request()
             error = result.error_before_exec if result.error_before_exec is not None else result.error_in_exec
             ok = result.success and not shell._last_traceback_during_displayhook
         except KeyboardInterrupt as exc:
-            # The interrupt came before the cell started, or landed in IPython's own bookkeeping
-            # around the user's code rather than in it; report it exactly like an interrupted cell.
-            self.gate.leave_user_code()
+            # Only possible if user code replaced the SIGINT handler; report it like an
+            # interrupted cell.
+            self.gate.end_request()
             shell.showtraceback()
             error, ok = exc, False
         finally:
-            self.gate.leave_user_code()
+            self.gate.end_request()
 
         reply: dict[str, Any] = {"id": request.get("id"), "execution_count": count}
         if ok:
@@ -313,7 +315,7 @@ class Agent:
         except Exception:  # noqa: BLE001 - a completion failure is an empty completion
             log("completion failed:\n" + traceback.format_exc())
         finally:
-            self.gate.leave_user_code()
+            self.gate.end_request()
         self.channel.send(aio.COMPLETE_REPLY, reply)
 
     def inspect(self, request: dict[str, Any]) -> None:
@@ -338,7 +340,7 @@ class Agent:
         except Exception:  # noqa: BLE001
             log("inspection failed:\n" + traceback.format_exc())
         finally:
-            self.gate.leave_user_code()
+            self.gate.end_request()
         self.channel.send(aio.INSPECT_REPLY, reply)
 
 

@@ -112,17 +112,21 @@ class InterruptGate:
 
     The host raises SIGINT only for the request it has pushed and not yet seen the reply of, and
     only once the agent waits for that request (it waits for the agent to block on the UART before
-    pushing one). So the agent's phases decide:
+    pushing one). So the agent's phase decides:
 
       waiting   between requests, reading and decoding the next one: the interrupt is for that
-                request; it is held and raised when its user code starts (enter_user_code).
+                request; it is held.
+      shell     the request runs, but in IPython's machinery around the user's code (history,
+                events, compilation, traceback formatting): held; raised where the user's code
+                next starts (the shell's run_code asks take_held).
       user      user code runs: KeyboardInterrupt, unless a frame or the stream buffer is being
                 updated (`critical`): then it is held and raised once that is done (release).
-      finishing user code has ended, the reply is being built and sent: the interrupt was for a
-                request that has ended, so it is dropped (as ipykernel drops a late SIGINT).
+      finishing the request's code has ended, its reply is being built and sent: the interrupt
+                was for a request that has ended, so it is dropped (as ipykernel drops a late
+                SIGINT).
     """
 
-    WAITING, USER, FINISHING = "waiting", "user", "finishing"
+    WAITING, SHELL, USER, FINISHING = "waiting", "shell", "user", "finishing"
 
     def __init__(self) -> None:
         self.phase = self.FINISHING  # start-up: nothing to interrupt until READY is out
@@ -135,7 +139,7 @@ class InterruptGate:
     def _handler(self, signo: int, frame: object) -> None:
         if self.phase == self.FINISHING:
             return
-        if self.phase == self.WAITING or self.critical:
+        if self.phase != self.USER or self.critical:
             self.pending = True
             return
         raise KeyboardInterrupt
@@ -145,16 +149,30 @@ class InterruptGate:
         self.phase = self.WAITING
         self.pending = False
 
-    def enter_user_code(self) -> None:
-        """User code starts; an interrupt that came for this request while it was being set up
-        is raised now (the cell then reports KeyboardInterrupt without having run)."""
+    def begin_request(self) -> None:
+        """The request runs; its user code has not started yet (an interrupt stays held)."""
+        self.phase = self.SHELL
+
+    def take_held(self) -> bool:
+        """User code is about to start: True if an interrupt is held for it (the caller raises
+        it there), and from now on the request's interrupts go to user code."""
+        held, self.pending = self.pending, False
         self.phase = self.USER
-        if self.pending:
-            self.pending = False
+        return held
+
+    def leave_user_code(self, previous: str) -> None:
+        """A piece of user code has ended: back to the phase before it (the shell's machinery,
+        where interrupts are held until user code runs again, or the user code that ran it)."""
+        self.phase = previous if previous != self.WAITING else self.SHELL
+
+    def enter_user_code(self) -> None:
+        """User code starts (completion, inspection: the agent's own calls into user objects);
+        an interrupt held for this request is raised now."""
+        if self.take_held():
             raise KeyboardInterrupt
 
-    def leave_user_code(self) -> None:
-        """User code has ended: interrupts for this request are dropped from now on."""
+    def end_request(self) -> None:
+        """The request's code has ended: its interrupts are dropped from now on."""
         self.phase = self.FINISHING
         self.pending = False
 
