@@ -47,6 +47,8 @@ CELLS: dict[str, tuple[str, str | None, bool]] = {
     "input": ("answer = input('? ')\nprint('got', answer)", "got typed\n", False),
     # a C call that never checks for signals, in a loop that swallows KeyboardInterrupt: only
     # the rollback after the grace period ends it (each interrupt schedule of it has one)
+    # a crash: the rollback runs while interrupts keep coming (or one stops it before the crash)
+    "crash": ("import time\ntime.sleep(0.05)\nimport ctypes\nctypes.string_at(0)", None, False),
     "stuck_c": ("for i in range(3):\n    try:\n        sum(range(10**13))\n    except KeyboardInterrupt:\n"
                 "        pass", None, True),
 }
@@ -162,10 +164,14 @@ def _check_cell(s: Session, sched: Schedule, reply: dict[str, Any], msgs: list[d
     assert len(errors) <= 1, f"{where}: more than one error for one cell: {[e['content']['ename'] for e in errors]}"
     out = stream_text(msgs)
     if reply["status"] == "ok":
-        assert not stuck, f"{where}: a stuck cell ended ok"
+        assert not stuck and sched.kind != "crash", f"{where}: a stuck or crashing cell ended ok"
         assert out == full, f"{where}: the cell ran to its end but printed {out[:200]!r}"
         return
     ename = reply.get("ename")
+    if sched.kind == "crash" and ename == "SandboxCrashed":
+        s.rollbacks += 1
+        assert "rolled back" in reply.get("evalue", "") or "clean sandbox" in reply.get("evalue", ""), reply
+        return
     if ename in ROLLBACK_ENAMES:
         s.rollbacks += 1
         assert "interrupt" in reply.get("evalue", ""), f"{where}: rollback for another reason: {reply}"
