@@ -53,31 +53,22 @@ def test_output_the_agent_lost_is_an_error_and_the_cell_is_rolled_back(session: 
     assert reply["status"] == "ok" and out == "before\n"
 
 
-def test_a_forged_frame_is_an_error_of_the_cell(session: Session) -> None:
-    run(session, FORGE, 1)
-    reply, _ = run(session, "forge(101, {'name': 'stdout', 'text': 'forged\\n', 'seq': 7})", 2)
+@pytest.mark.parametrize("code, says", [
+    # numbered wrong: the host expected frame #0
+    ("forge(101, {'name': 'stdout', 'text': 'forged\\n', 'seq': 7})", "numbered 7"),
+    # numbered right, so the agent's own first frame is #0 a second time
+    ("forge(101, {'name': 'stdout', 'text': 'x', 'seq': 0})\nprint('mine')", "numbered 0"),
+    # the reply of a request that is not running
+    ("forge(107, {'id': 12345, 'status': 'ok', 'seq': 0, 'stream_chars': 0})", "another request"),
+], ids=["misnumbered", "duplicated", "foreign-reply"])
+def test_a_forged_frame_is_an_error_of_the_cell(session: Session, code: str, says: str) -> None:
+    run(session, FORGE + "state = 'before'", 1)
+    reply, _ = run(session, "state = 'during'\n" + code, 2)
     assert reply["status"] == "error" and reply["ename"] == "ChannelError", reply
-    assert "frame #0" in reply["evalue"] and "numbered 7" in reply["evalue"]
-    reply, out = run(session, "print('after')", 3)
-    assert reply["status"] == "ok" and out == "after\n"
-
-
-def test_a_duplicated_frame_is_an_error_of_the_cell(session: Session) -> None:
-    run(session, FORGE, 1)
-    # frame #0 is the forged one (numbered right); the agent's own first frame is #0 again
-    reply, _ = run(session, "forge(101, {'name': 'stdout', 'text': 'x', 'seq': 0})\nprint('mine')", 2)
-    assert reply["status"] == "error" and reply["ename"] == "ChannelError", reply
+    assert says in reply["evalue"] and "rolled back" in reply["evalue"], reply["evalue"]
     assert session.rollbacks == 1
-    reply, out = run(session, "print('after')", 3)
-    assert reply["status"] == "ok" and out == "after\n"
-
-
-def test_a_forged_reply_is_an_error_of_the_cell(session: Session) -> None:
-    run(session, FORGE, 1)
-    reply, _ = run(session, "forge(107, {'id': 12345, 'status': 'ok', 'seq': 0, 'stream_chars': 0})", 2)
-    assert reply["status"] == "error" and reply["ename"] == "ChannelError", reply
-    reply, out = run(session, "print('after')", 3)
-    assert reply["status"] == "ok" and out == "after\n"
+    reply, out = run(session, "print(state)", 3)
+    assert reply["status"] == "ok" and out == "before\n"
 
 
 def test_many_interrupts_raise_one_keyboardinterrupt(session: Session) -> None:
