@@ -104,19 +104,42 @@ def test_an_interrupt_after_the_cell_does_not_reach_the_next(session: Session) -
     assert session.sandbox.interrupts_signalled == 0
 
 
-def test_an_interrupt_during_input_stops_asking(session: Session) -> None:
+def test_an_interrupt_during_input_stops_it_without_a_value(session: Session) -> None:
+    """As the engine server does when an interrupt ends the wait for the frontend: no answer is
+    sent (None), the guest's read fails with EINTR and input() raises KeyboardInterrupt; the cell
+    never goes on with a value nobody typed."""
     asked: list[str] = []
 
-    def on_input(prompt: str, password: bool) -> str:
+    def on_input(prompt: str, password: bool) -> str | None:
         asked.append(prompt)
         session.sandbox.interrupt()  # the user interrupts instead of answering
-        return ""
+        return None
 
-    reply = session.execute("a = input('first? ')\nb = input('second? ')", execution_count=1, on_input=on_input)
+    out: list[str] = []
+    reply = session.execute("a = input('first? ')\nprint('got', repr(a))", execution_count=1,
+                            on_input=on_input, on_stream=lambda name, text: out.append(text))
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
-    assert asked == ["first? "]
-    reply, out = run(session, "print('fine')", 2)
-    assert out == "fine\n"
+    assert asked == ["first? "] and out == []
+    reply, text = run(session, "print('fine')", 2)
+    assert text == "fine\n"
+
+
+def test_a_cell_that_catches_the_interrupt_is_asked_again(session: Session) -> None:
+    answers = iter([None, "second"])
+    asked: list[str] = []
+
+    def on_input(prompt: str, password: bool) -> str | None:
+        asked.append(prompt)
+        value = next(answers)
+        if value is None:
+            session.sandbox.interrupt()
+        return value
+
+    out: list[str] = []
+    code = "try:\n    a = input('one? ')\nexcept KeyboardInterrupt:\n    a = input('two? ')\nprint(a)"
+    reply = session.execute(code, execution_count=1, on_input=on_input, on_stream=lambda n, t: out.append(t))
+    assert reply["status"] == "ok", reply
+    assert asked == ["one? ", "two? "] and "".join(out) == "second\n"
 
 
 def test_frame_numbers_do_not_reach_the_reply(session: Session) -> None:

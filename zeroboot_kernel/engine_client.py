@@ -78,14 +78,18 @@ class EngineClient:
         except OSError as exc:
             raise EngineDied(f"the sandbox engine process died ({self._exit_status()}): {exc}") from None
 
-    def request(self, op: str, **fields: Any) -> Iterator[dict[str, Any]]:
+    def request(self, op: str, *, on_sent: Callable[[], None] | None = None,
+                **fields: Any) -> Iterator[dict[str, Any]]:
         """Send one request; yield its events (stream, display_data, input_request, ...); the last
-        one yielded has event == "reply"."""
+        one yielded has event == "reply". on_sent runs once the request is out (an interrupt can
+        name it from then on)."""
         self._next_id += 1
         rid = self._next_id
         self._in_flight = rid
         try:
             self._send({"op": op, "id": rid, **fields})
+            if on_sent is not None:
+                on_sent()
             while True:
                 msg = self._recv()
                 if msg.get("event") == "reply" and msg.get("id") == rid:

@@ -67,14 +67,15 @@ class EngineServer:
         self.session.sandbox.interrupt()
         return True
 
-    def ask_input(self, prompt: str, password: bool) -> str:
+    def ask_input(self, prompt: str, password: bool) -> str | None:
+        """The frontend's answer, or None when an interrupt of this cell ended the wait."""
         self.send({"event": "input_request", "prompt": prompt, "password": password})
         while True:
             msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
             if msg.get("op") == "input_reply":
                 return str(msg.get("value", ""))
             if msg.get("op") == "interrupt" and self.interrupt(msg):
-                return ""
+                return None
             if msg.get("op") == "interrupt":
                 continue
             self.pending.append(msg)  # answered after the cell

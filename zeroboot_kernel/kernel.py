@@ -168,6 +168,11 @@ class ZerobootKernel(Kernel):
         # accepts shell requests too. Interrupts bypass it (EngineClient.interrupt is thread-safe).
         self._engine_lock = threading.Lock()
         self._executing = threading.Event()   # a cell is running in the guest
+        # An interrupt while a cell is accepted but has not reached the engine yet (it waits for
+        # the engine to start, or runs its magics first) is held and sent once it has.
+        self._cell_lock = threading.Lock()
+        self._cell_active = False
+        self._held_interrupt = False
         self._stopping = False                # shutdown or self-stop under way
         self._stop_scheduled = False
         self.fatal: str | None = None         # why the kernel stopped itself
@@ -282,6 +287,8 @@ class ZerobootKernel(Kernel):
         parent = self.get_parent("shell")
         ident = self._get_shell_context_var(self._shell_parent_ident)
         entry = self.history.record(count, code) if store_history and not silent else None
+        with self._cell_lock:
+            self._cell_active, self._held_interrupt = True, False
         try:
             plan = mg.split_cell(code)
             client = await self._client()
@@ -320,6 +327,9 @@ class ZerobootKernel(Kernel):
             return self._error_reply(parent, count, type(exc).__name__,
                                      f"internal error in the zeroboot kernel: {exc} (the kernel log has the "
                                      f"details; please report it)", silent)
+        finally:
+            with self._cell_lock:  # an interrupt from now on has no cell: dropped
+                self._cell_active, self._held_interrupt = False, False
 
     def _run_cell(self, client: EngineClient, code: str, count: int, silent: bool, store_history: bool,
                   user_expressions: dict[str, str], allow_stdin: bool, parent: dict[str, Any], ident: Any,
@@ -331,7 +341,7 @@ class ZerobootKernel(Kernel):
             try:
                 for ev in client.request("execute", code=code, execution_count=count, silent=silent,
                                          store_history=store_history, user_expressions=user_expressions,
-                                         allow_stdin=allow_stdin):
+                                         allow_stdin=allow_stdin, on_sent=lambda: self._send_held_interrupt(client)):
                     kind = ev.get("event")
                     if kind == "stream":
                         self._publish(parent, "stream", {"name": ev.get("name", "stdout"), "text": ev.get("text", "")})
@@ -494,10 +504,22 @@ class ZerobootKernel(Kernel):
     def _interrupt_cell(self) -> None:
         """Interrupt the cell that is running now, if any (thread-safe). The engine request in
         flight is named in the message, so an interrupt that reaches the engine after that cell
-        ended is dropped there instead of hitting the next cell (docs/PROTOCOL.md, Interrupts)."""
-        client = self._client_if_ready()
-        if client is not None and self._executing.is_set():
-            client.interrupt()
+        ended is dropped there instead of hitting the next cell; one that comes before the cell
+        reached the engine is held until it has (docs/PROTOCOL.md, Interrupts)."""
+        with self._cell_lock:
+            if not self._cell_active:
+                return  # no cell: nothing to interrupt, as ipykernel between cells
+            client = self._client_if_ready()
+            if client is not None and self._executing.is_set() and client.interrupt():
+                return
+            self._held_interrupt = True
+
+    def _send_held_interrupt(self, client: EngineClient) -> None:
+        """Worker thread, right after the cell's request went to the engine."""
+        with self._cell_lock:
+            if self._held_interrupt:
+                self._held_interrupt = False
+                client.interrupt()
 
     async def interrupt_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """Interrupt the running cell through the engine. Never signals a process group

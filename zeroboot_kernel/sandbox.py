@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 StreamCallback = Callable[[str, str], None]            # (name, text)
 MessageCallback = Callable[[str, dict[str, Any]], None]  # (msg_type, content)
-InputCallback = Callable[[str, bool], str]             # (prompt, password) -> reply
+# (prompt, password) -> reply, or None when an interrupt ended the wait (nothing is sent then:
+# the interrupt stops the guest's read)
+InputCallback = Callable[[str, bool], "str | None"]
 
 log = logging.getLogger(__name__)
 
@@ -171,41 +173,47 @@ class Sandbox:
             ev = self.guest.run(state.limit(deadline))
             if poll:
                 poll()
-            if self._interrupt.is_set():
-                self._interrupt.clear()
-                if state.request() and ev.kind is not EventKind.KICK:
-                    self.guest.kick()  # noticed by poll(): act on it at the next stop
             if ev.kind is EventKind.FRAME:
                 try:
                     payload = frames.decode_payload(ev.data)
                 except ValueError as exc:
                     raise self._break(SandboxError(str(exc)))
                 try:
-                    done = run.frame(ev.frame_type, payload, self, state)
+                    done = run.frame(ev.frame_type, payload, self)
                 except ChannelError as exc:
                     raise self._break(exc)
                 if done is not None:
-                    self._settle()
+                    self._settle()  # an interrupt that came with the reply is dropped there
                     return done
             elif ev.kind is EventKind.OUTPUT:
                 run.stream("stdout" if ev.stream == 1 else "stderr", ev.data.decode(errors="replace"))
             elif ev.kind is EventKind.KICK:
-                if state.should_signal():
-                    run.interrupted = True
-                    try:
-                        self.guest.raise_signal(signal.SIGINT)
-                        self.interrupts_signalled += 1
-                    except SandboxError:
-                        pass  # no handler: the grace period ends it
+                pass  # interrupt() woke the run: handled below
             elif ev.kind is EventKind.TIMEOUT:
                 if state.grace_over():
                     raise self._break(SandboxTimeout(f"the cell did not stop within {grace:g} s of the interrupt"))
                 raise self._break(SandboxTimeout("the cell ran past its time limit and was stopped"))
             elif ev.kind is EventKind.INPUT:
-                raise self._break(ChannelError("the guest agent is waiting for a request in the middle of one "
-                                               "(its reply never came)"))
+                if run.asked is None:
+                    raise self._break(ChannelError("the guest agent is waiting for a request in the middle of one "
+                                                   "(its reply never came)"))
+                run.answer(self)  # may take long (a person types): interrupts meanwhile are handled below
             else:
                 raise self._break(self._failure(ev))
+            self._take_interrupts(state, run)
+
+    def _take_interrupts(self, state: _InterruptState, run: _CellRun) -> None:
+        """The guest is stopped: act on the interrupts that came since the last stop."""
+        if self._interrupt.is_set():
+            self._interrupt.clear()
+            state.request()
+        if state.should_signal():
+            run.interrupted = True
+            try:
+                self.guest.raise_signal(signal.SIGINT)
+                self.interrupts_signalled += 1
+            except SandboxError:
+                pass  # no handler: the grace period ends it
 
     def _settle(self) -> None:
         """After a reply: let the agent return to reading the UART, so that the next request is
@@ -269,6 +277,7 @@ class _CellRun:
         self.error: dict[str, Any] | None = None
         self.seq = 0               # the number the next frame from the agent must carry
         self.stream_chars = 0      # characters received in STREAM frames (before any truncation)
+        self.asked: tuple[str, bool] | None = None  # an INPUT_REQUEST not answered yet
 
     def _within_limit(self, size: int) -> bool:
         if self.truncated:
@@ -308,10 +317,10 @@ class _CellRun:
             if written != self.stream_chars:
                 raise ChannelError(f"the cell wrote {written!r} characters of output but {self.stream_chars} arrived")
 
-    def frame(self, ftype: int, p: dict[str, Any], sb: Sandbox,
-              interrupts: _InterruptState | None = None) -> dict[str, Any] | None:
+    def frame(self, ftype: int, p: dict[str, Any], sb: Sandbox) -> dict[str, Any] | None:
         """Handle one frame; returns the final reply when the request is complete."""
         self.check(ftype, p)
+        self.asked = None  # a frame after an INPUT_REQUEST: the agent no longer waits for its reply
         if ftype == FrameType.STREAM:
             text = str(p.get("text", ""))
             self.stream_chars += len(text)
@@ -331,10 +340,10 @@ class _CellRun:
         elif ftype == FrameType.CLEAR_OUTPUT:
             self.message("clear_output", {"wait": bool(p.get("wait"))})
         elif ftype == FrameType.INPUT_REQUEST:
-            # an interrupted cell gets no more input: the user asked it to stop, not to ask again
-            asked = self.on_input is not None and not (interrupts is not None and interrupts.signalled)
-            value = self.on_input(str(p.get("prompt", "")), bool(p.get("password"))) if asked else ""
-            sb.guest.push_input(frames.encode(FrameType.INPUT_REPLY, {"value": value}))
+            # Answered once the agent blocks reading the reply (the INPUT event, answer()): an
+            # interrupt that lands while the frame is written stops the cell before it reads, and
+            # then nobody is asked for an answer the cell would not read.
+            self.asked = (str(p.get("prompt", "")), bool(p.get("password")))
         elif ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY):
             if self.expect is not None and (ftype, p.get("id")) != self.expect:
                 raise ChannelError(f"the reply to another request (type {ftype}, id {p.get('id')!r}) arrived")
@@ -342,6 +351,18 @@ class _CellRun:
                 self.error = {k: p.get(k) for k in ("ename", "evalue", "traceback")}
             return p
         return None
+
+    def answer(self, sb: Sandbox) -> None:
+        """The agent waits for the reply to its INPUT_REQUEST: ask the frontend. An interrupt
+        that ends the wait (on_input returns None) sends nothing: the guest's read then fails
+        with EINTR and input() raises KeyboardInterrupt, never returning a value nobody typed;
+        if the guest reads again (it ignores SIGINT), the frontend is asked again."""
+        assert self.asked is not None
+        prompt, password = self.asked
+        value = self.on_input(prompt, password) if self.on_input is not None else ""
+        if value is not None:
+            self.asked = None
+            sb.guest.push_input(frames.encode(FrameType.INPUT_REPLY, {"value": value}))
 
 
 class _InterruptState:
@@ -359,13 +380,12 @@ class _InterruptState:
         self.signalled = False
         self.grace_deadline: float | None = None
 
-    def request(self) -> bool:
-        """An interrupt arrived; True if it still has to be acted on."""
+    def request(self) -> None:
+        """An interrupt arrived."""
         self.requested += 1
-        return not self.signalled
 
     def should_signal(self) -> bool:
-        """At a KICK: True exactly once, for the first interrupt."""
+        """True exactly once, for the first interrupt."""
         if self.requested and not self.signalled:
             self.signalled = True
             self.grace_deadline = time.monotonic() + self.grace
