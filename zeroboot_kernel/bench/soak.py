@@ -444,7 +444,10 @@ def default_sample_every(cells: int) -> int:
 
 
 def warmup_cells(cells: int) -> int:
-    return min(MAX_WARMUP, cells // 10)
+    """10% of the cells, but at least the cells it takes the KEEP kept checkpoints (and the
+    snapshot stores that hold them) to fill up: rollbacks and rewinds pop checkpoints, and magic
+    cells take none, so that is about three times KEEP cells of the cycle."""
+    return min(MAX_WARMUP, max(cells // 10, 3 * KEEP))
 
 
 def _run_one(run: Run, i: int) -> float | None:
