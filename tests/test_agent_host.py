@@ -625,6 +625,9 @@ def _wait_until_reading(agent: AgentProcess, timeout: float = TIMEOUT) -> None:
         try:
             if Path(f"/proc/{agent.proc.pid}/syscall").read_text().split()[0] == "0":
                 return
+        except PermissionError:  # no ptrace access here: after READY it sleeps only in that read
+            if Path(f"/proc/{agent.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S":
+                return
         except (OSError, IndexError):
             pass
         time.sleep(0.01)
