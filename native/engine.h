@@ -330,6 +330,11 @@ long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns);
 extern __thread int64_t zb_run_deadline_ns;
 /* Set by the handler of ZB_KICK_SIGNAL on this thread (kvm_vm.c); the run loop clears it before KVM_RUN. */
 extern __thread volatile sig_atomic_t zb_kick_signal_seen;
+/* Set by that handler when the kick signal came from another process, not from the run's own
+ * wake-up timer; taken (and cleared) by zb_take_kick. */
+extern volatile sig_atomic_t zb_outside_kick;
+/* 1 if the sandbox was kicked (zb_sandbox_kick or a kick signal from outside); clears both. */
+int zb_take_kick(zb_sandbox *sb);
 /* The guest changed its alarm: re-arm the running sandbox's wake-up timer (run_loop.c). */
 void zb_run_timer_update(zb_sandbox *sb);
 /* Queue SIGALRM if the guest's alarm expired by `now` (and re-arm a periodic one); 1 if it did. */

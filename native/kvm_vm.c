@@ -19,12 +19,18 @@
 #define SFMASK_VALUE 0x47700ull /* clear TF, IF, DF, NT, AC, IOPL on entry */
 
 __thread volatile sig_atomic_t zb_kick_signal_seen;
+volatile sig_atomic_t zb_outside_kick;
 
 /* Tells the run loop that an EINTR came from the engine's own signal (a kick or its wake-up
- * timer), not from a signal the caller must see. */
-static void kick_handler(int sig) {
+ * timer), not from a signal the caller must see. A kick signal that is not the wake-up timer's
+ * (si_code SI_TIMER) was sent by another process (the kernel's interrupt, kill -USR2): it is
+ * remembered until a run loop or a sleeping syscall takes it, so that it ends the run even when it
+ * lands while the guest sleeps (ppoll runs this handler, and nothing else would say why it woke). */
+static void kick_handler(int sig, siginfo_t *info, void *context) {
     (void)sig;
+    (void)context;
     zb_kick_signal_seen = 1;
+    if (!info || info->si_code != SI_TIMER) zb_outside_kick = 1;
 }
 
 void zb_seterr(char *err, const char *fmt, ...) {
@@ -44,9 +50,9 @@ int64_t zb_now_ns(void) {
 static int install_kick_handler(char *err) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = kick_handler;
+    sa.sa_sigaction = kick_handler;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0; /* no SA_RESTART: KVM_RUN and ppoll must return EINTR */
+    sa.sa_flags = SA_SIGINFO; /* no SA_RESTART: KVM_RUN and ppoll must return EINTR */
     if (sigaction(ZB_KICK_SIGNAL, &sa, NULL) < 0) {
         zb_seterr(err, "cannot install the engine's kick signal handler: %s", strerror(errno));
         return -1;

@@ -304,12 +304,18 @@ static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     }
 }
 
+int zb_take_kick(zb_sandbox *sb) {
+    int outside = zb_outside_kick;
+    zb_outside_kick = 0;
+    return atomic_exchange(&sb->kick_requested, 0) || outside;
+}
+
 long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
     for (;;) {
         int64_t now = zb_now_ns();
         if (now >= wake_ns) return 0;
         int kind = 0;
-        if (atomic_exchange(&sb->kick_requested, 0)) kind = ZB_EVENT_KICK;
+        if (zb_take_kick(sb)) kind = ZB_EVENT_KICK;
         else if (zb_run_deadline_ns && now >= zb_run_deadline_ns) kind = ZB_EVENT_TIMEOUT;
         if (kind) {
             sb->cpu.pending_wake_ns = wake_ns;
@@ -340,7 +346,7 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     }
     if (sb->cpu.pending_syscall && serve_syscall(sb, vm, ev)) return;
     for (;;) {
-        if (atomic_exchange(&sb->kick_requested, 0)) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_KICK; return; }
+        if (zb_take_kick(sb)) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_KICK; return; }
         if (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_TIMEOUT; return; }
         if (sb->sig.alarm_ns && zb_alarm_check(sb, zb_now_ns())) {
             /* SIGALRM interrupts user code: take the registers back and enter its handler */
@@ -355,7 +361,8 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
                 if (!atomic_load(&sb->kick_requested) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {
                     /* our own signal with nothing to do: the wake-up timer of an alarm that the loop
                      * already handled (it noticed the time first) */
-                    if (zb_kick_signal_seen) continue;
+                    if (zb_kick_signal_seen && !zb_outside_kick) continue;
+                    zb_outside_kick = 0; /* taken: this KICK is its answer */
                     /* another signal (e.g. the caller's SIGINT): let the caller look at it */
                     memset(ev, 0, sizeof *ev);
                     ev->kind = ZB_EVENT_KICK;

@@ -12,8 +12,10 @@
  *
  * Threading: an engine and its sandboxes are used by one thread at a time, except
  * zb_sandbox_kick(), which any thread may call. The engine reserves SIGUSR2 (ZB_KICK_SIGNAL) as its
- * kick signal: zb_engine_open installs a handler that does nothing, so that a pending kick makes
- * KVM_RUN return. That handler is the only process-wide state the engine owns.
+ * kick signal: zb_engine_open installs a handler so that a pending kick makes KVM_RUN (or a guest's
+ * sleep) return. A SIGUSR2 sent to the engine's process from outside (kill) is a kick of the
+ * running sandbox too: zb_sandbox_run then returns ZB_EVENT_KICK, also while the guest sleeps in a
+ * syscall. That handler and its flag are the only process-wide state the engine owns.
  *
  * Errors: functions that can fail take `char *err` (ZB_ERRLEN bytes) and fill it with an
  * actionable message; they return NULL or -1. Nothing the guest does can make them crash.

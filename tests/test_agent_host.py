@@ -63,14 +63,24 @@ class AgentProcess:
         self.buf = bytearray()
         self.next_id = 1
         self.count = 0
+        # the channel's self-check, as the host does it (sandbox._CellRun.check): frames of a
+        # request numbered from 0, and the reply's count of stream characters
+        self.seq = 0
+        self.stream_chars = 0
         self.ready = self.recv()
         assert self.ready.type == READY, self.ready
 
     # ---- frames ---------------------------------------------------------------------------
 
     def send(self, ftype: int, payload: dict[str, Any]) -> None:
+        if ftype in (EXECUTE, COMPLETE, INSPECT):
+            self.new_request()
         body = json.dumps(payload).encode()
         self.sock.sendall(HEADER.pack(MAGIC, 1, ftype, len(body)) + body)
+
+    def new_request(self) -> None:
+        """A request goes out (send() calls this; a test sending one raw calls it itself)."""
+        self.seq = self.stream_chars = 0
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -85,7 +95,7 @@ class AgentProcess:
                 if len(self.buf) >= HEADER.size + length:
                     body = bytes(self.buf[HEADER.size:HEADER.size + length])
                     del self.buf[:HEADER.size + length]
-                    return Frame(ftype, json.loads(body.decode("utf-8")), time.monotonic())
+                    return self._checked(Frame(ftype, json.loads(body.decode("utf-8")), time.monotonic()))
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no frame within {timeout} s; agent log:\n{self.agent_log()}")
@@ -97,6 +107,16 @@ class AgentProcess:
             if not chunk:
                 raise EOFError(f"agent closed the channel; log:\n{self.agent_log()}")
             self.buf += chunk
+
+    def _checked(self, frame: Frame) -> Frame:
+        """Verify and strip the self-check fields, so tests compare the payloads themselves."""
+        assert frame.payload.pop("seq", None) == self.seq, (self.seq, frame)
+        self.seq += 1
+        if frame.type == STREAM:
+            self.stream_chars += len(frame.payload["text"])
+        if frame.type in (DONE, COMPLETE_REPLY, INSPECT_REPLY):
+            assert frame.payload.pop("stream_chars", None) == self.stream_chars, (self.stream_chars, frame)
+        return frame
 
     def agent_log(self) -> str:
         self.log.seek(0)
@@ -493,6 +513,7 @@ def test_frame_split_across_writes(agent: AgentProcess) -> None:
                        "user_expressions": {}, "allow_stdin": False, "execution_count": 99,
                        "reseed": None}).encode()
     data = HEADER.pack(MAGIC, 1, EXECUTE, len(body)) + body
+    agent.new_request()
     for i in range(0, len(data), 7):
         agent.send_raw(data[i:i + 7])
         time.sleep(0.001)
@@ -596,8 +617,63 @@ def test_keyboard_interrupt_during_input(agent: AgentProcess) -> None:
     assert stdout_text(agent.execute("print('after interrupt')")) == "after interrupt\n"
 
 
-def test_interrupt_when_idle_is_ignored(fresh_agent: AgentProcess) -> None:
+def _wait_until_reading(agent: AgentProcess, timeout: float = TIMEOUT) -> None:
+    """Until the agent blocks in read() on its channel (as the VM's host waits before it pushes
+    a request; /proc/PID/syscall starts with the number of the syscall it sleeps in, read = 0)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{agent.proc.pid}/syscall").read_text().split()[0] == "0":
+                return
+        except PermissionError:  # no ptrace access here: after READY it sleeps only in that read
+            if Path(f"/proc/{agent.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "S":
+                return
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.01)
+    raise TimeoutError("the agent never blocked reading its channel")
+
+
+def test_interrupt_while_waiting_is_for_the_next_request(fresh_agent: AgentProcess) -> None:
+    """The host raises SIGINT only for a request it has pushed (an interrupt when no cell runs is
+    dropped before it reaches the guest), and it can land while the agent still waits for that
+    request's bytes: the agent holds it and the request's code stops at its first line, without
+    running; nothing of it reaches the agent's own code, and the next request is not affected."""
+    _wait_until_reading(fresh_agent)
     os.kill(fresh_agent.proc.pid, signal.SIGINT)
     time.sleep(0.2)
     assert fresh_agent.proc.poll() is None
+    frames = fresh_agent.execute("print('never')\nprint('runs')")
+    assert stdout_text(frames) == ""
+    reply = done(frames)
+    assert reply["ename"] == "KeyboardInterrupt"
+    assert "line 1" in plain(reply["traceback"]) and "agent" not in plain(reply["traceback"])
     assert stdout_text(fresh_agent.execute("print('fine')")) == "fine\n"
+
+
+def test_interrupt_in_ipython_machinery_waits_for_user_code(agent: AgentProcess) -> None:
+    """An interrupt that lands while IPython prepares a cell (events, history, compilation) is
+    held and raised where the cell's code starts, never in IPython's own callbacks (which would
+    print "Error in callback" and swallow it)."""
+    agent.execute("import sys\n"
+                  "def _hold_interrupt(info):  # once: as if a SIGINT landed in IPython's callbacks\n"
+                  "    sys.stdout._channel.gate.pending = True\n"
+                  "    get_ipython().events.unregister('pre_run_cell', _hold_interrupt)\n"
+                  "get_ipython().events.register('pre_run_cell', _hold_interrupt)")
+    frames = agent.execute("x = 'body ran'\nprint(x)")
+    reply = done(frames)
+    assert reply["ename"] == "KeyboardInterrupt" and stdout_text(frames) == ""
+    assert "Error in callback" not in stdout_text(frames) + stdout_text(frames, "stderr")
+    assert stdout_text(agent.execute("print('after')")) == "after\n"
+
+
+def test_interrupt_reaches_the_line_after_a_held_one(agent: AgentProcess) -> None:
+    """Held between two statements of a cell (in IPython's machinery), an interrupt is raised at
+    the next statement's line: the first statement's effects stay, the next does not run."""
+    frames = agent.execute("import sys\nprint('first')\nsys.stdout._channel.gate.pending = True\n"
+                           "print('second')")
+    # the pending flag is set in user code: the gate raises it at the next run_code (statement)
+    reply = done(frames)
+    assert stdout_text(frames) == "first\n"
+    assert reply["ename"] == "KeyboardInterrupt"
+    assert "----> 4" in plain(reply["traceback"]).replace("\x1b", "") or "line 4" in plain(reply["traceback"])

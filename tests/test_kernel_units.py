@@ -150,7 +150,7 @@ def test_settings_errors_name_the_variable(env: dict[str, str], name: str) -> No
 def test_repository_kernelspecs() -> None:
     for name in KERNEL_NAMES:
         spec = json.loads((REPO / "kernelspec" / name / "kernel.json").read_text())
-        assert spec["language"] == "python" and spec["interrupt_mode"] == "message"
+        assert spec["language"] == "python" and spec["interrupt_mode"] == "signal"
         assert spec["argv"][1:] == ["-m", "zeroboot_kernel.kernel", "-f", "{connection_file}"]
         assert spec["env"]["ZEROBOOT_MODE"] == ("isolated" if name.endswith("isolated") else "chained")
         assert spec["display_name"].startswith("Python 3 (zeroboot VM")

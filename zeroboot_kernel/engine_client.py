@@ -36,6 +36,7 @@ class EngineClient:
         self.sock = parent_end
         self._send_lock = threading.Lock()
         self._next_id = 0
+        self._in_flight: int | None = None  # the request whose reply has not arrived yet
         cmd = [sys.executable, "-m", "zeroboot_kernel.engine_server", "--fd", str(child_end.fileno()),
                "--parent", str(os.getpid()), "--template", template, "--mode", mode,
                "--timeout", str(timeout or 0), "--checkpoints", str(checkpoints), "--files", files]
@@ -83,30 +84,39 @@ class EngineClient:
         except OSError as exc:
             raise EngineDied(f"the sandbox engine process died ({self._exit_status()}): {exc}") from None
 
-    def request(self, op: str, **fields: Any) -> Iterator[dict[str, Any]]:
+    def request(self, op: str, *, on_sent: Callable[[], None] | None = None,
+                **fields: Any) -> Iterator[dict[str, Any]]:
         """Send one request; yield its events (stream, display_data, input_request, ...), each
         checked against its shape (schema.check_event); the last one yielded is its reply,
         {"event": "reply", "content": {...}}. Events and replies that carry another id (left
-        over from an earlier request, or forged) and malformed events are logged and dropped."""
+        over from an earlier request, or forged) and malformed events are logged and dropped.
+        on_sent runs once the request is out (an interrupt can name it from then on)."""
         self._next_id += 1
         rid = self._next_id
-        self._send({"op": op, "id": rid, **fields})
-        while True:
-            msg = self._recv()
-            if msg.get("id") != rid:
-                log.warning("zeroboot: dropped a %s message of request %r while waiting for request %d",
-                            str(msg.get("event"))[:40], msg.get("id"), rid)
-                continue
-            if msg.get("event") == "reply":
-                content = msg.get("content")
-                yield {"event": "reply", "content": dict(content) if isinstance(content, dict) else {
-                    "status": "error", "ename": "EngineError", "evalue": "malformed reply from the engine"}}
-                return
-            try:
-                yield schema.check_event(msg)
-            except schema.SchemaError as exc:
-                log.error("zeroboot: dropped a malformed %s event from the engine: %s",
-                          str(msg.get("event"))[:40], exc)
+        self._in_flight = rid
+        try:
+            self._send({"op": op, "id": rid, **fields})
+            if on_sent is not None:
+                on_sent()
+            while True:
+                msg = self._recv()
+                if msg.get("id") != rid:
+                    log.warning("zeroboot: dropped a %s message of request %r while waiting for request %d",
+                                str(msg.get("event"))[:40], msg.get("id"), rid)
+                    continue
+                if msg.get("event") == "reply":
+                    self._in_flight = None  # before the caller sees it: no interrupt aims at it now
+                    content = msg.get("content")
+                    yield {"event": "reply", "content": dict(content) if isinstance(content, dict) else {
+                        "status": "error", "ename": "EngineError", "evalue": "malformed reply from the engine"}}
+                    return
+                try:
+                    yield schema.check_event(msg)
+                except schema.SchemaError as exc:
+                    log.error("zeroboot: dropped a malformed %s event from the engine: %s",
+                              str(msg.get("event"))[:40], exc)
+        finally:
+            self._in_flight = None
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         """A request without intermediate events; returns the reply content."""
@@ -118,14 +128,24 @@ class EngineClient:
     def input_reply(self, value: str) -> None:
         self._send({"op": "input_reply", "value": value})
 
-    def interrupt(self) -> None:
-        """Interrupt the running cell (thread-safe): a control message, then the kick signal so
-        that a running vCPU comes back to read it."""
-        self._send({"op": "interrupt"})
+    def interrupt(self) -> bool:
+        """Interrupt the request in flight (thread-safe): a control message naming it, then the
+        kick signal so that a running or sleeping guest comes back to read it. The engine acts on
+        it only while that very request runs a cell, so an interrupt that arrives late is dropped
+        rather than hitting the next cell. False if no request was in flight."""
+        try:
+            with self._send_lock:
+                target = self._in_flight
+                if target is None:
+                    return False
+                wire.send(self.sock, {"op": "interrupt", "target": target})
+        except OSError as exc:
+            raise EngineDied(f"the sandbox engine process died ({self._exit_status()}): {exc}") from None
         try:
             os.kill(self.proc.pid, KICK_SIGNAL)
         except ProcessLookupError:
             pass
+        return True
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -46,6 +46,7 @@ class EngineServer:
         self.session = session
         self.pending: list[dict[str, Any]] = []   # control messages read while a cell ran
         self.current: Any = None                  # id of the request being served
+        self.running: Any = None                  # id of the execute request whose cell runs now
 
     def send(self, msg: dict[str, Any]) -> None:
         wire.send(self.sock, msg)
@@ -61,19 +62,31 @@ class EngineServer:
         while select.select([self.sock], [], [], 0)[0]:
             msg = wire.recv(self.sock)
             if msg.get("op") == "interrupt":
-                self.session.sandbox.interrupt()
+                self.interrupt(msg)
             else:
                 self.pending.append(msg)
 
-    def ask_input(self, prompt: str, password: bool) -> str:
+    def interrupt(self, msg: dict[str, Any]) -> bool:
+        """An interrupt reaches the cell it names, and only while that cell runs; one that names
+        another request (it ended before the interrupt arrived) is dropped, as ipykernel drops a
+        SIGINT that arrives between cells."""
+        if self.running is None or msg.get("target") != self.running:
+            log.debug("interrupt for request %r dropped (running: %r)", msg.get("target"), self.running)
+            return False
+        self.session.sandbox.interrupt()
+        return True
+
+    def ask_input(self, prompt: str, password: bool) -> str | None:
+        """The frontend's answer, or None when an interrupt of this cell ended the wait."""
         self.event({"event": "input_request", "prompt": prompt, "password": password})
         while True:
             msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
             if msg.get("op") == "input_reply":
                 return str(msg.get("value", ""))
+            if msg.get("op") == "interrupt" and self.interrupt(msg):
+                return None
             if msg.get("op") == "interrupt":
-                self.session.sandbox.interrupt()
-                return ""
+                continue
             self.pending.append(msg)  # answered after the cell
             if len(self.pending) > 1000:
                 raise wire.ChannelClosed("kernel keeps sending requests while the guest waits for input")
@@ -83,12 +96,16 @@ class EngineServer:
         op = msg.get("op")
         s = self.session
         if op == "execute":
-            return s.execute(
-                msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
-                store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
-                on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
-                on_message=lambda mtype, content: self.event({"event": mtype, "content": content}),
-                on_input=self.ask_input if msg.get("allow_stdin") else None, poll=self.poll)
+            self.running = msg.get("id")
+            try:
+                return s.execute(
+                    msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
+                    store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
+                    on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
+                    on_message=lambda mtype, content: self.event({"event": mtype, "content": content}),
+                    on_input=self.ask_input if msg.get("allow_stdin") else None, poll=self.poll)
+            finally:
+                self.running = None
         if op == "complete":
             return s.complete(msg["code"], int(msg["cursor_pos"]))
         if op == "inspect":

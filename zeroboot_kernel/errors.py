@@ -23,6 +23,11 @@ class SandboxCrashed(SandboxError):
         self.rip = rip
 
 
+class ChannelError(SandboxError):
+    """The cell channel's self-check failed: frames of a request were lost, duplicated or
+    reordered, or its output did not all arrive. The cell's result cannot be trusted."""
+
+
 class SandboxTimeout(SandboxError):
     """The guest ran past its deadline and was stopped."""
 

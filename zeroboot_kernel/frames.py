@@ -61,6 +61,10 @@ def decode_payload(data: bytes) -> dict[str, Any]:
 
 
 # The shape of each guest frame's payload (docs/PROTOCOL.md), checked before the host uses it.
+# Fields every agent frame (seq) or reply (stream_chars) carries for the channel's self-check:
+# frame numbers and the count of characters the cell printed (docs/PROTOCOL.md, "Self-check").
+CHECK_FIELDS = ("seq", "stream_chars")
+
 CHECKS = {
     FrameType.STREAM: schema.stream, FrameType.DISPLAY: schema.display, FrameType.RESULT: schema.result,
     FrameType.ERROR: schema.error, FrameType.CLEAR_OUTPUT: schema.clear_output,
@@ -77,7 +81,12 @@ def decode(ftype: int, data: bytes) -> dict[str, Any]:
     if check is None:
         raise ValueError(f"guest sent a frame of unknown type {ftype}")
     try:
-        return check(decode_payload(data))
+        payload = decode_payload(data)
+        checked = check(payload)
+        for name in CHECK_FIELDS:  # the channel's self-check numbers (sandbox._CellRun compares them)
+            if name in payload:
+                checked[name] = schema.check_int(payload, name)
+        return checked
     except schema.SchemaError as exc:
         name = FrameType(ftype).name
         raise ValueError(f"guest sent a malformed {name} frame: {exc}") from None

@@ -21,6 +21,7 @@ import logging
 import os
 import platform
 import select
+import signal
 import sys
 import threading
 import time
@@ -184,6 +185,11 @@ class ZerobootKernel(Kernel):
         # accepts shell requests too. Interrupts bypass it (EngineClient.interrupt is thread-safe).
         self._engine_lock = threading.Lock()
         self._executing = threading.Event()   # a cell is running in the guest
+        # An interrupt while a cell is accepted but has not reached the engine yet (it waits for
+        # the engine to start, or runs its magics first) is held and sent once it has.
+        self._cell_lock = threading.Lock()
+        self._cell_active = False
+        self._held_interrupt = False
         self._stopping = False                # shutdown or self-stop under way
         self._stop_scheduled = False
         self.fatal: str | None = None         # why the kernel stopped itself
@@ -298,6 +304,8 @@ class ZerobootKernel(Kernel):
         parent = self.get_parent("shell")
         ident = self._get_shell_context_var(self._shell_parent_ident)
         entry = self.history.record(count, code) if store_history and not silent else None
+        with self._cell_lock:
+            self._cell_active, self._held_interrupt = True, False
         try:
             plan = mg.split_cell(code)
             client = await self._client()
@@ -339,6 +347,9 @@ class ZerobootKernel(Kernel):
             return self._error_reply(parent, count, type(exc).__name__,
                                      f"internal error in the zeroboot kernel: {exc} (the kernel log has the "
                                      f"details; please report it)", silent)
+        finally:
+            with self._cell_lock:  # an interrupt from now on has no cell: dropped
+                self._cell_active, self._held_interrupt = False, False
 
     def _run_cell(self, client: EngineClient, code: str, count: int, silent: bool, store_history: bool,
                   user_expressions: dict[str, str], allow_stdin: bool, parent: dict[str, Any], ident: Any,
@@ -354,7 +365,7 @@ class ZerobootKernel(Kernel):
                 # malformed one never gets here, and one of another request neither
                 for ev in client.request("execute", code=code, execution_count=count, silent=silent,
                                          store_history=store_history, user_expressions=user_expressions,
-                                         allow_stdin=allow_stdin):
+                                         allow_stdin=allow_stdin, on_sent=lambda: self._send_held_interrupt(client)):
                     kind = ev["event"]
                     if kind == "stream":
                         streams.write(ev["name"], ev["text"])
@@ -545,6 +556,44 @@ class ZerobootKernel(Kernel):
 
     # ---- interrupt / shutdown -------------------------------------------------------------
 
+    def start(self) -> None:
+        super().start()
+        # interrupt_mode "signal" (the kernelspecs, as ipykernel's): the client interrupts with
+        # SIGINT to the kernel's process group. The asyncio loop runs the handler as an ordinary
+        # callback (never inside a lock another thread holds); the engine has its own session,
+        # so the signal never reaches it.
+        try:
+            loop = getattr(self.io_loop, "asyncio_loop", None) or asyncio.get_event_loop()
+            loop.add_signal_handler(signal.SIGINT, self._on_sigint)
+        except (RuntimeError, NotImplementedError, ValueError) as exc:  # not the main thread / no loop
+            self.log.warning("zeroboot: cannot handle SIGINT (%s); interrupts need interrupt_request messages", exc)
+
+    def _on_sigint(self) -> None:
+        try:
+            self._interrupt_cell()
+        except EngineDied as exc:
+            self.log.warning("zeroboot: interrupt not delivered: %s", exc)
+
+    def _interrupt_cell(self) -> None:
+        """Interrupt the cell that is running now, if any (thread-safe). The engine request in
+        flight is named in the message, so an interrupt that reaches the engine after that cell
+        ended is dropped there instead of hitting the next cell; one that comes before the cell
+        reached the engine is held until it has (docs/PROTOCOL.md, Interrupts)."""
+        with self._cell_lock:
+            if not self._cell_active:
+                return  # no cell: nothing to interrupt, as ipykernel between cells
+            client = self._client_if_ready()
+            if client is not None and self._executing.is_set() and client.interrupt():
+                return
+            self._held_interrupt = True
+
+    def _send_held_interrupt(self, client: EngineClient) -> None:
+        """Worker thread, right after the cell's request went to the engine."""
+        with self._cell_lock:
+            if self._held_interrupt:
+                self._held_interrupt = False
+                client.interrupt()
+
     async def interrupt_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """Interrupt the running cell through the engine. Never signals a process group
         (ipykernel's _send_interrupt_children would SIGINT the kernel and its children): the
@@ -553,12 +602,10 @@ class ZerobootKernel(Kernel):
         if not self.session:
             return
         content: dict[str, Any] = {"status": "ok"}
-        client = self._client_if_ready()
-        if client is not None and self._executing.is_set():
-            try:
-                client.interrupt()
-            except EngineDied as exc:
-                content = {"status": "error", "ename": "EngineDied", "evalue": str(exc), "traceback": []}
+        try:
+            self._interrupt_cell()
+        except EngineDied as exc:
+            content = {"status": "error", "ename": "EngineDied", "evalue": str(exc), "traceback": []}
         self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
@@ -567,9 +614,9 @@ class ZerobootKernel(Kernel):
         return {"status": "ok", "restart": restart}
 
     def pre_handler_hook(self) -> None:
-        # ipykernel turns SIGINT into KeyboardInterrupt while a handler runs. Interrupts come as
-        # messages here, and a stray SIGINT (Ctrl-C in the terminal that started Jupyter) must
-        # not break the kernel's bookkeeping in the middle of a request: keep it ignored.
+        # ipykernel turns SIGINT into KeyboardInterrupt while a handler runs. Here SIGINT is an
+        # interrupt of the guest's cell (start), never an exception in the kernel's bookkeeping
+        # in the middle of a request: keep ipykernel's handler out.
         pass
 
     def post_handler_hook(self) -> None:

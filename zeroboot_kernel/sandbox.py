@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import frames
-from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
+from .errors import ChannelError, SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
 from .frames import FrameType
 from .native import Event, EventKind, Guest, Snapshot, monotonic_deadline
 
@@ -22,12 +22,19 @@ if TYPE_CHECKING:
 
 StreamCallback = Callable[[str, str], None]            # (name, text)
 MessageCallback = Callable[[str, dict[str, Any]], None]  # (msg_type, content)
-InputCallback = Callable[[str, bool], str]             # (prompt, password) -> reply
+# (prompt, password) -> reply, or None when an interrupt ended the wait (nothing is sent then:
+# the interrupt stops the guest's read)
+InputCallback = Callable[[str, bool], "str | None"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_OUTPUT_LIMIT = 64 << 20
 INTERRUPT_GRACE = 2.0
+# After a request's reply the agent must go back to reading the UART at once; if it has not
+# within this many seconds it is not the agent any more (user code took over the channel).
+SETTLE_TIMEOUT = 5.0
+# Fields the agent adds to every frame for the channel's self-check (docs/PROTOCOL.md).
+CHECK_FIELDS = frames.CHECK_FIELDS
 
 
 @dataclass
@@ -58,7 +65,8 @@ class Sandbox:
         self.broken: str | None = None
         self.execution_count = 0
         self._request_id = 0
-        self._interrupt = threading.Event()
+        self._interrupt = threading.Event()  # interrupt() was called; _serve acts on it
+        self.interrupts_signalled = 0        # SIGINTs raised in the guest (one per request at most)
 
     # ---- lifecycle ----
     def fork(self) -> Sandbox:
@@ -124,6 +132,8 @@ class Sandbox:
         run = _CellRun(on_stream, on_message, on_input, output_limit, expect=(FrameType.DONE, self._request_id))
         self.guest.push_input(frames.encode(FrameType.EXECUTE, request))
         reply = dict(self._serve(run, monotonic_deadline(timeout), interrupt_grace, poll))
+        for name in CHECK_FIELDS:
+            reply.pop(name, None)
         if not self.guest.finished and self.guest.cancel_alarm():
             # an alarm belongs to its cell: going off later it would hit the agent between cells
             log.info("cell %d left an alarm armed; it was cancelled when the cell ended", execution_count)
@@ -160,47 +170,83 @@ class Sandbox:
         self.guest.push_input(frames.encode(ftype, {"id": self._request_id, **payload}))
         answer = {FrameType.COMPLETE: FrameType.COMPLETE_REPLY, FrameType.INSPECT: FrameType.INSPECT_REPLY,
                   FrameType.SESSION: FrameType.SESSION_REPLY}[ftype]
-        return self._serve(_CellRun(None, None, None, DEFAULT_OUTPUT_LIMIT, expect=(answer, self._request_id)),
-                           monotonic_deadline(timeout), INTERRUPT_GRACE)
+        self._interrupt.clear()
+        reply = self._serve(_CellRun(None, None, None, DEFAULT_OUTPUT_LIMIT, expect=(answer, self._request_id)),
+                            monotonic_deadline(timeout), INTERRUPT_GRACE)
+        return {k: v for k, v in reply.items() if k not in CHECK_FIELDS}
 
     # ---- the event loop of one request ----
     def _serve(self, run: _CellRun, deadline: float | None, grace: float,
                poll: Callable[[], None] | None = None) -> dict[str, Any]:
-        grace_deadline: float | None = None
+        """Run the guest until the request's reply, acting on interrupts (see _InterruptState),
+        then until the agent waits for the next request again (_settle)."""
+        state = _InterruptState(grace)
         while True:
-            limit = min(d for d in (deadline, grace_deadline) if d) if (deadline or grace_deadline) else None
-            ev = self.guest.run(limit)
+            ev = self.guest.run(state.limit(deadline))
             if poll:
                 poll()
-            if self._interrupt.is_set() and ev.kind is not EventKind.KICK:
-                self.guest.kick()  # an interrupt noticed by poll(): act on it at the next run
             if ev.kind is EventKind.FRAME:
                 try:  # checked against its type's shape: user code can write frames too
                     payload = frames.decode(ev.frame_type, ev.data)
                 except ValueError as exc:
                     raise self._break(SandboxError(str(exc)))
-                done = run.frame(ev.frame_type, payload, self)
+                try:
+                    done = run.frame(ev.frame_type, payload, self)
+                except ChannelError as exc:
+                    raise self._break(exc)
                 if done is not None:
+                    self._settle()  # an interrupt that came with the reply is dropped there
                     return done
             elif ev.kind is EventKind.OUTPUT:
                 run.stream("stdout" if ev.stream == 1 else "stderr", ev.data.decode(errors="replace"))
             elif ev.kind is EventKind.KICK:
-                if self._interrupt.is_set() and grace_deadline is None:
-                    self._interrupt.clear()
-                    run.interrupted = True
-                    try:
-                        self.guest.raise_signal(signal.SIGINT)
-                    except SandboxError:
-                        pass  # no handler: the grace period ends it
-                    grace_deadline = time.monotonic() + grace
+                pass  # interrupt() woke the run: handled below
             elif ev.kind is EventKind.TIMEOUT:
-                if grace_deadline is not None and time.monotonic() >= grace_deadline:
+                if state.grace_over():
                     raise self._break(SandboxTimeout(f"the cell did not stop within {grace:g} s of the interrupt"))
                 raise self._break(SandboxTimeout("the cell ran past its time limit and was stopped"))
             elif ev.kind is EventKind.INPUT:
-                raise self._break(SandboxError("the guest agent is waiting for a request in the middle of one"))
+                if run.asked is None:
+                    raise self._break(ChannelError("the guest agent is waiting for a request in the middle of one "
+                                                   "(its reply never came)"))
+                run.answer(self)  # may take long (a person types): interrupts meanwhile are handled below
             else:
                 raise self._break(self._failure(ev))
+            self._take_interrupts(state, run)
+
+    def _take_interrupts(self, state: _InterruptState, run: _CellRun) -> None:
+        """The guest is stopped: act on the interrupts that came since the last stop."""
+        if self._interrupt.is_set():
+            self._interrupt.clear()
+            state.request()
+        if state.should_signal():
+            run.interrupted = True
+            try:
+                self.guest.raise_signal(signal.SIGINT)
+                self.interrupts_signalled += 1
+            except SandboxError:
+                pass  # no handler: the grace period ends it
+
+    def _settle(self) -> None:
+        """After a reply: let the agent return to reading the UART, so that the next request is
+        pushed only once it waits for one. The agent's interrupt handling relies on this (an
+        interrupt raised after this point is for the next request, guest/agent_io.py
+        InterruptGate), and so does the channel's self-check (nothing may follow a reply)."""
+        deadline = monotonic_deadline(SETTLE_TIMEOUT)
+        while True:
+            ev = self.guest.run(deadline)
+            if ev.kind is EventKind.INPUT:
+                return
+            if ev.kind is EventKind.KICK:
+                continue  # an interrupt for the request that just ended: dropped
+            if ev.kind is EventKind.FRAME:
+                raise self._break(ChannelError(f"the guest sent a frame (type {ev.frame_type}) after the reply"))
+            if ev.kind is EventKind.OUTPUT:
+                continue  # raw console output (the agent's log): not cell output
+            if ev.kind is EventKind.TIMEOUT:
+                raise self._break(ChannelError("the guest agent did not return to waiting for requests after "
+                                               "its reply"))
+            raise self._break(self._failure(ev))
 
     def _failure(self, ev: Event) -> Exception:
         if ev.kind is EventKind.FAULT:
@@ -244,6 +290,9 @@ class _CellRun:
         self.displays: list[dict[str, Any]] = []
         self.result: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
+        self.seq = 0               # the number the next frame from the agent must carry
+        self.stream_chars = 0      # characters received in STREAM frames (before any truncation)
+        self.asked: tuple[str, bool] | None = None  # an INPUT_REQUEST not answered yet
 
     def _within_limit(self, size: int) -> bool:
         if self.truncated:
@@ -269,10 +318,28 @@ class _CellRun:
         if self.on_message:
             self.on_message(msg_type, content)
 
+    def check(self, ftype: int, p: dict[str, Any]) -> None:
+        """The channel's self-check: frames numbered 0, 1, 2, ... and, in the reply, as many
+        stream characters as arrived. Raises ChannelError on any difference."""
+        seq = p.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq != self.seq:
+            what = "lost or reordered" if isinstance(seq, int) and not isinstance(seq, bool) else "not numbered"
+            raise ChannelError(f"the cell channel {what} frames: frame #{self.seq} of this request was expected, "
+                               f"a frame of type {ftype} numbered {seq!r} arrived")
+        self.seq += 1
+        if ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY):
+            written = p.get("stream_chars")
+            if written != self.stream_chars:
+                raise ChannelError(f"the cell wrote {written!r} characters of output but {self.stream_chars} arrived")
+
     def frame(self, ftype: int, p: dict[str, Any], sb: Sandbox) -> dict[str, Any] | None:
         """Handle one frame; returns the final reply when the request is complete."""
+        self.check(ftype, p)
+        self.asked = None  # a frame after an INPUT_REQUEST: the agent no longer waits for its reply
         if ftype == FrameType.STREAM:
-            self.stream(str(p.get("name", "stdout")), str(p.get("text", "")))
+            text = str(p.get("text", ""))
+            self.stream_chars += len(text)
+            self.stream(str(p.get("name", "stdout")), text)
         elif ftype == FrameType.DISPLAY:
             content = {k: p.get(k, {}) for k in ("data", "metadata", "transient")}
             if self._within_limit(len(str(content["data"]))):
@@ -288,12 +355,61 @@ class _CellRun:
         elif ftype == FrameType.CLEAR_OUTPUT:
             self.message("clear_output", {"wait": bool(p.get("wait"))})
         elif ftype == FrameType.INPUT_REQUEST:
-            value = self.on_input(str(p.get("prompt", "")), bool(p.get("password"))) if self.on_input else ""
-            sb.guest.push_input(frames.encode(FrameType.INPUT_REPLY, {"value": value}))
+            # Answered once the agent blocks reading the reply (the INPUT event, answer()): an
+            # interrupt that lands while the frame is written stops the cell before it reads, and
+            # then nobody is asked for an answer the cell would not read.
+            self.asked = (str(p.get("prompt", "")), bool(p.get("password")))
         elif ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY, FrameType.SESSION_REPLY):
             if self.expect is not None and (ftype, p.get("id")) != self.expect:
-                return None  # the end of another request, or a frame user code forged: not ours
+                raise ChannelError(f"the reply to another request (type {ftype}, id {p.get('id')!r}) arrived")
             if ftype == FrameType.DONE and p.get("status") == "error" and self.error is None:
                 self.error = {k: p.get(k) for k in ("ename", "evalue", "traceback")}
             return p
         return None
+
+    def answer(self, sb: Sandbox) -> None:
+        """The agent waits for the reply to its INPUT_REQUEST: ask the frontend. An interrupt
+        that ends the wait (on_input returns None) sends nothing: the guest's read then fails
+        with EINTR and input() raises KeyboardInterrupt, never returning a value nobody typed;
+        if the guest reads again (it ignores SIGINT), the frontend is asked again."""
+        assert self.asked is not None
+        prompt, password = self.asked
+        value = self.on_input(prompt, password) if self.on_input is not None else ""
+        if value is not None:
+            self.asked = None
+            sb.guest.push_input(frames.encode(FrameType.INPUT_REPLY, {"value": value}))
+
+
+class _InterruptState:
+    """What interrupts have done to one request: soft first, then a rollback.
+
+    The first interrupt raises SIGINT in the guest (once; the agent turns it into
+    KeyboardInterrupt in user code) and starts the grace period; more interrupts of the same
+    request do nothing more. If the request is still running when the grace period is over, the
+    run times out and the caller rolls the sandbox back, which can therefore happen at most once
+    per request."""
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.requested = 0
+        self.signalled = False
+        self.grace_deadline: float | None = None
+
+    def request(self) -> None:
+        """An interrupt arrived."""
+        self.requested += 1
+
+    def should_signal(self) -> bool:
+        """True exactly once, for the first interrupt."""
+        if self.requested and not self.signalled:
+            self.signalled = True
+            self.grace_deadline = time.monotonic() + self.grace
+            return True
+        return False
+
+    def limit(self, deadline: float | None) -> float | None:
+        candidates = [d for d in (deadline, self.grace_deadline) if d]
+        return min(candidates) if candidates else None
+
+    def grace_over(self) -> bool:
+        return self.grace_deadline is not None and time.monotonic() >= self.grace_deadline

@@ -73,6 +73,14 @@ def _int(p: dict[str, Any], key: str, default: int | None = None, *, optional: b
     return v
 
 
+def check_int(p: dict[str, Any], key: str) -> int:
+    """An integer field that must be present (not a bool)."""
+    value = _int(p, key)
+    if value is None:  # _int refuses a missing value unless optional; this keeps the type exact
+        raise SchemaError(f"{key!r} must be an integer")
+    return value
+
+
 def _obj(p: dict[str, Any], key: str) -> dict[str, Any]:
     v = p.get(key, {})
     if v is None:

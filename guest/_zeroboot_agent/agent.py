@@ -150,13 +150,16 @@ class Agent:
 
     def serve(self) -> int:
         while True:
+            # The previous reply is out (and the host waits for this read to block before it
+            # pushes a request): an interrupt from here on is for the next request.
+            self.gate.wait_for_request()
             try:
                 frame = self.channel.read_frame()
             except aio.ProtocolError as exc:
                 log(f"{exc}: cannot continue")
                 return 2
             except KeyboardInterrupt:
-                continue  # only possible if a user handler re-enabled it; nothing to interrupt
+                continue  # only possible if user code replaced the handler; nothing to interrupt
             if frame is None:
                 return 0  # the host closed the channel
             ftype, request = frame
@@ -219,20 +222,22 @@ class Agent:
         reseed(request.get("reseed"))
 
         error: BaseException | None = None
-        self.gate.set_enabled(True)
+        # Interrupts reach the cell's code only (AgentShell.run_code); in IPython's machinery
+        # around it they are held until the code runs, after it they are dropped.
+        self.gate.begin_request()
         try:
             result = shell.run_cell(code, store_history=store_history, silent=silent)
-            self.gate.set_enabled(False)
+            self.gate.end_request()
             error = result.error_before_exec if result.error_before_exec is not None else result.error_in_exec
             ok = result.success and not shell._last_traceback_during_displayhook
         except KeyboardInterrupt as exc:
-            # The interrupt landed in IPython's own bookkeeping around the user's code rather
-            # than in it; report it exactly like an interrupted cell.
-            self.gate.set_enabled(False)
+            # Only possible if user code replaced the SIGINT handler; report it like an
+            # interrupted cell.
+            self.gate.end_request()
             shell.showtraceback()
             error, ok = exc, False
         finally:
-            self.gate.set_enabled(False)
+            self.gate.end_request()
 
         reply: dict[str, Any] = {"id": request.get("id"), "execution_count": count}
         if ok:
@@ -274,6 +279,11 @@ class Agent:
     def _input_request(self, prompt: str, password: bool) -> str:
         self.channel.send(aio.INPUT_REQUEST, {"prompt": prompt, "password": password})
         while True:
+            # The wait for the reply is the one place where an interrupt may land in the agent's
+            # own code: input() must be interruptible while it blocks. It loses nothing: a read
+            # it interrupts has consumed nothing (EINTR), and one that had returned can only have
+            # held the reply to this request (the host pushes nothing else while a cell runs,
+            # and pushes each frame whole), which the interrupted cell no longer wants.
             try:
                 frame = self.channel.read_frame()
             except KeyboardInterrupt:
@@ -304,9 +314,10 @@ class Agent:
         pos = _as_int(request.get("cursor_pos"), len(code))
         reply = {"id": request.get("id"), "matches": [], "cursor_start": pos, "cursor_end": pos,
                  "metadata": {}, "status": "ok"}
+        self.channel.new_request()
         # Completion evaluates user objects (properties, __getattr__): let the host interrupt it.
-        self.gate.set_enabled(True)
         try:
+            self.gate.enter_user_code()
             line, offset = line_at_cursor(code, pos)
             text, matches = self.shell.complete("", line, pos - offset)
             reply.update(matches=list(matches), cursor_start=pos - len(text))
@@ -315,7 +326,7 @@ class Agent:
         except Exception:  # noqa: BLE001 - a completion failure is an empty completion
             log("completion failed:\n" + traceback.format_exc())
         finally:
-            self.gate.set_enabled(False)
+            self.gate.end_request()
         self.channel.send(aio.COMPLETE_REPLY, reply)
 
     def inspect(self, request: dict[str, Any]) -> None:
@@ -327,8 +338,9 @@ class Agent:
         detail = _as_int(request.get("detail_level"), 0)
         reply: dict[str, Any] = {"id": request.get("id"), "status": "ok", "found": False,
                                  "data": {}, "metadata": {}}
-        self.gate.set_enabled(True)
+        self.channel.new_request()
         try:
+            self.gate.enter_user_code()
             name = token_at_cursor(code, pos)
             bundle = self.shell.object_inspect_mime(name, detail_level=detail, omit_sections=())
             if not self.shell.enable_html_pager:
@@ -339,7 +351,7 @@ class Agent:
         except Exception:  # noqa: BLE001
             log("inspection failed:\n" + traceback.format_exc())
         finally:
-            self.gate.set_enabled(False)
+            self.gate.end_request()
         self.channel.send(aio.INSPECT_REPLY, reply)
 
 

@@ -51,6 +51,9 @@ STREAM_INTERVAL = 0.05        # send a completed line only if the last STREAM fr
 # One STREAM frame carries at most this many characters: JSON can grow a character to 6 bytes
 # (\uXXXX), so a chunk always stays well below MAX_PAYLOAD however large a single write() is.
 STREAM_MAX_CHUNK = 1 << 20
+# Frames that end a request: they carry the request's totals for the host's self-check.
+REPLY_TYPES = (DONE, COMPLETE_REPLY, INSPECT_REPLY)
+CHECK_RESERVE = 64  # bytes the self-check fields add to a payload
 
 READ_SIZE = 1 << 16
 
@@ -105,36 +108,79 @@ def encode_payload(payload: dict[str, Any]) -> bytes:
 
 
 class InterruptGate:
-    """Decides what a SIGINT (the host's interrupt) does.
+    """Decides what a SIGINT (the host's interrupt) does: it reaches user code only, at most once
+    per request it was meant for, and never the agent's own machinery (docs/PROTOCOL.md,
+    Interrupts).
 
-    Outside a cell there is nothing to interrupt, so it is dropped. Inside a cell it raises
-    KeyboardInterrupt in the user's code, except while a frame is being written: a frame cut in
-    half would end the VM, so the interrupt is held and raised right after the frame is out.
+    The host raises SIGINT only for the request it has pushed and not yet seen the reply of, and
+    only once the agent waits for that request (it waits for the agent to block on the UART before
+    pushing one). So the agent's phase decides:
+
+      waiting   between requests, reading and decoding the next one: the interrupt is for that
+                request; it is held.
+      shell     the request runs, but in IPython's machinery around the user's code (history,
+                events, compilation, traceback formatting): held; raised where the user's code
+                next starts (the shell's run_code asks take_held).
+      user      user code runs: KeyboardInterrupt, unless a frame or the stream buffer is being
+                updated (`critical`): then it is held and raised once that is done (release).
+      finishing the request's code has ended, its reply is being built and sent: the interrupt
+                was for a request that has ended, so it is dropped (as ipykernel drops a late
+                SIGINT).
     """
 
+    WAITING, SHELL, USER, FINISHING = "waiting", "shell", "user", "finishing"
+
     def __init__(self) -> None:
-        self.enabled = False      # True only while user code runs (the body of a cell)
-        self.critical = 0         # depth of frame writes in progress
+        self.phase = self.FINISHING  # start-up: nothing to interrupt until READY is out
+        self.critical = 0            # depth of channel updates in progress
         self.pending = False
 
     def install(self) -> None:
         signal.signal(signal.SIGINT, self._handler)
 
     def _handler(self, signo: int, frame: object) -> None:
-        if not self.enabled:
+        if self.phase == self.FINISHING:
             return
-        if self.critical:
+        if self.phase != self.USER or self.critical:
             self.pending = True
             return
         raise KeyboardInterrupt
 
-    def set_enabled(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def wait_for_request(self) -> None:
+        """The reply to the last request is out: an interrupt from now on is for the next one."""
+        self.phase = self.WAITING
+        self.pending = False
+
+    def begin_request(self) -> None:
+        """The request runs; its user code has not started yet (an interrupt stays held)."""
+        self.phase = self.SHELL
+
+    def take_held(self) -> bool:
+        """User code is about to start: True if an interrupt is held for it (the caller raises
+        it there), and from now on the request's interrupts go to user code."""
+        held, self.pending = self.pending, False
+        self.phase = self.USER
+        return held
+
+    def leave_user_code(self, previous: str) -> None:
+        """A piece of user code has ended: back to the phase before it (the shell's machinery,
+        where interrupts are held until user code runs again, or the user code that ran it)."""
+        self.phase = previous if previous != self.WAITING else self.SHELL
+
+    def enter_user_code(self) -> None:
+        """User code starts (completion, inspection: the agent's own calls into user objects);
+        an interrupt held for this request is raised now."""
+        if self.take_held():
+            raise KeyboardInterrupt
+
+    def end_request(self) -> None:
+        """The request's code has ended: its interrupts are dropped from now on."""
+        self.phase = self.FINISHING
         self.pending = False
 
     def release(self) -> None:
-        """Raise an interrupt held during a frame write (called once the frame is complete)."""
-        if self.pending and self.enabled and not self.critical:
+        """Raise an interrupt held during a channel update (called once the update is complete)."""
+        if self.pending and self.phase == self.USER and not self.critical:
             self.pending = False
             raise KeyboardInterrupt
 
@@ -157,6 +203,12 @@ class Channel:
         self._pending_len = 0
         self._pending_eol = False
         self._last_stream = float("-inf")
+        # The channel's self-check (docs/PROTOCOL.md): every frame of a request carries its
+        # number `seq` (0, 1, 2, ...), and the reply carries `stream_chars`, the number of
+        # characters the request wrote to sys.stdout/sys.stderr; the host compares both with
+        # what it received, so a lost, duplicated or reordered frame cannot go unnoticed.
+        self._seq = 0
+        self._stream_chars = 0
         # Before READY (start-up, warm-up) nothing may reach the host as frames: `quiet` makes
         # send() drop frames, and `quiet_stream` (if set) receives stream text instead.
         self.quiet = False
@@ -165,23 +217,35 @@ class Channel:
     # ---- writing -------------------------------------------------------------------------
 
     def send(self, ftype: int, payload: dict[str, Any]) -> None:
-        """Send one frame (after any pending stream text)."""
-        if ftype != STREAM:
-            self.flush_stream()
-        if self.quiet:
-            return
-        body = encode_payload(payload)
-        if len(body) > MAX_PAYLOAD:
-            replacement = _oversize_replacement(ftype, payload, len(body))
-            if replacement is None:
+        """Send one frame (after any pending stream text). An interrupt that arrives meanwhile
+        is raised once the frame is out (InterruptGate), never half-way through it."""
+        self.gate.critical += 1
+        try:
+            if ftype != STREAM:
+                self.flush_stream()
+            if self.quiet:
                 return
-            ftype, payload = replacement
             body = encode_payload(payload)
-        self._write_all(HEADER.pack(MAGIC, VERSION, ftype, len(body)) + body)
+            if len(body) > MAX_PAYLOAD - CHECK_RESERVE:
+                replacement = _oversize_replacement(ftype, payload, len(body))
+                if replacement is None:
+                    return
+                ftype, payload = replacement
+                body = encode_payload(payload)
+                if ftype == STREAM:  # a note instead of the output: it counts as stream text
+                    self._stream_chars += len(str(payload.get("text", "")))
+            check = {"seq": self._seq}
+            if ftype in REPLY_TYPES:
+                check["stream_chars"] = self._stream_chars
+            body = _with_check(body, check)
+            self._write_all(HEADER.pack(MAGIC, VERSION, ftype, len(body)) + body)
+            self._seq += 1
+        finally:
+            self.gate.critical -= 1
+        self.gate.release()
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
-        self.gate.critical += 1
         try:
             while view:
                 written = os.write(self.fd, view)
@@ -191,48 +255,60 @@ class Channel:
             # and unwinding through the user's code would only try to write again.
             log(f"cannot write to the host: {exc}")
             os._exit(3)
-        finally:
-            self.gate.critical -= 1
-        self.gate.release()
 
     # ---- stream batching -----------------------------------------------------------------
 
     def stream_write(self, name: str, text: str) -> None:
         if not text:
             return
-        if self._pending and name != self._pending_name:
-            self.flush_stream()
-        self._pending_name = name
-        self._pending.append(text)
-        self._pending_len += len(text)
-        if "\n" in text or "\r" in text:
-            self._pending_eol = True
-        if self._pending_len >= STREAM_MAX_BUFFER:
-            self.flush_stream()
-        elif self._pending_eol and time.monotonic() - self._last_stream >= STREAM_INTERVAL:
-            self.flush_stream()
+        self.gate.critical += 1  # the buffer and its counters change together or not at all
+        try:
+            if self._pending and name != self._pending_name:
+                self.flush_stream()
+            self._pending_name = name
+            self._pending.append(text)
+            self._pending_len += len(text)
+            if not self.quiet:
+                self._stream_chars += len(text)
+            if "\n" in text or "\r" in text:
+                self._pending_eol = True
+            if self._pending_len >= STREAM_MAX_BUFFER:
+                self.flush_stream()
+            elif self._pending_eol and time.monotonic() - self._last_stream >= STREAM_INTERVAL:
+                self.flush_stream()
+        finally:
+            self.gate.critical -= 1
+        self.gate.release()
 
     def new_request(self) -> None:
-        """A request starts: its first line of output goes out at once, however recently the
-        previous request's last STREAM frame was sent."""
+        """A request starts: its frames are numbered from 0, its stream characters counted from
+        0, and its first line of output goes out at once, however recently the previous
+        request's last STREAM frame was sent."""
+        self._seq = 0
+        self._stream_chars = 0
         self._last_stream = float("-inf")
 
     def flush_stream(self) -> None:
         """Send all pending stream text now."""
         if not self._pending:
             return
-        text = "".join(self._pending)
-        name = self._pending_name
-        self._pending.clear()
-        self._pending_len = 0
-        self._pending_eol = False
-        if self.quiet:
-            if self.quiet_stream is not None:
-                self.quiet_stream(name, text)
-            return
-        for start in range(0, len(text), STREAM_MAX_CHUNK):
-            self.send(STREAM, {"name": name, "text": text[start:start + STREAM_MAX_CHUNK]})
-        self._last_stream = time.monotonic()
+        self.gate.critical += 1  # taken out of the buffer means sent: no interrupt in between
+        try:
+            text = "".join(self._pending)
+            name = self._pending_name
+            self._pending.clear()
+            self._pending_len = 0
+            self._pending_eol = False
+            if self.quiet:
+                if self.quiet_stream is not None:
+                    self.quiet_stream(name, text)
+                return
+            for start in range(0, len(text), STREAM_MAX_CHUNK):
+                self.send(STREAM, {"name": name, "text": text[start:start + STREAM_MAX_CHUNK]})
+            self._last_stream = time.monotonic()
+        finally:
+            self.gate.critical -= 1
+        self.gate.release()
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -272,6 +348,15 @@ class Channel:
             if not chunk:
                 return None
             self._rbuf += chunk
+
+
+def _with_check(body: bytes, check: dict[str, int]) -> bytes:
+    """Add the self-check fields to an encoded JSON object without encoding it again (the
+    payload may be megabytes): `{...}` becomes `{..., "seq": n, ...}`."""
+    extra = json.dumps(check, separators=(",", ":")).encode("ascii")
+    if body == b"{}":
+        return extra
+    return body[:-1] + b"," + extra[1:]
 
 
 def _oversize_replacement(ftype: int, payload: dict[str, Any],

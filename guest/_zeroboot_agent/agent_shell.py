@@ -227,6 +227,16 @@ class FrameDisplayHook(DisplayHook):
             })
 
 
+def _interrupt_at(code_obj: Any) -> Any:
+    """A code object that raises KeyboardInterrupt at the first line of code_obj, in the same
+    file (so the traceback shows the cell's line, as an interrupt at that moment would)."""
+    try:
+        line = min((ln for _, _, ln in code_obj.co_lines() if ln), default=1)
+    except (AttributeError, TypeError):
+        line = 1
+    return compile("\n" * (line - 1) + "raise KeyboardInterrupt", getattr(code_obj, "co_filename", "<cell>"), "exec")
+
+
 class SandboxKernel:
     """What `get_ipython().kernel` is in the sandbox. The kernel itself (ZMQ sockets, session,
     comms) runs on the host; code that reaches for those parts gets an AttributeError that says so
@@ -263,6 +273,19 @@ class ZMQInteractiveShell(zmqshell.ZMQInteractiveShell):
     _last_traceback: list[str] | None = None
     _last_error: tuple[str, str] | None = None
     _last_traceback_during_displayhook = False
+
+    async def run_code(self, code_obj: Any, result: Any = None, *, async_: bool = False) -> bool:  # type: ignore[override]
+        """The user's code, and only it, is where an interrupt raises KeyboardInterrupt
+        (agent_io.InterruptGate); one that arrived while IPython prepared the cell is raised at
+        the cell's first line, inside IPython's handling, so it reports it as usual."""
+        gate = self.channel.gate
+        previous = gate.phase  # user code when a cell runs another (get_ipython().run_cell)
+        if gate.take_held():
+            code_obj = _interrupt_at(code_obj)
+        try:
+            return await super().run_code(code_obj, result, async_=async_)
+        finally:
+            gate.leave_user_code(previous)
 
     def system_piped(self, cmd: str) -> None:  # type: ignore[override]
         # IPython would look for /bin/sh and report '"sh" shell not found', which does not say why.

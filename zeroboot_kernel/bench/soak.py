@@ -4,8 +4,10 @@ mixed cells through jupyter_client; memory and fds of the kernel and engine proc
 The cells come from a fixed cycle (deterministic): prints (small, ~10 KB, stderr), numpy arrays
 created and overwritten (up to 16 MB), a cell that raises, a segfault and an abort (SandboxCrashed,
 rolled back), a cell that runs past `%sandbox timeout 1` (SandboxTimeout, rolled back), `%rewind`
-and `%rewind 2`, HTML and matplotlib displays, `%sandbox stats|checkpoints`. Interrupts are not in
-the mix: they need a second channel while a cell runs.
+and `%rewind 2`, HTML and matplotlib displays, `%sandbox stats|checkpoints`, and cells that sleep or print
+while 1-10 interrupts come at random (seeded) moments, before, during and right after them, as
+the stop button sends them (KernelManager.interrupt_kernel): such a cell ends ok or with
+KeyboardInterrupt (never a rollback), prints a prefix of its output, and the next cell is not hit.
 
 Every cell's outcome is checked: status, ename, the error message on IOPub, the printed text or the
 result. A counter in the sandbox follows a model kept here (incremented by cells, kept by an
@@ -25,9 +27,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import re
 import statistics
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,6 +60,8 @@ class Expect:
     stderr: str | None = None
     stdout_contains: str | None = None
     mime: str | None = None             # a display_data or execute_result carrying this type
+    interruptible: bool = False         # interrupted: ok, or KeyboardInterrupt (never a rollback)
+    stdout_prefix_of: str | None = None  # all of stdout is a prefix of this (complete lines)
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class Cell:
     rolled_back: bool = False   # crash / timeout: the engine restores the cell's checkpoint
     rewind: int = 0             # %rewind N
     magic_only: bool = False    # no guest code: no checkpoint is taken
+    interrupts: tuple[float, ...] = ()  # seconds after the request: an interrupt each
 
 
 class Model:
@@ -188,6 +195,26 @@ def _plot(r: int, m: Model) -> Cell:
     return Cell("plot", code, Expect(mime="image/png"))
 
 
+def _interrupt_times(r: int, salt: int) -> tuple[float, ...]:
+    """1-10 interrupts at seeded random moments: before the cell's code (0), while it runs
+    (the cells below run ~0.4 s), and right after it."""
+    rng = random.Random(r * 1009 + salt)
+    return tuple(sorted(rng.choice([0.0, rng.uniform(0, 0.4), rng.uniform(0.4, 0.6)])
+                        for _ in range(rng.randint(1, 10))))
+
+
+def _interrupted_sleep(r: int, m: Model) -> Cell:
+    return Cell("interrupted_sleep", "import time\nfor _ in range(40): time.sleep(0.01)",
+                Expect(stdout="", interruptible=True), interrupts=_interrupt_times(r, 1))
+
+
+def _interrupted_print(r: int, m: Model) -> Cell:
+    lines = "".join(f"soak line {j}\n" for j in range(40))
+    return Cell("interrupted_print", "import time\nfor j in range(40):\n    print(f'soak line {j}')\n"
+                "    time.sleep(0.01)", Expect(stdout_prefix_of=lines, interruptible=True),
+                interrupts=_interrupt_times(r, 2))
+
+
 def _sandbox_info(r: int, m: Model) -> Cell:
     if r % 2:
         return Cell("magic", "%sandbox checkpoints", Expect(stdout_contains="checkpoint(s)"), magic_only=True)
@@ -199,6 +226,7 @@ CYCLE: tuple[Callable[[int, Model], Cell], ...] = (
     _incr, _print, _numpy, _print_10k, _raise, _html, _read, _segfault, _read,
     _incr_then_rewind, _rewind, _read, _timeout_on, _loop_forever, _timeout_off, _read,
     _numpy_big, _plot, _repr_html, _abort, _dict, _stderr, _sandbox_info, _print,
+    _interrupted_sleep, _read, _interrupted_print, _read,
 )
 
 
@@ -218,9 +246,13 @@ class Outcome:
 class SoakKernel(BenchKernel):
     """BenchKernel (start, readiness, waits by msg_id) plus a round trip that keeps every message."""
 
-    def execute(self, code: str) -> Outcome:
+    def execute(self, code: str, interrupts: tuple[float, ...] = ()) -> Outcome:
         t0 = time.perf_counter()
         msg_id = self.kc.execute(code, store_history=True)  # as a notebook does
+        firing = None
+        if interrupts:
+            firing = threading.Thread(target=self._interrupt_at, args=(time.monotonic(), interrupts), daemon=True)
+            firing.start()
         deadline = time.monotonic() + self.timeout
         reply = self._wait(self.kc.get_shell_msg, msg_id, deadline, lambda m: True)["content"]
         msgs: list[dict[str, Any]] = []
@@ -230,7 +262,23 @@ class SoakKernel(BenchKernel):
             return m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
 
         self._wait(self.kc.get_iopub_msg, msg_id, deadline, keep_until_idle)
-        return Outcome(reply, msgs, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        if firing is not None:
+            # the interrupts sent after the reply must be handled before the next cell starts
+            # (the kernel drops them: no cell runs), or they would stop that cell
+            firing.join()
+            self._barrier(deadline)
+        return Outcome(reply, msgs, seconds)
+
+    def _interrupt_at(self, t0: float, times: tuple[float, ...]) -> None:
+        for at in times:
+            time.sleep(max(0.0, t0 + at - time.monotonic()))
+            self.km.interrupt_kernel()
+
+    def _barrier(self, deadline: float) -> None:
+        """A kernel_info round trip: the kernel handled the SIGINTs sent before it."""
+        msg_id = self.kc.kernel_info()
+        self._wait(self.kc.get_shell_msg, msg_id, deadline, lambda m: True)
 
     @property
     def pid(self) -> int:
@@ -249,6 +297,10 @@ def check(cell: Cell, out: Outcome) -> str | None:
     """What is wrong with the outcome of cell (None if it is what the cell should do)."""
     e, reply, msgs = cell.expect, out.reply, out.msgs
     problems = []
+    if e.interruptible and reply.get("ename") == "KeyboardInterrupt":
+        e = Expect(status="error", ename="KeyboardInterrupt", stdout_prefix_of=e.stdout_prefix_of or "")
+    elif e.stdout_prefix_of is not None:  # it ran to its end: all of its output
+        e = Expect(stdout=e.stdout_prefix_of)
     if reply.get("status") != e.status:
         problems.append(f"status {reply.get('status')} ({reply.get('ename')}: {str(reply.get('evalue'))[:200]})")
     elif e.ename and reply.get("ename") != e.ename:
@@ -262,6 +314,8 @@ def check(cell: Cell, out: Outcome) -> str | None:
         problems.append(f"stdout {stdout[:80]!r} ({len(stdout)} chars)")
     if e.stderr is not None and stderr != e.stderr:
         problems.append(f"stderr {stderr[:80]!r}")
+    if e.stdout_prefix_of is not None and not e.stdout_prefix_of.startswith(stdout):
+        problems.append(f"stdout is not a prefix of the cell's output: ...{stdout[-80:]!r}")
     if e.stdout_contains is not None and e.stdout_contains not in stdout:
         problems.append(f"stdout {stdout[:200]!r}")
     if e.result is not None and result != e.result:
@@ -390,14 +444,17 @@ def default_sample_every(cells: int) -> int:
 
 
 def warmup_cells(cells: int) -> int:
-    return min(MAX_WARMUP, cells // 10)
+    """10% of the cells, but at least the cells it takes the KEEP kept checkpoints (and the
+    snapshot stores that hold them) to fill up: rollbacks and rewinds pop checkpoints, and magic
+    cells take none, so that is about three times KEEP cells of the cycle."""
+    return min(MAX_WARMUP, max(cells // 10, 3 * KEEP))
 
 
 def _run_one(run: Run, i: int) -> float | None:
     """Run cell i and check it; returns its round trip (s), or None if the soak cannot go on."""
     cell = cell_at(i, run.model)
     try:
-        out = run.kernel.execute(cell.code)
+        out = run.kernel.execute(cell.code, cell.interrupts)
     except TimeoutError as exc:
         alive = run.kernel.km.is_alive()
         run.fail(i, cell, _expected_text(cell.expect), f"{exc} (kernel {'alive' if alive else 'dead'})")
