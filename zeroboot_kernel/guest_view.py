@@ -1,9 +1,15 @@
 """What the guest sees: the files of this environment's Python, and how it is started.
 
-The guest gets a read-only view of exactly what the interpreter needs (its prefixes, the
-environment's site-packages, the guest agent, and the host shared libraries that the interpreter
-and the extension modules load), a private in-memory /tmp and home directory, and a fixed identity
-(user "sandbox", uid 1000, host name "zeroboot").
+The guest gets a read-only view of exactly what the interpreter needs (the venv's directory, the
+standard library, the site-packages directories, the guest agent, and the loader and host shared
+libraries that the interpreter and the extension modules load), a private in-memory /tmp and home
+directory, and a fixed identity (user "sandbox", uid 1000, host name "zeroboot").
+
+Paths go into the view as the interpreter and its loader spell them; the guest's namespace mirrors
+each symlink on the way, so every chain (a venv's bin/python -> /usr/bin/python3 -> python3.11,
+merged /usr's /lib64 -> usr/lib64 -> /lib/x86_64-linux-gnu/...) resolves in the guest as on the
+host. This works the same for Debian's /usr/bin/python3, pyenv or other source builds, venvs and
+`pip install --user` layouts.
 """
 from __future__ import annotations
 
