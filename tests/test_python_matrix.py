@@ -7,8 +7,8 @@ user created here (member of `kvm`, `ulimit -n 1024`) starts from ./setup.sh wit
 while root runs a notebook, after which both users run kernels at once from their own templates.
 
 What runs: ZEROBOOT_MATRIX=full (the default when CI=true, as `.ci/run` sets) runs all of it;
-=quick (the default elsewhere) only Debian's python3 in a venv and the setup.sh message for a user
-without build tools; =off skips it. Wall time on a loaded 2-core machine: quick ~4 min, full
+=quick (the default elsewhere) only Debian's python3 in a venv, the setup.sh message for a user
+without build tools and the /dev/kvm message for a user outside the kvm group; =off skips it. Wall time on a loaded 2-core machine: quick ~4 min, full
 ~15 min; pip's cache is shared, the wheel is built once, each environment builds its template once.
 
 The non-root part needs root: it adds a `kvm` group if the machine has none and gives it access to
@@ -322,7 +322,7 @@ def test_non_root_user_from_setup_sh(user_tree: tuple[pwd.struct_passwd, Path], 
     nb_user = src / "nb"
     nb_user.mkdir()
     subprocess.run(["chown", f"{user.pw_uid}:{user.pw_gid}", str(nb_user)], check=True)
-    user_nb = subprocess.Popen(_as_user(user, f".venv/bin/python -c {_sh_quote(NOTEBOOK)}", cwd=nb_user),
+    user_nb = subprocess.Popen(_as_user(user, f"{src}/.venv/bin/python -c {_sh_quote(NOTEBOOK)}", cwd=nb_user),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     root_nb = subprocess.Popen([root_python, "-c", NOTEBOOK], env=root_env, cwd=nb_root, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -344,3 +344,20 @@ def test_non_root_user_from_setup_sh(user_tree: tuple[pwd.struct_passwd, Path], 
 
 def _sh_quote(s: str) -> str:
     return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+def test_user_outside_the_kvm_group_is_told_what_to_do(work: Path) -> None:
+    """`nobody` (not in kvm) running zeroboot-kernel from root's Debian venv: a clear message naming
+    the kvm group, not a crash or a traceback."""
+    _need_root()
+    _ensure_user()  # /dev/kvm root:kvm 0660, so nobody cannot open it
+    python = work / "venv-debian" / "bin" / "python"  # root's own interpreter may be unreadable (/root)
+    if not python.exists():
+        pytest.skip("needs test_venv[debian]")
+    nobody = pwd.getpwnam("nobody")
+    r = subprocess.run(_as_user(nobody, f"{python} -m zeroboot_kernel run -c 'print(1)'", cwd=work,
+                                extra_env={"XDG_CACHE_HOME": str(work / "nobody-cache")}),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "permission denied opening /dev/kvm: add your user to the 'kvm' group" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
