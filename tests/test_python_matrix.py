@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import glob
 import grp
+import importlib.util
 import json
 import logging
 import os
@@ -137,10 +138,14 @@ def wheel(work: Path) -> Path:
     dist = work / "dist"
     dist.mkdir()
     t0 = time.monotonic()
-    _run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))",
-          str(dist)], cwd=src)
-    (sdist,) = list(dist.glob("*.tar.gz"))
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(sdist)])
+    source: Path = src
+    if importlib.util.find_spec("setuptools") and importlib.util.find_spec("cffi"):
+        _run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))",
+              str(dist)], cwd=src)
+        (source,) = list(dist.glob("*.tar.gz"))
+    else:  # a venv without setuptools (Python 3.12+): pip builds the wheel from the tree in isolation
+        log.warning("no setuptools here: building the wheel from the tree, not from an sdist")
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(source)])
     (whl,) = dist.glob("zeroboot_kernel-*.whl")
     assert "-abi3-" in whl.name, whl.name
     _record("wheel", seconds=round(time.monotonic() - t0, 1), name=whl.name)
