@@ -2,6 +2,13 @@
 
 Used to give the guest exactly the host libraries its interpreter and extension modules need
 (libc, libm, libz, ...), derived at run time instead of hard-coded for one machine.
+
+Paths are kept as the loader spells them (`/lib64/ld-linux-x86-64.so.2`, the path
+/etc/ld.so.cache names, `$ORIGIN/../lib/libfoo.so`), never canonicalised: the guest's loader
+opens those very strings, so the view must contain each one together with the symlinks it goes
+through (on a merged-/usr system `/lib` and `/lib64` are symlinks into /usr). The guest's
+namespace mirrors every symlink of a path it is given, so handing it the unresolved path is
+what reproduces the chain.
 """
 from __future__ import annotations
 
@@ -108,11 +115,16 @@ def _expand(dirs: Iterable[str], origin: str) -> list[str]:
     return [d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin) for d in dirs]
 
 
-def resolve(name: str, loader: str, info: ElfInfo) -> str | None:
-    """Find library `name` needed by `loader` (whose ELF facts are `info`), as ld.so would."""
+def resolve(name: str, loader: str, info: ElfInfo, origin: str | None = None) -> str | None:
+    """Find library `name` needed by `loader` (whose ELF facts are `info`), as ld.so would.
+
+    `origin` is what $ORIGIN stands for: glibc takes the directory of the path the object was
+    opened by (symlinks not resolved), except for the main program, whose path comes from
+    /proc/self/exe (resolved); the default is the loader's own directory."""
     if "/" in name:
         return name if os.path.exists(name) else None
-    origin = os.path.dirname(os.path.realpath(loader))
+    if origin is None:
+        origin = os.path.dirname(os.path.abspath(loader))
     dirs = [] if info.runpath else _expand(info.rpath, origin)
     dirs += _expand(info.runpath, origin)
     for d in dirs:
@@ -129,31 +141,34 @@ def resolve(name: str, loader: str, info: ElfInfo) -> str | None:
     return None
 
 
-def library_closure(roots: Iterable[str]) -> tuple[set[str], set[str]]:
-    """All libraries (and ELF interpreters) the roots load, transitively; and the names that
-    could not be found (logged, left out)."""
+def library_closure(roots: Iterable[str], programs: Iterable[str] = ()) -> tuple[set[str], set[str]]:
+    """All libraries (and ELF interpreters) the roots and programs load, transitively, each by
+    the path the loader uses (not resolved); and the names that could not be found (logged, left
+    out). `programs` are main executables: their $ORIGIN is their resolved directory."""
     found: set[str] = set()
     missing: set[str] = set()
-    todo = list(roots)
-    seen: set[str] = set()
+    todo = [(os.path.realpath(p), True) for p in programs] + [(p, False) for p in roots]
+    seen: set[tuple[str, str]] = set()
     while todo:
-        path = todo.pop()
-        real = os.path.realpath(path)
-        if real in seen:
+        path, is_program = todo.pop()
+        origin = os.path.dirname(os.path.realpath(path) if is_program else os.path.abspath(path))
+        # one file reached by two paths can have two $ORIGINs: visit it once per origin
+        key = (os.path.realpath(path), origin)
+        if key in seen:
             continue
-        seen.add(real)
+        seen.add(key)
         info = read_elf(path)
         if info is None:
             continue
         if info.interp:
             found.add(info.interp)
         for name in info.needed:
-            lib = resolve(name, path, info)
+            lib = resolve(name, path, info, origin)
             if lib is None:
                 missing.add(name)
                 continue
             found.add(lib)
-            todo.append(lib)
+            todo.append((lib, False))
     for name in sorted(missing):
         log.debug("library %s is needed but not found on this host", name)
     return found, missing
@@ -161,11 +176,24 @@ def library_closure(roots: Iterable[str]) -> tuple[set[str], set[str]]:
 
 def extension_modules(dirs: Iterable[str]) -> list[str]:
     """Every shared object (*.so, *.so.N) under the given directories."""
-    out = []
+    return scan_trees(dirs)[0]
+
+
+def scan_trees(dirs: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Every shared object (*.so, *.so.N) under the given directories, and every symlink there
+    (to files or to directories, which are not descended into)."""
+    objects: list[str] = []
+    links: list[str] = []
     for d in dirs:
-        for root, _subdirs, files in os.walk(d):
-            out.extend(os.path.join(root, f) for f in files if f.endswith(".so") or ".so." in f)
-    return out
+        for root, subdirs, files in os.walk(d):
+            for name in files:
+                path = os.path.join(root, name)
+                if os.path.islink(path):
+                    links.append(path)
+                if name.endswith(".so") or ".so." in name:
+                    objects.append(path)
+            links.extend(os.path.join(root, s) for s in subdirs if os.path.islink(os.path.join(root, s)))
+    return objects, links
 
 
 def under_any(path: str, prefixes: Iterable[str]) -> bool:

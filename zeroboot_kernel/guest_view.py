@@ -1,9 +1,15 @@
 """What the guest sees: the files of this environment's Python, and how it is started.
 
-The guest gets a read-only view of exactly what the interpreter needs (its prefixes, the
-environment's site-packages, the guest agent, and the host shared libraries that the interpreter
-and the extension modules load), a private in-memory /tmp and home directory, and a fixed identity
-(user "sandbox", uid 1000, host name "zeroboot").
+The guest gets a read-only view of exactly what the interpreter needs (the venv's directory, the
+standard library, the site-packages directories, the guest agent, and the loader and host shared
+libraries that the interpreter and the extension modules load), a private in-memory /tmp and home
+directory, and a fixed identity (user "sandbox", uid 1000, host name "zeroboot").
+
+Paths go into the view as the interpreter and its loader spell them; the guest's namespace mirrors
+each symlink on the way, so every chain (a venv's bin/python -> /usr/bin/python3 -> python3.11,
+merged /usr's /lib64 -> usr/lib64 -> /lib/x86_64-linux-gnu/...) resolves in the guest as on the
+host. This works the same for Debian's /usr/bin/python3, pyenv or other source builds, venvs and
+`pip install --user` layouts.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from . import elf_deps
 log = logging.getLogger(__name__)
 
 GUEST_HOME = "/home/sandbox"
+VIEW_FORMAT = 2  # bump when _compute_python_view changes what it returns
 GUEST_DIR = Path(zeroboot_guest.__file__).resolve().parent
 
 IDENTITY_FILES = {
@@ -61,6 +68,15 @@ def python_prefixes() -> list[str]:
     return sorted(os.path.realpath(p) for p in prefixes if p)
 
 
+def environment_trees() -> list[str]:
+    """Prefixes the guest sees whole: this environment's own directory when it is a virtual
+    environment (its pyvenv.cfg, scripts and data files). A base installation's prefix is not
+    given whole, because it may be /usr or /usr/local, which hold far more than Python: its
+    standard library and site-packages are given instead (stdlib_dirs, site_dirs)."""
+    return sorted({os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix)
+                   if p and os.path.isfile(os.path.join(p, "pyvenv.cfg"))})
+
+
 def site_dirs() -> list[str]:
     """Site-packages directories of this environment that exist."""
     dirs = set(site.getsitepackages())
@@ -80,11 +96,20 @@ def stdlib_dirs() -> list[str]:
     return sorted(dirs)
 
 
+def user_base() -> str | None:
+    """The host's user base (~/.local) when this Python uses a user site-packages (a `pip
+    install --user` layout): the guest's HOME differs, so it is told where the user base is."""
+    user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if user_site and os.path.isdir(user_site) and site.getuserbase():
+        return site.getuserbase()
+    return None
+
+
 def _view_cache_file() -> Path:
     """Where python_view() is cached: keyed by the interpreter and the modification times of the
     directories whose contents decide the view (installing or upgrading a package changes its
     site-packages directory, so the cache is recomputed)."""
-    stamp = [os.path.realpath(sys.executable), sys.version]
+    stamp = [os.path.abspath(sys.executable), os.path.realpath(sys.executable), sys.version, str(VIEW_FORMAT)]
     for d in python_prefixes() + site_dirs() + stdlib_dirs():
         try:
             stamp.append(f"{d}:{os.stat(d).st_mtime_ns}")
@@ -101,7 +126,8 @@ def python_view() -> tuple[str, ...]:
     cache = _view_cache_file()
     try:
         cached = json.loads(cache.read_text())
-        if isinstance(cached, list) and all(isinstance(p, str) for p in cached):
+        if isinstance(cached, list) and all(isinstance(p, str) for p in cached) and \
+                all(os.path.lexists(p) for p in cached):
             return tuple(cached)
     except (OSError, ValueError):
         pass
@@ -116,15 +142,34 @@ def python_view() -> tuple[str, ...]:
     return view
 
 
+def _too_broad(path: str) -> bool:
+    """A symlink target that would show the guest a whole top-level directory or the home
+    directory (a stray `ln -s / x` in site-packages) is left out rather than followed."""
+    real = os.path.realpath(path)
+    return os.path.dirname(real) == "/" or real == "/" or real == os.path.realpath(os.path.expanduser("~"))
+
+
 def _compute_python_view() -> tuple[str, ...]:
-    prefixes = python_prefixes()
+    """Every path is added as the interpreter or its loader spells it (the guest's namespace
+    mirrors each symlink on the way), never only by its resolved path: a venv's bin/python is a
+    symlink to the base interpreter, /lib64 and /lib are symlinks into /usr on merged-/usr
+    systems, and Debian's stdlib links sitecustomize.py into /etc."""
+    trees = environment_trees()
     sites = site_dirs()
-    # the interpreter by its real path: `python` and `python3` in a venv must give the same view
-    # (and so the same template key); the venv's own bin/ is inside its prefix anyway
-    view = set(prefixes) | set(sites) | {os.path.realpath(sys.executable), str(GUEST_DIR)}
-    roots = [os.path.realpath(sys.executable)] + elf_deps.extension_modules(sites + stdlib_dirs())
-    libs, _missing = elf_deps.library_closure(roots)
-    view |= {lib for lib in libs if not elf_deps.under_any(lib, prefixes + sites)}
+    stdlib = stdlib_dirs()
+    objects, links = elf_deps.scan_trees(sorted(set(trees + sites + stdlib)))
+    view = set(trees) | set(sites) | set(stdlib) | {sys.executable, os.path.realpath(sys.executable), str(GUEST_DIR)}
+    for link in links:
+        # symlinks inside the view that lead out of it (sitecustomize.py -> /etc/python3.11/...):
+        # their targets are added through the link; dangling ones stay dangling
+        if not os.path.exists(link):
+            continue
+        if _too_broad(link):
+            log.warning("guest view: leaving out %s: it points at %s", link, os.path.realpath(link))
+            continue
+        view.add(link)
+    libs, _missing = elf_deps.library_closure(objects, programs=[sys.executable])
+    view |= libs
     # ld.so finds libraries through its cache; local time comes from /etc/localtime, other time
     # zones (zoneinfo, datetime's tests, pandas) from the system's tz database
     view |= {p for p in ("/etc/ld.so.cache", "/etc/localtime", "/usr/share/zoneinfo") if os.path.exists(p)}
@@ -158,6 +203,9 @@ def guest_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     }
     if os.environ.get("TZ"):
         env["TZ"] = os.environ["TZ"]
+    base = user_base()
+    if base:
+        env["PYTHONUSERBASE"] = base
     env.update(extra or {})
     return env
 

@@ -1,7 +1,8 @@
 """Install and remove the kernelspecs (`zeroboot-kernel install|uninstall`).
 
-The kernelspecs live in the repository's kernelspec/ folder (kernel.json + logos). Installing
-copies each one, with argv[0] set to the Python that runs this (the one the package is installed
+The kernelspecs live in the repository's kernelspec/ folder (kernel.json + logos), which is
+installed as the package zeroboot_kernel.kernelspec (so a wheel carries them). Installing copies
+each one, with argv[0] set to the Python that runs this (the one the package is installed
 in, so the kernel finds zeroboot_kernel), through jupyter_client's KernelSpecManager.
 """
 from __future__ import annotations
@@ -51,14 +52,15 @@ class Destination:
 
 
 def kernelspec_source() -> Path:
-    """The kernelspec/ folder shipped next to the package (a source checkout or editable install)."""
+    """The kernelspec/ folder: installed inside the package (zeroboot_kernel/kernelspec), or next
+    to it in a source checkout."""
     here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "kernelspec", Path(sys.prefix) / "share" / "zeroboot-kernel" / "kernelspec"):
+    candidates = (here / "kernelspec", here.parent / "kernelspec")
+    for candidate in candidates:
         if all((candidate / name / "kernel.json").is_file() for name in KERNEL_NAMES):
             return candidate
-    raise InstallError(f"cannot find the kernelspec/ folder next to {here} (looked for "
-                       f"{', '.join(KERNEL_NAMES)}): install zeroboot-kernel from its source tree "
-                       f"(pip install -e .)")
+    raise InstallError(f"cannot find the kernelspecs {', '.join(KERNEL_NAMES)} in {' or '.join(map(str, candidates))}: "
+                       f"this installation of zeroboot-kernel is incomplete; reinstall it")
 
 
 def prepared_spec(name: str, target_dir: Path, python: str = sys.executable) -> Path:

@@ -5,23 +5,34 @@ guest memory, sparse), state.bin (everything else) and manifest.json. The key ha
 the snapshot depends on: this package and its native build, the interpreter, the installed
 distributions, the preload list, guest memory size and the host's KVM CPU model. A template whose
 key no longer matches is stale and is never used; building writes a new one.
+
+Builders coordinate: building template <name> holds an exclusive flock on .<name>.lock in the
+cache, so when several kernels start on an empty cache one builds and the others wait and then
+load its result. A template is written into a hidden .build-<name>.* directory and published by
+one rename, so nobody ever sees half of one; the lock dies with its holder (the kernel drops it),
+and the next builder removes what a killed one left behind. The cache belongs to one user: it is
+created private (0700) and a cache owned by someone else is refused.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import hashlib
 import importlib.metadata
 import json
 import logging
 import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import __version__, frames
 from .errors import SandboxError, TemplateError
@@ -37,6 +48,8 @@ FORMAT = 1
 DEFAULT_NAME = "default"
 DEFAULT_MEMORY = 1 << 30   # of templates whose manifest predates the memory field
 BUILD_TIMEOUT = 300.0
+LOCK_WAIT = 2 * BUILD_TIMEOUT  # a builder that holds the lock longer than this is stuck
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 AGENT = GUEST_DIR / "_zeroboot_agent"  # a package run as a directory (its __main__.py)
 
 
@@ -55,6 +68,74 @@ def default_preload() -> tuple[str, ...]:
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "zeroboot-kernel" / "templates"
+
+
+def check_name(name: str) -> str:
+    """Template names become file names: letters, digits, '_' and '-' only."""
+    if not NAME_RE.fullmatch(name):
+        raise TemplateError(f"bad template name {name!r}: use up to 64 letters, digits, '_' and '-'")
+    return name
+
+
+def private_cache_root() -> Path:
+    """cache_root(), created 0700 if missing; TemplateError if it belongs to another user or others
+    may write to it (a template is loaded into this process's VMs: only its owner may make one)."""
+    root = cache_root()
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = root.stat()
+    except OSError as exc:
+        raise TemplateError(f"cannot create the template cache {root}: {exc.strerror}; set XDG_CACHE_HOME "
+                            f"to a directory of yours") from None
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise TemplateError(f"the template cache {root} belongs to uid {st.st_uid} or is writable by others; "
+                            f"each user needs a cache of their own (set XDG_CACHE_HOME)")
+    return root
+
+
+@contextlib.contextmanager
+def build_lock(name: str, say: Callable[[str], None], wait: float = LOCK_WAIT) -> Iterator[Path]:
+    """Hold the exclusive build lock of template `name` (see the module docstring); yields the
+    lock file's path. The holder may unlink the lock file (`template rm`): whoever then acquires
+    the old, unlinked file notices and locks the new one instead."""
+    path = private_cache_root() / f".{check_name(name)}.lock"
+    deadline = time.monotonic() + wait
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            _flock_until(fd, name, path, deadline, say)
+            st = os.fstat(fd)
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+            if current is None or (current.st_dev, current.st_ino) != (st.st_dev, st.st_ino):
+                continue  # removed while we waited: lock the file that is there now
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield path
+            return
+        finally:
+            os.close(fd)  # releases the lock
+
+
+def _flock_until(fd: int, name: str, path: Path, deadline: float, say: Callable[[str], None]) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    say(f"template {name!r}: process {holder} is building it; waiting for it")
+    while True:
+        time.sleep(0.1)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TemplateError(f"template {name!r}: process {holder} has been building it for too long; "
+                                    f"stop it or remove {path}") from None
 
 
 @lru_cache(maxsize=1)
@@ -121,6 +202,7 @@ class Template:
         """The current template called `name` (of `memory` bytes of guest memory, if given);
         TemplateError if it is missing, stale or corrupt."""
         engine = engine or Engine.default()
+        check_name(name)
         candidates = [d for d in _list_dirs() if d.name.rsplit("-", 1)[0] == name and
                       (memory is None or (_read_manifest(d) or {}).get("memory") == memory)]
         if not candidates:
@@ -149,10 +231,37 @@ class Template:
     @classmethod
     def build(cls, config: TemplateConfig | None = None, engine: Engine | None = None,
               progress: Callable[[str], None] | None = None) -> Template:
-        """Boot the agent, let it import the preload modules, snapshot it and store the template."""
+        """Boot the agent, let it import the preload modules, snapshot it and store the template
+        (waits while another process builds the same name, then builds anew)."""
         config = config or TemplateConfig(preload=default_preload())
         engine = engine or Engine.default()
         say = progress or (lambda msg: log.info("%s", msg))
+        with build_lock(config.name, say):
+            return cls._build_locked(config, engine, say)
+
+    @classmethod
+    def ensure(cls, config: TemplateConfig | None = None, engine: Engine | None = None,
+               progress: Callable[[str], None] | None = None) -> Template:
+        """Load the template, building it first if it is missing, stale or corrupt. When several
+        processes ensure the same template at once, one builds and the others load its result."""
+        config = config or TemplateConfig(preload=default_preload())
+        engine = engine or Engine.default()
+        say = progress or (lambda msg: log.info("%s", msg))
+        try:
+            return cls.load(config.name, engine, memory=config.memory)
+        except TemplateError as exc:
+            say(f"{exc}; building it now")
+        with build_lock(config.name, say):
+            try:  # built by the process we waited for?
+                return cls.load(config.name, engine, memory=config.memory)
+            except TemplateError:
+                pass
+            return cls._build_locked(config, engine, say)
+
+    @classmethod
+    def _build_locked(cls, config: TemplateConfig, engine: Engine, say: Callable[[str], None]) -> Template:
+        root = private_cache_root()
+        _remove_leftovers(root, config.name)
         target = config.directory(engine)
         t0 = time.monotonic()
         say(f"template {config.name!r}: booting Python in a VM and importing {', '.join(config.preload) or 'nothing'}")
@@ -163,8 +272,7 @@ class Template:
             booted = time.monotonic() - t0
             say(f"template {config.name!r}: agent ready after {booted:.2f} s; capturing the snapshot")
             snapshot = guest.snapshot()
-        cache_root().mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".build-{config.name}-", dir=cache_root()))
+        tmp = Path(tempfile.mkdtemp(prefix=f".build-{config.name}.", dir=root))
         try:
             snapshot.save(str(tmp))
             manifest = {
@@ -188,10 +296,8 @@ class Template:
                 m = _read_manifest(old) or {}
                 if old != target and old.name.rsplit("-", 1)[0] == config.name and \
                         m.get("environment") in (None, manifest["environment"]):
-                    shutil.rmtree(old, ignore_errors=True)
-            if target.exists():
-                shutil.rmtree(target)
-            os.rename(tmp, target)
+                    _discard(old, root, config.name)
+            _publish(tmp, target, root, config.name)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -200,17 +306,32 @@ class Template:
         snapshot.release()
         return cls.open(target, manifest, engine)
 
-    @classmethod
-    def ensure(cls, config: TemplateConfig | None = None, engine: Engine | None = None,
-               progress: Callable[[str], None] | None = None) -> Template:
-        """Load the template, building it first if it is missing, stale or corrupt."""
-        config = config or TemplateConfig(preload=default_preload())
-        engine = engine or Engine.default()
-        try:
-            return cls.load(config.name, engine, memory=config.memory)
-        except TemplateError as exc:
-            (progress or log.info)(f"{exc}; building it now")
-            return cls.build(config, engine, progress)
+
+def _discard(directory: Path, root: Path, name: str) -> None:
+    """Remove a published template: first renamed out of sight (one step, so a loader sees it
+    whole or not at all), then deleted. Processes that loaded it keep their mapping."""
+    aside = Path(tempfile.mkdtemp(prefix=f".old-{name}.", dir=root))
+    try:
+        os.rename(directory, aside / directory.name)
+    except FileNotFoundError:
+        pass
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _publish(tmp: Path, target: Path, root: Path, name: str) -> None:
+    """Make the finished build in `tmp` the template at `target` with one rename."""
+    if target.exists():  # a rebuild of the same key (`template build`, or a corrupt one)
+        _discard(target, root, name)
+    os.rename(tmp, target)
+
+
+def _remove_leftovers(root: Path, name: str) -> None:
+    """Builds and discards of `name` that a killed process left behind (the caller holds the
+    lock of `name`, so none of them is in progress)."""
+    for d in root.iterdir():
+        if d.name.startswith((f".build-{name}.", f".old-{name}.")):
+            log.info("removing %s, left behind by a builder that did not finish", d)
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _boot_until_ready(guest: Guest, deadline: float) -> dict[str, Any]:
@@ -268,10 +389,15 @@ def list_templates(engine: Engine | None = None) -> list[dict[str, Any]]:
 
 
 def remove_template(name: str) -> list[str]:
-    """Delete every version of template `name`; returns the directories removed."""
+    """Delete every version of template `name` and its lock (waiting for a builder of it to
+    finish); returns the directories removed."""
     removed = []
-    for d in _list_dirs():
-        if d.name.rsplit("-", 1)[0] == name:
-            shutil.rmtree(d)
-            removed.append(str(d))
+    with build_lock(name, lambda msg: log.warning("%s", msg)) as lock:
+        root = lock.parent
+        _remove_leftovers(root, name)
+        for d in _list_dirs():
+            if d.name.rsplit("-", 1)[0] == name:
+                _discard(d, root, name)
+                removed.append(str(d))
+        lock.unlink()
     return removed
