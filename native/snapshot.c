@@ -60,9 +60,43 @@ static void page_hold(zb_store *s, uint32_t index) {
     if (s->page_refs[index]++ == 0) s->live_pages++;
 }
 
+/* Give back the memory of store pages no snapshot uses any more (MADV_REMOVE punches them out of
+ * the memfd), so that a store costs its live pages, not every page it was made with: a cell's
+ * store keeps a few hundred interpreter pages alive long after the arrays it also holds were
+ * replaced, and would otherwise hold those arrays too (issue 23: 400 MB per cell). Safe because
+ * no sandbox maps a store page that its base snapshot does not use (see apply_memory and the
+ * dead-store copies in zb_sandbox_snapshot). */
+static void store_free_pages(zb_store *s, uint32_t first, uint32_t n) {
+    if (n) (void)madvise(s->map + (uint64_t)first * ZB_PAGE, (uint64_t)n * ZB_PAGE, MADV_REMOVE);
+}
+
+/* Runs of consecutive store pages that died, freed with one madvise each. */
+typedef struct { zb_store *store; uint32_t first, n; } dead_run;
+
+static void dead_flush(dead_run *r) {
+    if (r->n) store_free_pages(r->store, r->first, r->n);
+    r->n = 0;
+}
+
+static void dead_add(dead_run *r, zb_store *s, uint32_t index) {
+    if (r->n && r->store == s && index == r->first + r->n) { r->n++; return; }
+    dead_flush(r);
+    *r = (dead_run){s, index, 1};
+}
+
+/* One page entry less points at store page `index`; a page nobody uses goes into `run`. */
+static void page_release(zb_store *s, uint32_t index, dead_run *run) {
+    if (--s->page_refs[index] == 0) {
+        s->live_pages--;
+        dead_add(run, s, index);
+    }
+}
+
 static void page_drop(zb_store *s, uint32_t index) {
     if (!s) return;
-    if (--s->page_refs[index] == 0) s->live_pages--;
+    dead_run run = {0};
+    page_release(s, index, &run);
+    dead_flush(&run);
     store_unref(s);
 }
 
@@ -71,7 +105,12 @@ static int store_mostly_dead(const zb_store *s) { return 2 * s->live_pages < s->
 
 static void chunk_unref(zb_chunk *c) {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
-    for (int i = 0; i < CHUNK_PAGES; i++) page_drop(c->page[i].store, c->page[i].index);
+    /* first free the pages that died (their stores are still alive), then let go of the stores */
+    dead_run run = {0};
+    for (int i = 0; i < CHUNK_PAGES; i++)
+        if (c->page[i].store) page_release(c->page[i].store, c->page[i].index, &run);
+    dead_flush(&run);
+    for (int i = 0; i < CHUNK_PAGES; i++) store_unref(c->page[i].store);
     free(c);
 }
 
@@ -275,7 +314,10 @@ static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapsh
             uint64_t pfn = c * CHUNK_PAGES + i;
             const zb_page *want = zb_snapshot_page(snap, pfn);
             if (!zb_bit(dirty, pfn) && page_same(zb_snapshot_page(base, pfn), want)) continue;
-            if (protect && page_holds(m, want, pfn) == 1) {
+            /* a page mapped from a file other than the image may be a store page that `snap` does
+             * not use (and that may be freed later): it is rewritten, never left alone */
+            int foreign = zb_bit(m->file_backed, pfn) && !zb_bit(m->from_image, pfn);
+            if (protect && !foreign && page_holds(m, want, pfn) == 1) {
                 if (unchanged_again(runs, pfn)) zb_bit_set(protect, pfn);
                 continue;
             }
@@ -309,6 +351,48 @@ void zb_snapshot_release(zb_snapshot *s) {
 }
 
 uint64_t zb_snapshot_private_bytes(zb_snapshot *s) { return s && s->own ? s->own->npages * ZB_PAGE : 0; }
+
+/* Each call is one pass: chunks visited in it carry its number, so a chunk shared by many
+ * snapshots is walked once, and each store met gets a bitmap of the pages the pass counted, so a
+ * page shared by many snapshots is counted once. Single-threaded, as every snapshot call. */
+static uint64_t memory_pass;
+
+uint64_t zb_snapshots_memory(zb_snapshot **snaps, size_t n) {
+    uint64_t pass = ++memory_pass, pages = 0;
+    zb_store **met = NULL;
+    size_t nmet = 0, capmet = 0;
+    for (size_t i = 0; i < n; i++) {
+        zb_snapshot *s = snaps[i];
+        for (uint64_t c = 0; s && c < s->nchunks; c++) {
+            zb_chunk *ch = s->chunks[c];
+            if (!ch || ch->seen == pass) continue;
+            ch->seen = pass;
+            for (int p = 0; p < CHUNK_PAGES; p++) {
+                zb_store *st = ch->page[p].store;
+                if (!st) continue;
+                if (st->seen != pass) {
+                    if (nmet == capmet) {
+                        size_t cap = capmet ? capmet * 2 : 64;
+                        zb_store **grown = realloc(met, cap * sizeof *grown);
+                        if (!grown) goto out;  /* cannot happen in practice; the count is then low */
+                        met = grown;
+                        capmet = cap;
+                    }
+                    free(st->counted);
+                    if (!(st->counted = calloc((st->npages + 63) / 64, sizeof(uint64_t)))) goto out;
+                    st->seen = pass;
+                    met[nmet++] = st;
+                }
+                uint32_t idx = ch->page[p].index;
+                if (!zb_bit(st->counted, idx)) { zb_bit_set(st->counted, idx); pages++; }
+            }
+        }
+    }
+out:
+    for (size_t i = 0; i < nmet; i++) { free(met[i]->counted); met[i]->counted = NULL; }
+    free(met);
+    return pages * ZB_PAGE;
+}
 
 /* Bring the sandbox's dirty set and XSAVE image up to date from the VM it is attached to. */
 static int sync_from_vm(zb_sandbox *sb, char *err) {
@@ -403,7 +487,12 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
             }
             zb_page *p = &s->chunks[c]->page[pfn % CHUNK_PAGES];
             if (!zb_bit(dirty, pfn)) { /* unchanged, but its store is mostly dead: take a copy */
-                memcpy(s->own->map + used * ZB_PAGE, p->store->map + (uint64_t)p->index * ZB_PAGE, ZB_PAGE);
+                const uint8_t *old = p->store->map + (uint64_t)p->index * ZB_PAGE;
+                memcpy(s->own->map + used * ZB_PAGE, old, ZB_PAGE);
+                /* The sandbox may map the old store page itself (a restore maps long runs): give it
+                 * a private copy, as the old page is freed once older snapshots let go of it. */
+                if (zb_bit(sb->mem.file_backed, pfn) && !zb_bit(sb->mem.from_image, pfn))
+                    memcpy(sb->mem.host + pfn * ZB_PAGE, old, ZB_PAGE);
                 page_set(p, PAGE_STORED, s->own, (uint32_t)used);
                 used++;
                 continue;

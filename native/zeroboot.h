@@ -177,6 +177,10 @@ uint64_t zb_snapshot_working_set_pages(zb_snapshot *snap);
 long zb_sandbox_prefault(zb_sandbox *sb, int mode, char *err);
 /* Bytes of host memory the snapshot holds on its own (pages it copied), for accounting. */
 uint64_t zb_snapshot_private_bytes(zb_snapshot *snap);
+/* Bytes of host memory held by the page stores that these snapshots use, each store counted once
+ * (a store shared by several checkpoints is one cost): what a session's checkpoints cost the host,
+ * and what its checkpoint memory budget is compared with. NULL entries are skipped. */
+uint64_t zb_snapshots_memory(zb_snapshot **snaps, size_t n);
 /* CFFI-END */
 
 #endif

@@ -398,7 +398,10 @@ class ZerobootKernel(Kernel):
                     self.cell_timeout = magic.seconds or None
                 return f"cell timeout: {self._timeout_text()}\n"
             if sub == "checkpoints":
-                return mg.format_checkpoints(self._call(client, "checkpoints").get("checkpoints") or [], self.mode)
+                if magic.arg == "budget":  # show (dest None) or set the checkpoints' memory budget
+                    return str(self._call(client, "checkpoint_budget", size=magic.dest).get("text", "")) + "\n"
+                got = self._call(client, "checkpoints")
+                return mg.format_checkpoints(got.get("checkpoints") or [], self.mode, got.get("budget"))
             if sub == "stats":
                 stats = self._call(client, "stats").get("stats") or {}
                 trips = sorted(self._round_trips)
