@@ -452,6 +452,8 @@ static uint64_t *take_pages(const zb_snapshot *s, const uint64_t *dirty, uint64_
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     if (sb->finished) { zb_seterr(err, "cannot snapshot a sandbox that has finished"); return NULL; }
     if (sync_from_vm(sb, err) < 0) return NULL;
+    int released = zb_mem_release_stale(&sb->mem);
+    if (released < 0) { zb_seterr(err, "cannot give back freed guest memory: %s", strerror(-released)); return NULL; }
     uint64_t *protect = drop_unchanged_pages(sb);
     zb_snapshot *s = calloc(1, sizeof *s);
     if (!s) { free(protect); zb_seterr(err, "out of memory"); return NULL; }
@@ -562,6 +564,12 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
      * compares them instead of rewriting them all (a page rewritten by the host stays mapped too). */
     uint64_t *protect = attached && vm->manual_protect ? calloc((sb->mem.npages + 63) / 64, sizeof *protect) : NULL;
     if (attached && zb_vm_collect_dirty(vm, protect != NULL, err) < 0) { free(protect); return -1; }
+    int released = zb_mem_release_stale(&sb->mem);
+    if (released < 0) {
+        free(protect);
+        zb_seterr(err, "cannot give back freed guest memory: %s", strerror(-released));
+        return -1;
+    }
     if (apply_memory(sb, sb->base, snap, protect, err) < 0 || state_apply(sb, &snap->st, err) < 0) {
         free(protect);
         sb->finished = 1; /* half restored: never run it */
