@@ -134,7 +134,7 @@ typedef struct zb_memory {
                                 first snapshot needs it */
     uint64_t *stale;         /* bitmap: freed anonymous pages kept mapped for reuse (still holding
                                 what the guest wrote): zeroed when handed out again, given back at
-                                the next snapshot or restore (zb_mem_free_for_reuse) */
+                                the next restore (zb_mem_free_for_reuse) */
     uint64_t stale_pages;
 } zb_memory;
 
@@ -165,12 +165,13 @@ void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated);
 /* Give pages back: contents read as zero afterwards. */
 int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len);
 /* The guest freed [addr, addr+len): like zb_mem_zero, but a big anonymous range keeps its host
- * pages (and the VM's mappings of them) until the next snapshot or restore, and is zeroed in place
- * if the guest allocates it again before that (zb_mem_mark): a freed 80 MB temporary costs one
- * memset instead of 20,000 first-touch faults. The caller marks the range free. */
+ * pages (and the VM's mappings of them) until the next restore, and is zeroed in place if the
+ * guest allocates it again (zb_mem_mark): a freed 80 MB temporary costs one memset instead of
+ * 20,000 first-touch faults. Snapshots record such pages as zero pages (they are logged as
+ * written and not allocated). The caller marks the range free. */
 int zb_mem_free_for_reuse(zb_memory *m, uint64_t addr, uint64_t len);
-/* Give back every page kept for reuse (before a snapshot or restore: memory then holds exactly
- * what the snapshot says). */
+/* Give back every page kept for reuse (before a restore: memory then holds exactly what the
+ * snapshot says, and nothing freed survives a rollback, a rewind or an isolated cell's reset). */
 int zb_mem_release_stale(zb_memory *m);
 /* Host-side prefault of a new anonymous guest mapping the guest is about to fill (numpy arrays,
  * pandas frames): transparent huge pages where allowed, then MADV_POPULATE_WRITE, so the guest's

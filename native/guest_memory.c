@@ -233,8 +233,9 @@ int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
     return 0;
 }
 
-/* Freed ranges at least this big are kept for reuse, up to STALE_MAX_BYTES in all: enough for the
- * temporaries of array expressions; the host memory they hold is bounded and short-lived. */
+/* Freed ranges at least this big are kept for reuse, up to STALE_MAX_BYTES (and a quarter of guest
+ * memory) in all: enough for the temporaries of array expressions and for the arrays a cell
+ * replaces; the host memory they hold is bounded. */
 #define REUSE_MIN_BYTES (1ul << 20)
 #define STALE_MAX_BYTES (1ul << 30)
 

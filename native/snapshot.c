@@ -452,8 +452,9 @@ static uint64_t *take_pages(const zb_snapshot *s, const uint64_t *dirty, uint64_
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     if (sb->finished) { zb_seterr(err, "cannot snapshot a sandbox that has finished"); return NULL; }
     if (sync_from_vm(sb, err) < 0) return NULL;
-    int released = zb_mem_release_stale(&sb->mem);
-    if (released < 0) { zb_seterr(err, "cannot give back freed guest memory: %s", strerror(-released)); return NULL; }
+    /* Freed pages kept for reuse (zb_mem_free_for_reuse) stay kept: they are logged as written and
+     * not allocated, so this snapshot records them as zero pages, and whoever allocates them again
+     * zeroes them first. The next cell's first big array then reuses the last cell's freed one. */
     uint64_t *protect = drop_unchanged_pages(sb);
     zb_snapshot *s = calloc(1, sizeof *s);
     if (!s) { free(protect); zb_seterr(err, "out of memory"); return NULL; }

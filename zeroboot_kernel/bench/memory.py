@@ -42,10 +42,10 @@ def _scenarios(quick: bool) -> dict[str, dict[str, Any]]:
                               "data_mb": 40}}
     return {"arrays": {"setup": "import numpy as np", "cells": [f"a = np.random.rand(25_000_000); b = a * {i}"
                                                               for i in range(1, 11)], "data_mb": 400},
-            # 300 MB, not the 1 GB: the default template has 1 GiB of guest memory, and a
-            # transform holds the old and the new frame at once (see docs/PERFORMANCE.md)
-            "dataframe": {"setup": _df_setup(3_750_000), "cells": [f"df = df * 1.01 + {i}" for i in range(1, 21)],
-                          "data_mb": 300}}
+            # 200 MB, not the 1 GB: the default template has 1 GiB of guest memory, and a
+            # transform holds three frames at once (the old one, df * 1.01, and the result)
+            "dataframe": {"setup": _df_setup(2_500_000), "cells": [f"df = df * 1.01 + {i}" for i in range(1, 21)],
+                          "data_mb": 200}}
 
 
 def _df_setup(rows: int) -> str:
