@@ -51,7 +51,11 @@ typedef struct zb_image {
     int fd;
     uint64_t size;
     const uint8_t *map;      /* read-only view of the image, to compare pages with; NULL if unmappable */
+    uint64_t *data;          /* bitmap: page holds data in the file (else it is a hole: zeros);
+                                NULL if the file system cannot tell (then every page may hold data) */
 } zb_image;
+/* Does image page pfn read as zeros without reading it (a hole of the sparse image file)? */
+int zb_image_page_is_hole(const zb_image *img, uint64_t pfn);
 zb_image *zb_image_new(int fd, uint64_t size);
 void zb_image_ref(zb_image *img);
 void zb_image_unref(zb_image *img);

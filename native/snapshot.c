@@ -155,7 +155,9 @@ static int page_holds(const zb_memory *m, const zb_page *p, uint64_t pfn) {
     switch (p->kind) {
     case PAGE_ZERO: return page_is_zero(now);
     case PAGE_STORED: return !memcmp(now, p->store->map + (uint64_t)p->index * ZB_PAGE, ZB_PAGE);
-    default: return m->image && m->image->map ? !memcmp(now, m->image->map + pfn * ZB_PAGE, ZB_PAGE) : -1;
+    default:
+        if (zb_image_page_is_hole(m->image, pfn)) return page_is_zero(now); /* without reading the hole */
+        return m->image && m->image->map ? !memcmp(now, m->image->map + pfn * ZB_PAGE, ZB_PAGE) : -1;
     }
 }
 

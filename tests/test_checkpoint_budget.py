@@ -149,3 +149,29 @@ def test_raising_and_lowering_the_budget_applies_at_once(template) -> None:
         assert s.describe_budget()["budget_source"] == "default"
     finally:
         s.close()
+
+
+# ---- through the Jupyter kernel (env setting, magic, stderr notice) ----
+
+def test_budget_through_the_kernel() -> None:
+    from kernel_helpers import execute, kernel, stream_text
+
+    with kernel("zeroboot", ZEROBOOT_CHECKPOINT_MEMORY="100M") as (_, kc):
+        reply, msgs = execute(kc, "%sandbox checkpoints budget")
+        assert reply["status"] == "ok" and "100 MiB (set)" in stream_text(msgs)
+        execute(kc, "import numpy as np")
+        notices = []
+        for n in range(2, 7):
+            reply, msgs = execute(kc, CELL.format(n=n))
+            assert reply["status"] == "ok"
+            notices.append(stream_text(msgs, "stderr"))
+        assert sum("dropped the oldest" in t for t in notices) == 1, notices
+        reply, msgs = execute(kc, "%sandbox checkpoints")
+        text = stream_text(msgs)
+        assert "%rewind can go back" in text and "dropped to keep" in text, text
+        reply, msgs = execute(kc, "%sandbox stats")
+        assert "checkpoint memory / budget" in stream_text(msgs) and "%rewind depth" in stream_text(msgs)
+        reply, msgs = execute(kc, "%sandbox checkpoints budget 2G")
+        assert reply["status"] == "ok" and "2,048 MiB (set)" in stream_text(msgs)
+        reply, _ = execute(kc, "%sandbox checkpoints budget lots")
+        assert reply["status"] == "error" and reply["ename"] == "UsageError"
