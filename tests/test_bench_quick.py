@@ -59,9 +59,11 @@ def test_bench_all_quick_writes_every_field_and_the_report(tmp_path):
         row = res["memory"]["scenarios"][name]
         for side in ("zeroboot", "python3"):
             cells = row[side]["cells"]
-            assert len(cells) == row["cells"] and all(positive(c["ms"]) and positive(c["pss_mb"]) for c in cells)
+            assert len(cells) == row["cells"]
+            assert all(positive(c["ms"]) and positive(c["with_checkpoint_ms"]) and positive(c["pss_mb"]) for c in cells)
             assert all(isinstance(c["host_mb"], (int, float)) for c in cells)  # a drop: noisy, may be < 0
-        assert positive(row["time_ratio"]) and isinstance(row["memory_ratio"], (int, float))
+        assert positive(row["time_ratio"]) and positive(row["time_with_checkpoint_ratio"]) and positive(row["pss_ratio"])
+        assert isinstance(row["memory_ratio"], (int, float))
     df = res["memory"]["scenarios"]["dataframe"]["zeroboot"]
     assert isinstance(df["rewind_depth"], int) and isinstance(df["rewind_5"]["ok"], bool)
     fill = res["memory"]["fill"]
