@@ -262,7 +262,7 @@ int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
     return 0;
 }
 
-/* Freed ranges at least this big are kept for reuse, up to STALE_MAX_BYTES (and a quarter of guest
+/* Freed ranges at least this big are kept for reuse, up to STALE_MAX_BYTES (and half of guest
  * memory) in all: enough for the temporaries of array expressions and for the arrays a cell
  * replaces; the host memory they hold is bounded. */
 #define REUSE_MIN_BYTES (1ul << 20)
@@ -271,7 +271,7 @@ int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
 int zb_mem_free_for_reuse(zb_memory *m, uint64_t addr, uint64_t len) {
     len = ZB_PAGE_UP(len);
     uint64_t first = addr / ZB_PAGE, n = len / ZB_PAGE;
-    if (len < REUSE_MIN_BYTES || (m->stale_pages + n) * ZB_PAGE > ZB_MIN(STALE_MAX_BYTES, m->size / 4) ||
+    if (len < REUSE_MIN_BYTES || (m->stale_pages + n) * ZB_PAGE > ZB_MIN(STALE_MAX_BYTES, m->size / 2) ||
         !bits_all(m->file_backed, first, n, 0) || !bits_all(m->allocated, first, n, 1))
         return zb_mem_zero(m, addr, len);
     zb_bits_set_range(m->stale, first, n, 1);
