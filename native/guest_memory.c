@@ -263,8 +263,10 @@ int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
 }
 
 /* Freed ranges at least this big are kept for reuse, up to STALE_MAX_BYTES (and half of guest
- * memory) in all: enough for the temporaries of array expressions and for the arrays a cell
- * replaces; the host memory they hold is bounded. */
+ * memory) in all: enough for the temporaries of array expressions and for the frames a cell
+ * replaces. Measured on `df = df * 1.01 + i` with a 200 MB DataFrame in a 1 GiB guest: a quarter
+ * keeps one of its two temporaries, 1,176 ms per cell; half keeps both, 149 ms (ipykernel ~250 ms),
+ * for +190 MB of host memory between cells. */
 #define REUSE_MIN_BYTES (1ul << 20)
 #define STALE_MAX_BYTES (1ul << 30)
 
