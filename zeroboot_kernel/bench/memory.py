@@ -245,6 +245,27 @@ def measure(quick: bool = False, timeout: float = 600.0) -> dict[str, Any]:
     return res
 
 
+WHERE_IT_GOES = """\
+Where zeroboot's extra memory and time go (docs/ARCHITECTURE.md, sections 2, 4 and 5):
+* the checkpoint the next cell rolls back to holds a copy of every page the notebook changed since
+  the template (a crash must be undone), and the default budget (as much as the notebook's data)
+  keeps older checkpoints only while they fit next to it: here `%rewind` goes back a cell or so;
+  `%sandbox checkpoints budget 4G` buys depth with memory;
+* freed arrays and frames stay mapped for reuse (up to half of guest memory) so that the next
+  ones are filled at memset speed instead of one KVM fault per 4 KiB page, and the engine is a
+  second Python process;
+* the checkpoint's copy is taken after the reply (cell ms leaves it out) at the speed this host
+  writes fresh memory: a plain 400 MB memmove into new pages takes 0.7-1.5 s here too;
+* memory the guest never had costs a KVM fault per 4 KiB page on first touch, even after the host
+  prefault (the slot is dirty-logged, so KVM maps 4 KiB pages): the first big fill is slow, a
+  refill of freed memory runs at host speed;
+* not built, because the measurements say they do not pay here: spilling checkpoints to disk (the
+  single-threaded engine would make the next cell wait for the write, see the probe above) and
+  sharing pages between the live sandbox and its checkpoint (the guest then re-faults what it
+  touches next: -570 MB but 4x slower cells for the arrays).
+"""
+
+
 def markdown(res: dict[str, Any]) -> str:
     rows = []
     for name, row in res["scenarios"].items():
@@ -274,9 +295,9 @@ def markdown(res: dict[str, Any]) -> str:
             f"default checkpoint budget. After the dataframe cells, `%rewind` could go back {df.get('rewind_depth')} cell(s); "
             f"`%rewind 5` {'worked' if rw.get('ok') else 'was refused'} ({rw.get('ms')} ms).\n\n"
             f"{fill_table}\nGuest memory for the fill: {f['guest_memory_gib']} GiB. Spilling checkpoints to disk "
-            f"(probe of {s['size_mb']} MB in {s['folder']}): writes at {s['write_mb_s']} MB/s and reads back at "
-            f"{s['read_mb_s']} MB/s, so a 400 MB checkpoint would cost ~{s['spill_400mb_ms']} ms to spill and "
-            f"~{s['rewind_400mb_ms']} ms to bring back.\n")
+            f"(probe of {s['size_mb']} MB in the cache folder, O_DIRECT): writes at {s['write_mb_s']} MB/s and reads "
+            f"back at {s['read_mb_s']} MB/s, so a 400 MB checkpoint would cost ~{s['spill_400mb_ms']} ms to spill "
+            f"and ~{s['rewind_400mb_ms']} ms to bring back.\n\n{WHERE_IT_GOES}")
 
 
 def main(argv: list[str] | None = None) -> int:
