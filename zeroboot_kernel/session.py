@@ -45,7 +45,7 @@ class Session:
     def __init__(self, template: Template, *, mode: str = "chained", keep: int = 20,
                  timeout: float | None = None, interrupt_grace: float = 2.0,
                  project_dir: str | None = None, files: str = "overlay",
-                 checkpoint_memory: int | None | str = "env") -> None:
+                 checkpoint_memory: int | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if files not in FILES_MODES:
@@ -77,12 +77,14 @@ class Session:
         self.timings: deque[dict[str, float]] = deque(maxlen=200)
         self.cells_run = 0
         self.rollbacks = 0
-        # the checkpoints' memory budget in bytes; None: the default (checkpoint_budget.default_budget)
-        self.memory_budget: int | None = budget.from_env() if checkpoint_memory == "env" else checkpoint_memory  # type: ignore[assignment]
+        # the checkpoints' memory budget in bytes (given, else ZEROBOOT_CHECKPOINT_MEMORY); None: the
+        # default, which follows the notebook's data (checkpoint_budget.default_budget)
+        self.memory_budget = checkpoint_memory if checkpoint_memory is not None else budget.from_env()
         self.budget_dropped = 0             # checkpoints dropped to stay within the budget, this session
         self.budget_reason = ""             # why %rewind cannot go deeper now ("" when the budget did not limit it)
         self._budget_notices: list[str] = []  # for the user, printed (stderr) at the start of the next cell
         self._told_drop = self._told_over = False
+        self._over = False                  # the last enforcement found the kept checkpoint alone over the budget
 
     # ---- cells ----
     def execute(self, code: str, *, execution_count: int, silent: bool = False, store_history: bool = True,
@@ -219,6 +221,7 @@ class Session:
             cp.snapshot.release()
         self.checkpoints.clear()
         self.budget_reason = ""
+        self._over = False
         if self.head is not None:
             self.head.release()
             self.head = None
@@ -317,6 +320,9 @@ class Session:
         were dropped."""
         limit, held = self.budget_bytes(), self.checkpoint_memory()
         if held <= limit:
+            if self._over:  # no longer over: what limits %rewind now is what was dropped, if anything
+                self._over = False
+                self.budget_reason = self._dropped_reason(limit) if self.budget_dropped else ""
             return 0
         kept = [self.clean] + [s for s in (self.ready, self.head, protect) if s is not None]
         floor = snapshots_memory(kept)          # what no drop can free
@@ -330,9 +336,8 @@ class Session:
             held = self.checkpoint_memory()
         self.budget_dropped += len(dropped)
         if dropped:
-            self.budget_reason = (f"older checkpoints were dropped to keep the checkpoints' memory within the "
-                                  f"budget of {budget.mib(limit)}")
-        over = floor > limit
+            self.budget_reason = self._dropped_reason(limit)
+        over = self._over = floor > limit
         if over:
             self.budget_reason = (f"the checkpoint a crash rolls back to holds {budget.mib(floor)} on its own (the "
                                   f"notebook's changed data), more than the budget of {budget.mib(limit)}: it is kept "
@@ -353,6 +358,10 @@ class Session:
                 f"checkpoint memory budget ({budget.mib(limit)}): it is kept anyway (rollback needs it), so the "
                 f"session is over its budget by {budget.mib(floor - limit)}. (Told once per session.)\n")
         return len(dropped)
+
+    @staticmethod
+    def _dropped_reason(limit: int) -> str:
+        return f"older checkpoints were dropped to keep the checkpoints' memory within the budget of {budget.mib(limit)}"
 
     def describe_budget(self) -> dict[str, Any]:
         limit, held = self.budget_bytes(), self.checkpoint_memory()
