@@ -131,6 +131,10 @@ def test_a_checkpoint_alone_over_the_budget_is_kept_and_said(template) -> None:
         reply = run(s, "a[:] = 0\nimport ctypes\nctypes.string_at(0)", 4)
         assert reply["ename"] == "SandboxCrashed"
         assert run(s, "print(a[0])", 5)["stdout"].strip() == "3.0"
+        # a budget the checkpoints fit in: no longer over, and no longer said to be
+        s.set_budget(1 << 30)
+        info = s.describe_budget()
+        assert not info["over_budget"] and "kept anyway" not in info["why"], info
     finally:
         s.close()
 
