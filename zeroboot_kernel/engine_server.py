@@ -107,7 +107,11 @@ class EngineServer:
             size = msg.get("size")
             if size is None:
                 return {"status": "ok", "text": s.describe_budget()["summary"]}
-            return {"status": "ok", "text": s.set_budget(checkpoint_budget.parse_size(str(size)))}
+            try:
+                limit = checkpoint_budget.parse_size(str(size))
+            except checkpoint_budget.BudgetSyntaxError as exc:
+                return {"status": "error", "ename": "UsageError", "evalue": str(exc), "traceback": []}
+            return {"status": "ok", "text": s.set_budget(limit)}
         if op == "stats":
             return {"status": "ok", "stats": s.stats()}
         if op == "restart":
