@@ -3,7 +3,7 @@
 Runs the sections one after another (engine, peers, kernel, scaling, files, startup, memory), writes each
 one's JSON (+ .md) into --out, a summary `all.json` with the headline numbers, and renders
 docs/PERFORMANCE.md with its charts (docs/img/). `--quick` runs every section with few
-repetitions (under 2 minutes; the CI smoke test uses it) and, unless --report is given, writes the
+repetitions (a few minutes; the CI smoke test uses it) and, unless --report is given, writes the
 report next to the results instead of into docs/.
 The soak (`bench soak`) is not part of it: it runs for an hour at full size.
 """
@@ -53,7 +53,7 @@ def run_all(out: Path, quick: bool, report_path: Path | None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench all", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="few repetitions, under 2 minutes")
+    p.add_argument("--quick", action="store_true", help="few repetitions and small data, a few minutes")
     p.add_argument("--out", type=Path, default=common.results_dir(), help="where the JSON results go "
                    "(default bench/results/)")
     p.add_argument("--report", type=Path, default=None, help="the markdown report to write (default "
