@@ -30,6 +30,29 @@ static int bits_all(const uint64_t *b, uint64_t first, uint64_t n, int value) {
     return 1;
 }
 
+/* Which pages of a sparse image file hold data (SEEK_DATA/SEEK_HOLE). A template's image is mostly
+ * holes (161 MiB of data in 1 GiB); comparing a guest page with a hole through the image's mapping
+ * would make the page cache read the hole, i.e. allocate and zero pages for nothing. */
+static uint64_t *image_data_pages(int fd, uint64_t size) {
+    uint64_t npages = size / ZB_PAGE, *bits = calloc((npages + 63) / 64, sizeof *bits);
+    if (!bits) return NULL;
+    off_t at = 0;
+    while ((uint64_t)at < size) {
+        off_t data = lseek(fd, at, SEEK_DATA);
+        if (data < 0) {
+            if (errno == ENXIO) break;  /* no data after `at` */
+            free(bits);
+            return NULL;  /* cannot tell: treat every page as data */
+        }
+        off_t hole = lseek(fd, data, SEEK_HOLE);
+        if (hole < 0) { free(bits); return NULL; }
+        uint64_t first = (uint64_t)data / ZB_PAGE, last = ZB_MIN(((uint64_t)hole + ZB_PAGE - 1) / ZB_PAGE, npages);
+        if (last > first) zb_bits_set_range(bits, first, last - first, 1);
+        at = hole;
+    }
+    return bits;
+}
+
 zb_image *zb_image_new(int fd, uint64_t size) {
     zb_image *img = calloc(1, sizeof *img);
     if (!img) return NULL;
@@ -39,7 +62,12 @@ zb_image *zb_image_new(int fd, uint64_t size) {
     /* shares the page cache with every fork's copy-on-write mapping: costs address space only */
     void *map = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, 0);
     img->map = map == MAP_FAILED ? NULL : map;
+    img->data = image_data_pages(fd, size);
     return img;
+}
+
+int zb_image_page_is_hole(const zb_image *img, uint64_t pfn) {
+    return img && img->data && pfn < img->size / ZB_PAGE && !zb_bit(img->data, pfn);
 }
 
 void zb_image_ref(zb_image *img) {
@@ -49,6 +77,7 @@ void zb_image_ref(zb_image *img) {
 void zb_image_unref(zb_image *img) {
     if (img && atomic_fetch_sub(&img->refs, 1) == 1) {
         if (img->map) munmap((void *)img->map, img->size);
+        free(img->data);
         close(img->fd);
         free(img);
     }
@@ -80,7 +109,8 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     m->host_dirty = calloc(1, bitmap_bytes(m->npages));
     m->file_backed = calloc(1, bitmap_bytes(m->npages));
     m->from_image = calloc(1, bitmap_bytes(m->npages));
-    if (!m->allocated || !m->host_dirty || !m->file_backed || !m->from_image) {
+    m->stale = calloc(1, bitmap_bytes(m->npages));
+    if (!m->allocated || !m->host_dirty || !m->file_backed || !m->from_image || !m->stale) {
         zb_seterr(err, "out of memory for guest page bitmaps");
         zb_mem_destroy(m);
         return -1;
@@ -103,6 +133,7 @@ void zb_mem_destroy(zb_memory *m) {
     free(m->host_dirty);
     free(m->file_backed);
     free(m->from_image);
+    free(m->stale);
     free(m->unchanged_runs);
     free(m->regions);
     zb_image_unref(m->image);
@@ -169,8 +200,30 @@ int zb_mem_range_free(const zb_memory *m, uint64_t addr, uint64_t len) {
     return bits_all(m->allocated, addr / ZB_PAGE, ZB_PAGE_UP(len) / ZB_PAGE, 0);
 }
 
+/* Zero the pages of [first, first+n) kept for reuse, in runs, and forget that they were. */
+static void zero_stale(zb_memory *m, uint64_t first, uint64_t n) {
+    for (uint64_t p = first; p < first + n && m->stale_pages;) {
+        if (!(p & 63) && p + 64 <= first + n && !m->stale[p >> 6]) { p += 64; continue; }
+        if (!zb_bit(m->stale, p)) { p++; continue; }
+        uint64_t q = p;
+        while (q < first + n && zb_bit(m->stale, q)) q++;
+        memset(m->host + p * ZB_PAGE, 0, (q - p) * ZB_PAGE);
+        zb_bits_set_range(m->stale, p, q - p, 0);
+        m->stale_pages -= q - p;
+        p = q;
+    }
+}
+
+/* Forget that pages of the range were kept for reuse: their content was just replaced. */
+static void forget_stale(zb_memory *m, uint64_t first, uint64_t n) {
+    if (!m->stale_pages) return;
+    for (uint64_t p = first; p < first + n; p++)
+        if (zb_bit(m->stale, p)) { zb_bit_clear(m->stale, p); m->stale_pages--; }
+}
+
 void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated) {
     uint64_t first = addr / ZB_PAGE, n = ZB_PAGE_UP(len) / ZB_PAGE;
+    if (allocated) zero_stale(m, first, n); /* freed memory reads as zeros when handed out again */
     for (uint64_t p = first; p < first + n; p++) {
         if (zb_bit(m->allocated, p) == allocated) continue;
         if (allocated) { zb_bit_set(m->allocated, p); m->pages_allocated++; }
@@ -204,8 +257,59 @@ int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
     } else if (madvise(m->host + addr, len, MADV_DONTNEED) < 0) {
         return -errno;
     }
+    forget_stale(m, first, n);
     zb_bits_set_range(m->host_dirty, first, n, 1);
     return 0;
+}
+
+/* Freed ranges at least this big are kept for reuse, up to STALE_MAX_BYTES (and half of guest
+ * memory) in all: enough for the temporaries of array expressions and for the frames a cell
+ * replaces. Measured on `df = df * 1.01 + i` with a 200 MB DataFrame in a 1 GiB guest: a quarter
+ * keeps one of its two temporaries, 1,176 ms per cell; half keeps both, 149 ms (ipykernel ~250 ms),
+ * for +190 MB of host memory between cells. */
+#define REUSE_MIN_BYTES (1ul << 20)
+#define STALE_MAX_BYTES (1ul << 30)
+
+int zb_mem_free_for_reuse(zb_memory *m, uint64_t addr, uint64_t len) {
+    len = ZB_PAGE_UP(len);
+    uint64_t first = addr / ZB_PAGE, n = len / ZB_PAGE;
+    if (len < REUSE_MIN_BYTES || (m->stale_pages + n) * ZB_PAGE > ZB_MIN(STALE_MAX_BYTES, m->size / 2) ||
+        !bits_all(m->file_backed, first, n, 0) || !bits_all(m->allocated, first, n, 1))
+        return zb_mem_zero(m, addr, len);
+    zb_bits_set_range(m->stale, first, n, 1);
+    m->stale_pages += n;
+    zb_bits_set_range(m->host_dirty, first, n, 1); /* a snapshot must see these pages freed */
+    return 0;
+}
+
+int zb_mem_release_stale(zb_memory *m) {
+    if (!m->stale_pages) return 0;
+    for (uint64_t p = 0; p < m->npages && m->stale_pages;) {
+        if (!(p & 63) && !m->stale[p >> 6]) { p += 64; continue; }
+        if (!zb_bit(m->stale, p)) { p++; continue; }
+        uint64_t q = p;
+        while (q < m->npages && zb_bit(m->stale, q)) q++;
+        int rc = zb_mem_zero(m, p * ZB_PAGE, (q - p) * ZB_PAGE); /* clears their stale bits */
+        if (rc < 0) return rc;
+        p = q;
+    }
+    return 0;
+}
+
+/* Mappings at least this big are prefaulted on the host, and backed by huge pages where their
+ * 2 MiB-aligned middle allows. */
+#define PREFAULT_MIN_BYTES (1ul << 20)
+
+void zb_mem_prefault_anonymous(zb_memory *m, uint64_t addr, uint64_t len) {
+    len = ZB_PAGE_UP(len);
+    if (len < PREFAULT_MIN_BYTES) return;
+    uint64_t first = addr / ZB_PAGE, n = len / ZB_PAGE;
+    /* a fork's free memory is a private view of the image file, which gets no huge pages and
+     * whose first write is a copy: map fresh anonymous memory there first (it is zeros either way) */
+    if (!bits_all(m->file_backed, first, n, 0) && zb_mem_zero(m, addr, len) < 0) return;
+    uint64_t lo = (addr + ZB_HUGE - 1) & ~(ZB_HUGE - 1), hi = (addr + len) & ~(ZB_HUGE - 1);
+    if (hi > lo) (void)madvise(m->host + lo, hi - lo, MADV_HUGEPAGE);
+    (void)madvise(m->host + addr, len, MADV_POPULATE_WRITE);
 }
 
 int zb_mem_map_file(zb_memory *m, uint64_t addr, uint64_t len, int fd, uint64_t offset) {

@@ -60,9 +60,43 @@ static void page_hold(zb_store *s, uint32_t index) {
     if (s->page_refs[index]++ == 0) s->live_pages++;
 }
 
+/* Give back the memory of store pages no snapshot uses any more (MADV_REMOVE punches them out of
+ * the memfd), so that a store costs its live pages, not every page it was made with: a cell's
+ * store keeps a few hundred interpreter pages alive long after the arrays it also holds were
+ * replaced, and would otherwise hold those arrays too (issue 23: 400 MB per cell). Safe because
+ * no sandbox maps a store page that its base snapshot does not use (see apply_memory and the
+ * dead-store copies in zb_sandbox_snapshot). */
+static void store_free_pages(zb_store *s, uint32_t first, uint32_t n) {
+    if (n) (void)madvise(s->map + (uint64_t)first * ZB_PAGE, (uint64_t)n * ZB_PAGE, MADV_REMOVE);
+}
+
+/* Runs of consecutive store pages that died, freed with one madvise each. */
+typedef struct { zb_store *store; uint32_t first, n; } dead_run;
+
+static void dead_flush(dead_run *r) {
+    if (r->n) store_free_pages(r->store, r->first, r->n);
+    r->n = 0;
+}
+
+static void dead_add(dead_run *r, zb_store *s, uint32_t index) {
+    if (r->n && r->store == s && index == r->first + r->n) { r->n++; return; }
+    dead_flush(r);
+    *r = (dead_run){s, index, 1};
+}
+
+/* One page entry less points at store page `index`; a page nobody uses goes into `run`. */
+static void page_release(zb_store *s, uint32_t index, dead_run *run) {
+    if (--s->page_refs[index] == 0) {
+        s->live_pages--;
+        dead_add(run, s, index);
+    }
+}
+
 static void page_drop(zb_store *s, uint32_t index) {
     if (!s) return;
-    if (--s->page_refs[index] == 0) s->live_pages--;
+    dead_run run = {0};
+    page_release(s, index, &run);
+    dead_flush(&run);
     store_unref(s);
 }
 
@@ -71,7 +105,12 @@ static int store_mostly_dead(const zb_store *s) { return 2 * s->live_pages < s->
 
 static void chunk_unref(zb_chunk *c) {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
-    for (int i = 0; i < CHUNK_PAGES; i++) page_drop(c->page[i].store, c->page[i].index);
+    /* first free the pages that died (their stores are still alive), then let go of the stores */
+    dead_run run = {0};
+    for (int i = 0; i < CHUNK_PAGES; i++)
+        if (c->page[i].store) page_release(c->page[i].store, c->page[i].index, &run);
+    dead_flush(&run);
+    for (int i = 0; i < CHUNK_PAGES; i++) store_unref(c->page[i].store);
     free(c);
 }
 
@@ -116,7 +155,9 @@ static int page_holds(const zb_memory *m, const zb_page *p, uint64_t pfn) {
     switch (p->kind) {
     case PAGE_ZERO: return page_is_zero(now);
     case PAGE_STORED: return !memcmp(now, p->store->map + (uint64_t)p->index * ZB_PAGE, ZB_PAGE);
-    default: return m->image && m->image->map ? !memcmp(now, m->image->map + pfn * ZB_PAGE, ZB_PAGE) : -1;
+    default:
+        if (zb_image_page_is_hole(m->image, pfn)) return page_is_zero(now); /* without reading the hole */
+        return m->image && m->image->map ? !memcmp(now, m->image->map + pfn * ZB_PAGE, ZB_PAGE) : -1;
     }
 }
 
@@ -275,7 +316,10 @@ static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapsh
             uint64_t pfn = c * CHUNK_PAGES + i;
             const zb_page *want = zb_snapshot_page(snap, pfn);
             if (!zb_bit(dirty, pfn) && page_same(zb_snapshot_page(base, pfn), want)) continue;
-            if (protect && page_holds(m, want, pfn) == 1) {
+            /* a page mapped from a file other than the image may be a store page that `snap` does
+             * not use (and that may be freed later): it is rewritten, never left alone */
+            int foreign = zb_bit(m->file_backed, pfn) && !zb_bit(m->from_image, pfn);
+            if (protect && !foreign && page_holds(m, want, pfn) == 1) {
                 if (unchanged_again(runs, pfn)) zb_bit_set(protect, pfn);
                 continue;
             }
@@ -313,6 +357,48 @@ uint64_t zb_snapshot_private_bytes(zb_snapshot *s) {
     /* the overlay's metadata is shared copy-on-write: what only this snapshot holds changes as the
      * sandbox and later snapshots copy chunks, so it is counted now */
     return (s->own ? s->own->npages * ZB_PAGE : 0) + s->state_bytes + zb_ovl_private_bytes(s->st.fs);
+}
+
+/* Each call is one pass: chunks visited in it carry its number, so a chunk shared by many
+ * snapshots is walked once, and each store met gets a bitmap of the pages the pass counted, so a
+ * page shared by many snapshots is counted once. Single-threaded, as every snapshot call. */
+static uint64_t memory_pass;
+
+uint64_t zb_snapshots_memory(zb_snapshot **snaps, size_t n) {
+    uint64_t pass = ++memory_pass, pages = 0;
+    zb_store **met = NULL;
+    size_t nmet = 0, capmet = 0;
+    for (size_t i = 0; i < n; i++) {
+        zb_snapshot *s = snaps[i];
+        for (uint64_t c = 0; s && c < s->nchunks; c++) {
+            zb_chunk *ch = s->chunks[c];
+            if (!ch || ch->seen == pass) continue;
+            ch->seen = pass;
+            for (int p = 0; p < CHUNK_PAGES; p++) {
+                zb_store *st = ch->page[p].store;
+                if (!st) continue;
+                if (st->seen != pass) {
+                    if (nmet == capmet) {
+                        size_t cap = capmet ? capmet * 2 : 64;
+                        zb_store **grown = realloc(met, cap * sizeof *grown);
+                        if (!grown) goto out;  /* cannot happen in practice; the count is then low */
+                        met = grown;
+                        capmet = cap;
+                    }
+                    free(st->counted);
+                    if (!(st->counted = calloc((st->npages + 63) / 64, sizeof(uint64_t)))) goto out;
+                    st->seen = pass;
+                    met[nmet++] = st;
+                }
+                uint32_t idx = ch->page[p].index;
+                if (!zb_bit(st->counted, idx)) { zb_bit_set(st->counted, idx); pages++; }
+            }
+        }
+    }
+out:
+    for (size_t i = 0; i < nmet; i++) { free(met[i]->counted); met[i]->counted = NULL; }
+    free(met);
+    return pages * ZB_PAGE;
 }
 
 /* Bring the sandbox's dirty set and XSAVE image up to date from the VM it is attached to. */
@@ -373,6 +459,9 @@ static uint64_t *take_pages(const zb_snapshot *s, const uint64_t *dirty, uint64_
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     if (sb->finished) { zb_seterr(err, "cannot snapshot a sandbox that has finished"); return NULL; }
     if (sync_from_vm(sb, err) < 0) return NULL;
+    /* Freed pages kept for reuse (zb_mem_free_for_reuse) stay kept: they are logged as written and
+     * not allocated, so this snapshot records them as zero pages, and whoever allocates them again
+     * zeroes them first. The next cell's first big array then reuses the last cell's freed one. */
     uint64_t *protect = drop_unchanged_pages(sb);
     zb_snapshot *s = calloc(1, sizeof *s);
     if (!s) { free(protect); zb_seterr(err, "out of memory"); return NULL; }
@@ -408,7 +497,12 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
             }
             zb_page *p = &s->chunks[c]->page[pfn % CHUNK_PAGES];
             if (!zb_bit(dirty, pfn)) { /* unchanged, but its store is mostly dead: take a copy */
-                memcpy(s->own->map + used * ZB_PAGE, p->store->map + (uint64_t)p->index * ZB_PAGE, ZB_PAGE);
+                const uint8_t *old = p->store->map + (uint64_t)p->index * ZB_PAGE;
+                memcpy(s->own->map + used * ZB_PAGE, old, ZB_PAGE);
+                /* The sandbox may map the old store page itself (a restore maps long runs): give it
+                 * a private copy, as the old page is freed once older snapshots let go of it. */
+                if (zb_bit(sb->mem.file_backed, pfn) && !zb_bit(sb->mem.from_image, pfn))
+                    memcpy(sb->mem.host + pfn * ZB_PAGE, old, ZB_PAGE);
                 page_set(p, PAGE_STORED, s->own, (uint32_t)used);
                 used++;
                 continue;
@@ -481,6 +575,12 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
      * compares them instead of rewriting them all (a page rewritten by the host stays mapped too). */
     uint64_t *protect = attached && vm->manual_protect ? calloc((sb->mem.npages + 63) / 64, sizeof *protect) : NULL;
     if (attached && zb_vm_collect_dirty(vm, protect != NULL, err) < 0) { free(protect); return -1; }
+    int released = zb_mem_release_stale(&sb->mem);
+    if (released < 0) {
+        free(protect);
+        zb_seterr(err, "cannot give back freed guest memory: %s", strerror(-released));
+        return -1;
+    }
     if (apply_memory(sb, sb->base, snap, protect, err) < 0 || state_apply(sb, &snap->st, err) < 0) {
         free(protect);
         sb->finished = 1; /* half restored: never run it */

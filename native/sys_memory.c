@@ -108,6 +108,10 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
     }
     zb_mem_mark(m, at, len, 1);
     const char *name = "[anon]";
+    /* a big writable anonymous mapping is about to be filled (glibc's malloc gives numpy arrays
+     * their own mapping): fault it in on the host now, at a fraction of the guest's cost.
+     * MAP_NORESERVE and PROT_NONE mappings are reservations (arenas): left alone. */
+    if (!f && (prot & PROT_WRITE) && !(flags & MAP_NORESERVE)) zb_mem_prefault_anonymous(m, at, len);
     if (f) {
         long rc = fill_from_file(sb, f, at, len, off);
         if (rc < 0) {
@@ -123,7 +127,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
 
 static long unmap(zb_sandbox *sb, uint64_t addr, uint64_t len) {
     zb_memory *m = &sb->mem;
-    long rc = zb_mem_zero(m, addr, len);
+    long rc = zb_mem_free_for_reuse(m, addr, len);
     if (rc < 0) return rc;
     zb_mem_mark(m, addr, len, 0);
     zb_region_remove(m, addr, addr + len);

@@ -203,6 +203,10 @@ long zb_sandbox_prefault(zb_sandbox *sb, int mode, char *err);
 /* Bytes of host memory the snapshot holds on its own (pages it copied, and its copy of the engine's
  * state of the sandbox: overlay metadata, fd table, stream and UART buffers), for accounting. */
 uint64_t zb_snapshot_private_bytes(zb_snapshot *snap);
+/* Bytes of host memory held by the page stores that these snapshots use, each store counted once
+ * (a store shared by several checkpoints is one cost): what a session's checkpoints cost the host,
+ * and what its checkpoint memory budget is compared with. NULL entries are skipped. */
+uint64_t zb_snapshots_memory(zb_snapshot **snaps, size_t n);
 /* CFFI-END */
 
 #endif

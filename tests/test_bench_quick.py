@@ -35,7 +35,7 @@ def test_bench_all_quick_writes_every_field_and_the_report(tmp_path):
                           capture_output=True, text=True, timeout=900, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = {name: json.loads((out / f"{name}.json").read_text())
-           for name in ("all", "engine", "peers", "kernel", "scaling", "files", "startup")}
+           for name in ("all", "engine", "peers", "kernel", "scaling", "files", "startup", "memory")}
     for name, data in res.items():
         assert data["benchmark"] == name and data["machine"]["cpus"] >= 1
     for field in FIELDS["engine"]:
@@ -55,6 +55,20 @@ def test_bench_all_quick_writes_every_field_and_the_report(tmp_path):
     assert positive(res["scaling"]["cells_per_s_1_worker"]) and positive(res["scaling"]["cells_per_s_2_workers"])
     assert all(positive(v["guest_mb_s"]) and positive(v["exits_per_mb"]) for v in res["files"]["rows"].values())
     assert positive(res["startup"]["matmul_speed_vs_host"])
+    for name in ("arrays", "dataframe"):
+        row = res["memory"]["scenarios"][name]
+        for side in ("zeroboot", "python3"):
+            cells = row[side]["cells"]
+            assert len(cells) == row["cells"]
+            assert all(positive(c["ms"]) and positive(c["with_checkpoint_ms"]) and positive(c["pss_mb"]) for c in cells)
+            assert all(isinstance(c["host_mb"], (int, float)) for c in cells)  # a drop: noisy, may be < 0
+        assert positive(row["time_ratio"]) and positive(row["time_with_checkpoint_ratio"]) and positive(row["pss_ratio"])
+        assert isinstance(row["memory_ratio"], (int, float))
+    df = res["memory"]["scenarios"]["dataframe"]["zeroboot"]
+    assert isinstance(df["rewind_depth"], int) and isinstance(df["rewind_5"]["ok"], bool)
+    fill = res["memory"]["fill"]
+    assert all(positive(fill[side][k]) for side in ("guest", "host") for k in ("fill_s", "ones_plus_s"))
+    assert positive(fill["fill_speed_vs_host"]) and positive(res["memory"]["spill"]["write_mb_s"])
     assert all(positive(res["all"]["headline"][f]) for f in HEADLINE), res["all"]["headline"]
     report = (out / "PERFORMANCE.md").read_text()
     assert "## Summary" in report and "bench all --quick" in report and "(published)" in report

@@ -27,6 +27,12 @@ def test_mmap_until_enomem_then_reuse():
     assert "chunks " in result.out
 
 
+def test_freed_memory_reads_zero_when_handed_out_again():
+    """Big freed ranges stay mapped for reuse (zb_mem_free_for_reuse): each way of freeing and
+    taking back memory must still give zeros."""
+    guest_c.check("mem", "reuse_reads_zero")
+
+
 def test_brk_grows_and_shrinks():
     guest_c.check("mem", "brk")
 

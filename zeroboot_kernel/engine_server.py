@@ -20,6 +20,7 @@ import socket
 import sys
 from typing import Any
 
+from . import checkpoint_budget
 from . import engine_wire as wire
 from . import export
 from .errors import ZerobootError
@@ -143,7 +144,16 @@ class EngineServer:
         if op == "lockdown_check":
             return {"status": "ok", "checks": lockdown_check()}
         if op == "checkpoints":
-            return {"status": "ok", "checkpoints": s.describe_checkpoints()}
+            return {"status": "ok", "checkpoints": s.describe_checkpoints(), "budget": s.describe_budget()}
+        if op == "checkpoint_budget":
+            size = msg.get("size")
+            if size is None:
+                return {"status": "ok", "text": s.describe_budget()["summary"]}
+            try:
+                limit = checkpoint_budget.parse_size(str(size))
+            except checkpoint_budget.BudgetSyntaxError as exc:
+                return {"status": "error", "ename": "UsageError", "evalue": str(exc), "traceback": []}
+            return {"status": "ok", "text": s.set_budget(limit)}
         if op == "stats":
             return {"status": "ok", "stats": s.stats()}
         if op == "restart":

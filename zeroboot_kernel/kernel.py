@@ -446,7 +446,10 @@ class ZerobootKernel(Kernel):
                         f"{stats.get('guest_memory_limit_mib')} MiB limit (change with `%sandbox memory SIZE`; "
                         f"ZEROBOOT_MEMORY sets the most it can be)\n")
             if sub == "checkpoints":
-                return mg.format_checkpoints(self._call(client, "checkpoints").get("checkpoints") or [], self.mode)
+                if magic.arg == "budget":  # show (dest None) or set the checkpoints' memory budget
+                    return str(self._call(client, "checkpoint_budget", size=magic.dest).get("text", "")) + "\n"
+                got = self._call(client, "checkpoints")
+                return mg.format_checkpoints(got.get("checkpoints") or [], self.mode, got.get("budget"))
             if sub == "stats":
                 stats = self._call(client, "stats").get("stats") or {}
                 trips = sorted(self._round_trips)

@@ -5,6 +5,7 @@
     ZEROBOOT_CELL_TIMEOUT  seconds a cell may run, 0 or empty for no limit
     ZEROBOOT_CHECKPOINTS   how many checkpoints %rewind can go back to (default 20)
     ZEROBOOT_FILES         how the notebook's folder is seen: overlay (default), readonly, readwrite
+    ZEROBOOT_CHECKPOINT_MEMORY  memory the checkpoints may hold (e.g. 2G; default: see checkpoint_budget.py)
     ZEROBOOT_HIDE          paths in the notebook's folder the sandbox does not see, ':'-separated,
                            relative to the folder; "none" hides nothing; default: DEFAULT_HIDDEN
     ZEROBOOT_OUTPUTS       trusted (default) or safe: what rich outputs may do in the browser
@@ -23,6 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from . import checkpoint_budget
 from .errors import ZerobootError
 
 MODES = ("chained", "isolated")
@@ -76,6 +78,10 @@ class KernelSettings:
         if not raw_keep.isdigit():
             raise KernelConfigError(f"ZEROBOOT_CHECKPOINTS={raw_keep!r}: give a whole number >= 0 "
                                     f"(how many cells %rewind can undo)")
+        try:
+            checkpoint_budget.from_env(env)  # read by the engine process (it inherits the env)
+        except checkpoint_budget.BudgetSyntaxError as exc:
+            raise KernelConfigError(str(exc)) from None
         files = (env.get("ZEROBOOT_FILES") or "overlay").strip().lower()
         if files not in FILES_MODES:
             raise KernelConfigError(f"ZEROBOOT_FILES={env.get('ZEROBOOT_FILES')!r}: use overlay, readonly or readwrite")

@@ -6,7 +6,8 @@ the cell (if any) goes to the guest. A cell that is only magics never touches th
 
     %rewind [N]                          state as before the last N cells (default 1)
     %sandbox mode [chained|isolated]     show or switch the execution mode
-    %sandbox checkpoints                 the checkpoints %rewind can go back to
+    %sandbox checkpoints                 the checkpoints %rewind can go back to, and their memory
+    %sandbox checkpoints budget [SIZE|auto]  show or set the checkpoints' memory budget
     %sandbox stats                       fork/exec timings, memory of the live fork, template
     %sandbox timeout [SECONDS]           show or set the per-cell time limit (0 = none)
     %sandbox memory [SIZE]               show or set the sandbox's memory limit
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Union
 
+from .checkpoint_budget import BudgetSyntaxError, mib
+from .checkpoint_budget import parse_size as parse_budget
 from .guest_memory_size import MemorySizeError, parse_size
 from .listing import printable
 
@@ -43,7 +46,11 @@ zeroboot kernel magics (run by the kernel, before the rest of the cell goes to t
   %sandbox mode [chained|isolated]   show or switch the mode:
                                        chained   each cell continues from the previous one
                                        isolated  each cell starts from a clean sandbox
-  %sandbox checkpoints               list the checkpoints %rewind can return to
+  %sandbox checkpoints               list the checkpoints %rewind can return to, their memory,
+                                     and how deep %rewind can go (and why)
+  %sandbox checkpoints budget [SIZE] show or set the memory the checkpoints may hold (e.g. 2G;
+                                     auto = the notebook's data, 256 MiB to 1/8 of host RAM);
+                                     the oldest checkpoints are dropped first
   %sandbox stats                     fork/exec timings, memory of the live fork, template in use
   %sandbox timeout [SECONDS]         show or set the time limit per cell (0 = no limit)
   %sandbox memory [SIZE]             show or set the sandbox's memory limit (2G, 1536M; up to the
@@ -83,7 +90,7 @@ class Rewind:
 class SandboxCommand:
     sub: str                   # one of SUBCOMMANDS
     arg: str | None = None     # mode for `mode`/`files`, seconds (as text) for `timeout`, PATH for `export`
-    dest: str | None = None    # DEST for `export`
+    dest: str | None = None    # DEST for `export`; SIZE for `checkpoints budget` (None: show it)
 
     @property
     def seconds(self) -> float:
@@ -210,6 +217,15 @@ def _parse_sandbox(args: list[str]) -> SandboxCommand:
         if len(params) > 1 or (params and params[0] not in OUTPUT_POLICIES):
             raise MagicUsageError(f"usage: %sandbox outputs [trusted|safe] (got: {' '.join(params)})")
         return SandboxCommand("outputs", params[0] if params else None)
+    if sub == "checkpoints" and params:
+        if params[0] != "budget" or len(params) > 2:
+            raise MagicUsageError(f"usage: %sandbox checkpoints [budget [SIZE|auto]] (got: {' '.join(params)})")
+        if len(params) == 2:
+            try:
+                parse_budget(params[1])
+            except BudgetSyntaxError as exc:
+                raise MagicUsageError(f"usage: %sandbox checkpoints budget SIZE: {exc}") from None
+        return SandboxCommand("checkpoints", "budget", params[1] if len(params) == 2 else None)
     if sub == "export":
         if not 1 <= len(params) <= 2:
             raise MagicUsageError("usage: %sandbox export PATH [DEST] (paths relative to the notebook's folder)")
@@ -221,11 +237,25 @@ def _parse_sandbox(args: list[str]) -> SandboxCommand:
 
 # ---- what the magics print ----------------------------------------------------------------
 
-def format_checkpoints(rows: list[dict[str, Any]], mode: str) -> str:
+def format_budget(info: dict[str, Any] | None) -> str:
+    """The budget lines of %sandbox checkpoints (info: Session.describe_budget())."""
+    if not info:
+        return ""
+    line = (f"memory: the checkpoints hold {mib(int(info.get('held_bytes', 0)))} of a budget of "
+            f"{mib(int(info.get('budget_bytes', 0)))} ({info.get('budget_source', 'default')}; "
+            f"`%sandbox checkpoints budget SIZE` changes it)\n")
+    line += f"%rewind can go back {info.get('rewind_depth', 0)} cell(s): {info.get('why', '')}\n"
+    if info.get("dropped_for_budget"):
+        line += f"{info['dropped_for_budget']} checkpoint(s) dropped for the budget in this session, oldest first\n"
+    return line
+
+
+def format_checkpoints(rows: list[dict[str, Any]], mode: str, budget: dict[str, Any] | None = None) -> str:
     if mode == "isolated":
         head = "isolated mode: every cell starts from the template; %rewind needs chained mode.\n"
     else:
         head = ""
+    head += format_budget(budget)
     if not rows:
         return head + "no checkpoints yet (one is taken before every cell run in chained mode)\n"
     lines = [head + f"{len(rows)} checkpoint(s), newest last; `%rewind N` returns to the N-th from the end:",
@@ -281,6 +311,11 @@ def format_stats(stats: dict[str, Any], kernel: dict[str, Any]) -> str:
         ("cells run in the sandbox", stats.get("cells_run")),
         ("rollbacks (crash/timeout/interrupt)", stats.get("rollbacks")),
         ("checkpoints kept", f"{stats.get('checkpoints')} ({stats.get('checkpoint_kib', 0) / 1024:.1f} MiB private)"),
+        ("checkpoint memory / budget", "-" if not stats.get("checkpoint_budget") else
+         f"{mib(stats['checkpoint_budget']['held_bytes'])} / {mib(stats['checkpoint_budget']['budget_bytes'])} "
+         f"({stats['checkpoint_budget']['budget_source']})"),
+        ("%rewind depth", "-" if not stats.get("checkpoint_budget") else
+         f"{stats['checkpoint_budget']['rewind_depth']} cell(s): {stats['checkpoint_budget']['why']}"),
         ("checkpoint (fork point) p50", ms(stats.get("checkpoint_ms_p50"))),
         ("cell execution in the VM p50", ms(stats.get("execute_ms_p50"))),
         ("cell round trip in the kernel p50", ms(kernel.get("round_trip_ms_p50"))),

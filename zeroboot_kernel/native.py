@@ -365,6 +365,18 @@ class Snapshot:
     def release(self) -> None:
         self._finalizer()
 
+    @property
+    def released(self) -> bool:
+        return not self._finalizer.alive
+
+
+def snapshots_memory(snapshots: list[Snapshot]) -> int:
+    """Bytes of host memory the page stores of these snapshots hold, each shared store once."""
+    handles = [s.handle for s in snapshots if not s.released]
+    if not handles:
+        return 0
+    return int(lib.zb_snapshots_memory(ffi.new("zb_snapshot *[]", handles), len(handles)))
+
 
 def monotonic_deadline(timeout: float | None) -> float | None:
     return time.monotonic() + timeout if timeout else None

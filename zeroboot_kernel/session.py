@@ -4,7 +4,8 @@ Runs inside the engine process (engine_server.py). Modes:
   chained   cell N runs on the state left by cell N-1 (what notebook users expect). Before each
             cell a checkpoint is taken (it costs what the previous cell wrote); the last K are
             kept for %rewind, and a cell that crashes, times out or ignores an interrupt is rolled
-            back to its checkpoint, so it costs one cell, never the session.
+            back to its checkpoint, so it costs one cell, never the session. The checkpoints'
+            memory is bounded by a budget (checkpoint_budget.py): the oldest go first.
   isolated  every cell starts from the clean template (teaching, grading).
 Completion and inspection run against the current state and are rolled back afterwards.
 """
@@ -17,13 +18,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import checkpoint_budget as budget
 from . import export
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
 from .guest_view import GUEST_HOME
 from .guest_environ import session_environment
 from .guest_memory_size import describe
 from .project_root import find_project_root
-from .native import Snapshot
+from .native import Snapshot, snapshots_memory
 from .sandbox import InputCallback, MessageCallback, StreamCallback
 from .template import Template
 
@@ -49,11 +51,13 @@ class Session:
     def __init__(self, template: Template, *, mode: str = "chained", keep: int = 20,
                  timeout: float | None = None, interrupt_grace: float = 2.0,
                  project_dir: str | None = None, files: str = "overlay", hidden: tuple[str, ...] = (),
-                 environ: dict[str, str] | None = None, project_root: str | None = None) -> None:
+                 environ: dict[str, str] | None = None, project_root: str | None = None,
+                 checkpoint_memory: int | None = None) -> None:
         """project_dir: the notebook's folder (the cells' working directory); project_root: the
         folder shown in the sandbox, which contains it (default: found by project_root.py); hidden:
         paths relative to project_root the sandbox does not see (credentials, histories).
-        environ: the variables the guest gets (default: this process's, by guest_environ.py)."""
+        environ: the variables the guest gets (default: this process's, by guest_environ.py).
+        checkpoint_memory: the checkpoints' memory budget (None: checkpoint_budget's default)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if files not in FILES_MODES:
@@ -101,6 +105,14 @@ class Session:
         self.timings: deque[dict[str, float]] = deque(maxlen=200)
         self.cells_run = 0
         self.rollbacks = 0
+        # the checkpoints' memory budget in bytes (given, else ZEROBOOT_CHECKPOINT_MEMORY); None: the
+        # default, which follows the notebook's data (checkpoint_budget.default_budget)
+        self.memory_budget = checkpoint_memory if checkpoint_memory is not None else budget.from_env()
+        self.budget_dropped = 0             # checkpoints dropped to stay within the budget, this session
+        self.budget_reason = ""             # why %rewind cannot go deeper now ("" when the budget did not limit it)
+        self._budget_notices: list[str] = []  # for the user, printed (stderr) at the start of the next cell
+        self._told_drop = self._told_over = False
+        self._over = False                  # the last enforcement found the kept checkpoint alone over the budget
 
     # ---- cells ----
     def execute(self, code: str, *, execution_count: int, silent: bool = False, store_history: bool = True,
@@ -110,6 +122,9 @@ class Session:
         """Run one cell; returns the execute_reply content. Never raises for what the guest does."""
         t0 = time.perf_counter()
         checkpoint, checkpoint_ms = self._before_cell(code, execution_count)
+        if self._budget_notices and on_stream and not silent:
+            on_stream("stderr", "".join(self._budget_notices))
+        self._budget_notices.clear()
         t1 = time.perf_counter()
         try:
             r = self.sandbox.execute(code, on_stream=on_stream, on_message=on_message, on_input=on_input,
@@ -146,6 +161,8 @@ class Session:
         self.checkpoints.append(Checkpoint(execution_count, code, snap, time.time()))
         while len(self.checkpoints) > self.keep:
             self.checkpoints.popleft().snapshot.release()
+        if taken_ms is None:  # taken now: prepare_next_cell did not enforce the budget with it
+            self.enforce_budget(protect=snap)
         return snap, taken_ms
 
     def prepare_next_cell(self) -> None:
@@ -161,6 +178,7 @@ class Session:
                 self.reset_done = True
             elif self.mode == "chained" and self.ready is None and not self.sandbox.broken:
                 self.ready = self.sandbox.snapshot()
+                self.enforce_budget(protect=self.ready)
             else:
                 return
         except SandboxError as exc:  # the next cell does it again and reports it
@@ -198,7 +216,9 @@ class Session:
         if n < 1:
             raise SandboxError("%rewind N needs N >= 1")
         if n > len(self.checkpoints):
-            raise SandboxError(f"only {len(self.checkpoints)} checkpoint(s) are kept; cannot rewind {n} cells")
+            why = f" ({self.budget_reason})" if self.budget_reason else ""
+            raise SandboxError(f"only {len(self.checkpoints)} checkpoint(s) are kept{why}; cannot rewind {n} cells "
+                               f"(`%sandbox checkpoints` lists them)")
         self._state_changes()
         for _ in range(n - 1):
             self.checkpoints.pop().snapshot.release()
@@ -232,6 +252,8 @@ class Session:
         for cp in self.checkpoints:
             cp.snapshot.release()
         self.checkpoints.clear()
+        self.budget_reason = ""
+        self._over = False
         if self.head is not None:
             self.head.release()
             self.head = None
@@ -326,6 +348,93 @@ class Session:
                               dest or path, self._need_project())
         return export.format_report(path, report)
 
+    # ---- the checkpoints' memory budget ----
+    def _held_snapshots(self) -> list[Snapshot]:
+        held = [cp.snapshot for cp in self.checkpoints] + [self.clean]
+        return held + [s for s in (self.ready, self.head) if s is not None]
+
+    def checkpoint_memory(self) -> int:
+        """Bytes of host memory the session's snapshots hold (checkpoints, the next cell's, the clean state)."""
+        return snapshots_memory(self._held_snapshots())
+
+    def budget_bytes(self) -> int:
+        if self.memory_budget is not None:
+            return self.memory_budget
+        return budget.default_budget(self.sandbox.guest.stats()["guest_pages"] * 4096)
+
+    def set_budget(self, size: int | None) -> str:
+        """%sandbox checkpoints budget SIZE|auto: set the budget and apply it now."""
+        if size is not None and size < 0:
+            raise SandboxError("the checkpoint memory budget must be >= 0")
+        self.memory_budget = size
+        self.budget_reason = ""
+        protect = self.ready if self.ready is not None else (self.checkpoints[-1].snapshot if self.checkpoints else None)
+        self.enforce_budget(protect=protect, notify=False)
+        return self.describe_budget()["summary"]
+
+    def enforce_budget(self, protect: Snapshot | None, *, notify: bool = True) -> int:
+        """Drop the oldest checkpoints while the session's snapshots hold more than the budget.
+        `protect` (the snapshot the running or next cell rolls back to) is never dropped, and neither
+        is anything when the droppable checkpoints add almost nothing (they share their pages with
+        the kept one: dropping them would cost %rewind depth and free no memory). Returns how many
+        were dropped."""
+        limit, held = self.budget_bytes(), self.checkpoint_memory()
+        if held <= limit:
+            if self._over:  # no longer over: what limits %rewind now is what was dropped, if anything
+                self._over = False
+                self.budget_reason = self._dropped_reason(limit) if self.budget_dropped else ""
+            return 0
+        kept = [self.clean] + [s for s in (self.ready, self.head, protect) if s is not None]
+        floor = snapshots_memory(kept)          # what no drop can free
+        slack = max(budget.MIB, limit // 32)    # history that adds less than this is not worth dropping
+        dropped: list[int] = []
+        while (held > limit and held - floor > slack and self.checkpoints
+               and self.checkpoints[0].snapshot is not protect):
+            cp = self.checkpoints.popleft()
+            cp.snapshot.release()
+            dropped.append(cp.number)
+            held = self.checkpoint_memory()
+        self.budget_dropped += len(dropped)
+        if dropped:
+            self.budget_reason = self._dropped_reason(limit)
+        over = self._over = floor > limit
+        if over:
+            self.budget_reason = (f"the checkpoint a crash rolls back to holds {budget.mib(floor)} on its own (the "
+                                  f"notebook's changed data), more than the budget of {budget.mib(limit)}: it is kept "
+                                  f"anyway, and older checkpoints only while they add little "
+                                  f"({budget.mib(held - floor)} now)")
+        if notify and dropped and not self._told_drop:
+            self._told_drop = True
+            cells = ", ".join(f"[{n}]" for n in dropped[:5]) + (" ..." if len(dropped) > 5 else "")
+            self._budget_notices.append(
+                f"[zeroboot] checkpoints hold more memory than their budget ({budget.mib(limit)}): dropped the "
+                f"oldest ({len(dropped)}: before cell {cells}); %rewind can now go back {len(self.checkpoints)} "
+                f"cell(s). `%sandbox checkpoints` shows them; `%sandbox checkpoints budget SIZE` changes the "
+                f"budget. (Told once per session.)\n")
+        if notify and over and not self._told_over:
+            self._told_over = True
+            self._budget_notices.append(
+                f"[zeroboot] the checkpoint a crash would roll back to holds {budget.mib(floor)}, more than the "
+                f"checkpoint memory budget ({budget.mib(limit)}): it is kept anyway (rollback needs it), so the "
+                f"session is over its budget by {budget.mib(floor - limit)}. (Told once per session.)\n")
+        return len(dropped)
+
+    @staticmethod
+    def _dropped_reason(limit: int) -> str:
+        return f"older checkpoints were dropped to keep the checkpoints' memory within the budget of {budget.mib(limit)}"
+
+    def describe_budget(self) -> dict[str, Any]:
+        limit, held = self.budget_bytes(), self.checkpoint_memory()
+        depth = len(self.checkpoints) if self.mode == "chained" else 0
+        source = "set" if self.memory_budget is not None else "default: the notebook's data, 256 MiB to 1/8 of host RAM"
+        why = self.budget_reason or (f"ZEROBOOT_CHECKPOINTS={self.keep} caps the count" if depth >= self.keep
+                                     else "every checkpoint taken is kept")
+        summary = (f"checkpoint memory budget {budget.mib(limit)} ({source}); the checkpoints hold {budget.mib(held)}; "
+                   f"%rewind can go back {depth} cell(s): {why}")
+        return {"budget_bytes": limit, "budget_source": "set" if self.memory_budget is not None else "default",
+                "held_bytes": held, "over_budget": held > limit, "rewind_depth": depth,
+                "dropped_for_budget": self.budget_dropped, "why": why, "summary": summary}
+
     # ---- reporting ----
     def describe_checkpoints(self) -> list[dict[str, Any]]:
         return [{"before_cell": cp.number, "code": cp.code.strip().splitlines()[0][:60] if cp.code.strip() else "",
@@ -350,6 +459,7 @@ class Session:
             "rollbacks": self.rollbacks,
             "checkpoints": len(self.checkpoints),
             "checkpoint_kib": sum(cp.snapshot.private_bytes for cp in self.checkpoints) >> 10,
+            "checkpoint_budget": self.describe_budget(),
             "checkpoint_ms_p50": p50("checkpoint_ms"),
             "execute_ms_p50": p50("execute_ms"),
             "guest_memory_mib": round(st["guest_pages"] * 4096 / 2**20, 1),

@@ -358,7 +358,62 @@ static void test_mmap_overlay_file(int argc, char **argv) {
     free(data);
 }
 
+/* Freed memory reads as zeros when it is handed out again, however it was freed: big freed
+ * ranges are kept mapped for reuse by the engine and must be zeroed when reused (munmap, brk,
+ * mremap shrinks, part of a mapping, then smaller and larger mappings over the same range). */
+static int all_zero(const char *p, size_t len) {
+    for (size_t i = 0; i < len; i += 8)
+        if (*(const uint64_t *)(p + i)) return 0;
+    return 1;
+}
+
+static void test_reuse_reads_zero(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    for (int round = 0; round < 3; round++) {
+        char *a = map(8 * MIB);
+        memset(a, 0xab, 8 * MIB);
+        OK(munmap(a, 8 * MIB));
+        char *b = map(8 * MIB);
+        CHECK(all_zero(b, 8 * MIB), "round %d: a mapping over freed memory (%p, was %p) is not all zeros", round,
+              (void *)b, (void *)a);
+        memset(b, 0xcd, 8 * MIB);
+        OK(munmap(b, 8 * MIB));
+        /* smaller pieces over the same range */
+        char *c = map(1 * MIB), *d = map(3 * MIB), *e = map(4 * MIB);
+        CHECK(all_zero(c, MIB) && all_zero(d, 3 * MIB) && all_zero(e, 4 * MIB), "round %d: pieces not zero", round);
+        memset(c, 1, MIB);
+        memset(d, 2, 3 * MIB);
+        memset(e, 3, 4 * MIB);
+        OK(munmap(c, MIB));
+        OK(munmap(d, 3 * MIB));
+        OK(munmap(e, 4 * MIB));
+    }
+    /* a hole punched into a big mapping, then mapped again at the same place */
+    char *big = map(16 * MIB);
+    memset(big, 0x5a, 16 * MIB);
+    OK(munmap(big + 4 * MIB, 4 * MIB));
+    char *again = mmap(big + 4 * MIB, 4 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    CHECK(again == big + 4 * MIB, "MAP_FIXED_NOREPLACE into the hole: %p", (void *)again);
+    CHECK(all_zero(again, 4 * MIB), "the hole is not zeros");
+    CHECK_EQ((unsigned char)big[4 * MIB - 1], 0x5a);
+    CHECK_EQ((unsigned char)big[8 * MIB], 0x5a);
+    /* mremap: shrink a big mapping, then grow it back in place */
+    CHECK(mremap(big, 16 * MIB, 2 * MIB, 0) == big, "shrink");
+    char *grown = mremap(big, 2 * MIB, 16 * MIB, 0);
+    if (grown == big) CHECK(all_zero(big + 2 * MIB, 14 * MIB), "grown tail is not zeros");
+    CHECK_EQ((unsigned char)big[2 * MIB - 1], 0x5a);
+    /* brk: grow, fill, shrink, grow */
+    long start = syscall(SYS_brk, 0);
+    CHECK_EQ(syscall(SYS_brk, start + 8 * MIB), start + 8 * MIB);
+    memset((char *)start, 0x77, 8 * MIB);
+    CHECK_EQ(syscall(SYS_brk, start), start);
+    CHECK_EQ(syscall(SYS_brk, start + 8 * MIB), start + 8 * MIB);
+    CHECK(all_zero((char *)start, 8 * MIB), "the heap grown again is not zeros");
+}
+
 static const zb_test tests[] = {
+    {"reuse_reads_zero", test_reuse_reads_zero},
     {"efault", test_efault},
     {"enosys", test_enosys},
     {"exhaust", test_exhaust},

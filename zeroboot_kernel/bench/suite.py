@@ -1,9 +1,9 @@
 """`python -m zeroboot_kernel.bench all`: every benchmark in one run, then the report.
 
-Runs the sections one after another (engine, peers, kernel, scaling, files, startup), writes each
+Runs the sections one after another (engine, peers, kernel, scaling, files, startup, memory), writes each
 one's JSON (+ .md) into --out, a summary `all.json` with the headline numbers, and renders
 docs/PERFORMANCE.md with its charts (docs/img/). `--quick` runs every section with few
-repetitions (under 2 minutes; the CI smoke test uses it) and, unless --report is given, writes the
+repetitions (a few minutes; the CI smoke test uses it) and, unless --report is given, writes the
 report next to the results instead of into docs/.
 The soak (`bench soak`) is not part of it: it runs for an hour at full size.
 """
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from . import common, engine, files, kernel, peers, report, scaling, startup
+from . import common, engine, files, kernel, memory, peers, report, scaling, startup
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +26,10 @@ def sections(quick: bool) -> dict[str, Callable[[], dict[str, Any]]]:
     if quick:
         return {"engine": lambda: engine.measure(quick=True), "peers": lambda: peers.measure(runs=5),
                 "kernel": lambda: kernel.measure(iterations=10, warmup=2), "scaling": lambda: scaling.measure(quick=True),
-                "files": lambda: files.measure(size_mb=50), "startup": lambda: startup.measure(runs=3, matmul_runs=1)}
+                "files": lambda: files.measure(size_mb=50), "startup": lambda: startup.measure(runs=3, matmul_runs=1),
+                "memory": lambda: memory.measure(quick=True)}
     return {"engine": engine.measure, "peers": peers.measure, "kernel": kernel.measure, "scaling": scaling.measure,
-            "files": files.measure, "startup": startup.measure}
+            "files": files.measure, "startup": startup.measure, "memory": memory.measure}
 
 
 def run_all(out: Path, quick: bool, report_path: Path | None) -> dict[str, Any]:
@@ -52,7 +53,7 @@ def run_all(out: Path, quick: bool, report_path: Path | None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench all", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="few repetitions, under 2 minutes")
+    p.add_argument("--quick", action="store_true", help="few repetitions and small data, a few minutes")
     p.add_argument("--out", type=Path, default=common.results_dir(), help="where the JSON results go "
                    "(default bench/results/)")
     p.add_argument("--report", type=Path, default=None, help="the markdown report to write (default "
