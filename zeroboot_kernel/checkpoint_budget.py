@@ -14,17 +14,15 @@ default.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
+
+from .guest_memory_size import host_memory
+from .sizes import parse_bytes
 
 ENV = "ZEROBOOT_CHECKPOINT_MEMORY"
 MIB = 1 << 20
 FLOOR = 256 * MIB          # default budget never below this: small notebooks keep every checkpoint
 HOST_SHARE = 8             # default budget never above 1/HOST_SHARE of the host's RAM
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": MIB, "mb": MIB, "mib": MIB,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 class BudgetSyntaxError(ValueError):
@@ -35,12 +33,11 @@ def parse_size(text: str) -> int | None:
     """'512M', '2GiB', '1.5g', '300000000' -> bytes (units are binary); 'auto' -> None (the default)."""
     if text.strip().lower() == "auto":
         return None
-    m = _SIZE.match(text)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
+    size = parse_bytes(text)
+    if size is None:
         raise BudgetSyntaxError(f"{text!r} is not a size: give a number with an optional unit K, M, G or T "
                                 f"(binary, e.g. 512M or 2G), or auto for the default")
-    return int(float(m.group(1)) * _UNITS[unit])
+    return size
 
 
 def from_env(env: Mapping[str, str] | None = None) -> int | None:
@@ -54,16 +51,9 @@ def from_env(env: Mapping[str, str] | None = None) -> int | None:
         raise BudgetSyntaxError(f"{ENV}={raw!r}: {exc}") from None
 
 
-def host_ram_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):  # pragma: no cover - every Linux has both
-        return 8 << 30
-
-
 def default_budget(guest_bytes: int, host_bytes: int | None = None) -> int:
     """The budget when none is set: the notebook's own data, within [FLOOR, host RAM / HOST_SHARE]."""
-    cap = (host_bytes if host_bytes is not None else host_ram_bytes()) // HOST_SHARE
+    cap = (host_bytes if host_bytes is not None else host_memory() or 8 << 30) // HOST_SHARE  # 8 GiB: unknown
     return max(min(FLOOR, cap), min(cap, guest_bytes))
 
 

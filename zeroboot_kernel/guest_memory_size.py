@@ -11,10 +11,10 @@ must be built bigger (ZEROBOOT_MEMORY in the kernelspec's env, then restart the 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
 from .errors import ZerobootError
+from .sizes import parse_bytes
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -23,8 +23,6 @@ MINIMUM = 512 * MIB       # the template alone holds ~450 MiB with numpy, pandas
 MAXIMUM = 64 * GIB        # the engine's limit (ZB_MEM_MAX)
 ALIGN = 2 * MIB           # guest memory is mapped in 2 MiB pages
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
-_UNITS = {"": MIB, "K": 1 << 10, "M": MIB, "G": GIB, "T": 1 << 40}
 
 
 class MemorySizeError(ZerobootError):
@@ -33,10 +31,9 @@ class MemorySizeError(ZerobootError):
 
 def parse_size(text: str, what: str = "ZEROBOOT_MEMORY") -> int:
     """Bytes for '8G', '8GiB', '6144M', '6144' (MiB); aligned to 2 MiB and range-checked."""
-    m = _SIZE.match(text or "")
-    if not m:
+    size = parse_bytes(text, bare_unit=MIB)
+    if size is None:
         raise MemorySizeError(f"{what}={text!r}: give a size such as 4G, 8GiB or 6144M")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
     size = (size + ALIGN - 1) // ALIGN * ALIGN
     if not MINIMUM <= size <= MAXIMUM:
         raise MemorySizeError(f"{what}={text!r}: the sandbox's memory must be between {MINIMUM // MIB} MiB "

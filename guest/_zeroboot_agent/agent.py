@@ -163,6 +163,8 @@ class Agent:
             if frame is None:
                 return 0  # the host closed the channel
             ftype, request = frame
+            # whatever the request, its frames are numbered from 0 (the host's channel self-check)
+            self.channel.new_request()
             try:
                 if ftype == aio.EXECUTE:
                     self.execute(request)
@@ -217,7 +219,6 @@ class Agent:
         self.allow_stdin = bool(request.get("allow_stdin", False))
         shell.execution_count = count
         shell.request_execution_count = count
-        self.channel.new_request()
         shell.payload_manager.clear_payload()  # nothing left over from a request that failed
         reseed(request.get("reseed"))
 
@@ -314,7 +315,6 @@ class Agent:
         pos = _as_int(request.get("cursor_pos"), len(code))
         reply = {"id": request.get("id"), "matches": [], "cursor_start": pos, "cursor_end": pos,
                  "metadata": {}, "status": "ok"}
-        self.channel.new_request()
         # Completion evaluates user objects (properties, __getattr__): let the host interrupt it.
         try:
             self.gate.enter_user_code()
@@ -338,7 +338,6 @@ class Agent:
         detail = _as_int(request.get("detail_level"), 0)
         reply: dict[str, Any] = {"id": request.get("id"), "status": "ok", "found": False,
                                  "data": {}, "metadata": {}}
-        self.channel.new_request()
         try:
             self.gate.enter_user_code()
             name = token_at_cursor(code, pos)
