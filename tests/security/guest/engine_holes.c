@@ -17,6 +17,8 @@
  *                                    the UART: a = add one more file there, q = exit
  *   engine_holes full_pipes          fill pipes until the fd table is full, wait on the UART, then
  *                                    check every byte is still there
+ *   engine_holes clock_watch         read CLOCK_MONOTONIC (and BOOTTIME) in a loop until the UART
+ *                                    says q; report the largest step back between two reads
  *   engine_holes side_channels       what rdtscp, rdpid and smsw tell a CPL3 guest (documented in
  *                                    docs/SECURITY.md as residual side channels)
  * Each prints "RESULT key=value ..." lines for the host to check.
@@ -279,6 +281,29 @@ static void test_full_pipes(int argc, char **argv) {
     CHECK_EQ(bad, 0);
 }
 
+static void test_clock_watch(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    int tty = OK(open("/dev/ttyS0", O_RDWR | O_NONBLOCK));
+    printf("RESULT watching=1\n");
+    fflush(stdout);
+    int64_t prev = clock_ns(CLOCK_MONOTONIC), prev_boot = clock_ns(CLOCK_BOOTTIME), worst = 0;
+    long reads = 0;
+    for (;;) {
+        for (int i = 0; i < 4096; i++, reads++) {
+            int64_t t = clock_ns(CLOCK_MONOTONIC), b = clock_ns(CLOCK_BOOTTIME);
+            if (prev - t > worst) worst = prev - t;
+            if (prev_boot - b > worst) worst = prev_boot - b;
+            prev = t;
+            prev_boot = b;
+        }
+        char c;
+        if (read(tty, &c, 1) == 1 && c == 'q') break;
+    }
+    printf("RESULT reads=%ld worst_back_ns=%lld\n", reads, (long long)worst);
+    CHECK(worst == 0, "the clock went back by %lld ns", (long long)worst);
+}
+
 #include <cpuid.h>
 
 static void test_side_channels(int argc, char **argv) {
@@ -308,7 +333,7 @@ static const zb_test tests[] = {
     {"host_modes", test_host_modes}, {"cpu_clock", test_cpu_clock}, {"big_dir", test_big_dir},
     {"list_dir", test_list_dir}, {"hold_fds", test_hold_fds},
     {"side_channels", test_side_channels}, {"many_files", test_many_files},
-    {"full_pipes", test_full_pipes}, {NULL, NULL},
+    {"full_pipes", test_full_pipes}, {"clock_watch", test_clock_watch}, {NULL, NULL},
 };
 
 int main(int argc, char **argv) {
