@@ -278,6 +278,10 @@ struct zb_sandbox {
     int64_t run_started_ns;  /* while zb_sandbox_run runs: when it started (guest CPU clocks) */
     pthread_t runner;        /* valid while running */
     int trace_fd;
+    int profile;             /* syscall phases are stamped (zb_sandbox_set_profile) */
+    zb_syscall_profile prof;
+    int64_t prof_exit_ns;    /* profiling: when the last KVM_RUN returned, and how long it took */
+    int64_t prof_run_ns;
 
     /* an event a syscall handler asks the run loop to return after the syscall */
     zb_event stop_ev;
@@ -292,6 +296,10 @@ struct zb_sandbox {
     uint64_t logged_unknown[8]; /* bitmap of syscall numbers already logged as unimplemented */
     int logged_no_network;   /* socket() refusals so far (the first one is logged) */
 };
+
+/* Phase stamps of the syscall profile: nothing but a branch when profiling is off. */
+#define ZB_PROF_BEGIN(sb, t) int64_t t = (sb)->profile ? zb_now_ns() : 0
+#define ZB_PROF_END(sb, t, field) do { if ((sb)->profile) (sb)->prof.field += (uint64_t)(zb_now_ns() - (t)); } while (0)
 
 /* ---- syscalls (syscalls.c dispatches to the sys_*.c families) ---- */
 #define ZB_SYSCALL_MAX 512

@@ -506,11 +506,15 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
     st->st_nlink = 1;
     st->st_blksize = 4096;
     switch (l->kind) {
-    case LOC_HOST:
-        if (lstat(r->path, st) < 0) return -errno;
+    case LOC_HOST: {
+        ZB_PROF_BEGIN(sb, t);
+        int rc = lstat(r->path, st) < 0 ? -errno : 0;
+        ZB_PROF_END(sb, t, host_ns);
+        if (rc < 0) return rc;
         if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;
         if (l->upper && S_ISDIR(st->st_mode)) upper_dir_times(sb, l->upper, st);
         return 0;
+    }
     case LOC_OVERLAY:
         zb_ovl_stat(sb->fs, l->ino, st);
         return 0;

@@ -133,9 +133,15 @@ static void trace_syscall(zb_sandbox *sb, uint64_t nr, const uint64_t a[6], long
 /* Serve the syscall described by sb->cpu.regs. 1 if an event ends the run. */
 static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     struct kvm_regs *r = &sb->cpu.regs;
+    int trapped = !sb->cpu.pending_syscall; /* not a blocked syscall served again */
     uint64_t nr = sb->cpu.pending_syscall ? sb->cpu.pending_nr : r->rax;
     const uint64_t a[6] = {r->rdi, r->rsi, r->rdx, r->r10, r->r8, r->r9};
     int64_t t0 = zb_now_ns();
+    if (sb->profile && trapped) {
+        sb->prof.syscalls++;
+        sb->prof.kvm_run_ns += (uint64_t)sb->prof_run_ns;
+        sb->prof.decode_ns += (uint64_t)(t0 - sb->prof_exit_ns);
+    }
     sb->has_stop = 0;
     sb->stop_retry = 0;
     sb->cpu.context_restored = 0;
@@ -144,6 +150,7 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     sb->stats.syscalls++;
     sb->stats.syscall_ns += (uint64_t)dt;
     sb->proc.sys_ns += (uint64_t)dt;
+    if (sb->profile) sb->prof.dispatch_ns += (uint64_t)dt;
     if (sb->trace_fd >= 0) trace_syscall(sb, nr, a, ret, dt);
     if (sb->cpu.context_restored) { /* rt_sigreturn: rax is the interrupted code's, not a result */
         sb->cpu.context_restored = 0;
@@ -157,8 +164,10 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     sb->cpu.pending_syscall = 0;
     sb->cpu.pending_wake_ns = 0;
     r->rax = (uint64_t)ret;
+    ZB_PROF_BEGIN(sb, t_ret);
     if (deliver_signals(sb, ev)) return 1;
     if (set_user_state(sb, vm, ev) < 0) return 1;
+    ZB_PROF_END(sb, t_ret, return_ns);
     if (sb->has_stop) {
         *ev = sb->stop_ev;
         return 1;
@@ -349,7 +358,13 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
             continue;
         }
         zb_kick_signal_seen = 0;
-        if (ioctl(vm->vcpu_fd, KVM_RUN, 0) < 0) {
+        ZB_PROF_BEGIN(sb, t_run);
+        int run_rc = ioctl(vm->vcpu_fd, KVM_RUN, 0);
+        if (sb->profile) {
+            sb->prof_exit_ns = zb_now_ns();
+            sb->prof_run_ns = sb->prof_exit_ns - t_run;
+        }
+        if (run_rc < 0) {
             if (errno == EINTR || errno == EAGAIN) {
                 if (sb->sig.alarm_ns && zb_now_ns() >= sb->sig.alarm_ns) continue; /* the wake timer: the alarm */
                 if (!atomic_load(&sb->kick_requested) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {

@@ -145,6 +145,24 @@ def _row(name: str, ops: int, guest: dict[str, Any], host: dict[str, Any]) -> di
             "exits_per_op": round(guest["exits"] / ops / max(1, guest["reps"]), 2)}
 
 
+def breakdown(sb: Any, path: str, n: int) -> dict[str, dict[str, float]]:
+    """Per-phase host time of one syscall (us), from the engine's syscall profile, next to the
+    time the guest measured per call: getpid (no work) and os.stat of a notebook-folder file."""
+    out = {}
+    for name, code in (("getpid", "os.getpid()"), ("os.stat", f"os.stat({path!r})")):
+        sb.execute(f"import os\nfor _ in range(50): {code}")  # warm
+        sb.guest.set_profile(True)
+        r = sb.execute(f"import os, time\nt = time.perf_counter()\nfor _ in range({n}): {code}\n"
+                       f"print((time.perf_counter() - t) / {n})")
+        sb.guest.set_profile(False)
+        prof = sb.guest.syscall_profile()
+        calls = max(1, prof["syscalls"])
+        row = {k[:-3] + "_us": round(v / calls / 1e3, 2) for k, v in prof.items() if k.endswith("_ns")}
+        row["guest_measured_us"] = round(float(r.stdout.split()[-1]) * 1e6, 2)
+        out[name] = row
+    return out
+
+
 def measure(quick: bool = False) -> dict[str, Any]:
     size = dict(QUICK if quick else FULL)
     reps = size["reps"]
@@ -177,6 +195,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
                 guest = _guest_run(sb, case, gargs)
                 guest["reps"] = reps
                 res["rows"][name] = _row(name, ops, guest, host)
+            res["breakdown"] = breakdown(sb, paths["small"], 200 if quick else 2000)
     try:
         import pandas  # noqa: F401
         res["csv_reader"] = "pandas"
@@ -190,8 +209,24 @@ def markdown(res: dict[str, Any]) -> str:
              v["exits_per_op"]] for name, v in res["rows"].items()]
     note = (f"\nGuest syscalls and VM exits include the time-measuring code (a few per operation for the "
             f"whole-folder cases). CSVs read with {res.get('csv_reader', 'pandas')}.\n")
-    return markdown_table(["operation", "guest us/op", "host us/op", "guest/host", "guest syscalls/op",
-                           "guest exits/op"], rows) + note
+    table = markdown_table(["operation", "guest us/op", "host us/op", "guest/host", "guest syscalls/op",
+                            "guest exits/op"], rows) + note
+    return table + (breakdown_markdown(res["breakdown"]) if "breakdown" in res else "")
+
+
+PHASES = [("kvm_run_us", "KVM_RUN: guest entry, #PF at LSTAR, CPL0 stub, exit"),
+          ("decode_us", "exit decode: KVM_GET_REGS, exception frame"),
+          ("dispatch_us", "handler (all in)"), ("path_us", "  of which path copy + namespace walk"),
+          ("host_us", "  of which host stat calls"),
+          ("return_us", "return to user: KVM_GET/SET_SREGS, KVM_SET_REGS")]
+
+
+def breakdown_markdown(b: dict[str, dict[str, float]]) -> str:
+    names = list(b)
+    rows = [[label, *[b[n].get(key, 0) for n in names]] for key, label in PHASES]
+    rows.append(["guest-measured round trip", *[b[n]["guest_measured_us"] for n in names]])
+    return "\nWhere one syscall's time goes (us per call, `Guest.set_profile`):\n\n" + \
+        markdown_table(["phase", *names], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
