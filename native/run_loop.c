@@ -77,8 +77,11 @@ static void error_event(zb_sandbox *sb, zb_event *ev, const char *fmt, ...) {
 
 /* Enter user mode with sb->cpu.regs (after serving a syscall or delivering a signal). */
 static int set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
-    struct kvm_sregs s;
-    if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &s) < 0) { error_event(sb, ev, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
+    if (!vm->user_sregs_valid) { /* the fields outside the user template: read once (zb_vm.user_sregs) */
+        if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &vm->user_sregs) < 0) { error_event(sb, ev, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
+        vm->user_sregs_valid = 1;
+    }
+    struct kvm_sregs s = vm->user_sregs;
     zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
     if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, &s) < 0 || ioctl(vm->vcpu_fd, KVM_SET_REGS, &sb->cpu.regs) < 0) {
         error_event(sb, ev, "KVM_SET_SREGS/REGS: %s", strerror(errno));
