@@ -90,7 +90,7 @@ typedef struct zb_syscall_profile {
                                namespace walk, with the host lstats it makes) */
     uint64_t path_walks;
     uint64_t host_ns;       /* of which: host metadata calls of stat on host files */
-    uint64_t return_ns;     /* signals + return to user mode (KVM_GET/SET_SREGS, KVM_SET_REGS) */
+    uint64_t return_ns;     /* signals + return to user mode (KVM_SET_SREGS, KVM_SET_REGS) */
 } zb_syscall_profile;
 
 /* ---- engine ---- */

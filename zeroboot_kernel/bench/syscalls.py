@@ -218,7 +218,7 @@ PHASES = [("kvm_run_us", "KVM_RUN: guest entry, #PF at LSTAR, CPL0 stub, exit"),
           ("decode_us", "exit decode: KVM_GET_REGS, exception frame"),
           ("dispatch_us", "handler (all in)"), ("path_us", "  of which path copy + namespace walk"),
           ("host_us", "  of which host stat calls"),
-          ("return_us", "return to user: KVM_GET/SET_SREGS, KVM_SET_REGS")]
+          ("return_us", "return to user: KVM_SET_SREGS + KVM_SET_REGS")]
 
 
 def breakdown_markdown(b: dict[str, dict[str, float]]) -> str:
