@@ -78,6 +78,13 @@ typedef struct zb_vm {
     int wake_timer_live;
     int manual_protect;      /* KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 is on: reading the dirty log does not
                                 write-protect pages; zb_vm_protect_pages does, for the pages we name */
+    /* The vCPU's special registers as last read, for returns to user mode after a syscall: they
+     * are the user template (zb_layout_user_sregs, applied on each return) plus fields that do not
+     * change while the guest runs at CPL3 without an irqchip (APIC base, CR8, no pending
+     * interrupt; CR2 is not readable at CPL3). Saves a KVM_GET_SREGS per syscall (~3 us here).
+     * Read again on every zb_vm_load_cpu. */
+    struct kvm_sregs user_sregs;
+    int user_sregs_valid;
 } zb_vm;
 
 struct zb_engine {
@@ -299,6 +306,10 @@ struct zb_sandbox {
     int64_t run_started_ns;  /* while zb_sandbox_run runs: when it started (guest CPU clocks) */
     pthread_t runner;        /* valid while running */
     int trace_fd;
+    int profile;             /* syscall phases are stamped (zb_sandbox_set_profile) */
+    zb_syscall_profile prof;
+    int64_t prof_exit_ns;    /* profiling: when the last KVM_RUN returned, and how long it took */
+    int64_t prof_run_ns;
 
     /* an event a syscall handler asks the run loop to return after the syscall */
     zb_event stop_ev;
@@ -313,6 +324,10 @@ struct zb_sandbox {
     uint64_t logged_unknown[8]; /* bitmap of syscall numbers already logged as unimplemented */
     int logged_no_network;   /* socket() refusals so far (the first one is logged) */
 };
+
+/* Phase stamps of the syscall profile: nothing but a branch when profiling is off. */
+#define ZB_PROF_BEGIN(sb, t) int64_t t = (sb)->profile ? zb_now_ns() : 0
+#define ZB_PROF_END(sb, t, field) do { if ((sb)->profile) (sb)->prof.field += (uint64_t)(zb_now_ns() - (t)); } while (0)
 
 /* ---- syscalls (syscalls.c dispatches to the sys_*.c families) ---- */
 #define ZB_SYSCALL_MAX 512

@@ -274,6 +274,7 @@ int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err) {
 
 int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err) {
     struct kvm_sregs s;
+    vm->user_sregs_valid = 0;
     if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &s) < 0) { zb_seterr(err, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
     zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
     if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, &s) < 0) { zb_seterr(err, "KVM_SET_SREGS: %s", strerror(errno)); return -1; }

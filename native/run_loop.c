@@ -77,8 +77,11 @@ static void error_event(zb_sandbox *sb, zb_event *ev, const char *fmt, ...) {
 
 /* Enter user mode with sb->cpu.regs (after serving a syscall or delivering a signal). */
 static int set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
-    struct kvm_sregs s;
-    if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &s) < 0) { error_event(sb, ev, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
+    if (!vm->user_sregs_valid) { /* the fields outside the user template: read once (zb_vm.user_sregs) */
+        if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &vm->user_sregs) < 0) { error_event(sb, ev, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
+        vm->user_sregs_valid = 1;
+    }
+    struct kvm_sregs s = vm->user_sregs;
     zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
     if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, &s) < 0 || ioctl(vm->vcpu_fd, KVM_SET_REGS, &sb->cpu.regs) < 0) {
         error_event(sb, ev, "KVM_SET_SREGS/REGS: %s", strerror(errno));
@@ -133,9 +136,15 @@ static void trace_syscall(zb_sandbox *sb, uint64_t nr, const uint64_t a[6], long
 /* Serve the syscall described by sb->cpu.regs. 1 if an event ends the run. */
 static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     struct kvm_regs *r = &sb->cpu.regs;
+    int trapped = !sb->cpu.pending_syscall; /* not a blocked syscall served again */
     uint64_t nr = sb->cpu.pending_syscall ? sb->cpu.pending_nr : r->rax;
     const uint64_t a[6] = {r->rdi, r->rsi, r->rdx, r->r10, r->r8, r->r9};
     int64_t t0 = zb_now_ns();
+    if (sb->profile && trapped) {
+        sb->prof.syscalls++;
+        sb->prof.kvm_run_ns += (uint64_t)sb->prof_run_ns;
+        sb->prof.decode_ns += (uint64_t)(t0 - sb->prof_exit_ns);
+    }
     sb->has_stop = 0;
     sb->stop_retry = 0;
     sb->cpu.context_restored = 0;
@@ -144,6 +153,7 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     sb->stats.syscalls++;
     sb->stats.syscall_ns += (uint64_t)dt;
     sb->proc.sys_ns += (uint64_t)dt;
+    if (sb->profile) sb->prof.dispatch_ns += (uint64_t)dt;
     if (sb->trace_fd >= 0) trace_syscall(sb, nr, a, ret, dt);
     if (sb->cpu.context_restored) { /* rt_sigreturn: rax is the interrupted code's, not a result */
         sb->cpu.context_restored = 0;
@@ -157,8 +167,10 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     sb->cpu.pending_syscall = 0;
     sb->cpu.pending_wake_ns = 0;
     r->rax = (uint64_t)ret;
+    ZB_PROF_BEGIN(sb, t_ret);
     if (deliver_signals(sb, ev)) return 1;
     if (set_user_state(sb, vm, ev) < 0) return 1;
+    ZB_PROF_END(sb, t_ret, return_ns);
     if (sb->has_stop) {
         *ev = sb->stop_ev;
         return 1;
@@ -192,9 +204,9 @@ static void describe_gp(zb_sandbox *sb, uint64_t rip, char *buf, size_t len, int
     }
 }
 
-static int handle_exception(zb_sandbox *sb, zb_vm *vm, int vector, zb_event *ev) {
-    struct kvm_regs vr;
-    if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &vr) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return 1; }
+/* vr: the registers handle_io just read (one KVM_GET_REGS per exit: ~3 us each here). */
+static int handle_exception(zb_sandbox *sb, zb_vm *vm, int vector, const struct kvm_regs *vrp, zb_event *ev) {
+    struct kvm_regs vr = *vrp;
     /* the hardware frame on the IST stack: [error code,] rip, cs, rflags, rsp, ss */
     uint64_t top = zb_layout_exception_stack_top(), frame[6];
     int ec = has_error_code(vector);
@@ -275,7 +287,7 @@ static int handle_io(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         int vector = (int)(port - ZB_PORT_EXCEPTION);
         struct kvm_regs vr;
         if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &vr) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return 1; }
-        if (vr.rip == zb_layout_stub_addr(vector) + 2) return handle_exception(sb, vm, vector, ev);
+        if (vr.rip == zb_layout_stub_addr(vector) + 2) return handle_exception(sb, vm, vector, &vr, ev);
     }
     error_event(sb, ev, "unexpected I/O exit on port 0x%x", port);
     return 1;
@@ -355,7 +367,13 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
             continue;
         }
         zb_kick_signal_seen = 0;
-        if (ioctl(vm->vcpu_fd, KVM_RUN, 0) < 0) {
+        ZB_PROF_BEGIN(sb, t_run);
+        int run_rc = ioctl(vm->vcpu_fd, KVM_RUN, 0);
+        if (sb->profile) {
+            sb->prof_exit_ns = zb_now_ns();
+            sb->prof_run_ns = sb->prof_exit_ns - t_run;
+        }
+        if (run_rc < 0) {
             if (errno == EINTR || errno == EAGAIN) {
                 if (sb->sig.alarm_ns && zb_now_ns() >= sb->sig.alarm_ns) continue; /* the wake timer: the alarm */
                 if (!atomic_load(&sb->kick_requested) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {

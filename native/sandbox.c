@@ -138,6 +138,13 @@ void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes) {
 }
 void zb_sandbox_set_trace_fd(zb_sandbox *sb, int fd) { sb->trace_fd = fd; }
 
+void zb_sandbox_set_profile(zb_sandbox *sb, int on) {
+    if (on) memset(&sb->prof, 0, sizeof sb->prof);
+    sb->profile = on != 0;
+}
+
+void zb_sandbox_profile(zb_sandbox *sb, zb_syscall_profile *out) { *out = sb->prof; }
+
 int zb_sandbox_exec(zb_sandbox *sb, const char *exe, const char *cwd, const char *const *argv,
                     const char *const *envp, char *err) {
     if (sb->proc.exe[0]) { zb_seterr(err, "this sandbox already runs a program"); return -1; }

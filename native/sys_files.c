@@ -18,6 +18,7 @@
 #define OUTPUT_EVENT_MAX (1ul << 20)
 
 int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags, int empty_ok, zb_resolved *r) {
+    ZB_PROF_BEGIN(sb, t);
     char path[PATH_MAX];
     int rc = zb_guest_string(sb, upath, path, sizeof path);
     if (rc < 0) return rc;
@@ -34,7 +35,10 @@ int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags
         base = f->where->path;
     }
     if (!path[0]) return -ENOENT;
-    return zb_fs_resolve(sb, base, path, resolve_flags, r);
+    rc = zb_fs_resolve(sb, base, path, resolve_flags, r);
+    ZB_PROF_END(sb, t, path_ns);
+    if (sb->profile) sb->prof.path_walks++;
+    return rc;
 }
 
 /* O_TMPFILE: an unnamed overlay file in the directory `dir`. It lives while it is open, or longer

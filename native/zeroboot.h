@@ -79,6 +79,22 @@ typedef struct zb_stats {
     uint64_t guest_pages_limit;
 } zb_stats;
 
+/* Where the host-side time of guest syscalls goes, per phase (cumulative nanoseconds), collected
+ * only while profiling is on (zb_sandbox_set_profile; off, it costs one branch per stamp). */
+typedef struct zb_syscall_profile {
+    uint64_t syscalls;      /* syscalls that trapped while profiling (resumed ones not counted) */
+    uint64_t kvm_run_ns;    /* the KVM_RUN that ended in the syscall's exit: guest entry, the guest's
+                               own code since the previous exit, the #PF at LSTAR, the CPL0 stub's
+                               `out` and the exit back to the host */
+    uint64_t decode_ns;     /* KVM_RUN's return to the handler: KVM_GET_REGS, the exception frame */
+    uint64_t dispatch_ns;   /* the syscall's handler, all in (path_ns and host_ns are part of it) */
+    uint64_t path_ns;       /* of which: path arguments copied from the guest and resolved (the
+                               namespace walk, with the host lstats it makes) */
+    uint64_t path_walks;
+    uint64_t host_ns;       /* of which: host metadata calls of stat on host files */
+    uint64_t return_ns;     /* signals + return to user mode (KVM_SET_SREGS, KVM_SET_REGS) */
+} zb_syscall_profile;
+
 /* ---- engine ---- */
 zb_engine *zb_engine_open(char *err);
 void zb_engine_close(zb_engine *engine);
@@ -159,6 +175,9 @@ int zb_sandbox_exec(zb_sandbox *sb, const char *exe_path, const char *cwd,
                     const char *const *argv, const char *const *envp, char *err);
 /* Write one line per served syscall (name, arguments, result, host time) to fd; -1 stops. */
 void zb_sandbox_set_trace_fd(zb_sandbox *sb, int fd);
+/* Profile syscalls per phase (on != 0; switching it on also clears the counts); read them. */
+void zb_sandbox_set_profile(zb_sandbox *sb, int on);
+void zb_sandbox_profile(zb_sandbox *sb, zb_syscall_profile *out);
 
 /* ---- running ---- */
 /* Run until something needs the caller (see ZB_EVENT_*). deadline_ns is CLOCK_MONOTONIC, 0 = none.

@@ -35,7 +35,7 @@ def test_bench_all_quick_writes_every_field_and_the_report(tmp_path):
                           capture_output=True, text=True, timeout=900, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = {name: json.loads((out / f"{name}.json").read_text())
-           for name in ("all", "engine", "peers", "kernel", "scaling", "files", "startup", "memory")}
+           for name in ("all", "engine", "peers", "kernel", "scaling", "files", "syscalls", "startup", "memory")}
     for name, data in res.items():
         assert data["benchmark"] == name and data["machine"]["cpus"] >= 1
     for field in FIELDS["engine"]:
@@ -54,6 +54,9 @@ def test_bench_all_quick_writes_every_field_and_the_report(tmp_path):
     assert all(positive(r[f]) for r in res["scaling"]["forks"] for f in ("fork_p50_ms", "uss_kb_per_fork"))
     assert positive(res["scaling"]["cells_per_s_1_worker"]) and positive(res["scaling"]["cells_per_s_2_workers"])
     assert all(positive(v["guest_mb_s"]) and positive(v["exits_per_mb"]) for v in res["files"]["rows"].values())
+    assert len(res["syscalls"]["rows"]) == 7
+    assert all(positive(v[f]) for v in res["syscalls"]["rows"].values()
+               for f in ("guest_us_per_op", "host_us_per_op", "ratio", "syscalls_per_op", "exits_per_op"))
     assert positive(res["startup"]["matmul_speed_vs_host"])
     for name in ("arrays", "dataframe"):
         row = res["memory"]["scenarios"][name]

@@ -192,6 +192,16 @@ class Guest:
         lib.zb_sandbox_stats(self.handle, st)
         return {name: getattr(st, name) for name in dir(st)}
 
+    def set_profile(self, on: bool) -> None:
+        """Stamp every syscall's phases (switching it on clears the counts); off costs nothing."""
+        lib.zb_sandbox_set_profile(self.handle, 1 if on else 0)
+
+    def syscall_profile(self) -> dict[str, int]:
+        """Cumulative ns per phase of the syscalls served while profiling (see zb_syscall_profile)."""
+        p = ffi.new("zb_syscall_profile *")
+        lib.zb_sandbox_profile(self.handle, p)
+        return {name: getattr(p, name) for name in dir(p)}
+
     def _drain_log(self) -> None:
         buf = ffi.new("char[]", 8192)
         n = lib.zb_sandbox_take_log(self._handle, buf, 8192)

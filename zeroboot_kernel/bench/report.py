@@ -9,19 +9,20 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from . import common, engine, files, kernel, memory, peers, scaling, soak, startup
+from . import common, engine, files, kernel, memory, peers, scaling, soak, startup, syscalls
 
 log = logging.getLogger(__name__)
 
 # section -> module with markdown(results); in report order
 SECTIONS = {"engine": engine, "peers": peers, "kernel": kernel, "scaling": scaling, "files": files,
-            "startup": startup, "memory": memory}
+            "syscalls": syscalls, "startup": startup, "memory": memory}
 TITLES = {
     "engine": "Engine: forks, restores, live forks, template build",
     "peers": "A fresh sandbox per cell: zeroboot vs a process vs bubblewrap",
     "kernel": "Kernel round trips through jupyter_client, vs stock ipykernel",
     "scaling": "Scaling: forks and memory as live forks grow; cells/s per worker",
     "files": "Reading a large file of the notebook's folder",
+    "syscalls": "Syscall-heavy work: small files, listings, walks, guest vs host",
     "startup": "Starting Python in a fresh VM; numpy speed inside the guest",
     "memory": "Data-heavy notebooks: checkpoint memory, big arrays, fills (vs ipykernel)",
     "soak": "Soak: one kernel, thousands of mixed cells",

@@ -1,6 +1,7 @@
 """`python -m zeroboot_kernel.bench all`: every benchmark in one run, then the report.
 
-Runs the sections one after another (engine, peers, kernel, scaling, files, startup, memory), writes each
+Runs the sections one after another (engine, peers, kernel, scaling, files, syscalls, startup,
+memory), writes each
 one's JSON (+ .md) into --out, a summary `all.json` with the headline numbers, and renders
 docs/PERFORMANCE.md with its charts (docs/img/). `--quick` runs every section with few
 repetitions (a few minutes; the CI smoke test uses it) and, unless --report is given, writes the
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from . import common, engine, files, kernel, memory, peers, report, scaling, startup
+from . import common, engine, files, kernel, memory, peers, report, scaling, startup, syscalls
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +27,11 @@ def sections(quick: bool) -> dict[str, Callable[[], dict[str, Any]]]:
     if quick:
         return {"engine": lambda: engine.measure(quick=True), "peers": lambda: peers.measure(runs=5),
                 "kernel": lambda: kernel.measure(iterations=10, warmup=2), "scaling": lambda: scaling.measure(quick=True),
-                "files": lambda: files.measure(size_mb=50), "startup": lambda: startup.measure(runs=3, matmul_runs=1),
+                "files": lambda: files.measure(size_mb=50),
+                "syscalls": lambda: syscalls.measure(quick=True), "startup": lambda: startup.measure(runs=3, matmul_runs=1),
                 "memory": lambda: memory.measure(quick=True)}
     return {"engine": engine.measure, "peers": peers.measure, "kernel": kernel.measure, "scaling": scaling.measure,
-            "files": files.measure, "startup": startup.measure, "memory": memory.measure}
+            "files": files.measure, "syscalls": syscalls.measure, "startup": startup.measure, "memory": memory.measure}
 
 
 def run_all(out: Path, quick: bool, report_path: Path | None) -> dict[str, Any]:

@@ -1,0 +1,78 @@
+"""Syscall fast paths (issue 24) keep their meaning: the engine keeps no metadata or listing cache
+of host files between syscalls (every path walk and every open directory asks the host), so a file
+edited, added or removed on the host while the kernel runs is seen by the very next syscall; big
+listings (many getdents64 calls) and walks are exactly the host's; the syscall profile adds up."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from zeroboot_kernel.engine import Template
+
+
+@pytest.fixture(scope="module")
+def template() -> Template:
+    return Template.ensure()
+
+
+def run(sb, code: str):
+    r = sb.execute(f"import json, os\nprint(json.dumps({code}))")
+    assert not r.error, r.error
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["overlay", "readonly"])
+def test_host_edits_are_seen_by_the_next_syscall(template, tmp_path, mode) -> None:
+    data = tmp_path / "data.csv"
+    data.write_text("a\n1\n")
+    with template.fork() as sb:
+        sb.guest.mount_project(str(tmp_path), mode)
+        p = str(data)
+        first = run(sb, f"[open({p!r}).read(), os.stat({p!r}).st_size, sorted(os.listdir({str(tmp_path)!r}))]")
+        assert first == ["a\n1\n", 4, ["data.csv"]]
+        data.write_text("a\n1\n2\n3\n")  # the user edits the CSV on the host, then re-reads it
+        (tmp_path / "new.csv").write_text("b\n")
+        second = run(sb, f"[open({p!r}).read(), os.stat({p!r}).st_size, sorted(os.listdir({str(tmp_path)!r}))]")
+        assert second == ["a\n1\n2\n3\n", 8, ["data.csv", "new.csv"]]
+        (tmp_path / "new.csv").unlink()
+        assert run(sb, f"[os.path.exists({str(tmp_path / 'new.csv')!r}), os.listdir({str(tmp_path)!r})]") == \
+            [False, ["data.csv"]]
+
+
+def test_big_listing_and_walk_are_the_hosts(template, tmp_path) -> None:
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(3000):  # ~100 KB of dirents: several getdents64 calls of glibc's 32 KiB buffer
+        (big / f"file-with-a-longish-name-{i:05d}.txt").touch()
+    (big / "sub").mkdir()
+    for i in range(40):
+        (big / "sub" / f"x{i}").touch()
+    host_list = sorted(os.listdir(big))
+    host_dirs = sorted(e.name for e in os.scandir(big) if e.is_dir())
+    host_walk = sorted((os.path.relpath(d, big), sorted(ds), sorted(fs)) for d, ds, fs in os.walk(big))
+    with template.fork() as sb:
+        sb.guest.mount_project(str(tmp_path), "overlay")
+        b = str(big)
+        got = run(sb, f"[sorted(os.listdir({b!r})), sorted(e.name for e in os.scandir({b!r}) if e.is_dir()), "
+                      f"sorted((os.path.relpath(d, {b!r}), sorted(ds), sorted(fs)) for d, ds, fs in os.walk({b!r}))]")
+        assert got[0] == host_list
+        assert got[1] == host_dirs
+        assert [tuple(x) for x in got[2]] == host_walk
+
+
+def test_syscall_profile_accounts_for_each_phase(template, tmp_path) -> None:
+    (tmp_path / "f").write_text("x")
+    with template.fork() as sb:
+        sb.guest.mount_project(str(tmp_path), "overlay")
+        sb.guest.set_profile(True)
+        run(sb, f"[os.stat({str(tmp_path / 'f')!r}).st_size for _ in range(20)]")
+        sb.guest.set_profile(False)
+        prof = sb.guest.syscall_profile()
+        assert prof["syscalls"] >= 20 and prof["path_walks"] >= 20
+        for phase in ("kvm_run_ns", "decode_ns", "dispatch_ns", "path_ns", "host_ns", "return_ns"):
+            assert prof[phase] > 0, phase
+        assert prof["path_ns"] <= prof["dispatch_ns"]
+        run(sb, "os.getpid()")  # profiling off: nothing more is counted
+        assert sb.guest.syscall_profile() == prof
