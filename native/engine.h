@@ -299,6 +299,7 @@ struct zb_sandbox {
     int64_t run_started_ns;  /* while zb_sandbox_run runs: when it started (guest CPU clocks) */
     pthread_t runner;        /* valid while running */
     int trace_fd;
+    int test_break_vector;   /* zb_sandbox_test_break_in_trap: the stub's vector + 1, 0 = off */
 
     /* an event a syscall handler asks the run loop to return after the syscall */
     zb_event stop_ev;
