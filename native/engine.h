@@ -310,6 +310,7 @@ struct zb_sandbox {
     zb_syscall_profile prof;
     int64_t prof_exit_ns;    /* profiling: when the last KVM_RUN returned, and how long it took */
     int64_t prof_run_ns;
+    int test_break_vector;   /* zb_sandbox_test_break_in_trap: the stub's vector + 1, 0 = off */
 
     /* an event a syscall handler asks the run loop to return after the syscall */
     zb_event stop_ev;

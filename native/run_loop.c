@@ -90,12 +90,28 @@ static int set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     return 0;
 }
 
-/* Make sb->cpu.regs the vCPU's current user state (completing any pending port I/O first). */
+/* 1 if these vCPU registers are inside a trap to the host rather than user state: `syscall` has
+ * moved RIP to LSTAR but the page fault there is not taken yet, or an exception has entered its
+ * CPL0 stub but the stub's `out` has not run yet. KVM_RUN returns there when a host signal (the
+ * kick, the run's wake timer, the caller's) lands mid-trap, which a loaded host makes common: under
+ * PVM every CPL0 step is emulated. Neither RIP can be user code's (LSTAR is never mapped, the stubs
+ * are supervisor-only), so the test needs no CPL, which PVM does not report. */
+static int in_host_trap(const struct kvm_regs *r) {
+    return r->rip == ZB_SYSCALL_TRAP || (r->rip >= zb_layout_stub_addr(0) && r->rip < zb_layout_stub_addr(32));
+}
+
+/* Make sb->cpu.regs the vCPU's current user state (completing any pending port I/O first).
+ * 0 on success; 1 if the vCPU is mid-trap (in_host_trap): it has no user state to interrupt, and
+ * the caller must let KVM_RUN finish the trap (the host then handles the syscall or fault and
+ * delivers pending signals after it, as Linux does on the way back to user mode); -1 on error. */
 static int sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    struct kvm_regs r;
     vm->run->immediate_exit = 1;
     ioctl(vm->vcpu_fd, KVM_RUN, 0);
     vm->run->immediate_exit = 0;
-    if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &sb->cpu.regs) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return -1; }
+    if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &r) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return -1; }
+    if (in_host_trap(&r)) return 1;
+    sb->cpu.regs = r;
     return 0;
 }
 
@@ -293,10 +309,29 @@ static int handle_io(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     return 1;
 }
 
+/* zb_sandbox_test_break_in_trap: a hardware execute breakpoint on the vector's stub (on = 1), or none. */
+static int set_test_break(zb_sandbox *sb, zb_vm *vm, int on) {
+    struct kvm_guest_debug dbg;
+    memset(&dbg, 0, sizeof dbg);
+    if (on) {
+        dbg.control = KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP;
+        dbg.arch.debugreg[0] = zb_layout_stub_addr(sb->test_break_vector - 1);
+        dbg.arch.debugreg[7] = 0x1; /* L0: execute, length 1 */
+    }
+    return ioctl(vm->vcpu_fd, KVM_SET_GUEST_DEBUG, &dbg);
+}
+
 static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     struct kvm_run *run = vm->run;
     switch (run->exit_reason) {
     case KVM_EXIT_IO: return handle_io(sb, vm, ev);
+    case KVM_EXIT_DEBUG:
+        if (!sb->test_break_vector) { error_event(sb, ev, "unexpected debug exit"); return 1; }
+        sb->test_break_vector = 0; /* stopped mid-trap: the vCPU is at the stub, its `out` not run */
+        if (set_test_break(sb, vm, 0) < 0) { error_event(sb, ev, "KVM_SET_GUEST_DEBUG: %s", strerror(errno)); return 1; }
+        memset(ev, 0, sizeof *ev);
+        ev->kind = ZB_EVENT_KICK;
+        return 1;
     case KVM_EXIT_INTR: return 0;
     case KVM_EXIT_SHUTDOWN: {
         struct kvm_regs r;
@@ -347,22 +382,26 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     if (sb->uart.frame_ready) zb_uart_consume_frame(&sb->uart); /* the caller has seen it */
     sb->has_stop = 0;
     if (sb->sig.pending & ~sb->sig.blocked) {
+        int mid_trap = 0;
         if (sb->cpu.pending_syscall) { /* interrupted while blocked: the syscall fails with EINTR */
             sb->cpu.pending_syscall = 0;
             sb->cpu.pending_wake_ns = 0;
             sb->cpu.regs.rax = (uint64_t)-EINTR;
-        } else if (sync_regs(sb, vm, ev) < 0) {
+        } else if ((mid_trap = sync_regs(sb, vm, ev)) < 0) {
             return;
         }
-        if (deliver_signals(sb, ev) || set_user_state(sb, vm, ev) < 0) return;
+        /* mid-trap: the signals stay pending; the trap's exit below delivers them */
+        if (!mid_trap && (deliver_signals(sb, ev) || set_user_state(sb, vm, ev) < 0)) return;
     }
     if (sb->cpu.pending_syscall && serve_syscall(sb, vm, ev)) return;
     for (;;) {
         if (zb_take_kick(sb)) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_KICK; return; }
         if (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_TIMEOUT; return; }
         if (sb->sig.alarm_ns && zb_alarm_check(sb, zb_now_ns())) {
-            /* SIGALRM interrupts user code: take the registers back and enter its handler */
-            if (sync_regs(sb, vm, ev) < 0 || deliver_signals(sb, ev) || set_user_state(sb, vm, ev) < 0) return;
+            /* SIGALRM interrupts user code: take the registers back and enter its handler (mid-trap:
+             * it stays pending, and the trap's exit delivers it) */
+            int mid_trap = sync_regs(sb, vm, ev);
+            if (mid_trap < 0 || (!mid_trap && (deliver_signals(sb, ev) || set_user_state(sb, vm, ev) < 0))) return;
             zb_run_timer_update(sb);
             continue;
         }
@@ -467,11 +506,19 @@ int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
         error_event(sb, ev, "cannot arm the run's wake-up timer: %s", strerror(errno));
         goto out;
     }
+    if (sb->test_break_vector && set_test_break(sb, vm, 1) < 0) {
+        error_event(sb, ev, "KVM_SET_GUEST_DEBUG: %s", strerror(errno));
+        goto out;
+    }
     zb_alarm_check(sb, t0); /* an alarm that expired while the sandbox was idle goes off now */
     zb_vdso_refresh(sb, vm);
     run_guest(sb, vm, ev);
     zb_vdso_note_stop(sb, vm);
 out:
+    if (sb->test_break_vector) { /* not hit: the next sandbox on this VM must not stop there */
+        sb->test_break_vector = 0;
+        set_test_break(sb, vm, 0);
+    }
     if (vm->wake_timer_live) timer_delete(vm->wake_timer);
     vm->wake_timer_live = 0;
     zb_run_deadline_ns = 0;

@@ -173,6 +173,12 @@ int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err) {
     return 0;
 }
 
+int zb_sandbox_test_break_in_trap(zb_sandbox *sb, int vector, char *err) {
+    if (vector < 0 || vector > 31) { zb_seterr(err, "no exception vector %d", vector); return -1; }
+    sb->test_break_vector = vector + 1;
+    return 0;
+}
+
 int zb_sandbox_finished(zb_sandbox *sb) { return sb->finished; }
 
 void zb_sandbox_stats(zb_sandbox *sb, zb_stats *out) {

@@ -190,6 +190,11 @@ void zb_sandbox_kick(zb_sandbox *sb);
 /* Deliver a signal (e.g. SIGINT = 2) to the guest's handler when it next runs. Returns -1 with err
  * when the guest has no handler for it (the default action would kill it). */
 int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err);
+/* Test hook: in the next run, stop with ZB_EVENT_KICK when exception `vector` (14 also carries
+ * every `syscall`) has entered its CPL0 stub, before the stub hands it to the host: the point a
+ * host signal can interrupt a trap. A hardware breakpoint (KVM_SET_GUEST_DEBUG) does it exactly;
+ * the run returns an ERROR event if KVM refuses it. */
+int zb_sandbox_test_break_in_trap(zb_sandbox *sb, int vector, char *err);
 /* Disarm the guest's alarm()/setitimer(ITIMER_REAL) timer; 1 if one was armed. A cell's alarm must
  * not go off in the agent after the cell ended. */
 int zb_sandbox_cancel_alarm(zb_sandbox *sb);

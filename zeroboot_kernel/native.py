@@ -179,6 +179,13 @@ class Guest:
         if lib.zb_sandbox_raise(self.handle, signo, err) < 0:
             raise SandboxError(_text(err))
 
+    def test_break_in_trap(self, vector: int) -> None:
+        """Test hook: stop the next run (KICK) when exception `vector` (14: also every syscall)
+        has entered its CPL0 stub, before the host has seen it."""
+        err = _err()
+        if lib.zb_sandbox_test_break_in_trap(self.handle, vector, err) < 0:
+            raise SandboxError(_text(err))
+
     def cancel_alarm(self) -> bool:
         """Disarm the guest's alarm()/setitimer(ITIMER_REAL) timer; True if one was armed."""
         return bool(lib.zb_sandbox_cancel_alarm(self.handle))

@@ -1,0 +1,37 @@
+"""A host signal (the kick, the deadline timer, the caller's) can stop KVM_RUN while a `syscall` is
+still on its way to the host: the vCPU sits at LSTAR or in the CPL0 stub of vector 14, not in user
+code. A signal raised then must not be delivered over that CPL0 state (the handler's sigreturn
+would resume at LSTAR or in the stub and the guest died with SIGSEGV at 0x7f0000000000, as the
+syscall walk did under host load); the engine finishes the trap, serves the syscall, then delivers.
+The stop is forced at that exact point with a hardware breakpoint on the stub (a test hook), so
+the test does not depend on timing."""
+from __future__ import annotations
+
+import time
+
+import battery
+from zeroboot_kernel.native import EventKind
+
+PAGE_FAULT = 14  # the vector every `syscall` arrives on
+SIGUSR1 = 10
+
+
+def test_signal_raised_while_a_syscall_trap_is_under_way():
+    with battery.boot("trap_signal") as sb:
+        out = b""
+        while b"READY\n" not in out:
+            ev = sb.run(time.monotonic() + 60)
+            assert ev.kind is EventKind.OUTPUT, ev
+            out += ev.data
+        sb.test_break_in_trap(PAGE_FAULT)
+        ev = sb.run(time.monotonic() + 60)
+        assert ev.kind is EventKind.KICK, ev  # stopped inside getpid's trap
+        sb.raise_signal(SIGUSR1)
+        while True:
+            ev = sb.run(time.monotonic() + 60)
+            if ev.kind is not EventKind.OUTPUT:
+                break
+            out += ev.data
+        assert ev.kind is EventKind.EXIT and ev.status == 0, (ev, out)
+        assert b"pid=1 handled=1\n" in out, out
+    battery.engine_still_works()
