@@ -106,8 +106,9 @@ def test_a_forged_reply_cannot_choose_host_paths(notebook_dir):
 
 
 def test_a_forged_done_frame_carries_no_extra_fields_to_the_kernel(notebook_dir):
-    """Item 2: a well-formed forged DONE ends the cell (it is indistinguishable from the agent's),
-    but only execute_reply fields pass; nothing of it reaches a later request."""
+    """Item 2: a forged DONE ends the cell. Without the agent's frame number (the channel's
+    self-check) it is found out and the cell is an error, rolled back; either way no field
+    beyond an execute_reply's passes, and nothing of it reaches a later request."""
     cell = FRAME_HELPER + textwrap.dedent("""\
         import gc
         # MARKER-forged-done
@@ -118,7 +119,7 @@ def test_a_forged_done_frame_carries_no_extra_fields_to_the_kernel(notebook_dir)
         """)
     with kernel("zeroboot") as (km, kc):
         reply, msgs = execute(kc, cell)
-        assert reply["status"] == "ok"
+        assert reply["status"] == "error" and "channel" in reply["evalue"], reply
         assert "root" not in reply and "items" not in reply and reply["payload"] == []
         reply, msgs = execute(kc, "print(1 + 1)")
         assert reply["status"] == "ok" and text_of(msgs) == "2\n"
