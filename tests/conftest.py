@@ -19,3 +19,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("without_kvm") is None:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def template():
+    """The default template (built on first use), shared by a module's sessions and forks."""
+    from zeroboot_kernel.template import Template  # imported here: the tests without KVM need no engine
+    return Template.ensure()

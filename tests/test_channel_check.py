@@ -22,11 +22,6 @@ FORGE = ("import json, os, struct\n"
          "    os.close(fd)\n")
 
 
-@pytest.fixture(scope="module")
-def template() -> Template:
-    return Template.ensure()
-
-
 @pytest.fixture
 def session(template: Template):
     s = Session(template)

@@ -10,7 +10,6 @@ from zeroboot_kernel import magics as mg
 from zeroboot_kernel.errors import SandboxError
 from zeroboot_kernel.kernel_config import KernelConfigError, KernelSettings
 from zeroboot_kernel.session import Session
-from zeroboot_kernel.template import Template
 
 MIB = 1 << 20
 # 48 MiB of new, non-zero data per cell in its own mmap (above glibc's largest mmap threshold, so
@@ -57,11 +56,6 @@ def test_budget_magic_parses() -> None:
 
 
 # ---- in a session ----
-
-@pytest.fixture(scope="module")
-def template() -> Template:
-    return Template.ensure()
-
 
 def run(s: Session, code: str, n: int, stderr: list[str] | None = None) -> dict:
     out: list[str] = []

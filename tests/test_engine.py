@@ -14,11 +14,6 @@ from zeroboot_kernel.engine import Sandbox, SandboxError, SandboxTimeout, Templa
 from zeroboot_kernel.frames import MAGIC
 
 
-@pytest.fixture(scope="module")
-def template() -> Template:
-    return Template.ensure()
-
-
 @pytest.fixture
 def sb(template: Template):
     with template.fork() as s:

@@ -10,12 +10,8 @@ import pytest
 
 from zeroboot_kernel.errors import SandboxError
 from zeroboot_kernel.session import Session
-from zeroboot_kernel.template import Template
 
-
-@pytest.fixture(scope="module")
-def template() -> Template:
-    return Template.ensure()
+from session_helpers import cell
 
 
 @pytest.fixture
@@ -30,16 +26,6 @@ def project(tmp_path):
     os.symlink("/etc", root / "etc-link")
     os.symlink(str(outside), root / "parent-link")
     return root
-
-
-def cell(s: Session, code: str, n: int = 1) -> dict:
-    out: list[str] = []
-    results: list[dict] = []
-    reply = s.execute(code, execution_count=n, on_stream=lambda name, t: out.append(t),
-                      on_message=lambda mt, c: results.append(c) if mt == "execute_result" else None)
-    reply["stdout"] = "".join(out)
-    reply["result"] = results[0]["data"]["text/plain"] if results else None
-    return reply
 
 
 def snapshot_of(root) -> dict[str, bytes]:

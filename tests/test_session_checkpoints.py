@@ -6,12 +6,6 @@ from __future__ import annotations
 import pytest
 
 from zeroboot_kernel.session import Session
-from zeroboot_kernel.template import Template
-
-
-@pytest.fixture(scope="module")
-def template() -> Template:
-    return Template.ensure()
 
 
 @pytest.fixture

@@ -9,12 +9,6 @@ import os
 
 import pytest
 
-from zeroboot_kernel.engine import Template
-
-
-@pytest.fixture(scope="module")
-def template() -> Template:
-    return Template.ensure()
 
 
 def run(sb, code: str):

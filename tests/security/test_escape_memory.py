@@ -7,17 +7,10 @@ from __future__ import annotations
 
 import secrets
 
-import pytest
 
 from zeroboot_kernel.session import Session
-from zeroboot_kernel.template import Template
 
 LOW = 2 << 20
-
-
-@pytest.fixture(scope="module")
-def template() -> Template:
-    return Template.ensure()
 
 
 def text(r) -> str:

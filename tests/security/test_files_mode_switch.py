@@ -7,12 +7,8 @@ from __future__ import annotations
 import pytest
 
 from zeroboot_kernel.session import Session
-from zeroboot_kernel.template import Template
 
-
-@pytest.fixture(scope="module")
-def template() -> Template:
-    return Template.ensure()
+from session_helpers import cell
 
 
 @pytest.fixture
@@ -21,14 +17,6 @@ def project(tmp_path):
     root.mkdir()
     (root / "data.txt").write_text("original\n")
     return root
-
-
-def cell(s: Session, code: str, n: int = 1) -> dict:
-    results: list[dict] = []
-    reply = s.execute(code, execution_count=n,
-                      on_message=lambda mt, c: results.append(c) if mt == "execute_result" else None)
-    reply["result"] = results[0]["data"]["text/plain"] if results else None
-    return reply
 
 
 def test_a_file_opened_readwrite_stops_writing_once_the_folder_is_readonly(template, project):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 
 import pytest
 
@@ -15,12 +14,6 @@ from zeroboot_kernel.errors import SandboxError
 from zeroboot_kernel.kernel import home_folder_note
 from zeroboot_kernel.kernel_config import DEFAULT_HIDDEN, KernelConfigError, KernelSettings
 from zeroboot_kernel.session import Session
-from zeroboot_kernel.template import Template
-
-
-@pytest.fixture(scope="module")
-def template() -> Template:
-    return Template.ensure()
 
 
 @pytest.fixture

@@ -1,0 +1,16 @@
+"""Running one cell in a Session (zeroboot_kernel.session) and collecting what it printed."""
+from __future__ import annotations
+
+from zeroboot_kernel.session import Session
+
+
+def cell(s: Session, code: str, n: int = 1) -> dict:
+    """The cell's reply, with "stdout" (all stream text) and "result" (the execute_result's
+    text/plain, or None) added."""
+    out: list[str] = []
+    results: list[dict] = []
+    reply = s.execute(code, execution_count=n, on_stream=lambda name, t: out.append(t),
+                      on_message=lambda mt, c: results.append(c) if mt == "execute_result" else None)
+    reply["stdout"] = "".join(out)
+    reply["result"] = results[0]["data"]["text/plain"] if results else None
+    return reply
