@@ -182,6 +182,13 @@ typedef struct zb_listing {
 #define ZB_LISTING_BUDGET (32ull << 20)
 /* The hash of a file name for the listings' and overlay directories' indexes (FNV-1a). */
 uint64_t zb_name_hash(const char *name);
+/* Name indexes of zb_listing and zb_dirtab (fs_namespace.c): open addressing over an array of
+ * entries whose first member is `char *name`, `stride` bytes apart; each slot holds an entry
+ * number + 1 (0 = empty); cap is a power of two. zb_name_slot finds `name`'s slot (or the empty
+ * one where it would go); zb_name_index_build replaces *index by one for the first n entries,
+ * sized for `want` (-ENOMEM leaves the old one). */
+size_t zb_name_slot(const uint32_t *index, size_t cap, const void *ents, size_t stride, const char *name);
+int zb_name_index_build(uint32_t **index, size_t *cap, const void *ents, size_t stride, size_t n, size_t want);
 /* 1 if the listing has an entry of that name. */
 int zb_listing_has(const zb_listing *l, const char *name);
 /* A cached listing is dropped by its last open directory. */

@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -545,22 +546,36 @@ uint64_t zb_name_hash(const char *s) {
     return h;
 }
 
-/* The slot of `name` in the index (holding 0 when absent). index_cap is a power of two. */
-static size_t index_slot(const zb_listing *l, const char *name) {
-    size_t mask = l->index_cap - 1, i = (size_t)zb_name_hash(name) & mask;
-    while (l->index[i] && strcmp(l->ents[l->index[i] - 1].name, name)) i = (i + 1) & mask;
+/* The name of entry k of an array whose entries start with `char *name` (see fs.h). */
+#define ENTRY_NAME(ents, stride, k) (*(char *const *)((const char *)(ents) + (size_t)(k) * (stride)))
+
+size_t zb_name_slot(const uint32_t *index, size_t cap, const void *ents, size_t stride, const char *name) {
+    size_t mask = cap - 1, i = (size_t)zb_name_hash(name) & mask;
+    while (index[i] && strcmp(ENTRY_NAME(ents, stride, index[i] - 1), name)) i = (i + 1) & mask;
     return i;
 }
 
-static int index_grow(zb_listing *l) {
-    size_t cap = l->index_cap ? l->index_cap * 2 : 64;
-    uint32_t *idx = calloc(cap, sizeof *idx);
+int zb_name_index_build(uint32_t **index, size_t *cap, const void *ents, size_t stride, size_t n, size_t want) {
+    size_t c = 64;
+    while (c < 2 * want) c *= 2; /* load <= 1/2 */
+    uint32_t *idx = calloc(c, sizeof *idx);
     if (!idx) return -ENOMEM;
-    free(l->index);
-    l->index = idx;
-    l->index_cap = cap;
-    for (size_t k = 0; k < l->n; k++) l->index[index_slot(l, l->ents[k].name)] = (uint32_t)(k + 1);
+    for (size_t k = 0; k < n; k++) idx[zb_name_slot(idx, c, ents, stride, ENTRY_NAME(ents, stride, k))] = (uint32_t)(k + 1);
+    free(*index);
+    *index = idx;
+    *cap = c;
     return 0;
+}
+
+_Static_assert(offsetof(struct zb_listing_ent, name) == 0, "zb_name_slot reads names at offset 0");
+
+/* The slot of `name` in the listing's index (holding 0 when absent). */
+static size_t index_slot(const zb_listing *l, const char *name) {
+    return zb_name_slot(l->index, l->index_cap, l->ents, sizeof *l->ents, name);
+}
+
+static int index_grow(zb_listing *l) {
+    return zb_name_index_build(&l->index, &l->index_cap, l->ents, sizeof *l->ents, l->n, l->n + 1);
 }
 
 int zb_listing_has(const zb_listing *l, const char *name) {

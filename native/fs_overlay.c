@@ -282,24 +282,16 @@ void zb_ovl_free_all(zb_fs *fs) {
  * directory of 80,000 files costs O(1) per lookup, create and unlink instead of O(n). */
 #define INDEX_MIN 32
 
+_Static_assert(offsetof(zb_dirent, name) == 0, "zb_name_slot reads names at offset 0");
+
 static size_t dir_slot(const zb_dirtab *t, const char *name) {
-    size_t mask = t->index_cap - 1, i = (size_t)zb_name_hash(name) & mask;
-    while (t->index[i] && strcmp(t->ents[t->index[i] - 1].name, name)) i = (i + 1) & mask;
-    return i;
+    return zb_name_slot(t->index, t->index_cap, t->ents, sizeof *t->ents, name);
 }
 
 /* (Re)build t's index for at least `n` entries (load <= 1/2); -ENOMEM leaves it absent. An index
  * is a cache of the entries: it may be built on a table shared with snapshots. */
 static int dir_index_build(zb_dirtab *t, size_t n) {
-    size_t cap = 64;
-    while (cap < 2 * n) cap *= 2;
-    uint32_t *idx = calloc(cap, sizeof *idx);
-    if (!idx) return -ENOMEM;
-    free(t->index);
-    t->index = idx;
-    t->index_cap = cap;
-    for (size_t k = 0; k < t->n; k++) t->index[dir_slot(t, t->ents[k].name)] = (uint32_t)(k + 1);
-    return 0;
+    return zb_name_index_build(&t->index, &t->index_cap, t->ents, sizeof *t->ents, t->n, n);
 }
 
 /* Entry number of `name` in d, or -1. Scans small directories; indexes large ones on demand
