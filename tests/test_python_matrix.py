@@ -52,7 +52,7 @@ import nbformat
 from nbclient import NotebookClient
 
 cells = ["import os, sys, numpy as np\\nx = np.arange(10)",
-         "print(int(x.sum()), '%d.%d' % sys.version_info[:2], os.uname().nodename, os.getuid())"]
+         "print(int(x.sum()), '%d.%d' % sys.version_info[:2], os.uname().nodename, os.getuid(), sys.prefix)"]
 nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
 t0 = time.monotonic()
 NotebookClient(nb, kernel_name="zeroboot", timeout=300, startup_timeout=600).execute()
@@ -156,10 +156,17 @@ def _check_run(stdout: str, version: tuple[int, int]) -> None:
     assert stdout.split() == ["42", f"{version[0]}.{version[1]}"], stdout
 
 
-def _check_notebook(stdout: str, version: tuple[int, int], guest_uid: int = 1000) -> float:
+def _prefix(python: str, env: dict[str, str] | None = None) -> str:
+    """sys.prefix of `python`: the environment a kernel of it must run in."""
+    return _run([python, "-c", "import sys; print(sys.prefix)"], env=env, timeout=60).stdout.strip()
+
+
+def _check_notebook(stdout: str, version: tuple[int, int], prefix: str, guest_uid: int = 1000) -> float:
     result = json.loads(stdout.strip().splitlines()[-1])
-    # 45 from numpy, the interpreter's version, and the guest's identity: it ran in a sandbox
-    assert result["text"].split() == ["45", f"{version[0]}.{version[1]}", "zeroboot", str(guest_uid)], result
+    # 45 from numpy, the interpreter's version, the guest's identity (it ran in a sandbox) and the
+    # environment: the kernel is the one of the Python under test, not another kernelspec of the
+    # same name that Jupyter found first (JUPYTER_PATH, ~/.local/share/jupyter)
+    assert result["text"].split() == ["45", f"{version[0]}.{version[1]}", "zeroboot", str(guest_uid), prefix], result
     return float(result["seconds"])
 
 
@@ -176,7 +183,8 @@ def _exercise(label: str, python: str, env: dict[str, str], nb_dir: Path, t_inst
     t_run = time.monotonic() - t0
     _check_run(r.stdout, version)
     nb_dir.mkdir()
-    seconds = _check_notebook(_run([python, "-c", NOTEBOOK], env=env, cwd=nb_dir, timeout=900).stdout, version)
+    seconds = _check_notebook(_run([python, "-c", NOTEBOOK], env=env, cwd=nb_dir, timeout=900).stdout, version,
+                              _prefix(python, env))
     built = re.search(r"built in ([\d.]+) s", out.stderr)
     _record(label, python=f"{version[0]}.{version[1]}", install_s=round(t_install, 1),
             template_build_s=float(built.group(1)) if built else None, install_and_template_s=round(t_template, 1),
@@ -295,8 +303,10 @@ def test_non_root_user_from_setup_sh(user_tree: tuple[pwd.struct_passwd, Path], 
     root_venv = work / "venv-debian"
     root_python = str(root_venv / "bin" / "python")
     root_env = {**os.environ, "XDG_CACHE_HOME": str(work / "root-cache")}
+    root_env.pop("JUPYTER_PATH", None)  # the tests' own kernelspecs (kernel_helpers) would run .venv's kernel
     if not root_venv.exists():
         pytest.skip("needs test_venv[debian] (root's kernel next to the user's)")
+    root_prefix = _prefix(root_python)
     root_templates = sorted(p.name for p in (work / "root-cache" / "zeroboot-kernel" / "templates").iterdir())
 
     t0 = time.monotonic()
@@ -308,7 +318,8 @@ def test_non_root_user_from_setup_sh(user_tree: tuple[pwd.struct_passwd, Path], 
     nb_root.mkdir()
     root_notebooks = 0
     while setup.poll() is None and time.monotonic() - t0 < 1500:
-        _check_notebook(_run([root_python, "-c", NOTEBOOK], env=root_env, cwd=nb_root, timeout=900).stdout, version)
+        _check_notebook(_run([root_python, "-c", NOTEBOOK], env=root_env, cwd=nb_root, timeout=900).stdout, version,
+                        root_prefix)
         root_notebooks += 1
         time.sleep(10)
     out, _ = setup.communicate(timeout=1800)
@@ -335,8 +346,8 @@ def test_non_root_user_from_setup_sh(user_tree: tuple[pwd.struct_passwd, Path], 
     root_out, root_err = root_nb.communicate(timeout=900)
     assert user_nb.returncode == 0, user_err[-4000:]
     assert root_nb.returncode == 0, root_err[-4000:]
-    seconds = _check_notebook(user_out, version)
-    _check_notebook(root_out, version)
+    seconds = _check_notebook(user_out, version, str(src / ".venv"))
+    _check_notebook(root_out, version, root_prefix)
     r = _run(_as_user(user, ".venv/bin/zeroboot-kernel run -c 'import sys, numpy; print(6*7, \"%d.%d\" % sys.version_info[:2])'",
                       cwd=src), timeout=600)
     _check_run(r.stdout, version)
