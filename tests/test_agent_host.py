@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 AGENT = REPO / "guest" / "_zeroboot_agent"
 PYTHON = REPO / ".venv" / "bin" / "python"
 
+# The frame protocol as docs/PROTOCOL.md writes it, copied here on purpose (not imported from
+# guest/_zeroboot_agent/frame_protocol.py): the agent is checked against the spec, not against itself.
 MAGIC = 0x5A42464D
 HEADER = struct.Struct("<IHHI")
 EXECUTE, INPUT_REPLY, COMPLETE, INSPECT = 1, 2, 3, 4

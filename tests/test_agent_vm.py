@@ -22,6 +22,8 @@ from zeroboot_kernel.guest_view import python_spec
 
 AGENT = Path(__file__).resolve().parent.parent / "guest" / "_zeroboot_agent"
 
+# The frame protocol as docs/PROTOCOL.md writes it, copied here on purpose (not imported from
+# guest/_zeroboot_agent/frame_protocol.py): the agent is checked against the spec, not against itself.
 MAGIC = 0x5A42464D
 HEADER = struct.Struct("<IHHI")
 EXECUTE, INPUT_REPLY, COMPLETE, INSPECT = 1, 2, 3, 4
