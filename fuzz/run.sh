@@ -23,13 +23,15 @@ fi
 
 out="${FUZZ_OUT:-build/fuzz}"
 mkdir -p "$out"
-# The generated sources and the shared C flags (language, warnings, include directories) come from
-# the extension's build script, so that both builds compile native/ the same way; only the
-# optimisation level and the sanitizers are the fuzzers' own.
+# The engine's sources, the generated ones and the shared C flags (language, warnings, include
+# directories) come from the extension's build script, so that both builds compile the same engine
+# the same way; only the optimisation level and the sanitizers are the fuzzers' own.
 python="${PYTHON:-python3}"
+mapfile -t sources < <("$python" zeroboot_kernel/_build_native.py --print-sources)
 mapfile -t generated < <("$python" zeroboot_kernel/_build_native.py --generate "$out")
 mapfile -t shared < <("$python" zeroboot_kernel/_build_native.py --print-flags)
-[ ${#generated[@]} -gt 0 ] && [ ${#shared[@]} -gt 0 ] || { echo "fuzz: zeroboot_kernel/_build_native.py failed" >&2; exit 2; }
+[ ${#sources[@]} -gt 0 ] && [ ${#generated[@]} -gt 0 ] && [ ${#shared[@]} -gt 0 ] ||
+    { echo "fuzz: zeroboot_kernel/_build_native.py failed" >&2; exit 2; }
 
 flags=(-O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        "${shared[@]}" -Wno-gnu-variable-sized-type-not-at-end)
@@ -38,7 +40,7 @@ for h in "${harnesses[@]}"; do
     src="fuzz/${h}_fuzz.c"
     [ -f "$src" ] || { echo "fuzz: no harness $src" >&2; exit 2; }
     bin="$out/${h}_fuzz"
-    "$cc" "${flags[@]}" -o "$bin" "$src" fuzz/fuzz_blobs.c native/*.c "${generated[@]}" -lrt -lpthread
+    "$cc" "${flags[@]}" -o "$bin" "$src" fuzz/fuzz_blobs.c "${sources[@]}" "${generated[@]}" -lrt -lpthread
     mkdir -p "$out/corpus-$h" "$out/artifacts-$h" "fuzz/corpus/$h"
     log="$out/$h.log"
     echo "fuzz: running $h for ${secs}s (log: $log)"

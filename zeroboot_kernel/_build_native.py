@@ -11,9 +11,10 @@ compiles the same sources with clang and sanitizers:
 
     python zeroboot_kernel/_build_native.py --print-flags    the shared C flags (language, warnings,
                                                              include directories), one per line
+    python zeroboot_kernel/_build_native.py --print-sources  the engine's C sources, one per line
     python zeroboot_kernel/_build_native.py --generate DIR   write the generated C sources into DIR
 
-Those two modes use the standard library only (no cffi), so any python3 runs them.
+Those modes use the standard library only (no cffi), so any python3 runs them.
 
 Engine objects are compiled in parallel and incrementally: an object is rebuilt when its compile
 command changed or any file it includes (gcc -MMD) is newer than it.
@@ -86,6 +87,11 @@ def syscall_names(out_dir: Path) -> Path:
                              "const char *const zb_syscall_names[512] = {\n" + rows + "};\n")
 
 
+def engine_sources() -> list[Path]:
+    """The engine's own C files (the generated ones come from guest_blobs and syscall_names)."""
+    return sorted(NATIVE.glob("*.c"))
+
+
 def _cdef() -> str:
     text = (NATIVE / "zeroboot.h").read_text()
     return text.split("/* CFFI-BEGIN */", 1)[1].split("/* CFFI-END */", 1)[0]
@@ -115,7 +121,7 @@ def _compile(src: Path) -> str:
 def _engine_objects() -> list[str]:
     """Compile the engine with the strict flags (the cffi glue is compiled separately)."""
     GEN.mkdir(parents=True, exist_ok=True)
-    sources = sorted(NATIVE.glob("*.c")) + [guest_blobs(GEN), syscall_names(GEN)]
+    sources = engine_sources() + [guest_blobs(GEN), syscall_names(GEN)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return list(pool.map(_compile, sources))
 
@@ -141,11 +147,15 @@ def main(argv: list[str]) -> int:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--print-flags", action="store_true",
                       help="print the C flags every build of native/ shares, one per line")
+    mode.add_argument("--print-sources", action="store_true", help="print the engine's C sources, one per line")
     mode.add_argument("--generate", metavar="DIR", type=Path,
                       help="write the generated C sources (syscall names) into DIR and list them")
     args = p.parse_args(argv)
     if args.print_flags:
         print("\n".join(COMMON_FLAGS + INCLUDE_FLAGS))
+        return 0
+    if args.print_sources:
+        print("\n".join(str(src) for src in engine_sources()))
         return 0
     if args.generate:
         args.generate.mkdir(parents=True, exist_ok=True)
