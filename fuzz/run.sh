@@ -23,25 +23,24 @@ fi
 
 out="${FUZZ_OUT:-build/fuzz}"
 mkdir -p "$out"
-# the syscall name table, as _build_native.py generates it for the extension
-python3 - "$out/syscall_names.c" <<'PY'
-import re, subprocess, sys
-header = subprocess.run(["gcc", "-E", "-dM", "-include", "asm/unistd_64.h", "-x", "c", "/dev/null"],
-                        check=True, capture_output=True, text=True).stdout
-names = {int(n): s for s, n in re.findall(r"#define __NR_(\w+) (\d+)", header)}
-rows = "".join(f'    [{n}] = "{s}",\n' for n, s in sorted(names.items()) if n < 512)
-open(sys.argv[1], "w").write("const char *const zb_syscall_names[512] = {\n" + rows + "};\n")
-PY
+# The engine's sources, the generated ones and the shared C flags (language, warnings, include
+# directories) come from the extension's build script, so that both builds compile the same engine
+# the same way; only the optimisation level and the sanitizers are the fuzzers' own.
+python="${PYTHON:-python3}"
+mapfile -t sources < <("$python" zeroboot_kernel/_build_native.py --print-sources)
+mapfile -t generated < <("$python" zeroboot_kernel/_build_native.py --generate "$out")
+mapfile -t shared < <("$python" zeroboot_kernel/_build_native.py --print-flags)
+[ ${#sources[@]} -gt 0 ] && [ ${#generated[@]} -gt 0 ] && [ ${#shared[@]} -gt 0 ] ||
+    { echo "fuzz: zeroboot_kernel/_build_native.py failed" >&2; exit 2; }
 
-flags=(-O1 -g -std=gnu11 -fno-strict-aliasing -fno-omit-frame-pointer
-       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -Wall -Wextra -Werror -Wno-gnu-variable-sized-type-not-at-end -Inative)
+flags=(-O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       "${shared[@]}" -Wno-gnu-variable-sized-type-not-at-end)
 status=0
 for h in "${harnesses[@]}"; do
     src="fuzz/${h}_fuzz.c"
     [ -f "$src" ] || { echo "fuzz: no harness $src" >&2; exit 2; }
     bin="$out/${h}_fuzz"
-    "$cc" "${flags[@]}" -o "$bin" "$src" fuzz/fuzz_blobs.c native/*.c "$out/syscall_names.c" -lrt -lpthread
+    "$cc" "${flags[@]}" -o "$bin" "$src" fuzz/fuzz_blobs.c "${sources[@]}" "${generated[@]}" -lrt -lpthread
     mkdir -p "$out/corpus-$h" "$out/artifacts-$h" "fuzz/corpus/$h"
     log="$out/$h.log"
     echo "fuzz: running $h for ${secs}s (log: $log)"

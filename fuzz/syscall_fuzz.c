@@ -171,8 +171,8 @@ static void check_outside(void) {
 static uint64_t u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
 static uint64_t argument(uint8_t sel, uint64_t v) {
-    static const uint64_t special[] = {0, 1, 0x1000, 0x8000, 0x1ffff8, ZB_LOW_REGION, 0xffff888000000000ull,
-                                       0x7f0000000000ull, 0x8000000000000000ull, MEM, MEM - 1, MEM - 8,
+    static const uint64_t special[] = {0, 1, 0x1000, ZB_STUBS_GPA, 0x1ffff8, ZB_LOW_REGION, 0xffff888000000000ull,
+                                       ZB_SYSCALL_TRAP, 0x8000000000000000ull, MEM, MEM - 1, MEM - 8,
                                        STACK_TOP, STACK_TOP - 8, (uint64_t)-1, (uint64_t)-100 /* AT_FDCWD */,
                                        DATA + DATA_SIZE, DATA - 1, 0x7ffffffff000ull, 1ull << 40};
     switch (sel % 10) {

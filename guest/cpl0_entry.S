@@ -5,24 +5,32 @@
  * KVM_SET_REGS + KVM_SET_SREGS (sysretq/iretq are never executed: sysretq at emulated CPL0 ends in
  * a shutdown on PVM).
  *
- * Entry for exception vector v sits at offset 8*v and does `out %al, $(0xc0 + v)`: the port tells
- * the host the vector without touching any register, and the IDT gate's IST stack holds the
- * hardware exception frame. `syscall` reaches the host the same way: LSTAR points at an address
- * that is never mapped, so the instruction fetch page-faults into vector 14 with the frame's RIP
- * equal to LSTAR (see native/run_loop.c).
+ * Entry for exception vector v sits at offset ZB_STUB_SIZE * v and does
+ * `out %al, $(ZB_PORT_EXCEPTION + v)`: the port tells the host the vector without touching any
+ * register, and the IDT gate's IST stack holds the hardware exception frame. `syscall` reaches the
+ * host the same way: LSTAR points at an address that is never mapped (ZB_SYSCALL_TRAP), so the
+ * instruction fetch page-faults into vector 14 with the frame's RIP equal to LSTAR (see
+ * native/run_loop.c). The numbers are the guest ABI's (guest_abi.h); the assembler checks that
+ * the code fits them (a stub longer than ZB_STUB_SIZE makes the next `.org` move backwards: an
+ * error).
  *
  * If the host ever resumed a stub, `hlt` would exit to the host as an error.
  */
+#include "guest_abi.h"
+
     .text
     .code64
     .globl zb_cpl0_entry
 zb_cpl0_entry:
     .set vector, 0
-    .rept 32
-    .org zb_cpl0_entry + vector * 8
-    outb %al, $(0xc0 + vector)
-    hlt
+    .rept ZB_STUB_VECTORS
+    .org zb_cpl0_entry + vector * ZB_STUB_SIZE
+1:  outb %al, $(ZB_PORT_EXCEPTION + vector)
+2:  hlt
     jmp . - 1
+    .if 2b - 1b - ZB_STUB_OUT_LEN
+    .error "the stub's out instruction is not ZB_STUB_OUT_LEN bytes long (the host expects RIP after it)"
+    .endif
     .set vector, vector + 1
     .endr
-    .org zb_cpl0_entry + 32 * 8
+    .org zb_cpl0_entry + ZB_STUB_VECTORS * ZB_STUB_SIZE

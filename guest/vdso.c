@@ -1,27 +1,23 @@
-/* vdso.c - the guest's vDSO: clock_gettime, gettimeofday and time answered at CPL3.
+/* vdso.c - the guest's vDSO (the library the guest maps; the host side that places it and fills
+ * its data page is native/vdso_page.c): clock_gettime, gettimeofday and time answered at CPL3.
  *
  * Without it half of CPython's syscalls are clock_gettime, each a ~40 us exit here. Time is
- * base + (rdtsc - tsc0) * mult >> 32, from a data page the host fills (native/vdso.c) just below
- * this image every time the sandbox starts running, so guest time is always the host's time.
- * glibc only accepts a vDSO with exactly one PT_LOAD (see vdso.ld).
+ * base + (rdtsc - tsc0) * mult >> 32, from a data page (struct zb_vdso_data, guest_abi.h) the host
+ * fills just below this image every time the sandbox starts running, so guest time is always the
+ * host's time. glibc only accepts a vDSO with exactly one PT_LOAD (see vdso.ld).
  */
+#include <asm/unistd.h>
 #include <stdint.h>
 #include <sys/time.h>
 #include <time.h>
 
-struct zb_vdso_data { /* keep in sync with native/vdso.c */
-    uint64_t tsc0;      /* guest TSC when the host took the base times */
-    uint64_t mult;      /* ns per TSC tick, 32.32 fixed point; 0 = unknown, use the syscall */
-    int64_t mono_ns, real_ns, boot_ns;
-    int64_t raw_ns;     /* CLOCK_MONOTONIC_RAW differs from CLOCK_MONOTONIC by the host's NTP slew */
-    uint64_t generation; /* bumped by every rewrite */
-};
+#include "guest_abi.h"
 
 /* The data page is the page below this image's ELF header (the linker's __ehdr_start). */
 static inline const volatile struct zb_vdso_data *data(void) {
     uintptr_t image;
     __asm__("lea __ehdr_start(%%rip), %0" : "=r"(image));
-    return (const volatile struct zb_vdso_data *)(image - 4096);
+    return (const volatile struct zb_vdso_data *)(image - ZB_VDSO_DATA_SIZE);
 }
 
 static inline long syscall2(long nr, long a, long b) {
@@ -50,13 +46,13 @@ static inline int64_t now_ns(const volatile int64_t *base) {
 
 int __vdso_clock_gettime(clockid_t clock, struct timespec *ts) {
     const volatile int64_t *base;
-    if (!data()->mult) return (int)syscall2(228, clock, (long)ts);
+    if (!data()->mult) return (int)syscall2(__NR_clock_gettime, clock, (long)ts);
     switch (clock) {
     case CLOCK_REALTIME: case CLOCK_REALTIME_COARSE: base = &data()->real_ns; break;
     case CLOCK_MONOTONIC: case CLOCK_MONOTONIC_COARSE: base = &data()->mono_ns; break;
     case CLOCK_MONOTONIC_RAW: base = &data()->raw_ns; break;
     case CLOCK_BOOTTIME: base = &data()->boot_ns; break;
-    default: return (int)syscall2(228, clock, (long)ts); /* CPU-time clocks: the host knows */
+    default: return (int)syscall2(__NR_clock_gettime, clock, (long)ts); /* CPU-time clocks: the host knows */
     }
     int64_t ns = now_ns(base);
     ts->tv_sec = ns / 1000000000;
@@ -65,7 +61,7 @@ int __vdso_clock_gettime(clockid_t clock, struct timespec *ts) {
 }
 
 int __vdso_gettimeofday(struct timeval *tv, void *tz) {
-    if (!data()->mult) return (int)syscall2(96, (long)tv, (long)tz);
+    if (!data()->mult) return (int)syscall2(__NR_gettimeofday, (long)tv, (long)tz);
     if (tv) {
         int64_t ns = now_ns(&data()->real_ns);
         tv->tv_sec = ns / 1000000000;
@@ -76,7 +72,7 @@ int __vdso_gettimeofday(struct timeval *tv, void *tz) {
 }
 
 time_t __vdso_time(time_t *t) {
-    time_t s = data()->mult ? (time_t)(now_ns(&data()->real_ns) / 1000000000) : (time_t)syscall2(201, 0, 0);
+    time_t s = data()->mult ? (time_t)(now_ns(&data()->real_ns) / 1000000000) : (time_t)syscall2(__NR_time, 0, 0);
     if (t) *t = s;
     return s;
 }
@@ -88,4 +84,4 @@ long __vdso_getcpu(unsigned *cpu, unsigned *node, void *cache) {
     return 0;
 }
 
-int __vdso_clock_getres(clockid_t clock, struct timespec *ts) { return (int)syscall2(229, clock, (long)ts); }
+int __vdso_clock_getres(clockid_t clock, struct timespec *ts) { return (int)syscall2(__NR_clock_getres, clock, (long)ts); }

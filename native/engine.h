@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include "guest_abi.h" /* what the guest's code relies on: trap address, stub ports, UART, vDSO data */
 #include "zeroboot.h"
 
 #define ZB_PAGE 4096ul
@@ -34,10 +35,6 @@
 #define ZB_MEM_MAX (64ul << 30)
 #define ZB_STACK_SIZE (8ul << 20)
 #define ZB_PIE_BASE (16ul << 20)
-#define ZB_SYSCALL_TRAP 0x7f0000000000ull /* LSTAR: never mapped, so `syscall` page-faults */
-#define ZB_PORT_EXCEPTION 0xc0            /* CPL0 stub for vector v does `out %al, $(0xc0 + v)` */
-#define ZB_UART_BASE 0x3f8                /* COM1: the only ports user code may touch */
-#define ZB_UART_PORTS 8
 
 #define ZB_MAX_FDS 1024
 #define ZB_LOG_MAX 8192
@@ -280,7 +277,7 @@ typedef struct zb_process {
                                 "system" time), restored the same way */
     int64_t clock_base[3];   /* CLOCK_MONOTONIC, BOOTTIME, MONOTONIC_RAW bases of the vDSO page last
                                 published (host copies: the page itself is guest memory), */
-    uint64_t clock_tsc0, clock_mult; /* with its TSC origin and scale (vdso.c) */
+    uint64_t clock_tsc0, clock_mult; /* with its TSC origin and scale (vdso_page.c) */
     int64_t clock_floor[3];  /* the latest of each the guest can have read, as of its last stop: the
                                 next page never goes below */
 } zb_process;
@@ -388,7 +385,7 @@ int zb_signal_interrupts(const zb_sandbox *sb, int sig);
  * or -errno (regs untouched) for a frame that cannot be read. */
 long zb_signals_sigreturn(zb_sandbox *sb);
 
-/* ---- ELF loading (elf_loader.c) and vDSO (vdso.c) ---- */
+/* ---- ELF loading (elf_loader.c) and the vDSO's placement and data page (vdso_page.c) ---- */
 int zb_elf_exec(zb_sandbox *sb, const char *exe_guest_path, const char *const *argv,
                 const char *const *envp, char *err);
 uint64_t zb_vdso_load(zb_sandbox *sb, char *err);

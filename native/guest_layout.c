@@ -14,7 +14,6 @@
 #define TSS_GPA 0x5000ul
 #define TSS_SIZE 0x68ul
 #define IOMAP_BYTES (8192ul + 1) /* one bit per port, then the mandatory 0xff byte */
-#define STUBS_GPA 0x8000ul
 #define XSTACK_TOP 0xc000ul    /* exception stack (IST1 and RSP0): 0x9000-0xc000 */
 #define PD_GPA 0x10000ul       /* one page directory per GiB, up to ZB_MEM_MAX */
 
@@ -31,7 +30,7 @@
 extern const unsigned char zb_cpl0_stubs[];
 extern const unsigned long zb_cpl0_stubs_len;
 
-uint64_t zb_layout_stub_addr(int vector) { return STUBS_GPA + 8ul * (unsigned)vector; }
+uint64_t zb_layout_stub_addr(int vector) { return ZB_STUBS_GPA + ZB_STUB_SIZE * (uint64_t)(unsigned)vector; }
 uint64_t zb_layout_exception_stack_top(void) { return XSTACK_TOP; }
 
 static void write_page_tables(zb_memory *m) {
@@ -78,7 +77,7 @@ static void write_gdt_idt_tss(zb_memory *m) {
         iomap[p / 8] &= ~(1u << (p % 8));              /* ... except COM1 */
 
     uint8_t *idt = m->host + IDT_GPA;
-    for (int v = 0; v < 32; v++) {
+    for (int v = 0; v < ZB_STUB_VECTORS; v++) {
         uint64_t h = zb_layout_stub_addr(v);
         uint8_t *g = idt + v * 16;
         int dpl = (v == 3 || v == 4) ? 3 : 0; /* int3/into are allowed from user mode */
@@ -90,7 +89,7 @@ static void write_gdt_idt_tss(zb_memory *m) {
         memcpy(g + 6, &(uint16_t){(h >> 16) & 0xffff}, 2);
         memcpy(g + 8, &(uint32_t){h >> 32}, 4);
     }
-    memcpy(m->host + STUBS_GPA, zb_cpl0_stubs, zb_cpl0_stubs_len);
+    memcpy(m->host + ZB_STUBS_GPA, zb_cpl0_stubs, zb_cpl0_stubs_len);
 }
 
 void zb_layout_write(zb_memory *m) {

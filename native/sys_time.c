@@ -1,5 +1,5 @@
 /* sys_time.c - clocks and sleeping. Guest time is the host's time (never the snapshot's); the
- * hot clock calls normally never get here because the guest's vDSO answers them (vdso.c). A guest
+ * hot clock calls normally never get here because the guest's vDSO answers them (guest/vdso.c). A guest
  * sleep blocks the engine interruptibly: a kick or the run deadline pauses it and the sleep goes on,
  * to its original wake time, when the sandbox resumes; the guest's own alarm (sys_itimer.c) ends it
  * with EINTR.

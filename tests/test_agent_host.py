@@ -13,7 +13,6 @@ import random
 import re
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -25,14 +24,14 @@ from typing import Any
 
 import pytest
 
+# the documented frame protocol, deliberately not the agent's own module (see frame_spec.py)
+from frame_spec import (CLEAR_OUTPUT, COMPLETE, COMPLETE_REPLY, DISPLAY, DONE, ERROR, EXECUTE, HEADER, INPUT_REPLY,
+                        INPUT_REQUEST, INSPECT, INSPECT_REPLY, MAGIC, READY, RESULT, STREAM)
+
 REPO = Path(__file__).resolve().parent.parent
 AGENT = REPO / "guest" / "_zeroboot_agent"
 PYTHON = REPO / ".venv" / "bin" / "python"
 
-MAGIC = 0x5A42464D
-HEADER = struct.Struct("<IHHI")
-EXECUTE, INPUT_REPLY, COMPLETE, INSPECT = 1, 2, 3, 4
-READY, STREAM, DISPLAY, RESULT, ERROR, CLEAR_OUTPUT, INPUT_REQUEST, DONE, COMPLETE_REPLY, INSPECT_REPLY = range(100, 110)
 
 TIMEOUT = 60.0
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

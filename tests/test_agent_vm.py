@@ -8,7 +8,6 @@ import base64
 import json
 import re
 import signal
-import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,15 +16,15 @@ from typing import Any
 
 import pytest
 
+# the documented frame protocol, deliberately not the agent's own module (see frame_spec.py)
+from frame_spec import (COMPLETE, COMPLETE_REPLY, DISPLAY, DONE, ERROR, EXECUTE, HEADER, INPUT_REPLY,
+                        INPUT_REQUEST, INSPECT, INSPECT_REPLY, MAGIC, READY, RESULT, STREAM)
+
 from zeroboot_kernel.native import Event, EventKind, Guest
 from zeroboot_kernel.guest_view import python_spec
 
 AGENT = Path(__file__).resolve().parent.parent / "guest" / "_zeroboot_agent"
 
-MAGIC = 0x5A42464D
-HEADER = struct.Struct("<IHHI")
-EXECUTE, INPUT_REPLY, COMPLETE, INSPECT = 1, 2, 3, 4
-READY, STREAM, DISPLAY, RESULT, ERROR, CLEAR_OUTPUT, INPUT_REQUEST, DONE, COMPLETE_REPLY, INSPECT_REPLY = range(100, 110)
 TIMEOUT = 120.0
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -1,4 +1,6 @@
-"""The engine's Python API: templates, sandboxes that execute notebook cells, forks.
+"""The engine API: templates, Sandboxes that execute notebook cells (a sandbox running the guest
+agent), forks. docs/ARCHITECTURE.md's glossary tells this module, the C engine and the engine
+process apart.
 
     template = Template.ensure()                # load, or build once (seconds)
     with template.fork() as sb:                 # copy-on-write, ~10 us

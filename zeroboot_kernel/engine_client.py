@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterator
 
+from . import engine_requests as req
 from . import engine_wire as wire
 from . import schema
 from .errors import ZerobootError
@@ -90,7 +91,9 @@ class EngineClient:
         checked against its shape (schema.check_event); the last one yielded is its reply,
         {"event": "reply", "content": {...}}. Events and replies that carry another id (left
         over from an earlier request, or forged) and malformed events are logged and dropped.
-        on_sent runs once the request is out (an interrupt can name it from then on)."""
+        on_sent runs once the request is out (an interrupt can name it from then on).
+        `op` and `fields` must be one of engine_requests.REQUESTS (ValueError otherwise)."""
+        req.check_request(op, fields)
         self._next_id += 1
         rid = self._next_id
         self._in_flight = rid
@@ -126,7 +129,7 @@ class EngineClient:
         raise EngineDied("no reply from the engine")
 
     def input_reply(self, value: str) -> None:
-        self._send({"op": "input_reply", "value": value})
+        self._send({"op": req.INPUT_REPLY, "value": value})
 
     def interrupt(self) -> bool:
         """Interrupt the request in flight (thread-safe): a control message naming it, then the
@@ -138,7 +141,7 @@ class EngineClient:
                 target = self._in_flight
                 if target is None:
                     return False
-                wire.send(self.sock, {"op": "interrupt", "target": target})
+                wire.send(self.sock, {"op": req.INTERRUPT, "target": target})
         except OSError as exc:
             raise EngineDied(f"the sandbox engine process died ({self._exit_status()}): {exc}") from None
         try:
@@ -155,7 +158,7 @@ class EngineClient:
         if self.proc.poll() is None:
             try:
                 with self._send_lock:
-                    wire.send(self.sock, {"op": "shutdown", "id": 0})
+                    wire.send(self.sock, {"op": req.SHUTDOWN, "id": 0})
             except OSError:
                 pass
             try:

@@ -18,9 +18,10 @@ import select
 import signal
 import socket
 import sys
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 from . import checkpoint_budget
+from . import engine_requests as req
 from . import engine_wire as wire
 from . import export
 from .errors import ZerobootError
@@ -48,6 +49,15 @@ class EngineServer:
         self.pending: list[dict[str, Any]] = []   # control messages read while a cell ran
         self.current: Any = None                  # id of the request being served
         self.running: Any = None                  # id of the execute request whose cell runs now
+        # every request of engine_requests.REQUESTS but the control messages, and nothing else
+        self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
+            req.EXECUTE: self._execute, req.COMPLETE: self._complete, req.INSPECT: self._inspect,
+            req.REWIND: self._rewind, req.MODE: self._mode, req.TIMEOUT: self._timeout, req.MEMORY: self._memory,
+            req.FILES: self._files, req.DIFF: self._diff, req.EXPORT_LIST: self._export_list,
+            req.EXPORT_CHUNK: self._export_chunk, req.LOCKDOWN_CHECK: self._lockdown_check,
+            req.CHECKPOINTS: self._checkpoints, req.CHECKPOINT_BUDGET: self._checkpoint_budget,
+            req.STATS: self._stats, req.RESTART: self._restart, req.SHUTDOWN: self._shutdown,
+        }
 
     def send(self, msg: dict[str, Any]) -> None:
         wire.send(self.sock, msg)
@@ -62,7 +72,7 @@ class EngineServer:
         """Read control messages that arrived while the guest ran (never blocks)."""
         while select.select([self.sock], [], [], 0)[0]:
             msg = wire.recv(self.sock)
-            if msg.get("op") == "interrupt":
+            if msg.get("op") == req.INTERRUPT:
                 self.interrupt(msg)
             else:
                 self.pending.append(msg)
@@ -82,88 +92,112 @@ class EngineServer:
         self.event({"event": "input_request", "prompt": prompt, "password": password})
         while True:
             msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
-            if msg.get("op") == "input_reply":
+            if msg.get("op") == req.INPUT_REPLY:
                 return str(msg.get("value", ""))
-            if msg.get("op") == "interrupt" and self.interrupt(msg):
+            if msg.get("op") == req.INTERRUPT and self.interrupt(msg):
                 return None
-            if msg.get("op") == "interrupt":
+            if msg.get("op") == req.INTERRUPT:
                 continue
             self.pending.append(msg)  # answered after the cell
             if len(self.pending) > 1000:
                 raise wire.ChannelClosed("kernel keeps sending requests while the guest waits for input")
 
-    # ---- requests ----
+    # ---- requests (engine_requests.REQUESTS: the one list of them) ----
     def handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         op = msg.get("op")
-        s = self.session
-        if op == "execute":
-            self.running = msg.get("id")
-            try:
-                return s.execute(
-                    msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
-                    store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
-                    on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
-                    on_message=lambda mtype, content: self.event({"event": mtype, "content": content}),
-                    on_input=self.ask_input if msg.get("allow_stdin") else None, poll=self.poll)
-            finally:
-                self.running = None
-        if op == "complete":
-            return s.complete(msg["code"], int(msg["cursor_pos"]))
-        if op == "inspect":
-            return s.inspect(msg["code"], int(msg["cursor_pos"]), int(msg.get("detail_level", 0)))
-        if op == "rewind":
-            return {"status": "ok", "text": s.rewind(int(msg.get("n", 1)))}
-        if op == "mode":
-            return {"status": "ok", "text": s.set_mode(str(msg["mode"]))}
-        if op == "timeout":
-            s.timeout = float(msg["seconds"]) or None
-            return {"status": "ok", "text": f"cell timeout: {s.timeout or 'none'}"}
-        if op == "memory":
-            return {"status": "ok", "text": s.set_memory(int(msg["bytes"]))}
-        if op == "files":
-            return {"status": "ok", "text": s.set_files(str(msg["mode"]))}
-        if op == "diff":
-            everything, changes, size = s.diff(), [], 0
-            for tag, rel in everything:  # bounded, so that the reply is a reasonable message
-                size += len(rel) + 8
-                if size > MAX_DIFF_BYTES:
-                    break
-                changes.append([tag, rel])
-            return {"status": "ok", "changes": changes, "more": len(everything) - len(changes)}
-        # %sandbox export: the engine reads, the kernel writes (this process may not write host
-        # files); file data travels in chunks, so no message is larger than export.CHUNK
-        if op == "export_list":
-            return {"status": "ok", "entries": export.plan_to_wire(s.export_plan(str(msg["path"])))}
-        if op == "export_chunk":
-            parts, offset, size = msg.get("parts"), msg.get("offset"), msg.get("size")
-            if (not isinstance(parts, list) or not all(isinstance(p, str) for p in parts)
-                    or type(offset) is not int or type(size) is not int):
-                raise ValueError("export_chunk needs parts (list of names), offset and size (integers)")
-            data = s.export_chunk(str(msg["path"]), tuple(parts), offset, size)
-            return {"status": "ok", "data": base64.b64encode(data).decode()}
-        if op == "lockdown_check":
-            return {"status": "ok", "checks": lockdown_check()}
-        if op == "checkpoints":
-            return {"status": "ok", "checkpoints": s.describe_checkpoints(), "budget": s.describe_budget()}
-        if op == "checkpoint_budget":
-            size = msg.get("size")
-            if size is None:
-                return {"status": "ok", "text": s.describe_budget()["summary"]}
-            try:
-                limit = checkpoint_budget.parse_size(str(size))
-            except checkpoint_budget.BudgetSyntaxError as exc:
-                return {"status": "error", "ename": "UsageError", "evalue": str(exc), "traceback": []}
-            return {"status": "ok", "text": s.set_budget(limit)}
-        if op == "stats":
-            return {"status": "ok", "stats": s.stats()}
-        if op == "restart":
-            s.restart()
-            return {"status": "ok"}
-        if op == "interrupt":
+        if op == req.INTERRUPT:
             return None  # nothing is running
-        if op == "shutdown":
-            raise SystemExit(0)
-        return {"status": "error", "ename": "ValueError", "evalue": f"unknown engine request {op!r}", "traceback": []}
+        handler = self.handlers.get(op) if isinstance(op, str) else None
+        if handler is None:
+            return {"status": "error", "ename": "ValueError", "evalue": f"unknown engine request {op!r}",
+                    "traceback": []}
+        return handler(msg)
+
+    def _execute(self, msg: dict[str, Any]) -> dict[str, Any]:
+        s = self.session
+        self.running = msg.get("id")
+        try:
+            return s.execute(
+                msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
+                store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
+                on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
+                on_message=lambda mtype, content: self.event({"event": mtype, "content": content}),
+                on_input=self.ask_input if msg.get("allow_stdin") else None, poll=self.poll)
+        finally:
+            self.running = None
+
+    def _complete(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return self.session.complete(msg["code"], int(msg["cursor_pos"]))
+
+    def _inspect(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return self.session.inspect(msg["code"], int(msg["cursor_pos"]), int(msg.get("detail_level", 0)))
+
+    def _rewind(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"status": "ok", "text": self.session.rewind(int(msg.get("n", 1)))}
+
+    def _mode(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"status": "ok", "text": self.session.set_mode(str(msg["mode"]))}
+
+    def _timeout(self, msg: dict[str, Any]) -> dict[str, Any]:
+        s = self.session
+        s.timeout = float(msg["seconds"]) or None
+        return {"status": "ok", "text": f"cell timeout: {s.timeout or 'none'}"}
+
+    def _memory(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"status": "ok", "text": self.session.set_memory(int(msg["bytes"]))}
+
+    def _files(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"status": "ok", "text": self.session.set_files(str(msg["mode"]))}
+
+    def _diff(self, msg: dict[str, Any]) -> dict[str, Any]:
+        everything, changes, size = self.session.diff(), [], 0
+        for tag, rel in everything:  # bounded, so that the reply is a reasonable message
+            size += len(rel) + 8
+            if size > MAX_DIFF_BYTES:
+                break
+            changes.append([tag, rel])
+        return {"status": "ok", "changes": changes, "more": len(everything) - len(changes)}
+
+    # %sandbox export: the engine reads, the kernel writes (this process may not write host
+    # files); file data travels in chunks, so no message is larger than export.CHUNK
+    def _export_list(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"status": "ok", "entries": export.plan_to_wire(self.session.export_plan(str(msg["path"])))}
+
+    def _export_chunk(self, msg: dict[str, Any]) -> dict[str, Any]:
+        parts, offset, size = msg.get("parts"), msg.get("offset"), msg.get("size")
+        if (not isinstance(parts, list) or not all(isinstance(p, str) for p in parts)
+                or type(offset) is not int or type(size) is not int):
+            raise ValueError("export_chunk needs parts (list of names), offset and size (integers)")
+        data = self.session.export_chunk(str(msg["path"]), tuple(parts), offset, size)
+        return {"status": "ok", "data": base64.b64encode(data).decode()}
+
+    def _lockdown_check(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"status": "ok", "checks": lockdown_check()}
+
+    def _checkpoints(self, msg: dict[str, Any]) -> dict[str, Any]:
+        s = self.session
+        return {"status": "ok", "checkpoints": s.describe_checkpoints(), "budget": s.describe_budget()}
+
+    def _checkpoint_budget(self, msg: dict[str, Any]) -> dict[str, Any]:
+        s = self.session
+        size = msg.get("size")
+        if size is None:
+            return {"status": "ok", "text": s.describe_budget()["summary"]}
+        try:
+            limit = checkpoint_budget.parse_size(str(size))
+        except checkpoint_budget.BudgetSyntaxError as exc:
+            return {"status": "error", "ename": "UsageError", "evalue": str(exc), "traceback": []}
+        return {"status": "ok", "text": s.set_budget(limit)}
+
+    def _stats(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {"status": "ok", "stats": self.session.stats()}
+
+    def _restart(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.session.restart()
+        return {"status": "ok"}
+
+    def _shutdown(self, msg: dict[str, Any]) -> NoReturn:
+        raise SystemExit(0)
 
     def serve(self) -> None:
         while True:
@@ -185,7 +219,7 @@ class EngineServer:
                          "evalue": f"the sandbox engine could not do {str(msg.get('op'))[:40]!r}: {str(exc)[:500]}"}
             if reply is not None:
                 self.send({"event": "reply", "id": msg.get("id"), "content": reply})
-            if msg.get("op") == "execute":
+            if msg.get("op") == req.EXECUTE:
                 # the next cell's checkpoint, taken while the kernel sends this reply on
                 self.session.prepare_next_cell()
 

@@ -1,50 +1,30 @@
 """Frames of the cell channel between the host and the guest agent (docs/PROTOCOL.md).
 
 The engine (native/uart16550.c) validates and reassembles frames coming from the guest; this
-module builds the frames the host sends, and decodes payloads.
+module builds the frames the host sends, and decodes and checks the payloads of guest frames.
+The protocol's numbers (header, limits, frame types) come from the one module the agent uses too,
+guest/_zeroboot_agent/frame_protocol.py.
 """
 from __future__ import annotations
 
-import enum
 import json
-import struct
 from typing import Any
+
+# The frame protocol itself (header, limits, types) is shared with the agent in the guest.
+from zeroboot_guest._zeroboot_agent.frame_protocol import (CHECK_FIELDS, HEADER, MAGIC, MAX_PAYLOAD, REPLY_TYPES,
+                                                           VERSION, FrameType, pack_header)
 
 from . import schema
 
-MAGIC = 0x5A42464D
-VERSION = 1
-HEADER = struct.Struct("<IHHI")
-MAX_PAYLOAD = 16 * 1024 * 1024
-
-
-class FrameType(enum.IntEnum):
-    # host -> guest
-    EXECUTE = 1
-    INPUT_REPLY = 2
-    COMPLETE = 3
-    INSPECT = 4
-    RUN = 5
-    SESSION = 6
-    # guest -> host
-    READY = 100
-    STREAM = 101
-    DISPLAY = 102
-    RESULT = 103
-    ERROR = 104
-    CLEAR_OUTPUT = 105
-    INPUT_REQUEST = 106
-    DONE = 107
-    COMPLETE_REPLY = 108
-    INSPECT_REPLY = 109
-    SESSION_REPLY = 110
+__all__ = ["CHECK_FIELDS", "CHECKS", "HEADER", "MAGIC", "MAX_PAYLOAD", "REPLY_TYPES", "VERSION", "FrameType",
+           "decode", "decode_payload", "encode"]
 
 
 def encode(ftype: FrameType, payload: dict[str, Any]) -> bytes:
     body = json.dumps(payload, separators=(",", ":")).encode()
     if len(body) > MAX_PAYLOAD:
         raise ValueError(f"frame payload of {len(body)} bytes exceeds {MAX_PAYLOAD}")
-    return HEADER.pack(MAGIC, VERSION, int(ftype), len(body)) + body
+    return pack_header(int(ftype), len(body)) + body
 
 
 def decode_payload(data: bytes) -> dict[str, Any]:
@@ -61,10 +41,6 @@ def decode_payload(data: bytes) -> dict[str, Any]:
 
 
 # The shape of each guest frame's payload (docs/PROTOCOL.md), checked before the host uses it.
-# Fields every agent frame (seq) or reply (stream_chars) carries for the channel's self-check:
-# frame numbers and the count of characters the cell printed (docs/PROTOCOL.md, "Self-check").
-CHECK_FIELDS = ("seq", "stream_chars")
-
 CHECKS = {
     FrameType.STREAM: schema.stream, FrameType.DISPLAY: schema.display, FrameType.RESULT: schema.result,
     FrameType.ERROR: schema.error, FrameType.CLEAR_OUTPUT: schema.clear_output,

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 import zmq
 from ipykernel._version import kernel_protocol_version
@@ -35,6 +35,7 @@ from ipykernel.kernelbase import Kernel
 from traitlets import List
 
 from . import __version__
+from . import engine_requests as req
 from . import export
 from . import listing
 from . import magics as mg
@@ -363,7 +364,7 @@ class ZerobootKernel(Kernel):
             try:
                 # every event was checked by EngineClient.request (schema.check_event): a
                 # malformed one never gets here, and one of another request neither
-                for ev in client.request("execute", code=code, execution_count=count, silent=silent,
+                for ev in client.request(req.EXECUTE, code=code, execution_count=count, silent=silent,
                                          store_history=store_history, user_expressions=user_expressions,
                                          allow_stdin=allow_stdin, on_sent=lambda: self._send_held_interrupt(client)):
                     kind = ev["event"]
@@ -421,65 +422,89 @@ class ZerobootKernel(Kernel):
 
     def _run_magic(self, client: EngineClient, magic: mg.Magic) -> str:
         """Worker thread: run one kernel magic; returns what it prints."""
-        if isinstance(magic, mg.SandboxCommand) and magic.sub == "help":
-            return mg.HELP
+        if isinstance(magic, mg.Rewind):
+            with self._engine_lock:
+                return str(self._call(client, req.REWIND, n=magic.n).get("text", "")) + "\n"
+        handler = self.SANDBOX_MAGICS.get(magic.sub)
+        if handler is None:
+            raise mg.MagicUsageError(f"unhandled %sandbox subcommand {magic!r}")
+        if magic.sub == "help":  # needs no engine: answered even while another request holds it
+            return handler(self, client, magic)
         with self._engine_lock:
-            if isinstance(magic, mg.Rewind):
-                return str(self._call(client, "rewind", n=magic.n).get("text", "")) + "\n"
-            sub = magic.sub
-            if sub == "mode":
-                if magic.arg is None:
-                    return f"{self.mode} mode (switch with `%sandbox mode chained|isolated`)\n"
-                text = self._call(client, "mode", mode=magic.arg).get("text", "")
-                self.mode = magic.arg
-                return f"{text}\n"
-            if sub == "timeout":
-                if magic.arg is not None:
-                    self._call(client, "timeout", seconds=magic.seconds)
-                    self.cell_timeout = magic.seconds or None
-                return f"cell timeout: {self._timeout_text()}\n"
-            if sub == "memory":
-                if magic.arg is not None:
-                    return str(self._call(client, "memory", bytes=parse_size(magic.arg, "%sandbox memory")).get("text", "")) + "\n"
-                stats = self._call(client, "stats").get("stats") or {}
-                return (f"sandbox memory: {stats.get('guest_memory_mib')} MiB in use of a "
-                        f"{stats.get('guest_memory_limit_mib')} MiB limit (change with `%sandbox memory SIZE`; "
-                        f"ZEROBOOT_MEMORY sets the most it can be)\n")
-            if sub == "checkpoints":
-                if magic.arg == "budget":  # show (dest None) or set the checkpoints' memory budget
-                    return str(self._call(client, "checkpoint_budget", size=magic.dest).get("text", "")) + "\n"
-                got = self._call(client, "checkpoints")
-                return mg.format_checkpoints(got.get("checkpoints") or [], self.mode, got.get("budget"))
-            if sub == "stats":
-                stats = self._call(client, "stats").get("stats") or {}
-                trips = sorted(self._round_trips)
-                return mg.format_stats(stats, {
-                    "timeout": self._timeout_text(),
-                    "round_trip_ms_p50": trips[len(trips) // 2] if trips else None,
-                    "engine_pid": client.proc.pid,
-                })
-            if sub == "files":
-                if magic.arg is None:
-                    stats = self._call(client, "stats").get("stats") or {}
-                    return mg.format_files(stats.get("files") or {})
-                return str(self._call(client, "files", mode=magic.arg).get("text", "")) + "\n"
-            if sub == "diff":
-                got = self._call(client, "diff")
-                more = got.get("more")
-                return mg.format_diff(self._checked_changes(got.get("changes")), self._project_root(),
-                                      more if type(more) is int and more > 0 else 0)
-            if sub == "export":
-                return self._export(client, magic.arg or "", magic.dest)
-            if sub == "outputs":
-                if magic.arg is not None:
-                    self.outputs = magic.arg
-                return {"trusted": "outputs: trusted (HTML and JavaScript from cells reach the browser as they are)\n",
-                        "safe": "outputs: safe (JavaScript dropped; HTML and Markdown sanitised)\n"}[self.outputs]
-            if sub == "reset":
-                self._call(client, "restart")
-                return ("the sandbox is back to the clean template state; every checkpoint was dropped "
-                        f"({self.mode} mode)\n")
-        raise mg.MagicUsageError(f"unhandled %sandbox subcommand {magic!r}")
+            return handler(self, client, magic)
+
+    # One method per %sandbox subcommand (magics.SANDBOX_PARSERS), run with the engine lock held.
+
+    def _magic_help(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        return mg.HELP
+
+    def _magic_mode(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        if magic.arg is None:
+            return f"{self.mode} mode (switch with `%sandbox mode chained|isolated`)\n"
+        text = self._call(client, req.MODE, mode=magic.arg).get("text", "")
+        self.mode = magic.arg
+        return f"{text}\n"
+
+    def _magic_timeout(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        if magic.arg is not None:
+            self._call(client, req.TIMEOUT, seconds=magic.seconds)
+            self.cell_timeout = magic.seconds or None
+        return f"cell timeout: {self._timeout_text()}\n"
+
+    def _magic_memory(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        if magic.arg is not None:
+            return str(self._call(client, req.MEMORY, bytes=parse_size(magic.arg, "%sandbox memory")).get("text", "")) + "\n"
+        stats = self._call(client, req.STATS).get("stats") or {}
+        return (f"sandbox memory: {stats.get('guest_memory_mib')} MiB in use of a "
+                f"{stats.get('guest_memory_limit_mib')} MiB limit (change with `%sandbox memory SIZE`; "
+                f"ZEROBOOT_MEMORY sets the most it can be)\n")
+
+    def _magic_checkpoints(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        if magic.arg == "budget":  # show (dest None) or set the checkpoints' memory budget
+            return str(self._call(client, req.CHECKPOINT_BUDGET, size=magic.dest).get("text", "")) + "\n"
+        got = self._call(client, req.CHECKPOINTS)
+        return mg.format_checkpoints(got.get("checkpoints") or [], self.mode, got.get("budget"))
+
+    def _magic_stats(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        stats = self._call(client, req.STATS).get("stats") or {}
+        trips = sorted(self._round_trips)
+        return mg.format_stats(stats, {
+            "timeout": self._timeout_text(),
+            "round_trip_ms_p50": trips[len(trips) // 2] if trips else None,
+            "engine_pid": client.proc.pid,
+        })
+
+    def _magic_files(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        if magic.arg is None:
+            stats = self._call(client, req.STATS).get("stats") or {}
+            return mg.format_files(stats.get("files") or {})
+        return str(self._call(client, req.FILES, mode=magic.arg).get("text", "")) + "\n"
+
+    def _magic_diff(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        got = self._call(client, req.DIFF)
+        more = got.get("more")
+        return mg.format_diff(self._checked_changes(got.get("changes")), self._project_root(),
+                              more if type(more) is int and more > 0 else 0)
+
+    def _magic_export(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        return self._export(client, magic.arg or "", magic.dest)
+
+    def _magic_outputs(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        if magic.arg is not None:
+            self.outputs = magic.arg
+        return {"trusted": "outputs: trusted (HTML and JavaScript from cells reach the browser as they are)\n",
+                "safe": "outputs: safe (JavaScript dropped; HTML and Markdown sanitised)\n"}[self.outputs]
+
+    def _magic_reset(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        self._call(client, req.RESTART)
+        return ("the sandbox is back to the clean template state; every checkpoint was dropped "
+                f"({self.mode} mode)\n")
+
+    SANDBOX_MAGICS: ClassVar[dict[str, Callable[[ZerobootKernel, EngineClient, mg.SandboxCommand], str]]] = {
+        "mode": _magic_mode, "checkpoints": _magic_checkpoints, "stats": _magic_stats, "timeout": _magic_timeout,
+        "memory": _magic_memory, "reset": _magic_reset, "files": _magic_files, "diff": _magic_diff,
+        "export": _magic_export, "outputs": _magic_outputs, "help": _magic_help,
+    }
 
     @staticmethod
     def _checked_changes(changes: Any) -> list[list[str]]:
@@ -508,11 +533,11 @@ class ZerobootKernel(Kernel):
             dest = path if not os.path.isabs(path) or inside else os.path.basename(os.path.normpath(path))
 
         def read(parts: tuple[str, ...], offset: int, size: int) -> bytes:
-            got = self._call(client, "export_chunk", path=path, parts=list(parts), offset=offset, size=size)
+            got = self._call(client, req.EXPORT_CHUNK, path=path, parts=list(parts), offset=offset, size=size)
             return export.chunk_from_wire(got, size)
 
         try:
-            entries = export.plan_from_wire(self._call(client, "export_list", path=path).get("entries"))
+            entries = export.plan_from_wire(self._call(client, req.EXPORT_LIST, path=path).get("entries"))
             report = export.write(entries, read, dest, self.notebook_dir, self._notebook_fd)
         except (OSError, ZerobootError) as exc:
             raise _MagicFailed(type(exc).__name__,
@@ -662,7 +687,7 @@ class ZerobootKernel(Kernel):
 
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:  # type: ignore[override]
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
-        content = await self._side_request("complete", code=code, cursor_pos=cursor_pos) or {}
+        content = await self._side_request(req.COMPLETE, code=code, cursor_pos=cursor_pos) or {}
         return {"status": "ok", "matches": list(content.get("matches") or []),
                 "cursor_start": int(content.get("cursor_start", cursor_pos)),
                 "cursor_end": int(content.get("cursor_end", cursor_pos)),
@@ -671,7 +696,7 @@ class ZerobootKernel(Kernel):
     async def do_inspect(self, code: str, cursor_pos: int | None, detail_level: int = 0,  # type: ignore[override]
                          omit_sections: Any = ()) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
-        content = await self._side_request("inspect", code=code, cursor_pos=cursor_pos, detail_level=detail_level) or {}
+        content = await self._side_request(req.INSPECT, code=code, cursor_pos=cursor_pos, detail_level=detail_level) or {}
         data = content.get("data")
         return {"status": "ok", "found": bool(content.get("found")),
                 "data": outputs.filter_bundle(data, self.outputs) if isinstance(data, dict) else {},

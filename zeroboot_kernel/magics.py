@@ -25,7 +25,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from .checkpoint_budget import BudgetSyntaxError, mib
 from .checkpoint_budget import parse_size as parse_budget
@@ -34,8 +34,6 @@ from .listing import printable
 
 MAGIC_NAMES = ("rewind", "sandbox")
 MODES = ("chained", "isolated")
-SUBCOMMANDS = ("mode", "checkpoints", "stats", "timeout", "memory", "reset", "files", "diff", "export", "outputs",
-               "help")
 FILES_MODES = ("overlay", "readonly", "readwrite")
 OUTPUT_POLICIES = ("trusted", "safe")
 
@@ -88,7 +86,7 @@ class Rewind:
 
 @dataclass(frozen=True)
 class SandboxCommand:
-    sub: str                   # one of SUBCOMMANDS
+    sub: str                   # one of SUBCOMMANDS (SANDBOX_PARSERS)
     arg: str | None = None     # mode for `mode`/`files`, seconds (as text) for `timeout`, PATH for `export`
     dest: str | None = None    # DEST for `export`; SIZE for `checkpoints budget` (None: show it)
 
@@ -178,61 +176,93 @@ def _parse_rewind(args: list[str]) -> Rewind:
     raise MagicUsageError(f"usage: %rewind [N] with N a whole number >= 1 (got: {' '.join(args)})")
 
 
+def _usage(params: list[str], usage: str) -> MagicUsageError:
+    return MagicUsageError(f"usage: {usage} (got: {' '.join(params)})")
+
+
+def _parse_no_args(sub: str, params: list[str]) -> SandboxCommand:
+    if params:
+        raise MagicUsageError(f"%sandbox {sub} takes no arguments (got: {' '.join(params)})")
+    return SandboxCommand(sub)
+
+
+def _parse_choice(sub: str, params: list[str], choices: tuple[str, ...]) -> SandboxCommand:
+    """`%sandbox SUB [ONE_OF_CHOICES]`: show (no argument) or set."""
+    if len(params) > 1 or (params and params[0] not in choices):
+        raise _usage(params, f"%sandbox {sub} [{'|'.join(choices)}]")
+    return SandboxCommand(sub, params[0] if params else None)
+
+
+def _parse_timeout(sub: str, params: list[str]) -> SandboxCommand:
+    if not params:
+        return SandboxCommand(sub)
+    try:
+        seconds = float(params[0])
+    except ValueError:
+        seconds = -1.0
+    if len(params) > 1 or seconds < 0 or not math.isfinite(seconds):
+        raise _usage(params, "%sandbox timeout [SECONDS] with SECONDS >= 0, 0 for no limit")
+    return SandboxCommand(sub, params[0])
+
+
+def _parse_memory(sub: str, params: list[str]) -> SandboxCommand:
+    if len(params) > 1:
+        raise _usage(params, "%sandbox memory [SIZE] such as 2G or 1536M")
+    if params:
+        try:
+            parse_size(params[0], "%sandbox memory")
+        except MemorySizeError as exc:
+            raise MagicUsageError(str(exc)) from None
+    return SandboxCommand(sub, params[0] if params else None)
+
+
+def _parse_checkpoints(sub: str, params: list[str]) -> SandboxCommand:
+    if not params:
+        return SandboxCommand(sub)
+    if params[0] != "budget" or len(params) > 2:
+        raise _usage(params, "%sandbox checkpoints [budget [SIZE|auto]]")
+    if len(params) == 2:
+        try:
+            parse_budget(params[1])
+        except BudgetSyntaxError as exc:
+            raise MagicUsageError(f"usage: %sandbox checkpoints budget SIZE: {exc}") from None
+    return SandboxCommand(sub, "budget", params[1] if len(params) == 2 else None)
+
+
+def _parse_export(sub: str, params: list[str]) -> SandboxCommand:
+    if not 1 <= len(params) <= 2:
+        raise MagicUsageError("usage: %sandbox export PATH [DEST] (paths relative to the notebook's folder)")
+    return SandboxCommand(sub, params[0], params[1] if len(params) == 2 else None)
+
+
+# The %sandbox subcommands, in the order `%sandbox help` and the usage errors name them, each with
+# the parser of its arguments. The kernel has one handler per entry (ZerobootKernel.SANDBOX_MAGICS,
+# checked against this table by tests/test_wire_contracts.py).
+SANDBOX_PARSERS: dict[str, Callable[[str, list[str]], SandboxCommand]] = {
+    "mode": lambda sub, params: _parse_choice(sub, params, MODES),
+    "checkpoints": _parse_checkpoints,
+    "stats": _parse_no_args,
+    "timeout": _parse_timeout,
+    "memory": _parse_memory,
+    "reset": _parse_no_args,
+    "files": lambda sub, params: _parse_choice(sub, params, FILES_MODES),
+    "diff": _parse_no_args,
+    "export": _parse_export,
+    "outputs": lambda sub, params: _parse_choice(sub, params, OUTPUT_POLICIES),
+    "help": _parse_no_args,
+}
+SUBCOMMANDS = tuple(SANDBOX_PARSERS)
+
+
 def _parse_sandbox(args: list[str]) -> SandboxCommand:
     if not args:
         return SandboxCommand("help")
     sub, params = args[0], args[1:]
-    if sub not in SUBCOMMANDS:
+    parser = SANDBOX_PARSERS.get(sub)
+    if parser is None:
         raise MagicUsageError(f"unknown %sandbox subcommand {sub!r}: use one of {', '.join(SUBCOMMANDS)} "
                               f"(`%sandbox help` explains them)")
-    if sub == "mode":
-        if len(params) > 1 or (params and params[0] not in MODES):
-            raise MagicUsageError(f"usage: %sandbox mode [chained|isolated] (got: {' '.join(params)})")
-        return SandboxCommand("mode", params[0] if params else None)
-    if sub == "timeout":
-        if not params:
-            return SandboxCommand("timeout")
-        try:
-            seconds = float(params[0])
-        except ValueError:
-            seconds = -1.0
-        if len(params) > 1 or seconds < 0 or not math.isfinite(seconds):
-            raise MagicUsageError(f"usage: %sandbox timeout [SECONDS] with SECONDS >= 0, 0 for no limit "
-                                  f"(got: {' '.join(params)})")
-        return SandboxCommand("timeout", params[0])
-    if sub == "memory":
-        if len(params) > 1:
-            raise MagicUsageError(f"usage: %sandbox memory [SIZE] such as 2G or 1536M (got: {' '.join(params)})")
-        if params:
-            try:
-                parse_size(params[0], "%sandbox memory")
-            except MemorySizeError as exc:
-                raise MagicUsageError(str(exc)) from None
-        return SandboxCommand("memory", params[0] if params else None)
-    if sub == "files":
-        if len(params) > 1 or (params and params[0] not in FILES_MODES):
-            raise MagicUsageError(f"usage: %sandbox files [overlay|readonly|readwrite] (got: {' '.join(params)})")
-        return SandboxCommand("files", params[0] if params else None)
-    if sub == "outputs":
-        if len(params) > 1 or (params and params[0] not in OUTPUT_POLICIES):
-            raise MagicUsageError(f"usage: %sandbox outputs [trusted|safe] (got: {' '.join(params)})")
-        return SandboxCommand("outputs", params[0] if params else None)
-    if sub == "checkpoints" and params:
-        if params[0] != "budget" or len(params) > 2:
-            raise MagicUsageError(f"usage: %sandbox checkpoints [budget [SIZE|auto]] (got: {' '.join(params)})")
-        if len(params) == 2:
-            try:
-                parse_budget(params[1])
-            except BudgetSyntaxError as exc:
-                raise MagicUsageError(f"usage: %sandbox checkpoints budget SIZE: {exc}") from None
-        return SandboxCommand("checkpoints", "budget", params[1] if len(params) == 2 else None)
-    if sub == "export":
-        if not 1 <= len(params) <= 2:
-            raise MagicUsageError("usage: %sandbox export PATH [DEST] (paths relative to the notebook's folder)")
-        return SandboxCommand("export", params[0], params[1] if len(params) == 2 else None)
-    if params:
-        raise MagicUsageError(f"%sandbox {sub} takes no arguments (got: {' '.join(params)})")
-    return SandboxCommand(sub)
+    return parser(sub, params)
 
 
 # ---- what the magics print ----------------------------------------------------------------

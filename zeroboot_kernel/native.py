@@ -112,8 +112,9 @@ def _cstrings(items: list[str]) -> tuple[Any, list[Any]]:
 
 
 class Guest:
-    """A sandboxed guest program: its memory, vCPU state and engine-side state (zb_sandbox).
-    Use as a context manager."""
+    """A sandbox (C zb_sandbox): a guest program's memory, vCPU state and engine-side state. Not
+    the Python Sandbox, which is one of these running the guest agent (docs/ARCHITECTURE.md,
+    Glossary). Use as a context manager."""
 
     def __init__(self, engine: Engine, handle: Any) -> None:
         self.engine = engine

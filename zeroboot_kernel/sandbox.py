@@ -327,7 +327,7 @@ class _CellRun:
             raise ChannelError(f"the cell channel {what} frames: frame #{self.seq} of this request was expected, "
                                f"a frame of type {ftype} numbered {seq!r} arrived")
         self.seq += 1
-        if ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY):
+        if ftype in frames.REPLY_TYPES:
             written = p.get("stream_chars")
             if written != self.stream_chars:
                 raise ChannelError(f"the cell wrote {written!r} characters of output but {self.stream_chars} arrived")

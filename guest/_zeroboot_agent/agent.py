@@ -28,6 +28,7 @@ from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max
 
 from . import agent_io as aio
 from .agent_io import log
+from .frame_protocol import FrameType
 from .agent_session import insert_cwd_entry, start_session
 
 UART_DEVICE = "/dev/ttyS0"
@@ -166,17 +167,17 @@ class Agent:
             # whatever the request, its frames are numbered from 0 (the host's channel self-check)
             self.channel.new_request()
             try:
-                if ftype == aio.EXECUTE:
+                if ftype == FrameType.EXECUTE:
                     self.execute(request)
-                elif ftype == aio.COMPLETE:
+                elif ftype == FrameType.COMPLETE:
                     self.complete(request)
-                elif ftype == aio.INSPECT:
+                elif ftype == FrameType.INSPECT:
                     self.inspect(request)
-                elif ftype == aio.SESSION:
-                    self.channel.send(aio.SESSION_REPLY, start_session(request, self.shell))
-                elif ftype == aio.RUN:
+                elif ftype == FrameType.SESSION:
+                    self.channel.send(FrameType.SESSION_REPLY, start_session(request, self.shell))
+                elif ftype == FrameType.RUN:
                     run_program(request)  # never returns: the VM exits with the program
-                elif ftype == aio.INPUT_REPLY:
+                elif ftype == FrameType.INPUT_REPLY:
                     pass  # late answer to an input() that was interrupted
                 else:
                     log(f"unknown frame type {ftype}; ignored")
@@ -188,23 +189,23 @@ class Agent:
 
     def _reply_failure(self, ftype: int, request: dict[str, Any], exc: Exception) -> None:
         rid = request.get("id")
-        if ftype == aio.EXECUTE:
-            self.channel.send(aio.DONE, {
+        if ftype == FrameType.EXECUTE:
+            self.channel.send(FrameType.DONE, {
                 "id": rid, "status": "error",
                 "execution_count": _as_int(request.get("execution_count"), 0),
                 "user_expressions": {}, "payload": [],
                 "ename": type(exc).__name__, "evalue": aio.safe_str(exc),
                 "traceback": traceback.format_exception(exc),
             })
-        elif ftype == aio.COMPLETE:
+        elif ftype == FrameType.COMPLETE:
             pos = _as_int(request.get("cursor_pos"), 0)
-            self.channel.send(aio.COMPLETE_REPLY, {"id": rid, "matches": [], "cursor_start": pos,
+            self.channel.send(FrameType.COMPLETE_REPLY, {"id": rid, "matches": [], "cursor_start": pos,
                                                    "cursor_end": pos, "metadata": {}, "status": "ok"})
-        elif ftype == aio.INSPECT:
-            self.channel.send(aio.INSPECT_REPLY, {"id": rid, "status": "ok", "found": False,
+        elif ftype == FrameType.INSPECT:
+            self.channel.send(FrameType.INSPECT_REPLY, {"id": rid, "status": "ok", "found": False,
                                                   "data": {}, "metadata": {}})
-        elif ftype == aio.SESSION:
-            self.channel.send(aio.SESSION_REPLY, {"id": rid, "status": "error",
+        elif ftype == FrameType.SESSION:
+            self.channel.send(FrameType.SESSION_REPLY, {"id": rid, "status": "error",
                                                   "evalue": f"{type(exc).__name__}: {aio.safe_str(exc)}"})
 
     # ---- EXECUTE ---------------------------------------------------------------------------
@@ -255,7 +256,7 @@ class Agent:
                          traceback=list(shell._last_traceback or []), user_expressions={})
         reply["payload"] = shell.payload_manager.read_payload()
         shell.payload_manager.clear_payload()
-        self.channel.send(aio.DONE, reply)
+        self.channel.send(FrameType.DONE, reply)
 
     # ---- input() and getpass() -------------------------------------------------------------
 
@@ -278,7 +279,7 @@ class Agent:
         return self._input_request(str(prompt), password=True)
 
     def _input_request(self, prompt: str, password: bool) -> str:
-        self.channel.send(aio.INPUT_REQUEST, {"prompt": prompt, "password": password})
+        self.channel.send(FrameType.INPUT_REQUEST, {"prompt": prompt, "password": password})
         while True:
             # The wait for the reply is the one place where an interrupt may land in the agent's
             # own code: input() must be interruptible while it blocks. It loses nothing: a read
@@ -295,7 +296,7 @@ class Agent:
             if frame is None:
                 _die("the host closed the channel during input()", 0)
             ftype, payload = frame
-            if ftype == aio.INPUT_REPLY:
+            if ftype == FrameType.INPUT_REPLY:
                 break
             log(f"frame type {ftype} while waiting for an input reply; ignored")
         value = payload.get("value")
@@ -327,7 +328,7 @@ class Agent:
             log("completion failed:\n" + traceback.format_exc())
         finally:
             self.gate.end_request()
-        self.channel.send(aio.COMPLETE_REPLY, reply)
+        self.channel.send(FrameType.COMPLETE_REPLY, reply)
 
     def inspect(self, request: dict[str, Any]) -> None:
         """Like ipykernel's do_inspect."""
@@ -351,7 +352,7 @@ class Agent:
             log("inspection failed:\n" + traceback.format_exc())
         finally:
             self.gate.end_request()
-        self.channel.send(aio.INSPECT_REPLY, reply)
+        self.channel.send(FrameType.INSPECT_REPLY, reply)
 
 
 def reseed(seed_hex: object) -> None:
@@ -482,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     gate.install()
     channel.quiet = False
     channel.quiet_stream = None
-    channel.send(aio.READY, agent.ready_payload(preloaded, errors))
+    channel.send(FrameType.READY, agent.ready_payload(preloaded, errors))
     status = agent.serve()
     # The channel is gone: anything printed while Python shuts down goes to the raw console.
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__

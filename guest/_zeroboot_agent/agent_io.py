@@ -12,7 +12,6 @@ import json
 import numbers
 import os
 import signal
-import struct
 import sys
 import time
 from collections.abc import Callable
@@ -21,38 +20,13 @@ from typing import Any
 # so the builtins it uses are bound as this module's globals.
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
-MAGIC = 0x5A42464D          # bytes "MFBZ" little endian
-VERSION = 1
-HEADER = struct.Struct("<IHHI")  # magic, version, type, payload length
-MAX_PAYLOAD = 16 << 20
-
-# host -> guest
-EXECUTE = 1
-INPUT_REPLY = 2
-COMPLETE = 3
-INSPECT = 4
-RUN = 5
-SESSION = 6
-# guest -> host
-READY = 100
-STREAM = 101
-DISPLAY = 102
-RESULT = 103
-ERROR = 104
-CLEAR_OUTPUT = 105
-INPUT_REQUEST = 106
-DONE = 107
-COMPLETE_REPLY = 108
-INSPECT_REPLY = 109
-SESSION_REPLY = 110
+from .frame_protocol import HEADER, MAX_PAYLOAD, REPLY_TYPES, FrameType, header_ok, pack_header
 
 STREAM_MAX_BUFFER = 4096      # send once this much text is pending (PROTOCOL.md: 4 KiB)
 STREAM_INTERVAL = 0.05        # send a completed line only if the last STREAM frame is this old
 # One STREAM frame carries at most this many characters: JSON can grow a character to 6 bytes
 # (\uXXXX), so a chunk always stays well below MAX_PAYLOAD however large a single write() is.
 STREAM_MAX_CHUNK = 1 << 20
-# Frames that end a request: they carry the request's totals for the host's self-check.
-REPLY_TYPES = (DONE, COMPLETE_REPLY, INSPECT_REPLY)
 CHECK_RESERVE = 64  # bytes the self-check fields add to a payload
 
 READ_SIZE = 1 << 16
@@ -221,7 +195,7 @@ class Channel:
         is raised once the frame is out (InterruptGate), never half-way through it."""
         self.gate.critical += 1
         try:
-            if ftype != STREAM:
+            if ftype != FrameType.STREAM:
                 self.flush_stream()
             if self.quiet:
                 return
@@ -232,13 +206,13 @@ class Channel:
                     return
                 ftype, payload = replacement
                 body = encode_payload(payload)
-                if ftype == STREAM:  # a note instead of the output: it counts as stream text
+                if ftype == FrameType.STREAM:  # a note instead of the output: it counts as stream text
                     self._stream_chars += len(str(payload.get("text", "")))
             check = {"seq": self._seq}
             if ftype in REPLY_TYPES:
                 check["stream_chars"] = self._stream_chars
             body = _with_check(body, check)
-            self._write_all(HEADER.pack(MAGIC, VERSION, ftype, len(body)) + body)
+            self._write_all(pack_header(ftype, len(body)) + body)
             self._seq += 1
         finally:
             self.gate.critical -= 1
@@ -304,7 +278,7 @@ class Channel:
                     self.quiet_stream(name, text)
                 return
             for start in range(0, len(text), STREAM_MAX_CHUNK):
-                self.send(STREAM, {"name": name, "text": text[start:start + STREAM_MAX_CHUNK]})
+                self.send(FrameType.STREAM, {"name": name, "text": text[start:start + STREAM_MAX_CHUNK]})
             self._last_stream = time.monotonic()
         finally:
             self.gate.critical -= 1
@@ -321,7 +295,7 @@ class Channel:
         while True:
             if len(self._rbuf) >= HEADER.size:
                 magic, version, ftype, length = HEADER.unpack_from(self._rbuf)
-                if magic != MAGIC or version != VERSION or length > MAX_PAYLOAD:
+                if not header_ok(magic, version, length):
                     raise ProtocolError(f"bad frame header magic={magic:#x} version={version} "
                                         f"length={length}")
                 end = HEADER.size + length
@@ -363,22 +337,22 @@ def _oversize_replacement(ftype: int, payload: dict[str, Any],
                           size: int) -> tuple[int, dict[str, Any]] | None:
     """What to send instead of a frame over MAX_PAYLOAD: the host would kill the VM for it."""
     note = f"[zeroboot: output of {size / (1 << 20):.1f} MiB dropped: a frame holds at most 16 MiB]\n"
-    if ftype in (DISPLAY, RESULT, STREAM):
-        return STREAM, {"name": "stderr", "text": note}
-    if ftype == ERROR:
-        return ERROR, {"ename": str(payload.get("ename", ""))[:1000],
-                       "evalue": str(payload.get("evalue", ""))[:10000], "traceback": [note]}
-    if ftype == DONE:
+    if ftype in (FrameType.DISPLAY, FrameType.RESULT, FrameType.STREAM):
+        return FrameType.STREAM, {"name": "stderr", "text": note}
+    if ftype == FrameType.ERROR:
+        return FrameType.ERROR, {"ename": str(payload.get("ename", ""))[:1000],
+                                 "evalue": str(payload.get("evalue", ""))[:10000], "traceback": [note]}
+    if ftype == FrameType.DONE:
         small = {k: v for k, v in payload.items() if k not in ("user_expressions", "payload", "traceback")}
         small.update(user_expressions={}, payload=[])
         if "traceback" in payload:
             small["traceback"] = [note]
             small["evalue"] = str(small.get("evalue", ""))[:10000]
-        return DONE, small
-    if ftype == COMPLETE_REPLY:
-        return COMPLETE_REPLY, {**payload, "matches": [], "metadata": {}}
-    if ftype == INSPECT_REPLY:
-        return INSPECT_REPLY, {**payload, "found": False, "data": {}, "metadata": {}}
+        return FrameType.DONE, small
+    if ftype == FrameType.COMPLETE_REPLY:
+        return FrameType.COMPLETE_REPLY, {**payload, "matches": [], "metadata": {}}
+    if ftype == FrameType.INSPECT_REPLY:
+        return FrameType.INSPECT_REPLY, {**payload, "found": False, "data": {}, "metadata": {}}
     log(f"frame type {ftype} of {size} bytes is over the limit; dropped")
     return None
 

@@ -28,6 +28,7 @@ from traitlets import CBool, Type
 from traitlets.config import Config
 
 from . import agent_io as aio
+from .frame_protocol import FrameType
 
 
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -179,7 +180,7 @@ class FrameDisplayPublisher(DisplayPublisher):
             if got is None:
                 return
             content = got
-        self.shell.channel.send(aio.DISPLAY, {
+        self.shell.channel.send(FrameType.DISPLAY, {
             "data": content.get("data", {}),
             "metadata": content.get("metadata") or {},
             "transient": content.get("transient") or {},
@@ -189,7 +190,7 @@ class FrameDisplayPublisher(DisplayPublisher):
     def clear_output(self, wait: bool = False) -> None:
         if self._hooks and self._through_hooks("clear_output", {"wait": bool(wait)}) is None:
             return
-        self.shell.channel.send(aio.CLEAR_OUTPUT, {"wait": bool(wait)})
+        self.shell.channel.send(FrameType.CLEAR_OUTPUT, {"wait": bool(wait)})
 
 
 class FrameDisplayHook(DisplayHook):
@@ -218,7 +219,7 @@ class FrameDisplayHook(DisplayHook):
         self._is_active = False  # IPython 9 tracks this for its output history
         if bundle and bundle["data"]:
             shell = self.shell
-            self.shell.channel.send(aio.RESULT, {
+            self.shell.channel.send(FrameType.RESULT, {
                 # IPython 8 and 9 disagree on when execution_count is incremented; the host's
                 # count for this request is the one the cell must be shown with.
                 "execution_count": shell.request_execution_count,
@@ -322,7 +323,7 @@ class ZMQInteractiveShell(zmqshell.ZMQInteractiveShell):
             # The error happened while formatting the result: the request failed (ipykernel).
             self._last_traceback_during_displayhook = True
         ename, text = aio.safe_str(getattr(etype, "__name__", etype)), aio.safe_str(evalue)
-        self.channel.send(aio.ERROR, {"ename": ename, "evalue": text, "traceback": [aio.safe_str(s) for s in stb]})
+        self.channel.send(FrameType.ERROR, {"ename": ename, "evalue": text, "traceback": [aio.safe_str(s) for s in stb]})
         self._last_traceback = stb
         self._last_error = (ename, text)
 

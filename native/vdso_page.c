@@ -1,5 +1,6 @@
-/* vdso.c - placing the guest vDSO (guest/vdso.c, embedded at build time) and keeping its clock
- * data current. The data page sits right below the image; the host rewrites it whenever the
+/* vdso_page.c - the host side of the guest's vDSO: placing the vDSO library (guest/vdso.c, embedded
+ * at build time) in guest memory and keeping its clock data page current. The data page (struct
+ * zb_vdso_data, guest/guest_abi.h) sits right below the image; the host rewrites it whenever the
  * sandbox starts running, so forks of an old snapshot see the current time.
  *
  * The monotonic clocks must never go back. The guest computes base + (tsc - tsc0) * mult, so a
@@ -17,27 +18,22 @@
 
 #define MSR_IA32_TSC 0x10
 
+_Static_assert(ZB_VDSO_DATA_SIZE == ZB_PAGE, "the vDSO data is one guest page ([vvar])");
+
 extern const unsigned char zb_vdso_image[];
 extern const unsigned long zb_vdso_image_len;
 
-struct zb_vdso_data { /* keep in sync with guest/vdso.c */
-    uint64_t tsc0, mult;
-    int64_t mono_ns, real_ns, boot_ns;
-    int64_t raw_ns;           /* CLOCK_MONOTONIC_RAW: not slewed by NTP, so its own base */
-    uint64_t generation;      /* bumped by every rewrite: a guest reader stopped mid-read retries */
-};
-
 uint64_t zb_vdso_load(zb_sandbox *sb, char *err) {
-    uint64_t len = ZB_PAGE + ZB_PAGE_UP(zb_vdso_image_len);
+    uint64_t len = ZB_VDSO_DATA_SIZE + ZB_PAGE_UP(zb_vdso_image_len);
     uint64_t at = zb_mem_alloc(&sb->mem, len);
     if (!at) { zb_seterr(err, "no guest memory left for the vDSO"); return 0; }
     zb_mem_mark(&sb->mem, at, len, 1);
-    memcpy(sb->mem.host + at + ZB_PAGE, zb_vdso_image, zb_vdso_image_len);
+    memcpy(sb->mem.host + at + ZB_VDSO_DATA_SIZE, zb_vdso_image, zb_vdso_image_len);
     zb_mem_dirty(&sb->mem, at, len);
-    zb_region_add(&sb->mem, at, at + ZB_PAGE, 1, "[vvar]");
-    zb_region_add(&sb->mem, at + ZB_PAGE, at + len, 5, "[vdso]");
+    zb_region_add(&sb->mem, at, at + ZB_VDSO_DATA_SIZE, 1, "[vvar]");
+    zb_region_add(&sb->mem, at + ZB_VDSO_DATA_SIZE, at + len, 5, "[vdso]");
     sb->vdso_data = at;
-    return at + ZB_PAGE;
+    return at + ZB_VDSO_DATA_SIZE;
 }
 
 #define SAMPLE_WINDOW_NS 20000 /* a TSC reading bracketed this tightly is taken as it is */
