@@ -296,8 +296,14 @@ void zb_block_unref(zb_block *b);
 /* Count open file descriptions of an inode; an unlinked, no longer open file is released. */
 void zb_ovl_open_ref(zb_fs *fs, uint32_t ino, int delta);
 
-/* fdtable.c: open file descriptions (shared by dup'ed fds) and the fd table */
-enum { FILE_HOST = 1, FILE_OVERLAY, FILE_DIR, FILE_DEV, FILE_CONSOLE, FILE_PIPE, FILE_SOCKET, FILE_EPOLL };
+/* fdtable.c: open file descriptions (shared by dup'ed fds) and the fd table.
+ * The kinds of open files, one line each in file_kinds.h (their numbers are saved in snapshots). */
+enum {
+#define ZB_FILE_KIND(kind, number, ops) kind = number,
+#include "file_kinds.h"
+#undef ZB_FILE_KIND
+    FILE_KIND_END
+};
 /* Bytes a pipe or a socket direction holds: what Linux's pipes hold by default (16 pages). Stream
  * buffers are engine memory and every snapshot copies them: with 1 MiB per pipe, a guest filling
  * ~500 pipes held 0.5 GiB of the engine's memory per snapshot. */
@@ -341,9 +347,14 @@ typedef struct zb_epoll {
     int n, cap;
 } zb_epoll;
 
+struct zb_file_ops;
+struct zb_out; /* serial.h: the snapshot writer and reader */
+struct zb_in;
+
 typedef struct zb_file {
     int refs;
-    int kind;
+    int kind;                /* FILE_*: which entry of file_kinds.h made it */
+    const struct zb_file_ops *ops; /* that kind's operations (never NULL) */
     int flags;               /* open flags: access mode, O_APPEND, O_NONBLOCK, ... */
     uint64_t offset;
     zb_hostfd *host;         /* FILE_HOST and host directories */
@@ -357,6 +368,7 @@ typedef struct zb_file {
     zb_resolved *where;      /* what was opened (NULL for consoles, pipes, sockets, epolls): from
                                 zb_where_new, shared by the table's clones (copy before changing) */
     zb_listing *listing;     /* FILE_DIR: taken at the first getdents64 */
+    void *priv;              /* a kind's own state (FILE_EVENTFD: its counter), owned by its ops */
 } zb_file;
 
 struct zb_fdtable {
@@ -364,6 +376,80 @@ struct zb_fdtable {
     uint8_t cloexec[ZB_MAX_FDS];
     uint64_t next_file_id;
 };
+
+/* What a kind of open file does (Linux's struct file_operations). The syscall handlers decode and
+ * validate their arguments, then call these; a NULL entry means the kind does not support the
+ * operation, and the handler answers what Linux answers then (noted per entry). A kind's ops live
+ * in its own file (file_host.c, file_pipe.c, ...) and are registered by one line in file_kinds.h. */
+typedef struct zb_file_ops {
+    const char *name;
+    unsigned props;          /* ZB_FOPS_* */
+    int status_flags;        /* added to F_GETFL's answer (a directory's O_DIRECTORY) */
+    /* Read into p or write from p (host memory the handler validated): at the file offset, which
+     * advances, when off < 0, else at off (only called with off >= 0 if positional says so).
+     * NULL: EBADF. */
+    long (*read)(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t off);
+    long (*write)(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, int64_t off);
+    /* Whether pread/pwrite/preadv/pwritev apply (NULL: no, ESPIPE). */
+    int (*positional)(const zb_file *f);
+    /* lseek (whence not yet checked; NULL: ESPIPE). */
+    long (*seek)(zb_sandbox *sb, zb_file *f, int64_t off, int whence);
+    /* ftruncate to size (access mode and project mode checked; NULL: EINVAL). */
+    long (*truncate)(zb_sandbox *sb, zb_file *f, uint64_t size);
+    /* fallocate mode 0 up to end (arguments checked; NULL: EOPNOTSUPP). */
+    long (*fallocate)(zb_sandbox *sb, zb_file *f, uint64_t end);
+    /* getdents64 into the guest's buffer (NULL: ENOTDIR). */
+    long (*getdents)(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len);
+    /* mmap: fill [addr, addr + len) of guest memory from offset off (NULL: ENODEV). */
+    long (*mmap_fill)(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len, uint64_t off);
+    /* fstat (NULL: the resolved location's stat, zb_fs_stat). */
+    long (*stat)(zb_sandbox *sb, zb_file *f, struct stat *st);
+    /* fchown to ids the caller leaves unchecked (NULL: the guest's own file, zb_own_ids). */
+    long (*chown)(zb_sandbox *sb, zb_file *f, uint64_t uid, uint64_t gid);
+    /* The overlay inode whose metadata fchmod/futimens change, or 0 (NULL: none, EROFS). */
+    uint32_t (*overlay_ino)(const zb_file *f);
+    /* poll events it has now, among `want` (the caller adds POLLERR/POLLHUP/POLLNVAL to the mask);
+     * sets *waits_uart when only UART input could make it ready (NULL: always readable and
+     * writable, as regular files are). */
+    short (*ready)(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart);
+    /* Bytes a read would get now, for FIONREAD (NULL: 0). */
+    int (*unread)(zb_sandbox *sb, const zb_file *f);
+    /* fcntl commands of this kind only (F_GETPIPE_SZ); NULL: F_GETPIPE_SZ is EBADF, others EINVAL. */
+    long (*fcntl)(zb_sandbox *sb, zb_file *f, unsigned cmd, uint64_t arg);
+    /* Lifetime: release what the kind holds (fs may be NULL: a table that never ran); clone
+     * into dst (a copy of src whose host, listing, epoll and priv are NULL; rx/tx the caller
+     * maps); save and load the kind's own state in a snapshot (NULL: none; load is given the file
+     * with its generic fields read); reopen what a loaded file had open (NULL: nothing). */
+    void (*release)(zb_fs *fs, zb_file *f);
+    int (*clone)(zb_file *dst, const zb_file *src);
+    void (*save)(const zb_file *f, struct zb_out *o);
+    int (*load)(zb_file *f, struct zb_in *in);
+    int (*reopen)(zb_file *f, const zb_resolved *r, char *err);
+    /* Host memory a clone of it takes beyond the zb_file (zb_fdtable_copy_bytes; NULL: none). */
+    uint64_t (*copy_bytes)(const zb_file *f);
+} zb_file_ops;
+
+/* zb_file_ops.props */
+#define ZB_FOPS_WRITE_ANY_MODE 1 /* writes ignore the O_RDONLY access mode (the kind checks: pipes) */
+#define ZB_FOPS_NO_EPOLL 2       /* epoll_ctl refuses it with EPERM (regular files and directories) */
+#define ZB_FOPS_STREAMS 4        /* has rx/tx streams (pipes, sockets): a snapshot may attach them */
+#define ZB_FOPS_MMAP_COPIES 8    /* a mapping is a copy: shared writable mappings would lose writes (ENODEV) */
+
+#define ZB_FILE_KIND(kind, number, ops) extern const zb_file_ops ops;
+#include "file_kinds.h"
+#undef ZB_FILE_KIND
+/* The operations of kind, or NULL for a number no kind has (a corrupt snapshot). */
+const zb_file_ops *zb_file_kind_ops(int kind);
+static inline int zb_always(const zb_file *f) { (void)f; return 1; }
+/* The ids chown may give what the guest owns: its own (1000) or unchanged (-1); else EPERM. */
+static inline long zb_own_ids(uint64_t uid, uint64_t gid) {
+    return ((uint32_t)uid == 1000 || (uint32_t)uid == (uint32_t)-1) && ((uint32_t)gid == 1000 || (uint32_t)gid == (uint32_t)-1)
+               ? 0 : -EPERM;
+}
+/* lseek of a file with a size: SEEK_SET/CUR/END/DATA/HOLE within [0, INT64_MAX]. */
+long zb_file_seek_sized(zb_file *f, int64_t off, int whence, int64_t size);
+/* fstat of a file with no name (pipes, sockets, the console, epoll and eventfd files). */
+void zb_file_stat_anon(struct stat *st, unsigned mode);
 
 /* The resolved location an open file keeps: refcounted, shared by the clones of an fd table (a
  * snapshot copies none of the 4 KiB paths). zb_where_own makes f's its own before a change. */
@@ -406,20 +492,46 @@ void zb_file_detach_tx(zb_file *f);
 void zb_epoll_free(zb_epoll *e);
 zb_epoll *zb_epoll_copy(const zb_epoll *e);
 
-/* sys_files.c: reading and writing streams (pipes and sockets) */
-long zb_stream_read(zb_file *f, uint8_t *p, size_t n);
-long zb_stream_write(zb_file *f, const uint8_t *p, size_t n);
-/* Install two new files at the lowest free fds and write the pair to the guest's int[2] at
- * fds_addr (validated by the caller); takes both references, also on failure. */
+/* file_pipe.c: streams (pipes and socket directions). Reading an empty stream says EAGAIN while a
+ * writer exists (never blocks: see file_pipe.c), EOF (0) without; writing one nobody reads, EPIPE. */
+long zb_stream_read(zb_pipe *pp, uint8_t *p, size_t n);
+long zb_stream_write(zb_pipe *pp, const uint8_t *p, size_t n);
+/* A copy of a stream for a cloned fd table: its unread bytes shared until either side writes. */
+zb_pipe *zb_pipe_copy(const zb_pipe *s);
+/* FIONREAD of a stream end: the bytes its rx holds. */
+int zb_stream_unread(zb_sandbox *sb, const zb_file *f);
+/* sys_files.c: install two new files at the lowest free fds and write the pair to the guest's
+ * int[2] at fds_addr (validated by the caller); takes both references, also on failure. */
 int zb_fd_install_pair(zb_sandbox *sb, zb_file *first, zb_file *second, int cloexec, uint64_t fds_addr);
 
-/* sys_poll.c: readiness (poll events) of an open file, and waiting when nothing is ready */
+/* Opening a location, per location kind (the table in sys_files.c's do_open): r exists and passed
+ * the generic checks; *out is the new file (r may change to what was opened, e.g. a /proc
+ * file's private copy). file_host.c, file_overlay.c, file_dir.c, file_dev.c. */
+long zb_host_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+long zb_overlay_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+long zb_synth_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+long zb_dev_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+/* A read-write project's file opened on the host for writing or creating (r becomes it). */
+long zb_host_open_project(zb_sandbox *sb, zb_resolved *r, uint64_t flags, uint64_t mode, zb_file **out);
+/* O_TMPFILE in the overlay directory dir: installs the new fd (or -errno). */
+long zb_overlay_open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags, uint64_t mode);
+/* A loaded snapshot's host file or directory opened again (the reopen op of both kinds). */
+int zb_host_reopen(zb_file *f, const zb_resolved *r, char *err);
+
+/* file_ready.c: readiness (poll events) of an open file, and waiting when nothing is ready */
 short zb_file_ready(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart);
 long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns);
 /* A guest struct timespec timeout in ns: -1 for a NULL pointer (wait forever); *err on a bad one. */
 int64_t zb_poll_timeout_ns(zb_sandbox *sb, uint64_t addr, int *err);
-/* epoll readiness of an epoll file (sys_epoll.c), for poll() on an epoll fd */
-int zb_epoll_any_ready(zb_sandbox *sb, const zb_epoll *e, int *waits_uart);
+
+/* file_epoll.c: the epoll kind's interest lists */
+/* Linux's EP_MAX_NESTS: at most this many epoll files nested below the outermost one (so 5 in a
+ * chain, "a nesting depth of epoll instances greater than 5" in epoll_ctl(2)). */
+#define ZB_EPOLL_MAX_NESTS 4
+/* The item's file, or NULL once its description was closed (the fd is empty or holds another). */
+const zb_file *zb_epoll_item_file(zb_sandbox *sb, const zb_epoll_item *it);
+/* The events of an item that are ready (0 for a closed or disarmed one). */
+uint32_t zb_epoll_item_ready(zb_sandbox *sb, const zb_epoll_item *it, int *waits_uart);
 
 /* fs_snapshot.c: the namespace, overlay and fd table in a saved snapshot */
 struct zb_out;
