@@ -12,3 +12,4 @@ ZB_FILE_KIND(FILE_CONSOLE, 5, zb_file_console_ops) /* file_console.c: stdout and
 ZB_FILE_KIND(FILE_PIPE, 6, zb_file_pipe_ops)       /* file_pipe.c: one end of a pipe */
 ZB_FILE_KIND(FILE_SOCKET, 7, zb_file_socket_ops)   /* file_socket.c: one end of a socketpair */
 ZB_FILE_KIND(FILE_EPOLL, 8, zb_file_epoll_ops)     /* file_epoll.c: an epoll instance */
+ZB_FILE_KIND(FILE_EVENTFD, 9, zb_file_eventfd_ops) /* file_eventfd.c: an eventfd counter */
