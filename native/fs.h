@@ -182,7 +182,7 @@ typedef struct zb_listing {
 #define ZB_LISTING_BUDGET (32ull << 20)
 /* The hash of a file name for the listings' and overlay directories' indexes (FNV-1a). */
 uint64_t zb_name_hash(const char *name);
-/* Name indexes of zb_listing and zb_dirtab (fs_namespace.c): open addressing over an array of
+/* Name indexes of zb_listing and zb_dirtab (fs_listing.c): open addressing over an array of
  * entries whose first member is `char *name`, `stride` bytes apart; each slot holds an entry
  * number + 1 (0 = empty); cap is a power of two. zb_name_slot finds `name`'s slot (or the empty
  * one where it would go); zb_name_index_build replaces *index by one for the first n entries,
@@ -195,8 +195,15 @@ int zb_listing_has(const zb_listing *l, const char *name);
 void zb_listing_unref(zb_listing *l);
 int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
 void zb_listing_free(zb_listing *l);
+/* fs_trie.c: the trie's nodes (the bottom of the namespace's layers: fs_trie.c and fs_listing.c,
+ * then fs_project.c, then fs_namespace.c, then fs_export.c; each uses only those before it) */
 zb_mnode *zb_mnode_child(const zb_mnode *n, const char *name);
 zb_mnode *zb_mnode_add(zb_mnode *parent, const char *name, int kind);
+/* Free a node and its subtree (closing a project's directory fd, dropping its policy). */
+void zb_mnode_free(zb_mnode *n);
+/* The next component of a path at *p (advanced past it) into comp: 1, 0 at the end, or
+ * -ENAMETOOLONG for one longer than NAME_MAX. */
+int zb_path_component(const char **p, char *comp);
 /* The trie node for guest_path's parent, creating synthetic directories on the way; the last
  * component goes to name. The trie must be private (zb_fs_require_private). */
 zb_mnode *zb_trie_parent(zb_fs *fs, const char *guest_path, char *name, char *err);
@@ -214,6 +221,8 @@ int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags
  * running). Host chmod is not offered at all (EOPNOTSUPP). */
 #define ZB_HOST_MODE_BITS 0777u
 int zb_fs_mount_project(zb_fs *fs, const char *host_dir, int mode, char *err);
+/* The project node mounted from host_dir, or NULL. */
+zb_mnode *zb_fs_find_project(zb_fs *fs, const char *host_dir);
 /* Works on a shared trie: only the mount's policy changes. */
 int zb_fs_set_project_mode(zb_fs *fs, const char *host_dir, int mode, char *err);
 zb_proj_policy *zb_proj_policy_new(int mode);
@@ -241,27 +250,29 @@ int zb_proj_host_path(const zb_resolved *r, char *rel, size_t cap);
 int zb_proj_host_parent(const zb_resolved *r, char *name, size_t cap);
 /* Read-write mode: open r on the host, confined (for writing, creating, truncating). */
 int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode);
+int zb_fs_project_hide(zb_fs *fs, const char *host_dir, const char *paths, char *err);
+int zb_proj_hidden(const zb_mnode *root, const char *host_path);
+int zb_proj_hidden_children(const zb_mnode *root, const char *dir_path, zb_listing *hide);
+int zb_host_lstat(const char *path, struct stat *st);
+/* fs_export.c: what the host reads out of the sandbox (binary records, zeroboot.h) */
 long zb_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err);
 long zb_guest_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset, void *buf, size_t len, char *err);
 long zb_guest_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
 long zb_guest_stat(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
-int zb_fs_project_hide(zb_fs *fs, const char *host_dir, const char *paths, char *err);
-int zb_proj_hidden(const zb_mnode *root, const char *host_path);
-int zb_proj_hidden_children(const zb_mnode *root, const char *dir_path, zb_listing *hide);
+/* fs_listing.c: listings (see zb_listing above) and host reads for the view and projects */
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
 /* The same while sb runs: gives up with ZB_DEADLINE_PASSED at its deadline or a kick. */
 int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, const zb_listing *hide);
-int zb_host_lstat(const char *path, struct stat *st);
 /* Open a host file of the view or of a project for reading (dir: a directory), symlink-free.
  * Only regular files and directories are opened: -EACCES for FIFOs, sockets and devices. */
 int zb_host_open_ro(const char *path, int dir);
+/* fd if it (a host file just opened) is a regular file or a directory, else -EACCES (closing it). */
+int zb_host_fd_ordinary(int fd);
 /* fs_proc.c */
 int zb_proc_add_files(zb_mnode *proc, zb_mnode *self);
 int zb_dev_is_proc(int dev);
 long zb_proc_snapshot(zb_sandbox *sb, int dev); /* a new unnamed inode with the content, or -errno */
-/* fd if it (a host file just opened) is a regular file or a directory, else -EACCES (closing it). */
-int zb_host_fd_ordinary(int fd);
 
 /* fs_overlay.c */
 uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);
@@ -416,10 +427,14 @@ typedef struct zb_file_ops {
     int (*unread)(zb_sandbox *sb, const zb_file *f);
     /* fcntl commands of this kind only (F_GETPIPE_SZ); NULL: F_GETPIPE_SZ is EBADF, others EINVAL. */
     long (*fcntl)(zb_sandbox *sb, zb_file *f, unsigned cmd, uint64_t arg);
-    /* Lifetime: release what the kind holds (fs may be NULL: a table that never ran); clone
-     * into dst (a copy of src whose host, listing, epoll and priv are NULL; rx/tx the caller
-     * maps); save and load the kind's own state in a snapshot (NULL: none; load is given the file
-     * with its generic fields read); reopen what a loaded file had open (NULL: nothing). */
+    /* Lifetime. What any kind may hold (host fd, overlay inode, rx/tx streams, the location) is
+     * fdtable.c's to release and clone; these handle what only the kind holds (listing, epoll,
+     * priv). release: before the generic parts go (fs may be NULL: a table that never ran).
+     * clone: into dst, a copy of src sharing its host fd, inode and location, whose listing,
+     * epoll and priv are NULL (a failure releases dst). save/load: the kind's state in a snapshot,
+     * a u32 count of records then the records (NULL: writes 0 / requires 0); load gets the file
+     * with its generic fields read and must check what it reads. reopen: what a loaded file had
+     * open on the host (NULL: nothing). */
     void (*release)(zb_fs *fs, zb_file *f);
     int (*clone)(zb_file *dst, const zb_file *src);
     void (*save)(const zb_file *f, struct zb_out *o);
@@ -479,6 +494,7 @@ size_t zb_fdtable_listing_bytes(const zb_fdtable *t);
 int zb_host_fd_room(void);
 zb_hostfd *zb_hostfd_new(int fd);
 void zb_hostfd_unref(zb_hostfd *h);
+/* file_stream.c: a new stream (no file holds it yet) */
 zb_pipe *zb_pipe_new(void);
 /* Free a stream no file holds (loading); its unread bytes. */
 void zb_pipe_free(zb_pipe *p);
@@ -489,10 +505,11 @@ void zb_file_attach_tx(zb_file *f, zb_pipe *p);
 /* Detach them again (shutdown, close). */
 void zb_file_detach_rx(zb_file *f);
 void zb_file_detach_tx(zb_file *f);
+/* file_epoll.c */
 void zb_epoll_free(zb_epoll *e);
 zb_epoll *zb_epoll_copy(const zb_epoll *e);
 
-/* file_pipe.c: streams (pipes and socket directions). Reading an empty stream says EAGAIN while a
+/* file_stream.c: streams (pipes and socket directions). Reading an empty stream says EAGAIN while a
  * writer exists (never blocks: see file_pipe.c), EOF (0) without; writing one nobody reads, EPIPE. */
 long zb_stream_read(zb_pipe *pp, uint8_t *p, size_t n);
 long zb_stream_write(zb_pipe *pp, const uint8_t *p, size_t n);
