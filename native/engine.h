@@ -357,6 +357,7 @@ void zb_sys_poll_register(zb_syscall_fn *t);
 void zb_sys_itimer_register(zb_syscall_fn *t);
 void zb_sys_socket_register(zb_syscall_fn *t);
 void zb_sys_epoll_register(zb_syscall_fn *t);
+void zb_sys_eventfd_register(zb_syscall_fn *t); /* file_eventfd.c */
 
 /* sleeping inside a syscall: waits until wake_ns or a kick/deadline. 0 = slept fully,
  * ZB_SYSCALL_STOP = interrupted (sb->stop set). */

@@ -66,86 +66,33 @@ int zb_where_own(zb_file *f) {
     return 0;
 }
 
-zb_pipe *zb_pipe_new(void) {
-    zb_pipe *p = calloc(1, sizeof *p);
-    if (p) atomic_init(&p->refs, 0);
-    return p;
-}
+static const zb_file_ops *const kinds[FILE_KIND_END] = {
+#define ZB_FILE_KIND(kind, number, ops) [kind] = &ops,
+#include "file_kinds.h"
+#undef ZB_FILE_KIND
+};
 
-static void bytes_unref(zb_bytes *b) {
-    if (b && atomic_fetch_sub(&b->refs, 1) == 1) free(b);
-}
-
-void zb_pipe_free(zb_pipe *p) {
-    if (!p) return;
-    bytes_unref(p->buf);
-    free(p);
-}
-
-static void pipe_unref(zb_pipe *p) {
-    if (p && atomic_fetch_sub(&p->refs, 1) == 1) zb_pipe_free(p);
-}
-
-void zb_file_attach_rx(zb_file *f, zb_pipe *p) {
-    atomic_fetch_add(&p->refs, 1);
-    p->readers++;
-    f->rx = p;
-}
-
-void zb_file_attach_tx(zb_file *f, zb_pipe *p) {
-    atomic_fetch_add(&p->refs, 1);
-    p->writers++;
-    f->tx = p;
-}
-
-void zb_file_detach_rx(zb_file *f) {
-    if (!f->rx) return;
-    f->rx->readers--;
-    pipe_unref(f->rx);
-    f->rx = NULL;
-}
-
-void zb_file_detach_tx(zb_file *f) {
-    if (!f->tx) return;
-    f->tx->writers--;
-    pipe_unref(f->tx);
-    f->tx = NULL;
-}
-
-void zb_epoll_free(zb_epoll *e) {
-    if (!e) return;
-    free(e->items);
-    free(e);
-}
-
-zb_epoll *zb_epoll_copy(const zb_epoll *e) {
-    zb_epoll *c = calloc(1, sizeof *c);
-    if (!c) return NULL;
-    if (e->n) {
-        if (!(c->items = malloc((size_t)e->n * sizeof *c->items))) { free(c); return NULL; }
-        memcpy(c->items, e->items, (size_t)e->n * sizeof *c->items);
-    }
-    c->n = c->cap = e->n;
-    return c;
-}
+const zb_file_ops *zb_file_kind_ops(int kind) { return kind > 0 && kind < FILE_KIND_END ? kinds[kind] : NULL; }
 
 zb_file *zb_file_new(int kind) {
-    zb_file *f = calloc(1, sizeof *f);
+    const zb_file_ops *ops = zb_file_kind_ops(kind);
+    zb_file *f = ops ? calloc(1, sizeof *f) : NULL;
     if (f) {
         f->refs = 1;
         f->kind = kind;
+        f->ops = ops;
     }
     return f;
 }
 
 static void file_free(zb_fs *fs, zb_file *f) {
+    /* what any kind may hold (fs.h: host fd, overlay inode, streams, location), then the kind's own */
+    if (f->ops->release) f->ops->release(fs, f);
     zb_hostfd_unref(f->host);
     zb_file_detach_rx(f);
     zb_file_detach_tx(f);
-    zb_epoll_free(f->epoll);
     if (f->ino && fs) zb_ovl_open_ref(fs, f->ino, -1);
     zb_where_unref(f->where);
-    zb_listing_unref(f->listing);
     free(f);
 }
 
@@ -168,35 +115,20 @@ static zb_file *file_copy(const zb_file *s) {
     d->refs = 0;
     d->where = NULL;
     d->listing = NULL;
-    d->rx = d->tx = NULL;
+    d->rx = d->tx = NULL; /* mapped by the caller: both ends of a pipe share the clone's stream */
     d->epoll = NULL;
+    d->priv = NULL;
     if (s->host) atomic_fetch_add(&s->host->refs, 1);
-    if (s->epoll && !(d->epoll = zb_epoll_copy(s->epoll))) goto fail;
     if (s->where) { /* never changed in place once shared (zb_where_own) */
         d->where = s->where;
         atomic_fetch_add(&box_of(d->where)->refs, 1);
     }
-    if (s->listing) { /* immutable once taken: shared, never copied (a snapshot costs nothing here) */
-        d->listing = s->listing;
-        atomic_fetch_add(&d->listing->refs, 1);
+    if (s->ops->clone && s->ops->clone(d, s) < 0) {
+        d->refs = 1;
+        file_free(NULL, d);
+        return NULL;
     }
     return d;
-fail:
-    d->refs = 1;
-    file_free(NULL, d);
-    return NULL;
-}
-
-static zb_pipe *pipe_copy(const zb_pipe *s) {
-    zb_pipe *p = zb_pipe_new();
-    if (!p) return NULL;
-    if (s->buf) { /* shared until either side writes */
-        p->buf = s->buf;
-        atomic_fetch_add(&p->buf->refs, 1);
-    }
-    p->start = s->start;
-    p->len = s->len;
-    return p;
 }
 
 /* The clone of stream s, made once per clone of a table (both ends of a pipe share it). */
@@ -208,7 +140,7 @@ typedef struct {
 
 static zb_pipe *map_pipe(pipe_map *m, const zb_pipe *s) {
     for (int k = 0; k < m->n; k++) if (m->old[k] == s) return m->new[k];
-    zb_pipe *p = pipe_copy(s);
+    zb_pipe *p = zb_pipe_copy(s);
     if (!p) return NULL;
     m->old[m->n] = s;
     m->new[m->n++] = p;
@@ -280,8 +212,7 @@ uint64_t zb_fdtable_copy_bytes(const zb_fdtable *t) {
         while (k < n && seen[k] != f) k++;
         if (k < n) continue;
         seen[n++] = f;
-        bytes += sizeof *f + (f->rx ? sizeof *f->rx : 0) +
-                 (f->epoll ? sizeof *f->epoll + (uint64_t)f->epoll->n * sizeof *f->epoll->items : 0);
+        bytes += sizeof *f + (f->rx ? sizeof *f->rx : 0) + (f->ops->copy_bytes ? f->ops->copy_bytes(f) : 0);
     }
     return bytes;
 }
@@ -307,4 +238,29 @@ int zb_fd_close(zb_sandbox *sb, int fd) {
     sb->fds->fd[fd] = NULL;
     sb->fds->cloexec[fd] = 0;
     return 0;
+}
+
+/* ---- helpers the kinds share ---- */
+
+long zb_file_seek_sized(zb_file *f, int64_t off, int whence, int64_t size) {
+    int64_t base;
+    switch (whence) {
+    case SEEK_SET: base = 0; break;
+    case SEEK_CUR: base = (int64_t)f->offset; break;
+    case SEEK_END: base = size; break;
+    case SEEK_DATA: if (off >= size) return -ENXIO; base = 0; break;
+    case SEEK_HOLE: if (off >= size) return -ENXIO; base = 0; off = size; break;
+    default: return -EINVAL;
+    }
+    int64_t pos;
+    if (__builtin_add_overflow(base, off, &pos) || pos < 0) return -EINVAL; /* (no signed overflow) */
+    f->offset = (uint64_t)pos;
+    return (long)f->offset;
+}
+
+void zb_file_stat_anon(struct stat *st, unsigned mode) {
+    memset(st, 0, sizeof *st);
+    st->st_mode = mode;
+    st->st_blksize = 4096;
+    st->st_uid = st->st_gid = 1000;
 }

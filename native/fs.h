@@ -182,7 +182,7 @@ typedef struct zb_listing {
 #define ZB_LISTING_BUDGET (32ull << 20)
 /* The hash of a file name for the listings' and overlay directories' indexes (FNV-1a). */
 uint64_t zb_name_hash(const char *name);
-/* Name indexes of zb_listing and zb_dirtab (fs_namespace.c): open addressing over an array of
+/* Name indexes of zb_listing and zb_dirtab (fs_listing.c): open addressing over an array of
  * entries whose first member is `char *name`, `stride` bytes apart; each slot holds an entry
  * number + 1 (0 = empty); cap is a power of two. zb_name_slot finds `name`'s slot (or the empty
  * one where it would go); zb_name_index_build replaces *index by one for the first n entries,
@@ -195,8 +195,15 @@ int zb_listing_has(const zb_listing *l, const char *name);
 void zb_listing_unref(zb_listing *l);
 int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
 void zb_listing_free(zb_listing *l);
+/* fs_trie.c: the trie's nodes (the bottom of the namespace's layers: fs_trie.c and fs_listing.c,
+ * then fs_project.c, then fs_namespace.c, then fs_export.c; each uses only those before it) */
 zb_mnode *zb_mnode_child(const zb_mnode *n, const char *name);
 zb_mnode *zb_mnode_add(zb_mnode *parent, const char *name, int kind);
+/* Free a node and its subtree (closing a project's directory fd, dropping its policy). */
+void zb_mnode_free(zb_mnode *n);
+/* The next component of a path at *p (advanced past it) into comp: 1, 0 at the end, or
+ * -ENAMETOOLONG for one longer than NAME_MAX. */
+int zb_path_component(const char **p, char *comp);
 /* The trie node for guest_path's parent, creating synthetic directories on the way; the last
  * component goes to name. The trie must be private (zb_fs_require_private). */
 zb_mnode *zb_trie_parent(zb_fs *fs, const char *guest_path, char *name, char *err);
@@ -214,6 +221,8 @@ int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags
  * running). Host chmod is not offered at all (EOPNOTSUPP). */
 #define ZB_HOST_MODE_BITS 0777u
 int zb_fs_mount_project(zb_fs *fs, const char *host_dir, int mode, char *err);
+/* The project node mounted from host_dir, or NULL. */
+zb_mnode *zb_fs_find_project(zb_fs *fs, const char *host_dir);
 /* Works on a shared trie: only the mount's policy changes. */
 int zb_fs_set_project_mode(zb_fs *fs, const char *host_dir, int mode, char *err);
 zb_proj_policy *zb_proj_policy_new(int mode);
@@ -241,27 +250,29 @@ int zb_proj_host_path(const zb_resolved *r, char *rel, size_t cap);
 int zb_proj_host_parent(const zb_resolved *r, char *name, size_t cap);
 /* Read-write mode: open r on the host, confined (for writing, creating, truncating). */
 int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode);
+int zb_fs_project_hide(zb_fs *fs, const char *host_dir, const char *paths, char *err);
+int zb_proj_hidden(const zb_mnode *root, const char *host_path);
+int zb_proj_hidden_children(const zb_mnode *root, const char *dir_path, zb_listing *hide);
+int zb_host_lstat(const char *path, struct stat *st);
+/* fs_export.c: what the host reads out of the sandbox (binary records, zeroboot.h) */
 long zb_project_diff(zb_sandbox *sb, const char *host_dir, char *buf, size_t len, char *err);
 long zb_guest_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset, void *buf, size_t len, char *err);
 long zb_guest_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
 long zb_guest_stat(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
-int zb_fs_project_hide(zb_fs *fs, const char *host_dir, const char *paths, char *err);
-int zb_proj_hidden(const zb_mnode *root, const char *host_path);
-int zb_proj_hidden_children(const zb_mnode *root, const char *dir_path, zb_listing *hide);
+/* fs_listing.c: listings (see zb_listing above) and host reads for the view and projects */
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
 /* The same while sb runs: gives up with ZB_DEADLINE_PASSED at its deadline or a kick. */
 int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, const zb_listing *hide);
-int zb_host_lstat(const char *path, struct stat *st);
 /* Open a host file of the view or of a project for reading (dir: a directory), symlink-free.
  * Only regular files and directories are opened: -EACCES for FIFOs, sockets and devices. */
 int zb_host_open_ro(const char *path, int dir);
+/* fd if it (a host file just opened) is a regular file or a directory, else -EACCES (closing it). */
+int zb_host_fd_ordinary(int fd);
 /* fs_proc.c */
 int zb_proc_add_files(zb_mnode *proc, zb_mnode *self);
 int zb_dev_is_proc(int dev);
 long zb_proc_snapshot(zb_sandbox *sb, int dev); /* a new unnamed inode with the content, or -errno */
-/* fd if it (a host file just opened) is a regular file or a directory, else -EACCES (closing it). */
-int zb_host_fd_ordinary(int fd);
 
 /* fs_overlay.c */
 uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);
@@ -296,8 +307,14 @@ void zb_block_unref(zb_block *b);
 /* Count open file descriptions of an inode; an unlinked, no longer open file is released. */
 void zb_ovl_open_ref(zb_fs *fs, uint32_t ino, int delta);
 
-/* fdtable.c: open file descriptions (shared by dup'ed fds) and the fd table */
-enum { FILE_HOST = 1, FILE_OVERLAY, FILE_DIR, FILE_DEV, FILE_CONSOLE, FILE_PIPE, FILE_SOCKET, FILE_EPOLL };
+/* fdtable.c: open file descriptions (shared by dup'ed fds) and the fd table.
+ * The kinds of open files, one line each in file_kinds.h (their numbers are saved in snapshots). */
+enum {
+#define ZB_FILE_KIND(kind, number, ops) kind = number,
+#include "file_kinds.h"
+#undef ZB_FILE_KIND
+    FILE_KIND_END
+};
 /* Bytes a pipe or a socket direction holds: what Linux's pipes hold by default (16 pages). Stream
  * buffers are engine memory and every snapshot copies them: with 1 MiB per pipe, a guest filling
  * ~500 pipes held 0.5 GiB of the engine's memory per snapshot. */
@@ -341,9 +358,14 @@ typedef struct zb_epoll {
     int n, cap;
 } zb_epoll;
 
+struct zb_file_ops;
+struct zb_out; /* serial.h: the snapshot writer and reader */
+struct zb_in;
+
 typedef struct zb_file {
     int refs;
-    int kind;
+    int kind;                /* FILE_*: which entry of file_kinds.h made it */
+    const struct zb_file_ops *ops; /* that kind's operations (never NULL) */
     int flags;               /* open flags: access mode, O_APPEND, O_NONBLOCK, ... */
     uint64_t offset;
     zb_hostfd *host;         /* FILE_HOST and host directories */
@@ -357,6 +379,7 @@ typedef struct zb_file {
     zb_resolved *where;      /* what was opened (NULL for consoles, pipes, sockets, epolls): from
                                 zb_where_new, shared by the table's clones (copy before changing) */
     zb_listing *listing;     /* FILE_DIR: taken at the first getdents64 */
+    void *priv;              /* a kind's own state (FILE_EVENTFD: its counter), owned by its ops */
 } zb_file;
 
 struct zb_fdtable {
@@ -364,6 +387,84 @@ struct zb_fdtable {
     uint8_t cloexec[ZB_MAX_FDS];
     uint64_t next_file_id;
 };
+
+/* What a kind of open file does (Linux's struct file_operations). The syscall handlers decode and
+ * validate their arguments, then call these; a NULL entry means the kind does not support the
+ * operation, and the handler answers what Linux answers then (noted per entry). A kind's ops live
+ * in its own file (file_host.c, file_pipe.c, ...) and are registered by one line in file_kinds.h. */
+typedef struct zb_file_ops {
+    const char *name;
+    unsigned props;          /* ZB_FOPS_* */
+    int status_flags;        /* added to F_GETFL's answer (a directory's O_DIRECTORY) */
+    /* Read into p or write from p (host memory the handler validated): at the file offset, which
+     * advances, when off < 0, else at off (only called with off >= 0 if positional says so).
+     * NULL: EBADF. */
+    long (*read)(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t off);
+    long (*write)(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, int64_t off);
+    /* Whether pread/pwrite/preadv/pwritev apply (NULL: no, ESPIPE). */
+    int (*positional)(const zb_file *f);
+    /* lseek (whence not yet checked; NULL: ESPIPE). */
+    long (*seek)(zb_sandbox *sb, zb_file *f, int64_t off, int whence);
+    /* ftruncate to size (access mode and project mode checked; NULL: EINVAL). */
+    long (*truncate)(zb_sandbox *sb, zb_file *f, uint64_t size);
+    /* fallocate mode 0 up to end (arguments checked; NULL: EOPNOTSUPP). */
+    long (*fallocate)(zb_sandbox *sb, zb_file *f, uint64_t end);
+    /* getdents64 into the guest's buffer (NULL: ENOTDIR). */
+    long (*getdents)(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len);
+    /* mmap: fill [addr, addr + len) of guest memory from offset off (NULL: ENODEV). */
+    long (*mmap_fill)(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len, uint64_t off);
+    /* fstat (NULL: the resolved location's stat, zb_fs_stat). */
+    long (*stat)(zb_sandbox *sb, zb_file *f, struct stat *st);
+    /* fchown to ids the caller leaves unchecked (NULL: the guest's own file, zb_own_ids). */
+    long (*chown)(zb_sandbox *sb, zb_file *f, uint64_t uid, uint64_t gid);
+    /* The overlay inode whose metadata fchmod/futimens change, or 0 (NULL: none, EROFS). */
+    uint32_t (*overlay_ino)(const zb_file *f);
+    /* poll events it has now, among `want` (the caller adds POLLERR/POLLHUP/POLLNVAL to the mask);
+     * sets *waits_uart when only UART input could make it ready (NULL: always readable and
+     * writable, as regular files are). */
+    short (*ready)(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart);
+    /* Bytes a read would get now, for FIONREAD (NULL: 0). */
+    int (*unread)(zb_sandbox *sb, const zb_file *f);
+    /* fcntl commands of this kind only (F_GETPIPE_SZ); NULL: F_GETPIPE_SZ is EBADF, others EINVAL. */
+    long (*fcntl)(zb_sandbox *sb, zb_file *f, unsigned cmd, uint64_t arg);
+    /* Lifetime. What any kind may hold (host fd, overlay inode, rx/tx streams, the location) is
+     * fdtable.c's to release and clone; these handle what only the kind holds (listing, epoll,
+     * priv). release: before the generic parts go (fs may be NULL: a table that never ran).
+     * clone: into dst, a copy of src sharing its host fd, inode and location, whose listing,
+     * epoll and priv are NULL (a failure releases dst). save/load: the kind's state in a snapshot,
+     * a u32 count of records then the records (NULL: writes 0 / requires 0); load gets the file
+     * with its generic fields read and must check what it reads. reopen: what a loaded file had
+     * open on the host (NULL: nothing). */
+    void (*release)(zb_fs *fs, zb_file *f);
+    int (*clone)(zb_file *dst, const zb_file *src);
+    void (*save)(const zb_file *f, struct zb_out *o);
+    int (*load)(zb_file *f, struct zb_in *in);
+    int (*reopen)(zb_file *f, const zb_resolved *r, char *err);
+    /* Host memory a clone of it takes beyond the zb_file (zb_fdtable_copy_bytes; NULL: none). */
+    uint64_t (*copy_bytes)(const zb_file *f);
+} zb_file_ops;
+
+/* zb_file_ops.props */
+#define ZB_FOPS_WRITE_ANY_MODE 1 /* writes ignore the O_RDONLY access mode (the kind checks: pipes) */
+#define ZB_FOPS_NO_EPOLL 2       /* epoll_ctl refuses it with EPERM (regular files and directories) */
+#define ZB_FOPS_STREAMS 4        /* has rx/tx streams (pipes, sockets): a snapshot may attach them */
+#define ZB_FOPS_MMAP_COPIES 8    /* a mapping is a copy: shared writable mappings would lose writes (ENODEV) */
+
+#define ZB_FILE_KIND(kind, number, ops) extern const zb_file_ops ops;
+#include "file_kinds.h"
+#undef ZB_FILE_KIND
+/* The operations of kind, or NULL for a number no kind has (a corrupt snapshot). */
+const zb_file_ops *zb_file_kind_ops(int kind);
+static inline int zb_always(const zb_file *f) { (void)f; return 1; }
+/* The ids chown may give what the guest owns: its own (1000) or unchanged (-1); else EPERM. */
+static inline long zb_own_ids(uint64_t uid, uint64_t gid) {
+    return ((uint32_t)uid == 1000 || (uint32_t)uid == (uint32_t)-1) && ((uint32_t)gid == 1000 || (uint32_t)gid == (uint32_t)-1)
+               ? 0 : -EPERM;
+}
+/* lseek of a file with a size: SEEK_SET/CUR/END/DATA/HOLE within [0, INT64_MAX]. */
+long zb_file_seek_sized(zb_file *f, int64_t off, int whence, int64_t size);
+/* fstat of a file with no name (pipes, sockets, the console, epoll and eventfd files). */
+void zb_file_stat_anon(struct stat *st, unsigned mode);
 
 /* The resolved location an open file keeps: refcounted, shared by the clones of an fd table (a
  * snapshot copies none of the 4 KiB paths). zb_where_own makes f's its own before a change. */
@@ -393,6 +494,7 @@ size_t zb_fdtable_listing_bytes(const zb_fdtable *t);
 int zb_host_fd_room(void);
 zb_hostfd *zb_hostfd_new(int fd);
 void zb_hostfd_unref(zb_hostfd *h);
+/* file_stream.c: a new stream (no file holds it yet) */
 zb_pipe *zb_pipe_new(void);
 /* Free a stream no file holds (loading); its unread bytes. */
 void zb_pipe_free(zb_pipe *p);
@@ -403,23 +505,50 @@ void zb_file_attach_tx(zb_file *f, zb_pipe *p);
 /* Detach them again (shutdown, close). */
 void zb_file_detach_rx(zb_file *f);
 void zb_file_detach_tx(zb_file *f);
+/* file_epoll.c */
 void zb_epoll_free(zb_epoll *e);
 zb_epoll *zb_epoll_copy(const zb_epoll *e);
 
-/* sys_files.c: reading and writing streams (pipes and sockets) */
-long zb_stream_read(zb_file *f, uint8_t *p, size_t n);
-long zb_stream_write(zb_file *f, const uint8_t *p, size_t n);
-/* Install two new files at the lowest free fds and write the pair to the guest's int[2] at
- * fds_addr (validated by the caller); takes both references, also on failure. */
+/* file_stream.c: streams (pipes and socket directions). Reading an empty stream says EAGAIN while a
+ * writer exists (never blocks: see file_pipe.c), EOF (0) without; writing one nobody reads, EPIPE. */
+long zb_stream_read(zb_pipe *pp, uint8_t *p, size_t n);
+long zb_stream_write(zb_pipe *pp, const uint8_t *p, size_t n);
+/* A copy of a stream for a cloned fd table: its unread bytes shared until either side writes. */
+zb_pipe *zb_pipe_copy(const zb_pipe *s);
+/* FIONREAD of a stream end: the bytes its rx holds. */
+int zb_stream_unread(zb_sandbox *sb, const zb_file *f);
+/* sys_files.c: install two new files at the lowest free fds and write the pair to the guest's
+ * int[2] at fds_addr (validated by the caller); takes both references, also on failure. */
 int zb_fd_install_pair(zb_sandbox *sb, zb_file *first, zb_file *second, int cloexec, uint64_t fds_addr);
 
-/* sys_poll.c: readiness (poll events) of an open file, and waiting when nothing is ready */
+/* Opening a location, per location kind (the table in sys_files.c's do_open): r exists and passed
+ * the generic checks; *out is the new file (r may change to what was opened, e.g. a /proc
+ * file's private copy). file_host.c, file_overlay.c, file_dir.c, file_dev.c. */
+long zb_host_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+long zb_overlay_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+long zb_synth_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+long zb_dev_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+/* A read-write project's file opened on the host for writing or creating (r becomes it). */
+long zb_host_open_project(zb_sandbox *sb, zb_resolved *r, uint64_t flags, uint64_t mode, zb_file **out);
+/* O_TMPFILE in the overlay directory dir: installs the new fd (or -errno). */
+long zb_overlay_open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags, uint64_t mode);
+/* A loaded snapshot's host file or directory opened again (the reopen op of both kinds). */
+int zb_host_reopen(zb_file *f, const zb_resolved *r, char *err);
+
+/* file_ready.c: readiness (poll events) of an open file, and waiting when nothing is ready */
 short zb_file_ready(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart);
 long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns);
 /* A guest struct timespec timeout in ns: -1 for a NULL pointer (wait forever); *err on a bad one. */
 int64_t zb_poll_timeout_ns(zb_sandbox *sb, uint64_t addr, int *err);
-/* epoll readiness of an epoll file (sys_epoll.c), for poll() on an epoll fd */
-int zb_epoll_any_ready(zb_sandbox *sb, const zb_epoll *e, int *waits_uart);
+
+/* file_epoll.c: the epoll kind's interest lists */
+/* Linux's EP_MAX_NESTS: at most this many epoll files nested below the outermost one (so 5 in a
+ * chain, "a nesting depth of epoll instances greater than 5" in epoll_ctl(2)). */
+#define ZB_EPOLL_MAX_NESTS 4
+/* The item's file, or NULL once its description was closed (the fd is empty or holds another). */
+const zb_file *zb_epoll_item_file(zb_sandbox *sb, const zb_epoll_item *it);
+/* The events of an item that are ready (0 for a closed or disarmed one). */
+uint32_t zb_epoll_item_ready(zb_sandbox *sb, const zb_epoll_item *it, int *waits_uart);
 
 /* fs_snapshot.c: the namespace, overlay and fd table in a saved snapshot */
 struct zb_out;

@@ -12,98 +12,13 @@
 
 #define MAX_SYMLINKS 40
 
-/* ---- the mount trie ---- */
+/* ---- the mount trie (its nodes: fs_trie.c) ---- */
 
-zb_mnode *zb_mnode_child(const zb_mnode *n, const char *name) {
-    for (size_t i = 0; n && i < n->nchildren; i++)
-        if (!strcmp(n->children[i]->name, name)) return n->children[i];
-    return NULL;
-}
 
-zb_mnode *zb_mnode_add(zb_mnode *parent, const char *name, int kind) {
-    zb_mnode *c = calloc(1, sizeof *c);
-    zb_mnode **nc = realloc(parent->children, (parent->nchildren + 1) * sizeof *nc);
-    if (!c || !nc || !(c->name = strdup(name))) {
-        free(c);
-        if (nc) parent->children = nc;
-        return NULL;
-    }
-    parent->children = nc;
-    c->parent = parent;
-    c->kind = kind;
-    parent->children[parent->nchildren++] = c;
-    return c;
-}
 
-static void mnode_free(zb_mnode *n) {
-    if (!n) return;
-    if (n->kind == MNT_PROJECT && n->root_fd >= 0) close(n->root_fd);
-    zb_proj_policy_unref(n->policy);
-    for (size_t i = 0; i < n->nchildren; i++) mnode_free(n->children[i]);
-    free(n->children);
-    free(n->name);
-    free(n->target);
-    free(n);
-}
 
-/* Deep copy of a trie; each (old, new) node pair is appended to map (2 entries per node). */
-static zb_mnode *mnode_copy(const zb_mnode *n, zb_mnode *parent, zb_mnode ***map, size_t *nmap, size_t *cap) {
-    zb_mnode *c = calloc(1, sizeof *c);
-    if (!c) return NULL;
-    c->parent = parent;
-    c->kind = n->kind;
-    c->ino = n->ino;
-    c->dev = n->dev;
-    c->policy = n->policy; /* shared: the mode is the session's, whichever copy of the trie */
-    if (c->policy) atomic_fetch_add(&c->policy->refs, 1);
-    c->root_fd = n->kind == MNT_PROJECT ? fcntl(n->root_fd, F_DUPFD_CLOEXEC, 0) : 0;
-    c->name = strdup(n->name);
-    c->target = n->target ? strdup(n->target) : NULL;
-    c->children = calloc(n->nchildren ? n->nchildren : 1, sizeof *c->children);
-    if (*nmap + 2 > *cap) {
-        size_t ncap = *cap ? *cap * 2 : 256;
-        zb_mnode **nm = realloc(*map, ncap * sizeof *nm);
-        if (nm) { *map = nm; *cap = ncap; }
-    }
-    if (!c->name || (n->target && !c->target) || !c->children || *nmap + 2 > *cap) { mnode_free(c); return NULL; }
-    (*map)[(*nmap)++] = (zb_mnode *)n;
-    (*map)[(*nmap)++] = c;
-    for (size_t i = 0; i < n->nchildren; i++) {
-        if (!(c->children[i] = mnode_copy(n->children[i], c, map, nmap, cap))) { mnode_free(c); return NULL; }
-        c->nchildren++;
-    }
-    return c;
-}
 
-int zb_fs_privatize_trie(zb_fs *fs, zb_mnode ***map, size_t *nmap, char *err) {
-    *map = NULL;
-    *nmap = 0;
-    if (atomic_load(fs->trie_refs) == 1) return 0;
-    size_t cap = 0;
-    atomic_int *refs = calloc(1, sizeof *refs);
-    zb_mnode *root = refs ? mnode_copy(fs->root, NULL, map, nmap, &cap) : NULL;
-    if (!root) {
-        free(refs);
-        free(*map);
-        *map = NULL;
-        *nmap = 0;
-        zb_seterr(err, "out of memory");
-        return -1;
-    }
-    atomic_init(refs, 1);
-    atomic_fetch_sub(fs->trie_refs, 1);
-    fs->root = root;
-    fs->trie_refs = refs;
-    return 0;
-}
 
-/* Mutations below require a trie of our own (zb_fs_privatize_trie, done by the caller, which
- * also re-points its open files at the copy). */
-int zb_fs_require_private(zb_fs *fs, char *err) {
-    if (atomic_load(fs->trie_refs) == 1) return 0;
-    zb_seterr(err, "internal: the namespace is shared; privatize it first");
-    return -1;
-}
 
 static zb_mnode *dev_add(zb_mnode *dir, const char *name, int dev) {
     zb_mnode *n = zb_mnode_add(dir, name, MNT_DEV);
@@ -153,24 +68,12 @@ void zb_fs_free(zb_fs *fs) {
     if (!fs) return;
     zb_ovl_free_all(fs);
     if (fs->trie_refs && atomic_fetch_sub(fs->trie_refs, 1) == 1) {
-        mnode_free(fs->root);
+        zb_mnode_free(fs->root);
         free(fs->trie_refs);
     }
     free(fs);
 }
 
-/* Split an absolute path into the next component; returns 0 at the end. */
-static int next_component(const char **p, char *comp) {
-    while (**p == '/') (*p)++;
-    if (!**p) return 0;
-    size_t n = 0;
-    while ((*p)[n] && (*p)[n] != '/') n++;
-    if (n > NAME_MAX) return -ENAMETOOLONG;
-    memcpy(comp, *p, n);
-    comp[n] = 0;
-    *p += n;
-    return 1;
-}
 
 static int join_path(char *out, size_t cap, const char *a, const char *b) {
     int n = snprintf(out, cap, "%s/%s", a, b);
@@ -192,7 +95,7 @@ static int view_add(zb_fs *fs, const char *host_path, int depth, char *err) {
     char sofar[PATH_MAX] = "", comp[NAME_MAX + 1];
     const char *p = host_path;
     int r;
-    while ((r = next_component(&p, comp)) > 0) {
+    while ((r = zb_path_component(&p, comp)) > 0) {
         const char *rest = p;
         int last = 1;
         for (const char *q = rest; *q; q++) if (*q != '/') { last = 0; break; }
@@ -259,31 +162,6 @@ int zb_fs_view_add(zb_fs *fs, const char *host_path, char *err) {
     return view_add(fs, host_path, 0, err);
 }
 
-/* Walk/create synthetic directories down to the parent of guest_path; returns the parent node
- * and the last component in `name`. */
-zb_mnode *zb_trie_parent(zb_fs *fs, const char *guest_path, char *name, char *err) {
-    if (!guest_path || guest_path[0] != '/') { zb_seterr(err, "guest paths must be absolute: %s", guest_path ? guest_path : "(null)"); return NULL; }
-    zb_mnode *node = fs->root;
-    const char *p = guest_path;
-    char comp[NAME_MAX + 1];
-    name[0] = 0;
-    int r;
-    while ((r = next_component(&p, comp)) > 0) {
-        if (name[0]) {
-            zb_mnode *c = zb_mnode_child(node, name);
-            if (!c && !(c = zb_mnode_add(node, name, MNT_SYNTH))) { zb_seterr(err, "out of memory"); return NULL; }
-            /* synthetic and overlay directories can hold trie entries (a project in /tmp, say) */
-            if (c->kind != MNT_SYNTH && c->kind != MNT_OVERLAY) {
-                zb_seterr(err, "%s: /%s is already something else in the guest", guest_path, name);
-                return NULL;
-            }
-            node = c;
-        }
-        strcpy(name, comp);
-    }
-    if (r < 0 || !name[0]) { zb_seterr(err, "bad guest path %s", guest_path); return NULL; }
-    return node;
-}
 
 int zb_fs_overlay_dir(zb_fs *fs, const char *guest_path, char *err) {
     char name[NAME_MAX + 1];
@@ -422,7 +300,7 @@ int zb_fs_resolve(zb_sandbox *sb, const char *base, const char *path, int flags,
     out->path[0] = 0;
     const char *p = todo;
     for (;;) {
-        int r = next_component(&p, comp);
+        int r = zb_path_component(&p, comp);
         if (r < 0) { ret = r; goto done; }
         if (r == 0) break;
         int last = 1;
@@ -538,89 +416,16 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
 
 /* ---- listings ---- */
 
-/* FNV-1a: names are guest-chosen, but a collision only costs a longer probe, never correctness,
- * and the listing's size is bounded by the budget. */
-uint64_t zb_name_hash(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    return h;
-}
 
-/* The name of entry k of an array whose entries start with `char *name` (see fs.h). */
-#define ENTRY_NAME(ents, stride, k) (*(char *const *)((const char *)(ents) + (size_t)(k) * (stride)))
 
-size_t zb_name_slot(const uint32_t *index, size_t cap, const void *ents, size_t stride, const char *name) {
-    size_t mask = cap - 1, i = (size_t)zb_name_hash(name) & mask;
-    while (index[i] && strcmp(ENTRY_NAME(ents, stride, index[i] - 1), name)) i = (i + 1) & mask;
-    return i;
-}
 
-int zb_name_index_build(uint32_t **index, size_t *cap, const void *ents, size_t stride, size_t n, size_t want) {
-    size_t c = 64;
-    while (c < 2 * want) c *= 2; /* load <= 1/2 */
-    uint32_t *idx = calloc(c, sizeof *idx);
-    if (!idx) return -ENOMEM;
-    for (size_t k = 0; k < n; k++) idx[zb_name_slot(idx, c, ents, stride, ENTRY_NAME(ents, stride, k))] = (uint32_t)(k + 1);
-    free(*index);
-    *index = idx;
-    *cap = c;
-    return 0;
-}
 
-_Static_assert(offsetof(struct zb_listing_ent, name) == 0, "zb_name_slot reads names at offset 0");
 
-/* The slot of `name` in the listing's index (holding 0 when absent). */
-static size_t index_slot(const zb_listing *l, const char *name) {
-    return zb_name_slot(l->index, l->index_cap, l->ents, sizeof *l->ents, name);
-}
 
-static int index_grow(zb_listing *l) {
-    return zb_name_index_build(&l->index, &l->index_cap, l->ents, sizeof *l->ents, l->n, l->n + 1);
-}
 
-int zb_listing_has(const zb_listing *l, const char *name) {
-    return l && l->index_cap && l->index[index_slot(l, name)] != 0;
-}
 
-int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino) {
-    if (zb_listing_has(l, name)) return 0;
-    if (l->n >= UINT32_MAX - 1 || l->bytes > ZB_LISTING_BUDGET) return -ENOMEM; /* no listing outgrows it */
-    if (2 * (l->n + 1) > l->index_cap && index_grow(l) < 0) return -ENOMEM; /* load <= 1/2 */
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 16;
-        void *ne = realloc(l->ents, cap * sizeof *l->ents);
-        if (!ne) return -ENOMEM;
-        l->ents = ne;
-        l->bytes += (cap - l->cap) * sizeof *l->ents;
-        l->cap = cap;
-    }
-    size_t len = strlen(name);
-    if (!(l->ents[l->n].name = malloc(len + 1))) return -ENOMEM;
-    memcpy(l->ents[l->n].name, name, len + 1);
-    l->ents[l->n].type = type;
-    l->ents[l->n].ino = ino ? ino : l->n + 1;
-    l->n++;
-    l->index[index_slot(l, name)] = (uint32_t)l->n;
-    l->bytes += len + 1 + 16; /* the name and malloc's overhead for it */
-    return 0;
-}
 
-void zb_listing_free(zb_listing *l) {
-    if (!l) return;
-    for (size_t i = 0; i < l->n; i++) free(l->ents[i].name);
-    free(l->ents);
-    free(l->index);
-    l->ents = NULL;
-    l->index = NULL;
-    l->n = l->cap = l->index_cap = l->bytes = 0;
-}
 
-void zb_listing_unref(zb_listing *l) {
-    if (l && atomic_fetch_sub(&l->refs, 1) == 1) {
-        zb_listing_free(l);
-        free(l);
-    }
-}
 
 static unsigned char mnode_dtype(zb_sandbox *sb, const zb_mnode *m) {
     switch (m->kind) {
@@ -636,59 +441,10 @@ static unsigned char mnode_dtype(zb_sandbox *sb, const zb_mnode *m) {
     return DT_UNKNOWN;
 }
 
-static int hidden(const zb_listing *hide, const char *name) { return zb_listing_has(hide, name); }
 
-/* The guest only ever gets regular files and directories of the host. A FIFO in a view or in the
- * notebook's folder would block the engine in open() or read() (the kick signal is blocked while
- * a syscall is served, so neither an interrupt nor the deadline could end that wait), and a device
- * node would be a way past the sandbox. So anything but a regular file or a directory is closed
- * again at once. */
-int zb_host_fd_ordinary(int fd) {
-    struct stat st;
-    if (fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) return fd;
-    close(fd);
-    return -EACCES;
-}
 
-/* Open a host file of the view or of a project for reading. The path is canonical: the namespace
- * walk lstat'ed every component and turned host symlinks into guest-side lookups, and the guest
- * cannot run between that walk and this open (one vCPU, stopped in the syscall), so O_NOFOLLOW on
- * the last component suffices. O_NONBLOCK | O_NOCTTY: an open never waits for a FIFO's other end
- * or takes a terminal. Plain open (not openat2) lets the run-phase seccomp filter check the flags. */
-int zb_host_open_ro(const char *path, int dir) {
-    if (zb_host_fd_room() < 0) return -EMFILE;
-    struct stat st; /* before opening: opening a socket file fails with ENXIO, which would say too little */
-    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return S_ISLNK(st.st_mode) ? -ELOOP : -EACCES;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | (dir ? O_DIRECTORY : 0));
-    return fd < 0 ? -errno : zb_host_fd_ordinary(fd); /* the file could have been swapped since the lstat */
-}
 
-int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, const zb_listing *hide) {
-    int fd = zb_host_open_ro(path, 1);
-    if (fd < 0) return fd;
-    char buf[16384];
-    int ret = 0;
-    for (;;) {
-        if (sb && zb_should_stop(sb)) { ret = ZB_DEADLINE_PASSED; break; }
-        long n = syscall(SYS_getdents64, fd, buf, sizeof buf);
-        if (n < 0) { ret = -errno; break; }
-        if (n == 0) break;
-        for (long off = 0; off < n;) {
-            struct dirent64 *d = (struct dirent64 *)(buf + off);
-            off += d->d_reclen;
-            if (strcmp(d->d_name, ".") && strcmp(d->d_name, "..") && !hidden(hide, d->d_name) &&
-                (ret = zb_listing_add(out, d->d_name, d->d_type, d->d_ino)) < 0)
-                goto out;
-        }
-    }
-out:
-    close(fd);
-    return ret;
-}
 
-int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide) {
-    return zb_list_host_dir_for(NULL, path, out, hide);
-}
 
 int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
     memset(out, 0, sizeof *out);

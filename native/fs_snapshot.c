@@ -212,15 +212,10 @@ void zb_fds_save(const zb_fdtable *t, zb_out *o) {
         out_u64(o, f->id);
         out_u32(o, pipe_index(pipes, npipes, f->rx));
         out_u32(o, pipe_index(pipes, npipes, f->tx));
-        out_u32(o, f->epoll ? (uint32_t)f->epoll->n : 0);
-        for (int e = 0; f->epoll && e < f->epoll->n; e++) {
-            const zb_epoll_item *it = &f->epoll->items[e];
-            out_u32(o, (uint32_t)it->fd);
-            out_u64(o, it->file_id);
-            out_u32(o, it->events);
-            out_u64(o, it->data);
-            out_u32(o, (uint32_t)it->disarmed);
-        }
+        /* the kind's own state (an epoll's items, an eventfd's counter): a count of records, then
+         * the records; 0 for a kind without state */
+        if (f->ops->save) f->ops->save(f, o);
+        else out_u32(o, 0);
         out_str(o, f->where ? f->where->path : NULL);
     }
     uint32_t nfds = 0;
@@ -236,23 +231,11 @@ void zb_fds_save(const zb_fdtable *t, zb_out *o) {
     }
 }
 
-static int load_epoll(zb_in *in, zb_file *f) {
+/* What save wrote for the kind's own state (see zb_fds_save). */
+static int load_kind_state(zb_in *in, zb_file *f) {
+    if (f->ops->load) return f->ops->load(f, in);
     uint32_t n = in_u32(in);
-    if (in->err || n > ZB_MAX_FDS || (f->kind != FILE_EPOLL && n)) return -1;
-    if (f->kind != FILE_EPOLL) return 0;
-    if (!(f->epoll = calloc(1, sizeof *f->epoll)) || (n && !(f->epoll->items = calloc(n, sizeof *f->epoll->items)))) return -1;
-    f->epoll->cap = (int)n;
-    for (uint32_t e = 0; e < n; e++) {
-        zb_epoll_item *it = &f->epoll->items[e];
-        it->fd = (int)in_u32(in);
-        it->file_id = in_u64(in);
-        it->events = in_u32(in);
-        it->data = in_u64(in);
-        it->disarmed = in_u32(in) != 0;
-        if (in->err || it->fd < 0 || it->fd >= ZB_MAX_FDS) return -1;
-        f->epoll->n++;
-    }
-    return 0;
+    return in->err || n ? -1 : 0;
 }
 
 /* Rebuild what an open file pointed at: resolve its path again (the namespace is the loaded one)
@@ -265,12 +248,7 @@ static int reopen(zb_sandbox *ctx, zb_file *f, const char *path, char *err) {
     }
     if (!(f->where = zb_where_new())) { zb_seterr(err, "out of memory"); return -1; }
     *f->where = r;
-    if (r.loc.kind == LOC_HOST && (f->kind == FILE_HOST || f->kind == FILE_DIR)) {
-        int fd = zb_host_open_ro(r.path, r.loc.is_dir);
-        if (fd < 0) { zb_seterr(err, "the template had host file %s open, which cannot be opened now: %s", r.path, strerror(-fd)); return -1; }
-        if (!(f->host = zb_hostfd_new(fd))) { close(fd); zb_seterr(err, "out of memory"); return -1; }
-    }
-    return 0;
+    return f->ops->reopen ? f->ops->reopen(f, &r, err) : 0;
 }
 
 zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
@@ -300,7 +278,7 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
     nfiles = in_u32(in);
     if (in->err || nfiles > MAX_FILES || !(files = calloc(nfiles + 1, sizeof *files))) goto corrupt;
     for (uint32_t k = 0; k < nfiles; k++) {
-        zb_file *f = zb_file_new((int)in_u32(in));
+        zb_file *f = zb_file_new((int)in_u32(in)); /* NULL for a kind number no kind has */
         if (!f) goto corrupt;
         files[k] = f;
         f->refs = 0;
@@ -311,12 +289,12 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
         f->stream = (int)in_u32(in);
         f->id = in_u64(in);
         uint32_t rx = in_u32(in), tx = in_u32(in);
-        if (in->err || f->kind < FILE_HOST || f->kind > FILE_EPOLL || f->id > t->next_file_id) goto corrupt;
-        int streams = f->kind == FILE_PIPE || f->kind == FILE_SOCKET;
+        if (in->err || f->id > t->next_file_id) goto corrupt;
+        int streams = (f->ops->props & ZB_FOPS_STREAMS) != 0;
         if ((rx != UINT32_MAX && (!streams || rx >= npipes)) || (tx != UINT32_MAX && (!streams || tx >= npipes))) goto corrupt;
         if (rx != UINT32_MAX) zb_file_attach_rx(f, pipes[rx]);
         if (tx != UINT32_MAX) zb_file_attach_tx(f, pipes[tx]);
-        if (load_epoll(in, f) < 0) goto corrupt;
+        if (load_kind_state(in, f) < 0) goto corrupt;
         char *path = in_str(in, PATH_MAX);
         if (in->err) { free(path); goto corrupt; }
         if (f->ino && !zb_ovl_inode(fs, f->ino)) { free(path); goto corrupt; }

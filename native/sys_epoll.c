@@ -1,16 +1,16 @@
 /* sys_epoll.c - epoll over the guest's fds (what asyncio's default selector uses).
  *
- * An epoll fd holds an interest list of (fd, open file description) items. Readiness is the one
- * poll() computes (zb_file_ready), so it is level-triggered; EPOLLET is accepted and behaves as
+ * An epoll fd holds an interest list of (fd, open file description) items; the epoll file kind
+ * itself (its readiness, clones, snapshots) is file_epoll.c. Readiness is the one poll() computes
+ * (zb_file_ready, file_ready.c), so it is level-triggered; EPOLLET is accepted and behaves as
  * level-triggered (an edge-triggered reader drains until EAGAIN anyway), EPOLLONESHOT disarms an
  * item once it was reported. As in Linux, closing the last fd of a description drops its items,
  * and regular files and directories cannot be added (EPERM). With nothing ready, epoll_wait sleeps
  * until its timeout (no other thread could make anything ready) or stops for UART input.
  * Nested epoll fds work as in Linux: an epoll cannot watch itself (EINVAL, whichever fd names it),
- * and an addition that would close a loop of epoll files or nest them more than EPOLL_MAX_NESTS
+ * and an addition that would close a loop of epoll files or nest them more than ZB_EPOLL_MAX_NESTS
  * deep is refused with ELOOP. Loops and depth are checked on files, not fd numbers (a dup'ed fd is
- * the same file). Readiness of nested epolls is computed without C recursion: an explicit stack
- * bounded by EPOLL_MAX_NESTS (so even a table built otherwise cannot make the engine recurse).
+ * the same file). Readiness of nested epolls is computed without C recursion (file_epoll.c).
  */
 #include "fs.h"
 
@@ -22,7 +22,6 @@
 #define EPOLL_KNOWN_EVENTS (EPOLLIN | EPOLLPRI | EPOLLOUT | EPOLLERR | EPOLLHUP | EPOLLRDNORM | EPOLLRDBAND | \
                             EPOLLWRNORM | EPOLLWRBAND | EPOLLMSG | EPOLLRDHUP | EPOLLEXCLUSIVE | EPOLLWAKEUP | \
                             EPOLLONESHOT | EPOLLET)
-#define EPOLL_POLL_BITS 0xffffu /* the readiness bits, which equal poll()'s */
 
 static zb_epoll *epoll_of(zb_sandbox *sb, uint64_t fd, long *err) {
     zb_file *f = zb_fd_get(sb, fd);
@@ -42,16 +41,10 @@ static long sys_epoll_create1(zb_sandbox *sb, const uint64_t a[6]) {
     return a[0] & ~(uint64_t)EPOLL_CLOEXEC ? -EINVAL : create(sb, (a[0] & EPOLL_CLOEXEC) != 0);
 }
 
-/* The item's file, or NULL once its description was closed (the fd is empty or holds another). */
-static const zb_file *item_file(zb_sandbox *sb, const zb_epoll_item *it) {
-    const zb_file *f = zb_fd_get(sb, (uint64_t)it->fd);
-    return f && f->id == it->file_id ? f : NULL;
-}
-
 static void drop_closed_items(zb_sandbox *sb, zb_epoll *e) {
     int kept = 0;
     for (int i = 0; i < e->n; i++)
-        if (item_file(sb, &e->items[i])) e->items[kept++] = e->items[i];
+        if (zb_epoll_item_file(sb, &e->items[i])) e->items[kept++] = e->items[i];
     e->n = kept;
 }
 
@@ -60,15 +53,11 @@ static zb_epoll_item *find(zb_epoll *e, int fd) {
     return NULL;
 }
 
-/* Linux's EP_MAX_NESTS: at most this many epoll files nested below the outermost one (so 5 in a
- * chain, "a nesting depth of epoll instances greater than 5" in epoll_ctl(2)). */
-#define EPOLL_MAX_NESTS 4
-
 /* Does epoll file `outer` watch `inner` directly? */
 static int watches(zb_sandbox *sb, const zb_file *outer, const zb_file *inner) {
     const zb_epoll *e = outer->epoll;
     for (int i = 0; i < e->n; i++)
-        if (item_file(sb, &e->items[i]) == inner) return 1;
+        if (zb_epoll_item_file(sb, &e->items[i]) == inner) return 1;
     return 0;
 }
 
@@ -113,16 +102,16 @@ static int nest_levels(zb_sandbox *sb, const zb_file **files, int nfiles, const 
 }
 
 /* May epoll file `ep` watch epoll file `target`? Not if target is ep or reaches it (a loop), nor if
- * the chain through the new link would nest more than EPOLL_MAX_NESTS deep (ELOOP, as Linux). */
+ * the chain through the new link would nest more than ZB_EPOLL_MAX_NESTS deep (ELOOP, as Linux). */
 static long check_nesting(zb_sandbox *sb, const zb_file *ep, const zb_file *target) {
     if (target == ep) return -EINVAL;
     const zb_file **files = malloc(ZB_MAX_FDS * sizeof *files);
     if (!files) return -ENOMEM;
     int nfiles = epoll_files(sb, files), loop = 0;
-    int below = nest_levels(sb, files, nfiles, target, 0, ep, EPOLL_MAX_NESTS, &loop);
-    int above = loop ? 0 : nest_levels(sb, files, nfiles, ep, 1, NULL, EPOLL_MAX_NESTS, &loop);
+    int below = nest_levels(sb, files, nfiles, target, 0, ep, ZB_EPOLL_MAX_NESTS, &loop);
+    int above = loop ? 0 : nest_levels(sb, files, nfiles, ep, 1, NULL, ZB_EPOLL_MAX_NESTS, &loop);
     free(files);
-    return loop || above + 1 + below > EPOLL_MAX_NESTS ? -ELOOP : 0;
+    return loop || above + 1 + below > ZB_EPOLL_MAX_NESTS ? -ELOOP : 0;
 }
 
 /* Watches all the sandbox's epoll files may hold together (Linux: max_user_watches, ENOSPC). Each
@@ -146,7 +135,7 @@ static long sys_epoll_ctl(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *target = zb_fd_get(sb, a[2]);
     if (!target) return -EBADF;
     if (target == zb_fd_get(sb, a[0])) return -EINVAL; /* the same file, whatever the fd numbers */
-    if (target->kind == FILE_HOST || target->kind == FILE_OVERLAY || target->kind == FILE_DIR) return -EPERM;
+    if (target->ops->props & ZB_FOPS_NO_EPOLL) return -EPERM; /* regular files and directories, as Linux */
     struct epoll_event ev = {0, {0}};
     if (op != EPOLL_CTL_DEL && zb_copy_from_guest(sb, &ev, a[3], sizeof ev) < 0) return -EFAULT;
     if (op != EPOLL_CTL_DEL && (ev.events & ~(uint32_t)EPOLL_KNOWN_EVENTS)) return -EINVAL;
@@ -185,40 +174,6 @@ static long sys_epoll_ctl(zb_sandbox *sb, const uint64_t a[6]) {
     }
 }
 
-static uint32_t item_ready(zb_sandbox *sb, const zb_epoll_item *it, int *waits_uart) {
-    const zb_file *f = item_file(sb, it);
-    if (!f || it->disarmed) return 0;
-    short want = (short)((it->events | EPOLLERR | EPOLLHUP) & EPOLL_POLL_BITS);
-    return (uint16_t)zb_file_ready(sb, f, want, waits_uart);
-}
-
-/* Is anything in e ready? Nested epoll items are walked with an explicit stack (no recursion),
- * no deeper than EPOLL_MAX_NESTS levels below e: what lies deeper counts as not ready. */
-int zb_epoll_any_ready(zb_sandbox *sb, const zb_epoll *e, int *waits_uart) {
-    struct { const zb_epoll *e; int i; } stack[EPOLL_MAX_NESTS + 1];
-    int top = 0;
-    stack[0].e = e;
-    stack[0].i = 0;
-    while (top >= 0) {
-        const zb_epoll *cur = stack[top].e;
-        if (stack[top].i >= cur->n) { top--; continue; }
-        const zb_epoll_item *it = &cur->items[stack[top].i++];
-        const zb_file *f = item_file(sb, it);
-        if (!f || it->disarmed) continue;
-        if (f->kind != FILE_EPOLL) {
-            if (item_ready(sb, it, waits_uart)) return 1;
-            continue;
-        }
-        /* an epoll file is readable (its only readiness) when something in it is ready */
-        if (!(it->events & (EPOLLIN | EPOLLRDNORM))) continue;
-        if (top == EPOLL_MAX_NESTS) continue;
-        top++;
-        stack[top].e = f->epoll;
-        stack[top].i = 0;
-    }
-    return 0;
-}
-
 static long do_wait(zb_sandbox *sb, uint64_t epfd, uint64_t events, int maxevents, int64_t timeout_ns) {
     long err;
     zb_epoll *e = epoll_of(sb, epfd, &err);
@@ -230,7 +185,7 @@ static long do_wait(zb_sandbox *sb, uint64_t epfd, uint64_t events, int maxevent
     int n = 0, waits_uart = 0;
     for (int i = 0; i < e->n && n < maxevents; i++) {
         zb_epoll_item *it = &e->items[i];
-        uint32_t got = item_ready(sb, it, &waits_uart);
+        uint32_t got = zb_epoll_item_ready(sb, it, &waits_uart);
         if (!got) continue;
         out[n].events = got;
         out[n].data.u64 = it->data;

@@ -1,6 +1,7 @@
 /* sys_files.c - syscalls on file descriptors: open, read, write, seek, dup, fcntl, ioctl, pipes.
  * Paths are resolved in the guest namespace (fs_namespace.c); nothing here ever opens a host path
- * that did not come out of that resolution.
+ * that did not come out of that resolution. The handlers decode and check their arguments, then
+ * call the open file's operations (f->ops, fs.h): what a kind of file does is in its file_*.c.
  */
 #include "fs.h"
 
@@ -8,7 +9,6 @@
 #include <linux/close_range.h>
 #include <linux/openat2.h>
 #include <sys/ioctl.h>
-#include <sys/random.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <termios.h>
@@ -41,51 +41,21 @@ int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags
     return rc;
 }
 
-/* O_TMPFILE: an unnamed overlay file in the directory `dir`. It lives while it is open, or longer
- * if linkat(fd, "", ..., AT_EMPTY_PATH) gives it a name. */
-static long open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags, uint64_t mode) {
-    if ((flags & O_ACCMODE) == O_RDONLY) return -EINVAL;
-    if (!dir->exists) return -ENOENT;
-    if (!dir->loc.is_dir) return -ENOTDIR;
-    if (dir->loc.kind != LOC_OVERLAY) return -EROFS;
-    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, mode & ~sb->proc.umask);
-    if (!ino) return -ENOSPC;
-    zb_ovl_open_ref(sb->fs, ino, 1); /* nlink 0: released again with its last open */
-    zb_file *f = zb_file_new(FILE_OVERLAY);
-    if (!f || !(f->where = zb_where_new())) {
-        free(f);
-        zb_ovl_open_ref(sb->fs, ino, -1);
-        return -ENOMEM;
-    }
-    f->ino = ino;
-    f->flags = flags & (O_ACCMODE | O_APPEND | O_NONBLOCK | O_NOATIME);
-    *f->where = *dir;
-    f->where->parent = dir->loc;
-    memset(&f->where->loc, 0, sizeof f->where->loc);
-    f->where->loc.kind = LOC_OVERLAY;
-    f->where->loc.ino = ino;
-    snprintf(f->where->name, sizeof f->where->name, "#%u", ino);
-    return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
-}
+/* How each location kind is opened (file_host.c, file_overlay.c, file_dir.c, file_dev.c): r exists
+ * and the generic checks passed; r may be updated to what was opened. */
+typedef long (*open_fn)(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+static const open_fn open_location[] = {
+    [LOC_SYNTH] = zb_synth_open,
+    [LOC_HOST] = zb_host_open,
+    [LOC_OVERLAY] = zb_overlay_open,
+    [LOC_DEV] = zb_dev_open,
+};
 
-/* Open r for writing/creating in a read-write project: on the host, confined to the tree. */
-static long open_project_host(zb_sandbox *sb, zb_resolved *r, uint64_t flags, uint64_t mode) {
-    int fd = zb_proj_host_open(r, (int)(flags & (O_ACCMODE | O_CREAT | O_EXCL | O_TRUNC | O_APPEND)),
-                               (unsigned)(mode & ~sb->proc.umask));
-    if (fd < 0) return fd;
-    zb_hostfd *h = zb_hostfd_new(fd);
-    zb_file *f = h ? zb_file_new(FILE_HOST) : NULL;
-    if (!f) { if (h) zb_hostfd_unref(h); else close(fd); return -ENOMEM; }
-    f->host = h;
-    f->flags = flags & (O_ACCMODE | O_APPEND | O_NONBLOCK);
-    r->exists = 1;
-    r->loc.kind = LOC_HOST;
-    r->loc.lower = 1;
-    r->loc.proj = PROJ_READWRITE;
-    r->loc.proj_root = r->parent.proj_root;
+static long install_opened(zb_sandbox *sb, zb_file *f, const zb_resolved *r, int flags, uint64_t open_flags) {
+    f->flags = flags;
     if (!(f->where = zb_where_new())) { zb_file_unref(sb->fs, f); return -ENOMEM; }
     *f->where = *r;
-    return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
+    return zb_fd_install(sb, f, 0, open_flags & O_CLOEXEC);
 }
 
 static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flags, uint64_t mode) {
@@ -93,15 +63,19 @@ static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flag
     int wr = (flags & O_ACCMODE) != O_RDONLY;
     long rc = zb_path_arg(sb, dirfd, upath, (flags & O_NOFOLLOW) ? ZB_RESOLVE_NOFOLLOW : 0, 0, &r);
     if (rc < 0) return rc;
-    if ((flags & O_TMPFILE) == O_TMPFILE) return open_tmpfile(sb, &r, flags, mode);
+    if ((flags & O_TMPFILE) == O_TMPFILE) return zb_overlay_open_tmpfile(sb, &r, flags, mode);
     if (!r.exists && !(flags & O_CREAT)) return -ENOENT;
     if (r.exists && (flags & O_CREAT) && (flags & O_EXCL)) return -EEXIST;
     if (r.exists && (flags & O_DIRECTORY) && !r.loc.is_dir) return -ENOTDIR;
     if (r.exists && r.loc.is_dir && (wr || (flags & O_TRUNC))) return -EISDIR;
+    zb_file *f = NULL;
     int proj = r.exists ? r.loc.proj : r.parent.proj;
     if (proj && (wr || (flags & O_TRUNC) || !r.exists) && !(r.exists && r.loc.mnode)) {
         if (proj == PROJ_READONLY) return -EROFS;
-        if (proj == PROJ_READWRITE) return open_project_host(sb, &r, flags, mode);
+        if (proj == PROJ_READWRITE) {
+            if ((rc = zb_host_open_project(sb, &r, flags, mode, &f)) < 0) return rc;
+            return install_opened(sb, f, &r, (int)(flags & (O_ACCMODE | O_APPEND | O_NONBLOCK)), flags);
+        }
         if ((rc = zb_proj_copy_up(sb, &r, !r.exists)) < 0) return rc; /* overlay: work on the upper copy */
     }
     if (!r.exists) {
@@ -115,55 +89,11 @@ static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flag
         r.loc.mnode = NULL;
         r.loc.is_dir = 0;
     }
-    zb_file *f = NULL;
-    switch (r.loc.kind) {
-    case LOC_SYMLINK:
-        return -ELOOP;
-    case LOC_HOST: {
-        if (wr || (flags & O_TRUNC)) return -EROFS;
-        int fd = zb_host_open_ro(r.path, r.loc.is_dir);
-        if (fd < 0) return fd == -ELOOP ? -ELOOP : fd;
-        zb_hostfd *h = zb_hostfd_new(fd);
-        if (!h || !(f = zb_file_new(r.loc.is_dir ? FILE_DIR : FILE_HOST))) { if (h) zb_hostfd_unref(h); else close(fd); return -ENOMEM; }
-        f->host = h;
-        break;
-    }
-    case LOC_OVERLAY: {
-        zb_inode *in = zb_ovl_inode(sb->fs, r.loc.ino);
-        if (!in) return -ENOENT;
-        if (in->type == INO_SYMLINK) return -ELOOP;
-        if (in->readonly && (wr || (flags & O_TRUNC))) return -EACCES;
-        if ((flags & O_TRUNC) && wr && (rc = zb_ovl_truncate(sb->fs, r.loc.ino, 0)) < 0) return rc;
-        if (!(f = zb_file_new(r.loc.is_dir ? FILE_DIR : FILE_OVERLAY))) return -ENOMEM;
-        f->ino = r.loc.ino;
-        zb_ovl_open_ref(sb->fs, f->ino, 1);
-        break;
-    }
-    case LOC_SYNTH:
-        if (!(f = zb_file_new(FILE_DIR))) return -ENOMEM;
-        break;
-    case LOC_DEV:
-        if (zb_dev_is_proc(r.loc.dev)) { /* a private snapshot of the synthesised content (fs_proc.c) */
-            if (wr || (flags & O_TRUNC)) return -EACCES;
-            long ino = zb_proc_snapshot(sb, r.loc.dev);
-            if (ino < 0) return ino;
-            zb_ovl_open_ref(sb->fs, (uint32_t)ino, 1); /* nlink 0: released with its last open */
-            if (!(f = zb_file_new(FILE_OVERLAY))) { zb_ovl_open_ref(sb->fs, (uint32_t)ino, -1); return -ENOMEM; }
-            f->ino = (uint32_t)ino;
-            r.loc.kind = LOC_OVERLAY;
-            r.loc.ino = (uint32_t)ino;
-            break;
-        }
-        if (!(f = zb_file_new(FILE_DEV))) return -ENOMEM;
-        f->dev = r.loc.dev;
-        break;
-    default:
+    if (r.loc.kind == LOC_SYMLINK) return -ELOOP;
+    if (r.loc.kind <= 0 || (size_t)r.loc.kind >= sizeof open_location / sizeof *open_location || !open_location[r.loc.kind])
         return -ENOENT;
-    }
-    f->flags = flags & (O_ACCMODE | O_APPEND | O_NONBLOCK | O_PATH | O_DIRECTORY | O_NOATIME);
-    if (!(f->where = zb_where_new())) { zb_file_unref(sb->fs, f); return -ENOMEM; }
-    *f->where = r;
-    return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
+    if ((rc = open_location[r.loc.kind](sb, &r, flags, &f)) < 0) return rc;
+    return install_opened(sb, f, &r, (int)(flags & (O_ACCMODE | O_APPEND | O_NONBLOCK | O_PATH | O_DIRECTORY | O_NOATIME)), flags);
 }
 
 static long sys_openat(zb_sandbox *sb, const uint64_t a[6]) { return do_open(sb, (int)a[0], a[1], a[2], a[3]); }
@@ -193,90 +123,13 @@ static long sys_close_range(zb_sandbox *sb, const uint64_t a[6]) {
 
 /* ---- reading and writing one buffer ---- */
 
-static long read_dev(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n) {
-    switch (f->dev) {
-    case DEV_NULL: return 0;
-    case DEV_ZERO: memset(p, 0, n); return (long)n;
-    case DEV_URANDOM: {
-        size_t done = 0;
-        while (done < n) {
-            ssize_t k = getrandom(p + done, n - done, 0);
-            if (k < 0) { if (errno == EINTR) continue; return done ? (long)done : -errno; }
-            done += k;
-        }
-        return (long)n;
-    }
-    case DEV_UART:
-        if (!zb_uart_rx_available(&sb->uart)) {
-            if (f->flags & O_NONBLOCK) return -EAGAIN;
-            zb_stop_event(sb, ZB_EVENT_INPUT, 1);
-            return ZB_SYSCALL_STOP;
-        }
-        return (long)zb_uart_read(&sb->uart, p, n);
-    }
-    return -EINVAL;
-}
-
-/* A pipe end or a socket reads its rx stream. With nothing queued it never blocks: the guest is
- * one thread, so if a writer exists it is the guest itself, and waiting would wait forever. */
-long zb_stream_read(zb_file *f, uint8_t *p, size_t n) {
-    zb_pipe *pp = f->rx;
-    if (!pp) return f->kind == FILE_SOCKET ? 0 : -EBADF; /* a socket shut down for reading reads EOF */
-    if (!pp->len) return pp->writers ? -EAGAIN : 0;
-    n = ZB_MIN(n, pp->len);
-    memcpy(p, zb_pipe_bytes(pp), n);
-    pp->start += n; /* (the bytes may be shared with a snapshot: never changed in place) */
-    pp->len -= n;
-    if (!pp->len) pp->start = 0;
-    return (long)n;
-}
-
-long zb_stream_write(zb_file *f, const uint8_t *p, size_t n) {
-    zb_pipe *pp = f->tx;
-    if (!pp) return f->kind == FILE_SOCKET ? -EPIPE : -EBADF; /* shut down for writing */
-    if (!pp->readers) return -EPIPE;
-    if (pp->len + n > ZB_STREAM_CAP) n = ZB_STREAM_CAP - pp->len;
-    if (!n) return -EAGAIN;
-    zb_bytes *b = pp->buf;
-    if (!b || atomic_load(&b->refs) > 1 || pp->start + pp->len + n > b->cap) {
-        /* shared with a snapshot, or no room after the unread bytes: move them to a buffer of our own */
-        size_t cap = ZB_MIN(ZB_MAX(pp->len + n, b ? 2 * b->cap : 4096), (size_t)ZB_STREAM_CAP);
-        zb_bytes *nb = malloc(sizeof *nb + cap);
-        if (!nb) return -ENOMEM;
-        atomic_init(&nb->refs, 1);
-        nb->cap = cap;
-        if (pp->len) memcpy(nb->data, zb_pipe_bytes(pp), pp->len);
-        if (b && atomic_fetch_sub(&b->refs, 1) == 1) free(b);
-        pp->buf = b = nb;
-        pp->start = 0;
-    }
-    memcpy(b->data + pp->start + pp->len, p, n);
-    pp->len += n;
-    return (long)n;
-}
-
 /* Read into guest memory at addr; off < 0 means "use and advance the file offset". */
 static long read_into(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int64_t off) {
     if ((f->flags & O_ACCMODE) == O_WRONLY || (f->flags & O_PATH)) return -EBADF;
     n = ZB_MIN(n, IO_MAX);
     uint8_t *p = zb_guest_ptr(sb, addr, n, 1);
     if (!p) return -EFAULT;
-    uint64_t pos = off < 0 ? f->offset : (uint64_t)off;
-    long r;
-    switch (f->kind) {
-    case FILE_HOST:
-        r = pread(f->host->fd, p, n, pos);
-        if (r < 0) r = -errno;
-        break;
-    case FILE_OVERLAY: r = zb_ovl_read(sb->fs, f->ino, p, n, pos); break;
-    case FILE_DIR: return -EISDIR;
-    case FILE_DEV: return read_dev(sb, f, p, n);
-    case FILE_PIPE: case FILE_SOCKET: return off < 0 ? zb_stream_read(f, p, n) : -ESPIPE;
-    case FILE_CONSOLE: return -EBADF;
-    default: return -EBADF;
-    }
-    if (r > 0 && off < 0) f->offset += r;
-    return r;
+    return f->ops->read ? f->ops->read(sb, f, p, n, off) : -EBADF;
 }
 
 int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len) {
@@ -300,61 +153,11 @@ int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len) {
 }
 
 static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int64_t off) {
-    if ((f->flags & O_ACCMODE) == O_RDONLY && f->kind != FILE_CONSOLE && f->kind != FILE_PIPE && f->kind != FILE_SOCKET) return -EBADF;
+    if ((f->flags & O_ACCMODE) == O_RDONLY && !(f->ops->props & ZB_FOPS_WRITE_ANY_MODE)) return -EBADF;
     n = ZB_MIN(n, IO_MAX);
     const uint8_t *p = zb_guest_ptr(sb, addr, n, 0);
     if (!p) return -EFAULT;
-    switch (f->kind) {
-    case FILE_CONSOLE: {
-        if (!n) return 0;
-        int w = zb_output(sb, f->stream, p, n);
-        return w > 0 ? w : -EAGAIN;
-    }
-    case FILE_HOST: { /* only a read-write project's files are opened for writing */
-        long denied = zb_file_write_check(f); /* the project is no longer read-write */
-        if (denied) return denied;
-        struct stat st;
-        uint64_t pos = off >= 0 ? (uint64_t)off : f->offset;
-        if (off < 0 && (f->flags & O_APPEND)) pos = fstat(f->host->fd, &st) == 0 ? (uint64_t)st.st_size : pos;
-        long r = pwrite(f->host->fd, p, n, (off_t)pos);
-        if (r < 0) return -errno;
-        if (off < 0) f->offset = pos + (uint64_t)r;
-        return r;
-    }
-    case FILE_OVERLAY: {
-        zb_inode *in = zb_ovl_inode(sb->fs, f->ino);
-        if (!in) return -EBADF;
-        long denied = zb_file_write_check(f); /* a project file, and the project's mode changed */
-        if (denied) return denied;
-        uint64_t pos = off >= 0 ? (uint64_t)off : (f->flags & O_APPEND) ? in->size : f->offset;
-        long r = zb_ovl_write(sb->fs, f->ino, p, n, pos);
-        if (r > 0 && off < 0) f->offset = pos + r;
-        return r;
-    }
-    case FILE_DEV:
-        if (f->dev != DEV_UART) return (long)n;
-        {
-            char err[ZB_ERRLEN];
-            long r = zb_uart_write(&sb->uart, p, n, err);
-            if (r < 0) {
-                zb_event *ev = zb_stop_event(sb, ZB_EVENT_ERROR, 1);
-                snprintf(ev->message, sizeof ev->message, "guest sent a malformed UART frame: %.400s", err);
-                sb->finished = 1;
-                return ZB_SYSCALL_STOP;
-            }
-            if (sb->uart.frame_ready) {
-                zb_event *ev = zb_stop_event(sb, ZB_EVENT_FRAME, 0);
-                memcpy(&ev->frame_type, sb->uart.tx + 6, 2);
-                ev->frame_type &= 0xffff;
-                ev->data = sb->uart.tx + ZB_FRAME_HEADER;
-                ev->len = sb->uart.frame_ready - ZB_FRAME_HEADER;
-            }
-            return r;
-        }
-    case FILE_PIPE: case FILE_SOCKET: return off < 0 ? zb_stream_write(f, p, n) : -ESPIPE;
-    case FILE_DIR: return -EISDIR;
-    default: return -EBADF;
-    }
+    return f->ops->write ? f->ops->write(sb, f, p, n, off) : -EBADF;
 }
 
 static long sys_read(zb_sandbox *sb, const uint64_t a[6]) {
@@ -364,13 +167,7 @@ static long sys_read(zb_sandbox *sb, const uint64_t a[6]) {
 /* Whether the positional calls (pread, pwrite, preadv, pwritev) apply: as in Linux, files,
  * directories (which then say EISDIR) and the memory-like devices (/dev/null, zero, urandom) have a
  * position; pipes, the console and the UART (a tty) do not. */
-static int positional(const zb_file *f) {
-    switch (f->kind) {
-    case FILE_HOST: case FILE_OVERLAY: case FILE_DIR: return 1;
-    case FILE_DEV: return f->dev != DEV_UART;
-    default: return 0;
-    }
-}
+static int positional(const zb_file *f) { return f->ops->positional && f->ops->positional(f); }
 
 static long sys_pread64(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
@@ -426,36 +223,7 @@ static long sys_pwritev(zb_sandbox *sb, const uint64_t a[6]) { return (int64_t)a
 static long sys_lseek(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
-    int64_t off = (int64_t)a[1], size = 0, base;
-    switch (f->kind) {
-    case FILE_HOST: {
-        struct stat st;
-        if (fstat(f->host->fd, &st) < 0) return -errno;
-        size = st.st_size;
-        break;
-    }
-    case FILE_OVERLAY: size = (int64_t)zb_ovl_inode(sb->fs, f->ino)->size; break;
-    case FILE_DIR:
-        if (a[2] != SEEK_SET || off != 0) return -EINVAL; /* rewinddir */
-        zb_listing_unref(f->listing);
-        f->listing = NULL;
-        f->offset = 0;
-        return 0;
-    case FILE_DEV: return 0;
-    default: return -ESPIPE;
-    }
-    switch (a[2]) {
-    case SEEK_SET: base = 0; break;
-    case SEEK_CUR: base = (int64_t)f->offset; break;
-    case SEEK_END: base = size; break;
-    case SEEK_DATA: if (off >= size) return -ENXIO; base = 0; break;
-    case SEEK_HOLE: if (off >= size) return -ENXIO; base = 0; off = size; break;
-    default: return -EINVAL;
-    }
-    int64_t pos;
-    if (__builtin_add_overflow(base, off, &pos) || pos < 0) return -EINVAL; /* (no signed overflow) */
-    f->offset = (uint64_t)pos;
-    return (long)f->offset;
+    return f->ops->seek ? f->ops->seek(sb, f, (int64_t)a[1], (int)a[2]) : -ESPIPE;
 }
 
 /* ---- descriptors ---- */
@@ -498,7 +266,7 @@ static long sys_fcntl(zb_sandbox *sb, const uint64_t a[6]) {
         return zb_fd_install(sb, f, (int)a[2], a[1] == F_DUPFD_CLOEXEC);
     case F_GETFD: return sb->fds->cloexec[a[0]] ? FD_CLOEXEC : 0;
     case F_SETFD: sb->fds->cloexec[a[0]] = (a[2] & FD_CLOEXEC) ? 1 : 0; return 0;
-    case F_GETFL: return f->flags | (f->kind == FILE_DIR ? O_DIRECTORY : 0);
+    case F_GETFL: return f->flags | f->ops->status_flags;
     case F_SETFL: f->flags = (f->flags & ~(O_APPEND | O_NONBLOCK)) | (a[2] & (O_APPEND | O_NONBLOCK)); return 0;
     case F_GETLK: {
         struct flock fl;
@@ -507,8 +275,9 @@ static long sys_fcntl(zb_sandbox *sb, const uint64_t a[6]) {
         return zb_copy_to_guest(sb, a[2], &fl, sizeof fl);
     }
     case F_SETLK: case F_SETLKW: case F_OFD_SETLK: case F_OFD_SETLKW: return 0;
-    case F_GETPIPE_SZ: return f->kind == FILE_PIPE ? (long)ZB_STREAM_CAP : -EBADF;
-    default: return -EINVAL;
+    default: /* the kind's own commands; F_GETPIPE_SZ of what is not a pipe is EBADF, as in Linux */
+        if (f->ops->fcntl) return f->ops->fcntl(sb, f, (unsigned)a[1], a[2]);
+        return a[1] == F_GETPIPE_SZ ? -EBADF : -EINVAL;
     }
 }
 
@@ -525,8 +294,7 @@ static long sys_ioctl(zb_sandbox *sb, const uint64_t a[6]) {
         return 0;
     }
     case FIONREAD: {
-        int n = f->kind == FILE_DEV && f->dev == DEV_UART ? (int)zb_uart_rx_available(&sb->uart)
-              : f->rx ? (int)f->rx->len : 0;
+        int n = f->ops->unread ? f->ops->unread(sb, f) : 0;
         return zb_copy_to_guest(sb, a[2], &n, sizeof n);
     }
     default:
@@ -572,24 +340,20 @@ static long sys_ftruncate(zb_sandbox *sb, const uint64_t a[6]) {
     if ((f->flags & O_ACCMODE) == O_RDONLY) return -EINVAL;
     long denied = zb_file_write_check(f);
     if (denied) return denied;
-    if (f->kind == FILE_HOST) return ftruncate(f->host->fd, (off_t)a[1]) < 0 ? -errno : 0; /* read-write project */
-    if (f->kind != FILE_OVERLAY) return -EINVAL;
-    return zb_ovl_truncate(sb->fs, f->ino, a[1]);
+    return f->ops->truncate ? f->ops->truncate(sb, f, a[1]) : -EINVAL;
 }
 
 static long sys_fallocate(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
-    if (f->kind != FILE_OVERLAY) return -EOPNOTSUPP;
+    if (!f->ops->fallocate) return -EOPNOTSUPP;
     if (a[1] != 0) return -EOPNOTSUPP;
     long denied = zb_file_write_check(f);
     if (denied) return denied;
     int64_t off = (int64_t)a[2], len = (int64_t)a[3], sum;
     if (off < 0 || len <= 0) return -EINVAL;                  /* as Linux */
     if (__builtin_add_overflow(off, len, &sum)) return -EFBIG; /* (offset + len wrapped before) */
-    uint64_t end = (uint64_t)sum;
-    zb_inode *in = zb_ovl_inode(sb->fs, f->ino);
-    return end > in->size ? zb_ovl_truncate(sb->fs, f->ino, end) : 0;
+    return f->ops->fallocate(sb, f, (uint64_t)sum);
 }
 
 static long sys_fd_noop(zb_sandbox *sb, const uint64_t a[6]) { return zb_fd_get(sb, a[0]) ? 0 : -EBADF; }

@@ -3,7 +3,6 @@
  */
 #include "fs.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
@@ -14,23 +13,11 @@ static long stat_to_guest(zb_sandbox *sb, const struct stat *st, uint64_t addr) 
     return zb_copy_to_guest(sb, addr, st, sizeof *st);
 }
 
+/* fstat: the open file's kind knows (a file without stat of its own is its location's). */
 static long stat_file(zb_sandbox *sb, zb_file *f, struct stat *st) {
+    if (f->ops->stat) return f->ops->stat(sb, f, st);
     memset(st, 0, sizeof *st);
-    switch (f->kind) {
-    case FILE_HOST:
-        if (fstat(f->host->fd, st) < 0) return -errno;
-        if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;
-        return 0;
-    case FILE_OVERLAY: zb_ovl_stat(sb->fs, f->ino, st); return 0;
-    case FILE_DEV: zb_dev_stat(f->dev, st); return 0;
-    case FILE_CONSOLE: case FILE_PIPE: case FILE_SOCKET: case FILE_EPOLL:
-        st->st_mode = f->kind == FILE_SOCKET ? S_IFSOCK | 0777 : f->kind == FILE_EPOLL ? 0600 : S_IFIFO | 0600;
-        st->st_blksize = 4096;
-        st->st_uid = st->st_gid = 1000;
-        return 0;
-    default:
-        return f->where ? zb_fs_stat(sb, f->where, st) : -EBADF;
-    }
+    return f->where ? zb_fs_stat(sb, f->where, st) : -EBADF;
 }
 
 static long do_fstatat(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int flags, struct stat *st) {
@@ -358,45 +345,7 @@ static long sys_renameat2(zb_sandbox *sb, const uint64_t a[6]) { return do_renam
 static long sys_getdents64(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
-    if (f->kind != FILE_DIR || !f->where) return -ENOTDIR;
-    if (!f->listing) {
-        zb_listing *l = calloc(1, sizeof *l);
-        if (!l) return -ENOMEM;
-        long rc = zb_fs_list(sb, f->where, l);
-        if (rc < 0) { free(l); return rc == ZB_DEADLINE_PASSED ? zb_stop_for_deadline(sb) : rc; }
-        /* every open directory's listing is host memory: charged to the sandbox's budget */
-        if (zb_fdtable_listing_bytes(sb->fds) + l->bytes > ZB_LISTING_BUDGET) {
-            zb_listing_free(l);
-            free(l);
-            return -ENOMEM;
-        }
-        atomic_init(&l->refs, 1);
-        f->listing = l;
-    }
-    uint8_t *out = zb_guest_ptr(sb, a[1], a[2], 1);
-    if (!out) return -EFAULT;
-    size_t used = 0;
-    while (f->offset < f->listing->n) {
-        const struct zb_listing_ent *e = &f->listing->ents[f->offset];
-        size_t namelen = strlen(e->name);
-        size_t reclen = (offsetof(struct dirent64, d_name) + namelen + 1 + 7) & ~7ul;
-        if (used + reclen > a[2]) {
-            if (!used) return -EINVAL;
-            break;
-        }
-        /* built aligned here, then copied: the guest's buffer may sit at any address */
-        struct { struct dirent64 d; char name[NAME_MAX + 8]; } rec;
-        memset(&rec, 0, reclen);
-        rec.d.d_ino = e->ino;
-        rec.d.d_off = (int64_t)f->offset + 1;
-        rec.d.d_reclen = (unsigned short)reclen;
-        rec.d.d_type = e->type;
-        memcpy(rec.d.d_name, e->name, namelen + 1);
-        memcpy(out + used, &rec, reclen);
-        used += reclen;
-        f->offset++;
-    }
-    return (long)used;
+    return f->ops->getdents ? f->ops->getdents(sb, f, a[1], a[2]) : -ENOTDIR;
 }
 
 static long overlay_file_for(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int flags, uint32_t *ino) {
@@ -405,13 +354,12 @@ static long overlay_file_for(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int 
     if (!upath && (int)dirfd != AT_FDCWD) { /* futimens-style: the fd itself */
         zb_file *f = zb_fd_get(sb, (uint64_t)dirfd);
         if (!f) return -EBADF;
-        if (f->kind == FILE_OVERLAY || (f->kind == FILE_DIR && f->ino)) {
-            long denied = zb_file_write_check(f);
-            if (denied) return denied;
-            *ino = f->ino;
-            return 0;
-        }
-        return -EROFS;
+        uint32_t own = f->ops->overlay_ino ? f->ops->overlay_ino(f) : 0;
+        if (!own) return -EROFS; /* host files, synthetic directories, streams */
+        long denied = zb_file_write_check(f);
+        if (denied) return denied;
+        *ino = own;
+        return 0;
     }
     if ((rc = zb_path_arg(sb, dirfd, upath, flags, flags & AT_EMPTY_PATH, &r)) < 0) return rc;
     if (!r.exists) return -ENOENT;
@@ -487,10 +435,6 @@ static long sys_utimensat(zb_sandbox *sb, const uint64_t a[6]) {
 
 /* ---- owners: files belong to the guest's user (1000) and keep belonging to it ---- */
 
-static int own_ids(uint64_t uid, uint64_t gid) {
-    return ((uint32_t)uid == 1000 || (uint32_t)uid == (uint32_t)-1) && ((uint32_t)gid == 1000 || (uint32_t)gid == (uint32_t)-1);
-}
-
 /* chown to the owner it already has succeeds (what shutil.copystat-style code does); giving a file
  * away needs CAP_CHOWN, which the guest does not have (EPERM); the view is read-only (EROFS). */
 static long do_chown(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t uid, uint64_t gid, int flags) {
@@ -500,8 +444,8 @@ static long do_chown(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t uid
     if (rc < 0) return rc;
     if (!r.exists) return -ENOENT;
     if (r.loc.kind != LOC_OVERLAY) return -EROFS;
-    if (zb_ovl_inode(sb->fs, r.loc.ino)->readonly || !own_ids(uid, gid)) return -EPERM;
-    return 0;
+    if (zb_ovl_inode(sb->fs, r.loc.ino)->readonly) return -EPERM;
+    return zb_own_ids(uid, gid);
 }
 static long sys_chown(zb_sandbox *sb, const uint64_t a[6]) { return do_chown(sb, AT_FDCWD, a[0], a[1], a[2], 0); }
 static long sys_lchown(zb_sandbox *sb, const uint64_t a[6]) { return do_chown(sb, AT_FDCWD, a[0], a[1], a[2], AT_SYMLINK_NOFOLLOW); }
@@ -509,9 +453,8 @@ static long sys_fchownat(zb_sandbox *sb, const uint64_t a[6]) { return do_chown(
 static long sys_fchown(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
-    if (f->kind == FILE_HOST || (f->kind == FILE_DIR && !f->ino)) return -EROFS;
-    if (f->kind == FILE_OVERLAY && zb_ovl_inode(sb->fs, f->ino)->readonly) return -EPERM;
-    return own_ids(a[1], a[2]) ? 0 : -EPERM; /* overlay files, pipes, the console: the guest's own */
+    /* the kind decides (the view is read-only); pipes, the console and the like are the guest's own */
+    return f->ops->chown ? f->ops->chown(sb, f, a[1], a[2]) : zb_own_ids(a[1], a[2]);
 }
 
 /* ---- extended attributes: none are stored anywhere, as on a filesystem without xattr support:

@@ -24,52 +24,6 @@ static int user_range(const zb_memory *m, uint64_t addr, uint64_t len) {
     return addr >= ZB_LOW_REGION && addr + len >= addr && addr + len <= m->size;
 }
 
-/* Copy up to len bytes of a host file at off into guest memory (the rest stays zero). */
-static long copy_host_file(zb_memory *m, int fd, uint64_t addr, uint64_t len, uint64_t off) {
-    uint64_t done = 0;
-    while (done < len) {
-        ssize_t n = pread(fd, m->host + addr + done, len - done, (off_t)(off + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return -errno;
-        if (n == 0) break;
-        done += (uint64_t)n;
-    }
-    zb_mem_dirty(m, addr, len);
-    return 0;
-}
-
-/* Whether a host file can shrink under a mapping through the guest or the notebook's user: a file
- * of a project (the notebook's folder), as opposed to the view's installed, read-only software. */
-static int host_file_may_shrink(const zb_file *f) {
-    return !f->where || f->where->loc.proj || f->where->parent.proj || (f->flags & O_ACCMODE) != O_RDONLY;
-}
-
-/* Fill [addr, addr+len) from an open file at offset: view files are mapped copy-on-write, other
- * files are copied. */
-static long fill_from_file(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len, uint64_t off) {
-    zb_memory *m = &sb->mem;
-    if (f->kind == FILE_HOST) {
-        struct stat st;
-        if (fstat(f->host->fd, &st) < 0) return -errno;
-        uint64_t size = (uint64_t)st.st_size;
-        if (off >= size) return 0;
-        uint64_t n = ZB_MIN(len, ZB_PAGE_UP(size - off));
-        /* Pages of a file mapping past the file's end raise SIGBUS in whoever touches them, and the
-         * engine touches guest memory (syscall buffers, snapshots): a project file truncated under
-         * the guest's mapping (by the guest itself in read-write mode, or by the user's editor)
-         * would kill the engine process. Such files are copied; only the view is mapped. */
-        if (host_file_may_shrink(f)) return copy_host_file(m, f->host->fd, addr, n, off);
-        return zb_mem_map_file(m, addr, n, f->host->fd, off);
-    }
-    if (f->kind == FILE_OVERLAY) {
-        long r = zb_ovl_read(sb->fs, f->ino, m->host + addr, len, off);
-        zb_mem_dirty(m, addr, len);
-        return r < 0 ? r : 0;
-    }
-    if (f->kind == FILE_DEV && (f->dev == DEV_ZERO || f->dev == DEV_NULL)) return 0;
-    return -ENODEV;
-}
-
 static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
     zb_memory *m = &sb->mem;
     uint64_t addr = a[0], len = a[1], prot = a[2], flags = a[3], off = a[5];
@@ -86,9 +40,9 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         if (type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->flags & O_ACCMODE) != O_RDWR) return -EACCES;
         /* shared writable file mappings would need write-back: not supported (a host file of a
          * read-write project would be copied in, so writes to the mapping would be lost silently) */
-        if (type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->kind == FILE_OVERLAY || f->kind == FILE_HOST))
-            return -ENODEV;
-        if (f->kind == FILE_DIR) return -ENODEV;
+        if (type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->ops->props & ZB_FOPS_MMAP_COPIES)) return -ENODEV;
+        if (f->ops->getdents) return -ENODEV; /* a directory: before anything else (other files that
+                                                cannot be mapped say so once the range is chosen) */
     }
     uint64_t at;
     if (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) {
@@ -113,7 +67,8 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
      * MAP_NORESERVE and PROT_NONE mappings are reservations (arenas): left alone. */
     if (!f && (prot & PROT_WRITE) && !(flags & MAP_NORESERVE)) zb_mem_prefault_anonymous(m, at, len);
     if (f) {
-        long rc = fill_from_file(sb, f, at, len, off);
+        /* the kind fills the range (file_host.c maps view files copy-on-write) */
+        long rc = f->ops->mmap_fill ? f->ops->mmap_fill(sb, f, at, len, off) : -ENODEV;
         if (rc < 0) {
             zb_mem_zero(m, at, len);
             zb_mem_mark(m, at, len, 0);

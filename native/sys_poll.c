@@ -1,10 +1,5 @@
-/* sys_poll.c - poll, ppoll, select and pselect6 over the guest's fds.
- *
- * The guest is one thread and its files are in memory or read-only host files, so almost
- * everything is ready at once. The exceptions: the UART is readable only when the host queued
- * input (a guest waiting on it gives the caller an INPUT event, as a blocking read does), and pipe
- * and socket ends follow their buffers. epoll (sys_epoll.c) uses the same readiness. If nothing is ready, the guest sleeps until its timeout, since no other
- * thread could make anything ready in the meantime.
+/* sys_poll.c - poll, ppoll, select and pselect6 over the guest's fds. Readiness and waiting are
+ * file_ready.c's (shared with epoll): each fd's file says which events it has.
  */
 #include "fs.h"
 
@@ -14,52 +9,9 @@
 
 #define MAX_POLL_FDS 4096
 
-/* Ready events of an open file for the requested ones; *waits_uart is set when it waits on UART
- * input. Stream ends (pipes, sockets) follow their buffers and their peers. */
-short zb_file_ready(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart) {
-    short in = POLLIN | POLLRDNORM, out = POLLOUT | POLLWRNORM, got = 0;
-    switch (f->kind) {
-    case FILE_CONSOLE: got = out; break;
-    case FILE_DEV:
-        if (f->dev == DEV_UART) {
-            got = out;
-            if (zb_uart_rx_available(&sb->uart)) got |= in;
-            else if (want & in) *waits_uart = 1;
-        } else {
-            got = in | out;
-        }
-        break;
-    case FILE_PIPE:
-        if (f->tx) got = f->tx->readers ? out : POLLERR;
-        else got = f->rx->len ? in : f->rx->writers ? 0 : POLLHUP;
-        break;
-    case FILE_SOCKET: /* Linux's unix stream sockets: EOF reads as POLLIN | POLLRDHUP, both ways shut as POLLHUP */
-        if (!f->rx || f->rx->len || !f->rx->writers) got |= in;
-        if (!f->rx || !f->rx->writers) got |= POLLRDHUP;
-        if (f->tx && f->tx->readers && f->tx->len < ZB_STREAM_CAP) got |= out;
-        if ((!f->tx || !f->tx->readers) && (!f->rx || !f->rx->writers)) got |= POLLHUP;
-        break;
-    case FILE_EPOLL: got = zb_epoll_any_ready(sb, f->epoll, waits_uart) ? in : 0; break;
-    default: got = in | out; break;
-    }
-    return (short)(got & (want | POLLERR | POLLHUP | POLLNVAL));
-}
-
 static short fd_ready(zb_sandbox *sb, int fd, short want, int *waits_uart) {
     const zb_file *f = zb_fd_get(sb, (uint64_t)fd);
     return f ? zb_file_ready(sb, f, want, waits_uart) : POLLNVAL;
-}
-
-/* Nothing is ready: wait for nothing in particular until the timeout, or stop for UART input. */
-long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns) {
-    if (timeout_ns == 0) return 0;
-    if (waits_uart) {
-        zb_stop_event(sb, ZB_EVENT_INPUT, 1);
-        return ZB_SYSCALL_STOP;
-    }
-    int64_t wake = timeout_ns < 0 ? INT64_MAX : zb_now_ns() + timeout_ns;
-    if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
-    return zb_sleep_until(sb, wake);
 }
 
 static long do_poll(zb_sandbox *sb, uint64_t ufds, uint64_t nfds, int64_t timeout_ns) {
@@ -77,14 +29,6 @@ static long do_poll(zb_sandbox *sb, uint64_t ufds, uint64_t nfds, int64_t timeou
     if (ready) return ready;
     long r = zb_poll_wait(sb, waits_uart, timeout_ns);
     return r < 0 ? r : 0;
-}
-
-int64_t zb_poll_timeout_ns(zb_sandbox *sb, uint64_t addr, int *err) {
-    struct timespec ts;
-    if (!addr) return -1;
-    if (zb_copy_from_guest(sb, &ts, addr, sizeof ts) < 0) { *err = -EFAULT; return 0; }
-    if (ts.tv_sec < 0 || ts.tv_nsec < 0 || ts.tv_nsec >= 1000000000) { *err = -EINVAL; return 0; }
-    return ts.tv_sec > 1000000000 ? INT64_MAX / 4 : (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static long sys_poll(zb_sandbox *sb, const uint64_t a[6]) {

@@ -4,7 +4,8 @@
  * in-process plumbing need, so it works: each end reads the stream its peer writes (two zb_pipe
  * buffers), with send/recv, sendmsg/recvmsg, shutdown, MSG_PEEK and the usual socket options.
  * The sandbox has no network and no socket files: socket() fails with EACCES (logged once, so
- * the notebook's log says why), and a socket never connects, binds or listens.
+ * the notebook's log says why), and a socket never connects, binds or listens. The socket file
+ * kind itself (reading, writing, readiness) is file_socket.c.
  */
 #include "fs.h"
 
@@ -73,7 +74,7 @@ static long transfer(zb_sandbox *sb, zb_file *f, const struct iovec *iov, uint64
         if (!len) continue;
         uint8_t *p = zb_guest_ptr(sb, (uint64_t)(uintptr_t)iov[i].iov_base, len, !is_send);
         if (!p) return total ? total : -EFAULT;
-        long r = is_send ? zb_stream_write(f, p, len) : peeking ? peek(f, p, len, (size_t)total) : zb_stream_read(f, p, len);
+        long r = is_send ? f->ops->write(sb, f, p, len, -1) : peeking ? peek(f, p, len, (size_t)total) : f->ops->read(sb, f, p, len, -1);
         if (r < 0) return total ? total : r;
         total += r;
         if ((size_t)r < len) break;

@@ -1,0 +1,117 @@
+/* file_overlay.c - overlay files: regular files of the in-memory overlay (fs_overlay.c), also the
+ * upper copies of an overlay project's files, unnamed O_TMPFILE files and the private snapshots
+ * of /proc files. An open description counts as an open of its inode, so an unlinked file lives
+ * while it is open. Opening an overlay location (a file or a directory) is here too.
+ */
+#include "fs.h"
+
+#include <fcntl.h>
+
+static long overlay_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t off) {
+    uint64_t pos = off < 0 ? f->offset : (uint64_t)off;
+    long r = zb_ovl_read(sb->fs, f->ino, p, n, pos);
+    if (r > 0 && off < 0) f->offset += (uint64_t)r;
+    return r;
+}
+
+static long overlay_write(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, int64_t off) {
+    zb_inode *in = zb_ovl_inode(sb->fs, f->ino);
+    if (!in) return -EBADF;
+    long denied = zb_file_write_check(f); /* a project file, and the project's mode changed */
+    if (denied) return denied;
+    uint64_t pos = off >= 0 ? (uint64_t)off : (f->flags & O_APPEND) ? in->size : f->offset;
+    long r = zb_ovl_write(sb->fs, f->ino, p, n, pos);
+    if (r > 0 && off < 0) f->offset = pos + (uint64_t)r;
+    return r;
+}
+
+static long overlay_seek(zb_sandbox *sb, zb_file *f, int64_t off, int whence) {
+    return zb_file_seek_sized(f, off, whence, (int64_t)zb_ovl_inode(sb->fs, f->ino)->size);
+}
+
+static long overlay_truncate(zb_sandbox *sb, zb_file *f, uint64_t size) { return zb_ovl_truncate(sb->fs, f->ino, size); }
+
+static long overlay_fallocate(zb_sandbox *sb, zb_file *f, uint64_t end) {
+    zb_inode *in = zb_ovl_inode(sb->fs, f->ino);
+    return end > in->size ? zb_ovl_truncate(sb->fs, f->ino, end) : 0;
+}
+
+/* A private mapping is a copy of the file's bytes. */
+static long overlay_mmap_fill(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len, uint64_t off) {
+    long r = zb_ovl_read(sb->fs, f->ino, sb->mem.host + addr, len, off);
+    zb_mem_dirty(&sb->mem, addr, len);
+    return r < 0 ? r : 0;
+}
+
+static long overlay_stat(zb_sandbox *sb, zb_file *f, struct stat *st) {
+    memset(st, 0, sizeof *st);
+    zb_ovl_stat(sb->fs, f->ino, st);
+    return 0;
+}
+
+static long overlay_chown(zb_sandbox *sb, zb_file *f, uint64_t uid, uint64_t gid) {
+    if (zb_ovl_inode(sb->fs, f->ino)->readonly) return -EPERM; /* put there by the host */
+    return zb_own_ids(uid, gid);
+}
+
+static uint32_t overlay_ino(const zb_file *f) { return f->ino; }
+
+const zb_file_ops zb_file_overlay_ops = {
+    .name = "overlay file",
+    .props = ZB_FOPS_NO_EPOLL | ZB_FOPS_MMAP_COPIES,
+    .read = overlay_read,
+    .write = overlay_write,
+    .positional = zb_always,
+    .seek = overlay_seek,
+    .truncate = overlay_truncate,
+    .fallocate = overlay_fallocate,
+    .mmap_fill = overlay_mmap_fill,
+    .stat = overlay_stat,
+    .chown = overlay_chown,
+    .overlay_ino = overlay_ino,
+};
+
+/* Open a LOC_OVERLAY location: a file (truncated by O_TRUNC when opened for writing) or a
+ * directory (FILE_DIR). */
+long zb_overlay_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out) {
+    int wr = (flags & O_ACCMODE) != O_RDONLY;
+    long rc;
+    zb_inode *in = zb_ovl_inode(sb->fs, r->loc.ino);
+    if (!in) return -ENOENT;
+    if (in->type == INO_SYMLINK) return -ELOOP;
+    if (in->readonly && (wr || (flags & O_TRUNC))) return -EACCES;
+    if ((flags & O_TRUNC) && wr && (rc = zb_ovl_truncate(sb->fs, r->loc.ino, 0)) < 0) return rc;
+    zb_file *f = zb_file_new(r->loc.is_dir ? FILE_DIR : FILE_OVERLAY);
+    if (!f) return -ENOMEM;
+    f->ino = r->loc.ino;
+    zb_ovl_open_ref(sb->fs, f->ino, 1);
+    *out = f;
+    return 0;
+}
+
+/* O_TMPFILE: an unnamed overlay file in the directory `dir`. It lives while it is open, or longer
+ * if linkat(fd, "", ..., AT_EMPTY_PATH) gives it a name. */
+long zb_overlay_open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags, uint64_t mode) {
+    if ((flags & O_ACCMODE) == O_RDONLY) return -EINVAL;
+    if (!dir->exists) return -ENOENT;
+    if (!dir->loc.is_dir) return -ENOTDIR;
+    if (dir->loc.kind != LOC_OVERLAY) return -EROFS;
+    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, mode & ~sb->proc.umask);
+    if (!ino) return -ENOSPC;
+    zb_ovl_open_ref(sb->fs, ino, 1); /* nlink 0: released again with its last open */
+    zb_file *f = zb_file_new(FILE_OVERLAY);
+    if (!f || !(f->where = zb_where_new())) {
+        free(f);
+        zb_ovl_open_ref(sb->fs, ino, -1);
+        return -ENOMEM;
+    }
+    f->ino = ino;
+    f->flags = flags & (O_ACCMODE | O_APPEND | O_NONBLOCK | O_NOATIME);
+    *f->where = *dir;
+    f->where->parent = dir->loc;
+    memset(&f->where->loc, 0, sizeof f->where->loc);
+    f->where->loc.kind = LOC_OVERLAY;
+    f->where->loc.ino = ino;
+    snprintf(f->where->name, sizeof f->where->name, "#%u", ino);
+    return zb_fd_install(sb, f, 0, flags & O_CLOEXEC);
+}
