@@ -215,7 +215,7 @@ def test_pip_install_user_layout(wheel: Path, work: Path) -> None:
            "PIP_BREAK_SYSTEM_PACKAGES": "1"}
     t0 = time.monotonic()
     _run([python, "-m", "pip", "install", "-q", "--user", str(wheel), "nbclient", "nbformat"], env=env)
-    _exercise(f"user-layout-{_version(python)}", python, env, work / "nb-user-layout", time.monotonic() - t0)
+    _exercise("user-layout-%d.%d" % (_version(python) or (0, 0)), python, env, work / "nb-user-layout", time.monotonic() - t0)
 
 
 # ---- a non-root user ----
