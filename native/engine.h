@@ -408,7 +408,6 @@ zb_sandbox *zb_sandbox_alloc(zb_engine *e, char *err);
 int zb_sandbox_own_policies(zb_sandbox *sb, char *err);
 
 /* ---- snapshots (snapshot.c) ---- */
-int zb_sandbox_clone_state(zb_sandbox *dst, const zb_sandbox *src, char *err);
 void zb_sandbox_free_state(zb_sandbox *sb);
 
 /* ---- run loop helpers ---- */

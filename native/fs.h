@@ -252,7 +252,6 @@ int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t
 int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
 /* The same while sb runs: gives up with ZB_DEADLINE_PASSED at its deadline or a kick. */
 int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, const zb_listing *hide);
-int zb_host_lstat(const char *path, struct stat *st);
 /* Open a host file of the view or of a project for reading (dir: a directory), symlink-free.
  * Only regular files and directories are opened: -EACCES for FIFOs, sockets and devices. */
 int zb_host_open_ro(const char *path, int dir);

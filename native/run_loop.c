@@ -106,9 +106,16 @@ static int in_host_trap(const struct kvm_regs *r) {
  * delivers pending signals after it, as Linux does on the way back to user mode); -1 on error. */
 static int sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     struct kvm_regs r;
+    /* With immediate_exit set, KVM_RUN does not enter the guest: it completes the port I/O of the
+     * last exit (so the registers read next are final) and returns EINTR at once. EINTR (or EAGAIN,
+     * as the run loop also accepts) is that expected answer, not an error. */
     vm->run->immediate_exit = 1;
-    ioctl(vm->vcpu_fd, KVM_RUN, 0);
+    int rc = ioctl(vm->vcpu_fd, KVM_RUN, 0);
     vm->run->immediate_exit = 0;
+    if (rc < 0 && errno != EINTR && errno != EAGAIN) {
+        error_event(sb, ev, "KVM_RUN (immediate exit): %s", strerror(errno));
+        return -1;
+    }
     if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &r) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return -1; }
     if (in_host_trap(&r)) return 1;
     sb->cpu.regs = r;
@@ -335,7 +342,10 @@ static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     case KVM_EXIT_INTR: return 0;
     case KVM_EXIT_SHUTDOWN: {
         struct kvm_regs r;
-        ioctl(vm->vcpu_fd, KVM_GET_REGS, &r);
+        if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &r) < 0) {
+            error_event(sb, ev, "the guest triple-faulted (KVM_GET_REGS then failed: %s)", strerror(errno));
+            return 1;
+        }
         zb_fault_event(sb, ev, SIGSEGV, r.rip, 0, "triple fault");
         return 1;
     }
@@ -517,9 +527,10 @@ int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
 out:
     if (sb->test_break_vector) { /* not hit: the next sandbox on this VM must not stop there */
         sb->test_break_vector = 0;
-        set_test_break(sb, vm, 0);
+        if (set_test_break(sb, vm, 0) < 0) /* a test hook: the run's own event stands */
+            zb_log(sb, "cannot clear the test breakpoint (KVM_SET_GUEST_DEBUG): %s", strerror(errno));
     }
-    if (vm->wake_timer_live) timer_delete(vm->wake_timer);
+    if (vm->wake_timer_live) (void)timer_delete(vm->wake_timer);
     vm->wake_timer_live = 0;
     zb_run_deadline_ns = 0;
     atomic_store(&sb->running, 0);
