@@ -549,6 +549,15 @@ fail:
     return NULL;
 }
 
+/* The sandbox's reference to its base snapshot is this layer's (sandbox.c never calls into
+ * snapshots): drop it, then let sandbox.c free the rest. */
+void zb_sandbox_free(zb_sandbox *sb) {
+    if (!sb) return;
+    zb_snapshot_release(sb->base);
+    sb->base = NULL;
+    zb_sandbox_destroy(sb);
+}
+
 zb_sandbox *zb_snapshot_fork(zb_snapshot *snap, char *err) {
     zb_sandbox *sb = zb_sandbox_alloc(snap->engine, err);
     if (!sb) return NULL;
