@@ -1,8 +1,9 @@
 /* engine.h - internal declarations shared by the engine's C files (not part of the cffi contract).
  *
- * Ownership, in Firecracker's spirit: each stateful part (memory, cpu, files, fds, signals, uart)
- * owns its own state struct and knows how to clone it for a snapshot and restore it. The layers,
- * and the per-layer headers this one should become, are in docs/ARCHITECTURE.md section 7.
+ * Ownership, in Firecracker's spirit: each stateful part (memory, cpu, files, fds, signals, uart,
+ * process) owns its own state struct and its clone (a snapshot's copy), save and load (its section
+ * of the state file, serial.h); snapshot.c and snapshot_file.c only call them. The layers, and the
+ * per-layer headers this one should become, are in docs/ARCHITECTURE.md section 7.
  */
 #ifndef ZB_ENGINE_H
 #define ZB_ENGINE_H
@@ -45,6 +46,10 @@
 
 typedef struct zb_fs zb_fs;
 typedef struct zb_fdtable zb_fdtable;
+/* The snapshot state writer and reader (serial.h): each component saves and loads its own state
+ * with them (zb_cpu_save, zb_signals_save, ...; snapshot_file.c calls them in order). */
+struct zb_out;
+struct zb_in;
 /* A memory image a sandbox's mapping can be built on: a template's memory file, shared
  * read-only (MAP_PRIVATE) by every fork in every process that loads the template. */
 typedef struct zb_image {
@@ -163,9 +168,13 @@ typedef struct zb_mem_meta {
     zb_region *regions;
     size_t nregions;
 } zb_mem_meta;
-int zb_mem_meta_save(const zb_memory *m, zb_mem_meta *out);
-int zb_mem_meta_load(zb_memory *m, const zb_mem_meta *in);
+/* Copy m's bookkeeping into a snapshot's (capture), or a snapshot's back into m (apply). */
+int zb_mem_meta_capture(const zb_memory *m, zb_mem_meta *out);
+int zb_mem_meta_apply(zb_memory *m, const zb_mem_meta *in);
 void zb_mem_meta_free(zb_mem_meta *meta);
+/* On disk; a load refuses another page count than npages (the snapshot's memory size). */
+void zb_mem_meta_save(const zb_mem_meta *m, struct zb_out *o);
+int zb_mem_meta_load(zb_mem_meta *m, uint64_t npages, struct zb_in *in, char *err);
 /* Validated access to guest memory: NULL unless [addr, addr+len) lies in guest-allocated user
  * pages. `write` marks the pages dirty. */
 void *zb_guest_ptr(zb_sandbox *sb, uint64_t addr, uint64_t len, int write);
@@ -212,7 +221,7 @@ void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_b
 uint64_t zb_layout_stub_addr(int vector);
 uint64_t zb_layout_exception_stack_top(void);
 
-/* ---- vCPU state of a sandbox ---- */
+/* ---- vCPU state of a sandbox (cpu_state.c) ---- */
 typedef struct zb_cpu {
     struct kvm_regs regs;    /* user-mode registers to resume with */
     uint64_t fs_base, gs_base;
@@ -224,6 +233,12 @@ typedef struct zb_cpu {
     int context_restored;    /* set by rt_sigreturn: regs (rax included) are the restored context,
                                 not a syscall's result, whatever value rax holds */
 } zb_cpu;
+/* A copy with its own XSAVE image (xsave_size bytes, the engine's); -1 out of memory. */
+int zb_cpu_clone(zb_cpu *dst, const zb_cpu *src, size_t xsave_size);
+void zb_cpu_free(zb_cpu *c);
+/* On disk. A load refuses an XSAVE image of another size than xsave_size (another host's CPU). */
+void zb_cpu_save(const zb_cpu *c, size_t xsave_size, struct zb_out *o);
+int zb_cpu_load(zb_cpu *c, size_t xsave_size, struct zb_in *in, char *err);
 
 /* ---- signal state (signals.c; changed by the syscalls of sys_signals.c and sys_itimer.c) ---- */
 #define ZB_SIG_BIT(sig) (1ull << ((sig) - 1))
@@ -243,6 +258,10 @@ typedef struct zb_signals {
     int64_t alarm_ns;          /* ITIMER_REAL expiry, host CLOCK_MONOTONIC ns; 0 = disarmed (sys_itimer.c) */
     int64_t alarm_interval_ns; /* its period, 0 = one-shot */
 } zb_signals;
+void zb_signals_clone(zb_signals *dst, const zb_signals *src);
+/* On disk (without the alarm: a host monotonic time). */
+void zb_signals_save(const zb_signals *s, struct zb_out *o);
+int zb_signals_load(zb_signals *s, struct zb_in *in, char *err);
 
 /* ---- the UART (uart16550.c) ---- */
 typedef struct zb_uart {
@@ -258,6 +277,8 @@ typedef struct zb_uart {
 void zb_uart_init(zb_uart *u);
 void zb_uart_destroy(zb_uart *u);
 int zb_uart_clone(zb_uart *dst, const zb_uart *src);
+void zb_uart_save(const zb_uart *u, struct zb_out *o);
+int zb_uart_load(zb_uart *u, struct zb_in *in, char *err);
 int zb_uart_push_input(zb_uart *u, const void *data, size_t len);
 size_t zb_uart_rx_available(const zb_uart *u);
 size_t zb_uart_read(zb_uart *u, void *buf, size_t len);
@@ -272,7 +293,7 @@ uint8_t zb_uart_port_in(zb_uart *u, unsigned offset);
  * -1 = malformed (err). */
 int zb_frame_check(const uint8_t *buf, size_t len, size_t *total, char *err);
 
-/* ---- process-level state ---- */
+/* ---- process-level state (its copy and on-disk form: sys_process.c) ---- */
 typedef struct zb_process {
     char exe[PATH_MAX];      /* guest path of the program, answer to readlink /proc/self/exe */
     char cwd[PATH_MAX];
@@ -290,6 +311,10 @@ typedef struct zb_process {
     int64_t clock_floor[3];  /* the latest of each the guest can have read, as of its last stop: the
                                 next page never goes below */
 } zb_process;
+void zb_process_clone(zb_process *dst, const zb_process *src);
+/* On disk: the program, its working directory, tid address and umask (not the clocks). */
+void zb_process_save(const zb_process *p, struct zb_out *o);
+int zb_process_load(zb_process *p, struct zb_in *in, char *err);
 
 /* ---- the sandbox ---- */
 struct zb_sandbox {

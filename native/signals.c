@@ -1,5 +1,6 @@
 /* signals.c - a sandbox's signal state (zb_signals), the delivery of its pending signals with
- * Linux's x86-64 frame layout, rt_sigreturn's restore from that frame, and the alarm's expiry.
+ * Linux's x86-64 frame layout, rt_sigreturn's restore from that frame, the alarm's expiry, and the
+ * state's copy and on-disk form for snapshots.
  *
  * This is the layer below the signal syscalls (sys_signals.c, sys_itimer.c), which change the state,
  * and it is what the run loop calls on every return to user mode. Delivery builds an rt_sigframe on
@@ -7,6 +8,7 @@
  * through sa_restorer into rt_sigreturn, which restores the registers and FPU state from that frame.
  */
 #include "engine.h"
+#include "serial.h"
 
 #include <signal.h>
 #include <sys/ioctl.h>
@@ -206,4 +208,54 @@ int zb_alarm_check(zb_sandbox *sb, int64_t now) {
         s->alarm_ns = 0;
     }
     return 1;
+}
+
+/* ---- the state's copy and on-disk form ---- */
+
+void zb_signals_clone(zb_signals *dst, const zb_signals *src) { *dst = *src; /* plain data */ }
+
+/* Not saved: the alarm (alarm_ns, alarm_interval_ns), a host CLOCK_MONOTONIC time that means
+ * nothing in another boot; a loaded template has none armed. */
+void zb_signals_save(const zb_signals *s, struct zb_out *o) {
+    for (int sig = 0; sig <= 64; sig++) {
+        const zb_sigaction *a = &s->action[sig];
+        out_u64(o, a->handler);
+        out_u64(o, a->flags);
+        out_u64(o, a->restorer);
+        out_u64(o, a->mask);
+    }
+    out_u64(o, s->blocked);
+    out_u64(o, s->pending);
+    out_u64(o, s->altstack_sp);
+    out_u64(o, s->altstack_size);
+    out_u32(o, (uint32_t)s->altstack_flags);
+    out_u32(o, (uint32_t)s->fault_sig);
+    out_u32(o, (uint32_t)s->fault_code);
+    out_u64(o, s->fault_addr);
+}
+
+int zb_signals_load(zb_signals *s, struct zb_in *in, char *err) {
+    memset(s, 0, sizeof *s);
+    for (int sig = 0; sig <= 64; sig++) {
+        zb_sigaction *a = &s->action[sig];
+        a->handler = in_u64(in);
+        a->flags = in_u64(in);
+        a->restorer = in_u64(in);
+        a->mask = in_u64(in);
+    }
+    s->blocked = in_u64(in);
+    s->pending = in_u64(in);
+    s->altstack_sp = in_u64(in);
+    s->altstack_size = in_u64(in);
+    s->altstack_flags = (int)in_u32(in);
+    uint32_t fault_sig = in_u32(in);
+    s->fault_code = (int)in_u32(in);
+    s->fault_addr = in_u64(in);
+    if (in->err || fault_sig > 64 || (s->blocked & ZB_SIG_UNBLOCKABLE)) {
+        memset(s, 0, sizeof *s);
+        zb_seterr(err, "signal state: truncated or corrupt");
+        return -1;
+    }
+    s->fault_sig = (int)fault_sig;
+    return 0;
 }
