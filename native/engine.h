@@ -1,7 +1,9 @@
 /* engine.h - internal declarations shared by the engine's C files (not part of the cffi contract).
  *
- * Ownership, in Firecracker's spirit: each stateful part (memory, cpu, files, fds, signals, uart)
- * owns its own state struct and knows how to clone it for a snapshot and restore it.
+ * Ownership, in Firecracker's spirit: each stateful part (memory, cpu, files, fds, signals, uart,
+ * process) owns its own state struct and its clone (a snapshot's copy), save and load (its section
+ * of the state file, serial.h); snapshot.c and snapshot_file.c only call them. The layers, and the
+ * per-layer headers this one should become, are in docs/ARCHITECTURE.md section 7.
  */
 #ifndef ZB_ENGINE_H
 #define ZB_ENGINE_H
@@ -41,6 +43,10 @@
 
 typedef struct zb_fs zb_fs;
 typedef struct zb_fdtable zb_fdtable;
+/* The snapshot state writer and reader (serial.h): each component saves and loads its own state
+ * with them (zb_cpu_save, zb_signals_save, ...; snapshot_file.c calls them in order). */
+struct zb_out;
+struct zb_in;
 /* A memory image a sandbox's mapping can be built on: a template's memory file, shared
  * read-only (MAP_PRIVATE) by every fork in every process that loads the template. */
 typedef struct zb_image {
@@ -57,9 +63,12 @@ zb_image *zb_image_new(int fd, uint64_t size);
 void zb_image_ref(zb_image *img);
 void zb_image_unref(zb_image *img);
 
-/* ---- errors and logging ---- */
+/* ---- errors, logging, the clock (util.c) ---- */
+/* Format an error message into err (ZB_ERRLEN bytes; NULL: dropped). */
 void zb_seterr(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Append a line to the sandbox's log (zb_sandbox_take_log drains it). */
 void zb_log(zb_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Host CLOCK_MONOTONIC in ns. */
 int64_t zb_now_ns(void);
 
 /* ---- executor VM (kvm_vm.c) ---- */
@@ -156,9 +165,13 @@ typedef struct zb_mem_meta {
     zb_region *regions;
     size_t nregions;
 } zb_mem_meta;
-int zb_mem_meta_save(const zb_memory *m, zb_mem_meta *out);
-int zb_mem_meta_load(zb_memory *m, const zb_mem_meta *in);
+/* Copy m's bookkeeping into a snapshot's (capture), or a snapshot's back into m (apply). */
+int zb_mem_meta_capture(const zb_memory *m, zb_mem_meta *out);
+int zb_mem_meta_apply(zb_memory *m, const zb_mem_meta *in);
 void zb_mem_meta_free(zb_mem_meta *meta);
+/* On disk; a load refuses another page count than npages (the snapshot's memory size). */
+void zb_mem_meta_save(const zb_mem_meta *m, struct zb_out *o);
+int zb_mem_meta_load(zb_mem_meta *m, uint64_t npages, struct zb_in *in, char *err);
 /* Validated access to guest memory: NULL unless [addr, addr+len) lies in guest-allocated user
  * pages. `write` marks the pages dirty. */
 void *zb_guest_ptr(zb_sandbox *sb, uint64_t addr, uint64_t len, int write);
@@ -205,7 +218,7 @@ void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_b
 uint64_t zb_layout_stub_addr(int vector);
 uint64_t zb_layout_exception_stack_top(void);
 
-/* ---- vCPU state of a sandbox ---- */
+/* ---- vCPU state of a sandbox (cpu_state.c) ---- */
 typedef struct zb_cpu {
     struct kvm_regs regs;    /* user-mode registers to resume with */
     uint64_t fs_base, gs_base;
@@ -217,8 +230,16 @@ typedef struct zb_cpu {
     int context_restored;    /* set by rt_sigreturn: regs (rax included) are the restored context,
                                 not a syscall's result, whatever value rax holds */
 } zb_cpu;
+/* A copy with its own XSAVE image (xsave_size bytes, the engine's); -1 out of memory. */
+int zb_cpu_clone(zb_cpu *dst, const zb_cpu *src, size_t xsave_size);
+void zb_cpu_free(zb_cpu *c);
+/* On disk. A load refuses an XSAVE image of another size than xsave_size (another host's CPU). */
+void zb_cpu_save(const zb_cpu *c, size_t xsave_size, struct zb_out *o);
+int zb_cpu_load(zb_cpu *c, size_t xsave_size, struct zb_in *in, char *err);
 
-/* ---- signals (sys_signals.c) ---- */
+/* ---- signal state (signals.c; changed by the syscalls of sys_signals.c and sys_itimer.c) ---- */
+#define ZB_SIG_BIT(sig) (1ull << ((sig) - 1))
+#define ZB_SIG_UNBLOCKABLE (ZB_SIG_BIT(SIGKILL) | ZB_SIG_BIT(SIGSTOP))
 typedef struct zb_sigaction {
     uint64_t handler, flags, restorer, mask;
 } zb_sigaction;
@@ -234,6 +255,10 @@ typedef struct zb_signals {
     int64_t alarm_ns;          /* ITIMER_REAL expiry, host CLOCK_MONOTONIC ns; 0 = disarmed (sys_itimer.c) */
     int64_t alarm_interval_ns; /* its period, 0 = one-shot */
 } zb_signals;
+void zb_signals_clone(zb_signals *dst, const zb_signals *src);
+/* On disk (without the alarm: a host monotonic time). */
+void zb_signals_save(const zb_signals *s, struct zb_out *o);
+int zb_signals_load(zb_signals *s, struct zb_in *in, char *err);
 
 /* ---- the UART (uart16550.c) ---- */
 typedef struct zb_uart {
@@ -249,6 +274,8 @@ typedef struct zb_uart {
 void zb_uart_init(zb_uart *u);
 void zb_uart_destroy(zb_uart *u);
 int zb_uart_clone(zb_uart *dst, const zb_uart *src);
+void zb_uart_save(const zb_uart *u, struct zb_out *o);
+int zb_uart_load(zb_uart *u, struct zb_in *in, char *err);
 int zb_uart_push_input(zb_uart *u, const void *data, size_t len);
 size_t zb_uart_rx_available(const zb_uart *u);
 size_t zb_uart_read(zb_uart *u, void *buf, size_t len);
@@ -263,7 +290,7 @@ uint8_t zb_uart_port_in(zb_uart *u, unsigned offset);
  * -1 = malformed (err). */
 int zb_frame_check(const uint8_t *buf, size_t len, size_t *total, char *err);
 
-/* ---- process-level state ---- */
+/* ---- process-level state (its copy and on-disk form: sys_process.c) ---- */
 typedef struct zb_process {
     char exe[PATH_MAX];      /* guest path of the program, answer to readlink /proc/self/exe */
     char cwd[PATH_MAX];
@@ -281,6 +308,10 @@ typedef struct zb_process {
     int64_t clock_floor[3];  /* the latest of each the guest can have read, as of its last stop: the
                                 next page never goes below */
 } zb_process;
+void zb_process_clone(zb_process *dst, const zb_process *src);
+/* On disk: the program, its working directory, tid address and umask (not the clocks). */
+void zb_process_save(const zb_process *p, struct zb_out *o);
+int zb_process_load(zb_process *p, struct zb_in *in, char *err);
 
 /* ---- the sandbox ---- */
 struct zb_sandbox {
@@ -332,20 +363,6 @@ struct zb_sandbox {
 typedef long (*zb_syscall_fn)(zb_sandbox *sb, const uint64_t a[6]);
 long zb_syscall_dispatch(zb_sandbox *sb, uint64_t nr, const uint64_t a[6]);
 const char *zb_syscall_name(uint64_t nr);
-/* A handler that cannot finish now calls zb_stop_event(sb, kind, 1) and returns ZB_SYSCALL_STOP;
- * the syscall is served again when the sandbox resumes. A handler that finished but needs the
- * caller (e.g. output to hand over) calls zb_stop_event(sb, kind, 0) and returns its result. */
-#define ZB_SYSCALL_STOP (-100000)
-/* A long engine operation (a listing of a huge directory) gave up because the run's deadline
- * passed or a kick came: the handler turns it into zb_stop_for_deadline (never seen by the guest). */
-#define ZB_DEADLINE_PASSED (-100001)
-/* 1 if the running sandbox's deadline has passed or a kick is pending (checked by long operations). */
-int zb_should_stop(const zb_sandbox *sb);
-/* Stop the syscall for that deadline or kick; it is served again on resume. Returns ZB_SYSCALL_STOP. */
-long zb_stop_for_deadline(zb_sandbox *sb);
-zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry);
-/* Append guest output to the pending OUTPUT event (one event per syscall). */
-int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len);
 
 void zb_sys_memory_register(zb_syscall_fn *t);
 void zb_sys_files_register(zb_syscall_fn *t);
@@ -359,10 +376,28 @@ void zb_sys_socket_register(zb_syscall_fn *t);
 void zb_sys_epoll_register(zb_syscall_fn *t);
 void zb_sys_eventfd_register(zb_syscall_fn *t); /* file_eventfd.c */
 
+/* ---- what a syscall handler asks of the run loop (run_events.c; zb_output: sys_files.c) ----
+ * A handler that cannot finish now calls zb_stop_event(sb, kind, 1) and returns ZB_SYSCALL_STOP;
+ * the syscall is served again when the sandbox resumes. A handler that finished but needs the
+ * caller (e.g. output to hand over) calls zb_stop_event(sb, kind, 0) and returns its result. */
+#define ZB_SYSCALL_STOP (-100000)
+/* A long engine operation (a listing of a huge directory) gave up because the run's deadline
+ * passed or a kick came: the handler turns it into zb_stop_for_deadline (never seen by the guest). */
+#define ZB_DEADLINE_PASSED (-100001)
+zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry);
+/* Append guest output to the pending OUTPUT event (one event per syscall). */
+int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len);
+/* 1 if the running sandbox's deadline has passed or a kick is pending (checked by long operations). */
+int zb_should_stop(const zb_sandbox *sb);
+/* Stop the syscall for that deadline or kick; it is served again on resume. Returns ZB_SYSCALL_STOP. */
+long zb_stop_for_deadline(zb_sandbox *sb);
 /* sleeping inside a syscall: waits until wake_ns or a kick/deadline. 0 = slept fully,
- * ZB_SYSCALL_STOP = interrupted (sb->stop set). */
+ * ZB_SYSCALL_STOP = interrupted (sb->stop set), -EINTR = the guest's alarm went off and interrupts. */
 long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns);
+/* The run's deadline (0: none), set by zb_sandbox_run for the running thread. */
 extern __thread int64_t zb_run_deadline_ns;
+/* This thread's signal mask with the kick signal unblocked, for sleeps (set by zb_sandbox_run). */
+extern __thread sigset_t zb_run_wait_sigmask;
 /* Set by the handler of ZB_KICK_SIGNAL on this thread (kvm_vm.c); the run loop clears it before KVM_RUN. */
 extern __thread volatile sig_atomic_t zb_kick_signal_seen;
 /* Set by that handler when the kick signal came from another process, not from the run's own
@@ -370,12 +405,15 @@ extern __thread volatile sig_atomic_t zb_kick_signal_seen;
 extern volatile sig_atomic_t zb_outside_kick;
 /* 1 if the sandbox was kicked (zb_sandbox_kick or a kick signal from outside); clears both. */
 int zb_take_kick(zb_sandbox *sb);
-/* The guest changed its alarm: re-arm the running sandbox's wake-up timer (run_loop.c). */
+/* Arm the run's POSIX timer (the kick signal to this thread) at the earlier of the run deadline and
+ * the guest's alarm, or disarm it. */
+int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm);
+/* The guest changed its alarm: re-arm the running sandbox's wake-up timer. */
 void zb_run_timer_update(zb_sandbox *sb);
+
+/* ---- signal delivery (signals.c) ---- */
 /* Queue SIGALRM if the guest's alarm expired by `now` (and re-arm a periodic one); 1 if it did. */
 int zb_alarm_check(zb_sandbox *sb, int64_t now);
-
-/* ---- signals (sys_signals.c) ---- */
 /* Deliver the lowest pending unblocked signal: 0 = done or nothing to do, 1 = the default action
  * kills the guest (*killed_by), -1 = the guest's stack cannot take a frame (*killed_by = SIGSEGV). */
 int zb_signal_deliver(zb_sandbox *sb, int *killed_by);
@@ -394,22 +432,24 @@ void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm);
 /* The run stopped: record the latest monotonic times the guest can have read (proc.clock_floor). */
 void zb_vdso_note_stop(zb_sandbox *sb, zb_vm *vm);
 
-/* The guest's CPU time in ns: proc.cpu_ns plus the run under way (run_loop.c). */
+/* The guest's CPU time in ns: proc.cpu_ns plus the run under way (run_events.c). */
 uint64_t zb_guest_cpu_ns(const zb_sandbox *sb);
 /* The same split as a kernel reports it: syscall service is system time, the rest user time. */
 void zb_guest_cpu_split(const zb_sandbox *sb, uint64_t *user_ns, uint64_t *sys_ns);
 
-/* ---- sandboxes (sandbox.c) ---- */
+/* ---- sandboxes (sandbox.c) ----
+ * A sandbox's base snapshot (sb->base) is the snapshot layer's: snapshot.c takes and drops that
+ * reference (zb_sandbox_free is there), and sandbox.c never calls into snapshots. */
 zb_sandbox *zb_sandbox_alloc(zb_engine *e, char *err);
+/* Free everything but the base snapshot reference (the caller has dropped it). */
+void zb_sandbox_destroy(zb_sandbox *sb);
+/* Free the namespace and the fd table (before they are replaced by a snapshot's copies). */
+void zb_sandbox_free_state(zb_sandbox *sb);
 /* A fork gets files-mode policies of its own (fs.h, zb_proj_policy): changing its mode then
  * leaves the snapshot it came from, and that snapshot's other forks, as they are. */
 int zb_sandbox_own_policies(zb_sandbox *sb, char *err);
 
-/* ---- snapshots (snapshot.c) ---- */
-int zb_sandbox_clone_state(zb_sandbox *dst, const zb_sandbox *src, char *err);
-void zb_sandbox_free_state(zb_sandbox *sb);
-
-/* ---- run loop helpers ---- */
+/* ---- run loop helpers (run_loop.c) ---- */
 void zb_fault_event(zb_sandbox *sb, zb_event *ev, int signo, uint64_t rip, uint64_t addr,
                     const char *what);
 

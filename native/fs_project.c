@@ -231,8 +231,6 @@ int zb_proj_host_path(const zb_resolved *r, char *rel, size_t cap) {
     return root->root_fd;
 }
 
-int zb_host_lstat(const char *path, struct stat *st) { return lstat(path, st) < 0 ? -errno : 0; }
-
 int zb_proj_host_parent(const zb_resolved *r, char *name, size_t cap) {
     char rel[PATH_MAX];
     int root = zb_proj_host_path(r, rel, sizeof rel);

@@ -6,6 +6,7 @@
  * fresh anonymous memory so they read as zeros, as Linux guarantees for new anonymous mappings.
  */
 #include "engine.h"
+#include "serial.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -140,7 +141,7 @@ void zb_mem_destroy(zb_memory *m) {
     memset(m, 0, sizeof *m);
 }
 
-int zb_mem_meta_save(const zb_memory *m, zb_mem_meta *out) {
+int zb_mem_meta_capture(const zb_memory *m, zb_mem_meta *out) {
     memset(out, 0, sizeof *out);
     size_t bb = bitmap_bytes(m->npages);
     if (!(out->allocated = malloc(bb))) return -1;
@@ -159,7 +160,7 @@ int zb_mem_meta_save(const zb_memory *m, zb_mem_meta *out) {
     return 0;
 }
 
-int zb_mem_meta_load(zb_memory *m, const zb_mem_meta *in) {
+int zb_mem_meta_apply(zb_memory *m, const zb_mem_meta *in) {
     if (in->npages != m->npages) return -1;
     zb_region *regions = NULL;
     if (in->nregions && !(regions = malloc(in->nregions * sizeof(zb_region)))) return -1;
@@ -180,6 +181,62 @@ void zb_mem_meta_free(zb_mem_meta *meta) {
     free(meta->allocated);
     free(meta->regions);
     memset(meta, 0, sizeof *meta);
+}
+
+/* A snapshot's memory bookkeeping on disk: the counters, the allocation bitmap word by word and
+ * the regions with their names. */
+void zb_mem_meta_save(const zb_mem_meta *m, struct zb_out *o) {
+    out_u64(o, m->npages);
+    out_u64(o, m->pages_allocated);
+    out_u64(o, m->pages_limit);
+    out_u64(o, m->mmap_top);
+    out_u64(o, m->brk_start);
+    out_u64(o, m->brk_end);
+    out_words(o, m->allocated, bitmap_bytes(m->npages) / 8);
+    out_u64(o, m->nregions);
+    for (size_t i = 0; i < m->nregions; i++) {
+        out_u64(o, m->regions[i].start);
+        out_u64(o, m->regions[i].end);
+        out_u32(o, (uint32_t)m->regions[i].prot);
+        out_str(o, m->regions[i].name);
+    }
+}
+
+/* More regions than any guest makes (each mmap call adds at most one). */
+#define MAX_REGIONS 65536
+
+int zb_mem_meta_load(zb_mem_meta *m, uint64_t npages, struct zb_in *in, char *err) {
+    memset(m, 0, sizeof *m);
+    m->npages = in_u64(in);
+    m->pages_allocated = in_u64(in);
+    m->pages_limit = in_u64(in);
+    m->mmap_top = in_u64(in);
+    m->brk_start = in_u64(in);
+    m->brk_end = in_u64(in);
+    if (in->err || m->npages != npages || m->pages_allocated > npages || m->pages_limit > npages) goto corrupt;
+    if (!(m->allocated = malloc(bitmap_bytes(npages)))) goto oom;
+    in_words(in, m->allocated, bitmap_bytes(npages) / 8);
+    uint64_t n = in_count(in, MAX_REGIONS);
+    if (in->err) goto corrupt;
+    if (n && !(m->regions = calloc(n, sizeof *m->regions))) goto oom;
+    for (uint64_t i = 0; i < n && !in->err; i++) {
+        zb_region *r = &m->regions[i];
+        r->start = in_u64(in);
+        r->end = in_u64(in);
+        r->prot = (int)in_u32(in);
+        in_str_into(in, r->name, sizeof r->name);
+        m->nregions++;
+    }
+    if (in->err) goto corrupt;
+    return 0;
+corrupt:
+    zb_mem_meta_free(m);
+    zb_seterr(err, "guest memory bookkeeping: truncated or corrupt");
+    return -1;
+oom:
+    zb_mem_meta_free(m);
+    zb_seterr(err, "out of memory");
+    return -1;
 }
 
 void zb_mem_dirty(zb_memory *m, uint64_t addr, uint64_t len) {

@@ -33,20 +33,6 @@ static void kick_handler(int sig, siginfo_t *info, void *context) {
     if (!info || info->si_code != SI_TIMER) zb_outside_kick = 1;
 }
 
-void zb_seterr(char *err, const char *fmt, ...) {
-    if (!err) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, ZB_ERRLEN, fmt, ap);
-    va_end(ap);
-}
-
-int64_t zb_now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 static int install_kick_handler(char *err) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

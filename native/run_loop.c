@@ -9,14 +9,11 @@
  */
 #include "engine.h"
 
-#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-__thread int64_t zb_run_deadline_ns;
-static __thread sigset_t wait_sigmask; /* this thread's mask with the kick signal unblocked */
 
 static const char *const vector_names[32] = {
     "divide error", "debug", "NMI", "breakpoint", "overflow", "bound range", "invalid opcode",
@@ -36,14 +33,6 @@ static int vector_signal(int v) {
 }
 
 static int has_error_code(int v) { return v == 8 || (v >= 10 && v <= 14) || v == 17 || v == 21 || v == 29 || v == 30; }
-
-zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry) {
-    if (!sb->has_stop || sb->stop_ev.kind != kind) memset(&sb->stop_ev, 0, sizeof sb->stop_ev);
-    sb->stop_ev.kind = kind;
-    sb->has_stop = 1;
-    sb->stop_retry = retry;
-    return &sb->stop_ev;
-}
 
 static void symbolize(zb_sandbox *sb, uint64_t addr, char *buf, size_t len) {
     const zb_region *r = zb_region_find(&sb->mem, addr);
@@ -106,9 +95,16 @@ static int in_host_trap(const struct kvm_regs *r) {
  * delivers pending signals after it, as Linux does on the way back to user mode); -1 on error. */
 static int sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     struct kvm_regs r;
+    /* With immediate_exit set, KVM_RUN does not enter the guest: it completes the port I/O of the
+     * last exit (so the registers read next are final) and returns EINTR at once. EINTR (or EAGAIN,
+     * as the run loop also accepts) is that expected answer, not an error. */
     vm->run->immediate_exit = 1;
-    ioctl(vm->vcpu_fd, KVM_RUN, 0);
+    int rc = ioctl(vm->vcpu_fd, KVM_RUN, 0);
     vm->run->immediate_exit = 0;
+    if (rc < 0 && errno != EINTR && errno != EAGAIN) {
+        error_event(sb, ev, "KVM_RUN (immediate exit): %s", strerror(errno));
+        return -1;
+    }
     if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &r) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return -1; }
     if (in_host_trap(&r)) return 1;
     sb->cpu.regs = r;
@@ -335,7 +331,10 @@ static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     case KVM_EXIT_INTR: return 0;
     case KVM_EXIT_SHUTDOWN: {
         struct kvm_regs r;
-        ioctl(vm->vcpu_fd, KVM_GET_REGS, &r);
+        if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &r) < 0) {
+            error_event(sb, ev, "the guest triple-faulted (KVM_GET_REGS then failed: %s)", strerror(errno));
+            return 1;
+        }
         zb_fault_event(sb, ev, SIGSEGV, r.rip, 0, "triple fault");
         return 1;
     }
@@ -348,33 +347,6 @@ static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         error_event(sb, ev, "KVM could not enter the guest (reason 0x%llx)", (unsigned long long)run->fail_entry.hardware_entry_failure_reason);
         return 1;
     default: error_event(sb, ev, "unexpected KVM exit reason %u", run->exit_reason); return 1;
-    }
-}
-
-int zb_take_kick(zb_sandbox *sb) {
-    int outside = zb_outside_kick;
-    zb_outside_kick = 0;
-    return atomic_exchange(&sb->kick_requested, 0) || outside;
-}
-
-long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
-    for (;;) {
-        int64_t now = zb_now_ns();
-        if (now >= wake_ns) return 0;
-        int kind = 0;
-        if (zb_take_kick(sb)) kind = ZB_EVENT_KICK;
-        else if (zb_run_deadline_ns && now >= zb_run_deadline_ns) kind = ZB_EVENT_TIMEOUT;
-        if (kind) {
-            sb->cpu.pending_wake_ns = wake_ns;
-            zb_stop_event(sb, kind, 1);
-            return ZB_SYSCALL_STOP;
-        }
-        if (zb_alarm_check(sb, now) && zb_signal_interrupts(sb, SIGALRM)) return -EINTR;
-        int64_t until = zb_run_deadline_ns ? ZB_MIN(wake_ns, zb_run_deadline_ns) : wake_ns;
-        if (sb->sig.alarm_ns) until = ZB_MIN(until, sb->sig.alarm_ns);
-        int64_t ns = ZB_MIN(until - now, (int64_t)3600 * 1000000000);
-        struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
-        ppoll(NULL, 0, &ts, &wait_sigmask); /* returns early on the kick signal */
     }
 }
 
@@ -435,34 +407,6 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     }
 }
 
-/* The run's POSIX timer sends the kick signal to this thread at the earlier of the run deadline and
- * the guest's alarm, so that KVM_RUN or a sleep returns in time for either. */
-static int arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
-    int64_t at = zb_run_deadline_ns;
-    if (sb->sig.alarm_ns && (!at || sb->sig.alarm_ns < at)) at = sb->sig.alarm_ns;
-    if (!at && !vm->wake_timer_live) return 0;
-    if (!vm->wake_timer_live) {
-        struct sigevent sev;
-        memset(&sev, 0, sizeof sev);
-        sev.sigev_notify = SIGEV_THREAD_ID;
-        sev.sigev_signo = ZB_KICK_SIGNAL;
-        sev._sigev_un._tid = (pid_t)syscall(SYS_gettid);
-        if (timer_create(CLOCK_MONOTONIC, &sev, &vm->wake_timer) < 0) return -1;
-        vm->wake_timer_live = 1;
-    }
-    struct itimerspec its;
-    memset(&its, 0, sizeof its); /* at == 0 disarms */
-    its.it_value.tv_sec = at / 1000000000;
-    its.it_value.tv_nsec = at % 1000000000;
-    return timer_settime(vm->wake_timer, TIMER_ABSTIME, &its, NULL);
-}
-
-void zb_run_timer_update(zb_sandbox *sb) {
-    zb_vm *vm = sb->engine->vm;
-    if (!vm || vm->attached != sb || !atomic_load(&sb->running)) return; /* armed when it next runs */
-    if (arm_wake_timer(sb, vm) < 0) zb_log(sb, "cannot arm the alarm timer: %s", strerror(errno));
-}
-
 static int set_kvm_sigmask(zb_vm *vm, const sigset_t *mask) {
     struct {
         struct kvm_signal_mask h;
@@ -493,16 +437,16 @@ int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     sigemptyset(&block);
     sigaddset(&block, ZB_KICK_SIGNAL);
     pthread_sigmask(SIG_BLOCK, &block, &old);
-    wait_sigmask = old;
-    sigdelset(&wait_sigmask, ZB_KICK_SIGNAL);
+    zb_run_wait_sigmask = old;
+    sigdelset(&zb_run_wait_sigmask, ZB_KICK_SIGNAL);
     sb->runner = pthread_self();
     atomic_store(&sb->running, 1);
-    if (set_kvm_sigmask(vm, &wait_sigmask) < 0) {
+    if (set_kvm_sigmask(vm, &zb_run_wait_sigmask) < 0) {
         error_event(sb, ev, "KVM_SET_SIGNAL_MASK: %s", strerror(errno));
         goto out;
     }
     zb_run_deadline_ns = deadline_ns;
-    if (arm_wake_timer(sb, vm) < 0) {
+    if (zb_run_arm_wake_timer(sb, vm) < 0) {
         error_event(sb, ev, "cannot arm the run's wake-up timer: %s", strerror(errno));
         goto out;
     }
@@ -517,9 +461,10 @@ int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
 out:
     if (sb->test_break_vector) { /* not hit: the next sandbox on this VM must not stop there */
         sb->test_break_vector = 0;
-        set_test_break(sb, vm, 0);
+        if (set_test_break(sb, vm, 0) < 0) /* a test hook: the run's own event stands */
+            zb_log(sb, "cannot clear the test breakpoint (KVM_SET_GUEST_DEBUG): %s", strerror(errno));
     }
-    if (vm->wake_timer_live) timer_delete(vm->wake_timer);
+    if (vm->wake_timer_live) (void)timer_delete(vm->wake_timer); /* fails only for a bad timer id */
     vm->wake_timer_live = 0;
     zb_run_deadline_ns = 0;
     atomic_store(&sb->running, 0);
@@ -537,26 +482,4 @@ out:
 void zb_sandbox_kick(zb_sandbox *sb) {
     atomic_store(&sb->kick_requested, 1);
     if (atomic_load(&sb->running)) pthread_kill(sb->runner, ZB_KICK_SIGNAL);
-}
-
-uint64_t zb_guest_cpu_ns(const zb_sandbox *sb) {
-    uint64_t ns = sb->proc.cpu_ns; /* the finished runs, plus the one under way */
-    if (sb->run_started_ns) ns += (uint64_t)(zb_now_ns() - sb->run_started_ns);
-    return ns;
-}
-
-void zb_guest_cpu_split(const zb_sandbox *sb, uint64_t *user_ns, uint64_t *sys_ns) {
-    uint64_t run = zb_guest_cpu_ns(sb);
-    *sys_ns = ZB_MIN(sb->proc.sys_ns, run);
-    *user_ns = run - *sys_ns;
-}
-
-int zb_should_stop(const zb_sandbox *sb) {
-    if (!atomic_load(&sb->running)) return 0; /* the host's own calls (export, diff) have no deadline */
-    return atomic_load(&sb->kick_requested) || (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns);
-}
-
-long zb_stop_for_deadline(zb_sandbox *sb) {
-    zb_stop_event(sb, atomic_exchange(&sb->kick_requested, 0) ? ZB_EVENT_KICK : ZB_EVENT_TIMEOUT, 1);
-    return ZB_SYSCALL_STOP;
 }

@@ -1,4 +1,5 @@
-/* sandbox.c - creating, configuring and freeing sandboxes; the small public accessors. */
+/* sandbox.c - creating, configuring and freeing sandboxes; the small public accessors.
+ * Below the snapshot layer: a sandbox's lineage (its base snapshot) is snapshot.c's business. */
 #include "fs.h"
 
 #include <fcntl.h>
@@ -51,7 +52,7 @@ zb_sandbox *zb_sandbox_new(zb_engine *e, uint64_t mem_bytes, char *err) {
     sb->proc.umask = 022;
     return sb;
 fail:
-    zb_sandbox_free(sb);
+    zb_sandbox_destroy(sb);
     return NULL;
 }
 
@@ -206,11 +207,12 @@ void zb_sandbox_free_state(zb_sandbox *sb) {
     sb->fs = NULL;
 }
 
-void zb_sandbox_free(zb_sandbox *sb) {
+/* zb_sandbox_free (snapshot.c) drops the base snapshot first; a sandbox that never had one (a
+ * failed zb_sandbox_new) comes here directly. */
+void zb_sandbox_destroy(zb_sandbox *sb) {
     if (!sb) return;
     char err[ZB_ERRLEN];
-    zb_vm_forget(sb->engine->vm, sb, err);
-    zb_snapshot_release(sb->base);
+    (void)zb_vm_forget(sb->engine->vm, sb, err); /* fails only to delete the slot, which the next attach replaces */
     zb_sandbox_free_state(sb);
     zb_mem_destroy(&sb->mem);
     zb_uart_destroy(&sb->uart);

@@ -186,7 +186,7 @@ static int unchanged_again(uint8_t *runs, uint64_t pfn) {
 /* ---- the sandbox state next to memory ---- */
 
 void zb_guest_state_free(zb_guest_state *st) {
-    free(st->cpu.xsave);
+    zb_cpu_free(&st->cpu);
     zb_uart_destroy(&st->uart);
     zb_fdtable_free(st->fds, NULL); /* the fs goes too: no open counts to keep */
     zb_fs_free(st->fs);
@@ -194,21 +194,19 @@ void zb_guest_state_free(zb_guest_state *st) {
     memset(st, 0, sizeof *st);
 }
 
-/* Copy a sandbox's (or a snapshot's) non-memory state. */
+/* Copy a sandbox's (or a snapshot's) non-memory state: each component clones its own. */
 static int state_copy(zb_guest_state *dst, const zb_cpu *cpu, const zb_signals *sig, const zb_process *proc,
                       const zb_uart *uart, uint64_t vdso_data, const zb_fs *fs, const zb_fdtable *fds,
                       size_t xsave_size) {
     memset(dst, 0, sizeof *dst);
-    dst->cpu = *cpu;
-    dst->sig = *sig;
-    dst->proc = *proc;
+    zb_signals_clone(&dst->sig, sig);
+    zb_process_clone(&dst->proc, proc);
     dst->vdso_data = vdso_data;
-    if (!(dst->cpu.xsave = malloc(xsave_size)) || zb_uart_clone(&dst->uart, uart) < 0 ||
+    if (zb_cpu_clone(&dst->cpu, cpu, xsave_size) < 0 || zb_uart_clone(&dst->uart, uart) < 0 ||
         !(dst->fs = zb_fs_clone(fs)) || !(dst->fds = zb_fdtable_clone(fds))) {
         zb_guest_state_free(dst);
         return -1;
     }
-    memcpy(dst->cpu.xsave, cpu->xsave, xsave_size);
     return 0;
 }
 
@@ -216,13 +214,17 @@ static int state_copy(zb_guest_state *dst, const zb_cpu *cpu, const zb_signals *
 static int state_apply(zb_sandbox *sb, const zb_guest_state *st, char *err) {
     zb_guest_state fresh;
     if (state_copy(&fresh, &st->cpu, &st->sig, &st->proc, &st->uart, st->vdso_data, st->fs, st->fds,
-                   sb->engine->xsave_size) < 0 ||
-        zb_mem_meta_load(&sb->mem, &st->mem) < 0) {
+                   sb->engine->xsave_size) < 0) {
+        zb_seterr(err, "out of memory restoring sandbox state");
+        return -1;
+    }
+    if (zb_mem_meta_apply(&sb->mem, &st->mem) < 0) {
+        zb_guest_state_free(&fresh);
         zb_seterr(err, "out of memory restoring sandbox state");
         return -1;
     }
     zb_sandbox_free_state(sb);
-    free(sb->cpu.xsave);
+    zb_cpu_free(&sb->cpu);
     zb_uart_destroy(&sb->uart);
     sb->cpu = fresh.cpu;
     sb->sig = fresh.sig;
@@ -526,7 +528,7 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     }
     if (state_copy(&s->st, &sb->cpu, &sb->sig, &sb->proc, &sb->uart, sb->vdso_data, sb->fs, sb->fds,
                    sb->engine->xsave_size) < 0 ||
-        zb_mem_meta_save(&sb->mem, &s->st.mem) < 0) {
+        zb_mem_meta_capture(&sb->mem, &s->st.mem) < 0) {
         zb_seterr(err, "out of memory copying sandbox state");
         goto fail;
     }
@@ -547,6 +549,15 @@ fail:
     free(protect);
     snapshot_free(s);
     return NULL;
+}
+
+/* The sandbox's reference to its base snapshot is this layer's (sandbox.c never calls into
+ * snapshots): drop it, then let sandbox.c free the rest. */
+void zb_sandbox_free(zb_sandbox *sb) {
+    if (!sb) return;
+    zb_snapshot_release(sb->base);
+    sb->base = NULL;
+    zb_sandbox_destroy(sb);
 }
 
 zb_sandbox *zb_snapshot_fork(zb_snapshot *snap, char *err) {

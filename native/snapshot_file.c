@@ -4,7 +4,10 @@
  * loads the template shares its pages through the page cache.
  *
  * state.bin is read with a bounds-checked reader (serial.h): a truncated or corrupt file gives an
- * error that tells the caller to rebuild the template, never a crash.
+ * error that tells the caller to rebuild the template, never a crash. This file only frames it: the
+ * header, then one section per component in a fixed order, each saved and loaded by the component's
+ * own zb_*_save / zb_*_load (cpu_state.c, signals.c, sys_process.c, uart16550.c, guest_memory.c,
+ * fs_snapshot.c), each loader bounded to its section and required to read all of it.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -15,8 +18,25 @@
 #include "snapshot.h"
 
 #define STATE_MAGIC 0x50414e53425a0a01ull /* "\x01\nZBSNAP" */
-#define STATE_FORMAT 3
+/* The layout of state.bin. Change it with every change to what a component saves or to the order of
+ * the sections: it is part of the template key (template.py, zb_snapshot_format), so templates of
+ * another format are rebuilt, and a state.bin of another format is refused, never misread.
+ *   3: raw struct dumps of the vCPU registers and the signal state, no sections.
+ *   4: one section per component, written and read by the component (explicit little-endian fields). */
+#define STATE_FORMAT 4
 #define STATE_MAX_BYTES (2ull << 30)
+
+#define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
+#define SECTION_CPU TAG('C', 'P', 'U', ' ')
+#define SECTION_SIGNALS TAG('S', 'I', 'G', ' ')
+#define SECTION_PROCESS TAG('P', 'R', 'O', 'C')
+#define SECTION_UART TAG('U', 'A', 'R', 'T')
+#define SECTION_MEMORY TAG('M', 'E', 'M', ' ')
+#define SECTION_FILES TAG('F', 'S', ' ', ' ')
+#define SECTION_FDS TAG('F', 'D', 'S', ' ')
+#define SECTION_WORKING_SET TAG('W', 'S', 'E', 'T')
+
+uint32_t zb_snapshot_format(void) { return STATE_FORMAT; }
 
 static int copy_range(int in_fd, int out_fd, off_t start, off_t end) {
     off_t a = start, b = start;
@@ -52,51 +72,39 @@ static int write_memory(const zb_snapshot *s, int fd, char *err) {
     return 0;
 }
 
+/* state.bin: a header (magic, format, memory size, the vDSO data page's address), then one section
+ * per component, each written by the component itself, in this order, then the magic again. */
 static void save_state(const zb_snapshot *s, zb_out *o) {
     const zb_guest_state *st = &s->st;
     out_u64(o, STATE_MAGIC);
     out_u32(o, STATE_FORMAT);
     out_u64(o, s->mem_size);
-    out_u64(o, s->engine->xsave_size);
-    out_bytes(o, &st->cpu.regs, sizeof st->cpu.regs);
-    out_u64(o, st->cpu.fs_base);
-    out_u64(o, st->cpu.gs_base);
-    out_bytes(o, st->cpu.xsave, s->engine->xsave_size);
-    out_u32(o, (uint32_t)st->cpu.pending_syscall);
-    out_u64(o, st->cpu.pending_nr);
-    out_bytes(o, &st->sig, sizeof st->sig);
-    out_str(o, st->proc.exe);
-    out_str(o, st->proc.cwd);
-    out_u64(o, st->proc.tid_address);
-    out_u32(o, st->proc.umask);
-    const zb_uart *u = &st->uart;
-    uint8_t regs[7] = {u->ier, u->lcr, u->mcr, u->scr, u->dll, u->dlm, u->fcr};
-    out_bytes(o, regs, sizeof regs);
-    out_u64(o, u->rx_len - u->rx_pos);
-    out_bytes(o, u->rx + u->rx_pos, u->rx_len - u->rx_pos);
-    out_u64(o, u->tx_len);
-    out_bytes(o, u->tx, u->tx_len);
-    out_u64(o, u->frame_ready);
     out_u64(o, st->vdso_data);
-    const zb_mem_meta *m = &st->mem;
-    out_u64(o, m->npages);
-    out_u64(o, m->pages_allocated);
-    out_u64(o, m->pages_limit);
-    out_u64(o, m->mmap_top);
-    out_u64(o, m->brk_start);
-    out_u64(o, m->brk_end);
-    out_bytes(o, m->allocated, ((m->npages + 63) / 64) * 8);
-    out_u64(o, m->nregions);
-    for (size_t i = 0; i < m->nregions; i++) {
-        out_u64(o, m->regions[i].start);
-        out_u64(o, m->regions[i].end);
-        out_u32(o, (uint32_t)m->regions[i].prot);
-        out_str(o, m->regions[i].name);
-    }
+    long at = out_section_begin(o, SECTION_CPU);
+    zb_cpu_save(&st->cpu, s->engine->xsave_size, o);
+    out_section_end(o, at);
+    at = out_section_begin(o, SECTION_SIGNALS);
+    zb_signals_save(&st->sig, o);
+    out_section_end(o, at);
+    at = out_section_begin(o, SECTION_PROCESS);
+    zb_process_save(&st->proc, o);
+    out_section_end(o, at);
+    at = out_section_begin(o, SECTION_UART);
+    zb_uart_save(&st->uart, o);
+    out_section_end(o, at);
+    at = out_section_begin(o, SECTION_MEMORY);
+    zb_mem_meta_save(&st->mem, o);
+    out_section_end(o, at);
+    at = out_section_begin(o, SECTION_FILES);
     zb_fs_save(st->fs, o);
+    out_section_end(o, at);
+    at = out_section_begin(o, SECTION_FDS);
     zb_fds_save(st->fds, o);
+    out_section_end(o, at);
+    at = out_section_begin(o, SECTION_WORKING_SET); /* the snapshot's own: zb_snapshot_learn_working_set */
     out_u32(o, s->ws != NULL);
-    if (s->ws) out_bytes(o, s->ws, ((m->npages + 63) / 64) * 8);
+    if (s->ws) out_words(o, s->ws, (st->mem.npages + 63) / 64);
+    out_section_end(o, at);
     out_u64(o, STATE_MAGIC);
 }
 
@@ -116,76 +124,82 @@ int zb_snapshot_save(zb_snapshot *s, const char *dir, char *err) {
     return 0;
 }
 
+/* Open the section `tag` of `in` as *sec; on a missing or short section say which one. */
+static int section(zb_in *in, uint32_t tag, const char *what, zb_in *sec, char *err) {
+    if (in_section(in, tag, sec) == 0) return 0;
+    zb_seterr(err, "state.bin is corrupt or truncated (at the %s section)", what);
+    return -1;
+}
+
+/* A component read its section (rc < 0: it failed and said why in err): it must have read all of
+ * it and nothing more. */
+static int section_done(zb_in *sec, int rc, const char *what, char *err) {
+    if (rc < 0) {
+        char why[ZB_ERRLEN];
+        snprintf(why, sizeof why, "%s", err);
+        zb_seterr(err, "state.bin: %.400s", why);
+        return -1;
+    }
+    if (!in_section_done(sec)) {
+        zb_seterr(err, "state.bin is corrupt (the %s section has %zu bytes its reader did not expect)", what,
+                  sec->len - ZB_MIN(sec->pos, sec->len));
+        return -1;
+    }
+    return 0;
+}
+
 static int load_state(zb_engine *e, zb_in *in, zb_guest_state *st, uint64_t *mem_size, uint64_t **ws, char *err) {
-    if (in_u64(in) != STATE_MAGIC || in_u32(in) != STATE_FORMAT) {
-        zb_seterr(err, "state.bin is not a snapshot of this engine version");
+    zb_in sec;
+    if (in_u64(in) != STATE_MAGIC) { zb_seterr(err, "state.bin is not a zeroboot snapshot"); return -1; }
+    uint32_t format = in_u32(in);
+    if (format != STATE_FORMAT) {
+        zb_seterr(err, "state.bin was written in snapshot format %u and this engine reads format %u: the template is stale "
+                  "and must be rebuilt", format, STATE_FORMAT);
         return -1;
     }
     *mem_size = in_u64(in);
-    if (in_u64(in) != e->xsave_size) {
-        zb_seterr(err, "the template was made where the CPU's XSAVE state has another size: it must be rebuilt here");
+    st->vdso_data = in_u64(in);
+    if (in->err || *mem_size < ZB_MEM_MIN || *mem_size > ZB_MEM_MAX || *mem_size % ZB_HUGE) {
+        zb_seterr(err, "state.bin is corrupt or truncated (its header)");
         return -1;
     }
-    if (*mem_size < ZB_MEM_MIN || *mem_size > ZB_MEM_MAX || *mem_size % ZB_HUGE) { in->err = 1; goto corrupt; }
-    in_bytes(in, &st->cpu.regs, sizeof st->cpu.regs);
-    st->cpu.fs_base = in_u64(in);
-    st->cpu.gs_base = in_u64(in);
-    if (!(st->cpu.xsave = malloc(e->xsave_size))) { in->err = 1; goto corrupt; }
-    in_bytes(in, st->cpu.xsave, e->xsave_size);
-    st->cpu.pending_syscall = (int)in_u32(in);
-    st->cpu.pending_nr = in_u64(in);
-    in_bytes(in, &st->sig, sizeof st->sig);
-    st->sig.alarm_ns = st->sig.alarm_interval_ns = 0; /* a monotonic time from another boot means nothing */
-    in_str_into(in, st->proc.exe, sizeof st->proc.exe);
-    in_str_into(in, st->proc.cwd, sizeof st->proc.cwd);
-    st->proc.tid_address = in_u64(in);
-    st->proc.umask = in_u32(in) & 0777;
-    zb_uart_init(&st->uart);
-    uint8_t regs[7];
-    in_bytes(in, regs, sizeof regs);
-    st->uart.ier = regs[0]; st->uart.lcr = regs[1]; st->uart.mcr = regs[2]; st->uart.scr = regs[3];
-    st->uart.dll = regs[4]; st->uart.dlm = regs[5]; st->uart.fcr = regs[6];
-    uint64_t rx = in_u64(in);
-    if (in->err || rx > ZB_FRAME_MAX_PAYLOAD || (rx && !(st->uart.rx = malloc(rx)))) { in->err = 1; goto corrupt; }
-    in_bytes(in, st->uart.rx, rx);
-    st->uart.rx_len = st->uart.rx_cap = rx;
-    uint64_t tx = in_u64(in);
-    if (in->err || tx > ZB_FRAME_HEADER + (uint64_t)ZB_FRAME_MAX_PAYLOAD || (tx && !(st->uart.tx = malloc(tx)))) { in->err = 1; goto corrupt; }
-    in_bytes(in, st->uart.tx, tx);
-    st->uart.tx_len = st->uart.tx_cap = tx;
-    st->uart.frame_ready = in_u64(in);
-    if (st->uart.frame_ready > tx) in->err = 1;
-    st->vdso_data = in_u64(in);
-    zb_mem_meta *m = &st->mem;
-    m->npages = in_u64(in);
-    m->pages_allocated = in_u64(in);
-    m->pages_limit = in_u64(in);
-    m->mmap_top = in_u64(in);
-    m->brk_start = in_u64(in);
-    m->brk_end = in_u64(in);
-    if (in->err || m->npages != *mem_size / ZB_PAGE || !(m->allocated = malloc(((m->npages + 63) / 64) * 8))) { in->err = 1; goto corrupt; }
-    in_bytes(in, m->allocated, ((m->npages + 63) / 64) * 8);
-    uint64_t nregions = in_u64(in);
-    if (in->err || nregions > 65536 || (nregions && !(m->regions = calloc(nregions, sizeof *m->regions)))) { in->err = 1; goto corrupt; }
-    for (uint64_t i = 0; i < nregions && !in->err; i++) {
-        m->regions[i].start = in_u64(in);
-        m->regions[i].end = in_u64(in);
-        m->regions[i].prot = (int)in_u32(in);
-        in_str_into(in, m->regions[i].name, sizeof m->regions[i].name);
-        m->nregions++;
+    uint64_t npages = *mem_size / ZB_PAGE;
+    /* the CPU first: a template from a host with another XSAVE layout says so */
+    if (section(in, SECTION_CPU, "vCPU", &sec, err) < 0 ||
+        section_done(&sec, zb_cpu_load(&st->cpu, e->xsave_size, &sec, err), "vCPU", err) < 0)
+        return -1;
+    if (section(in, SECTION_SIGNALS, "signal", &sec, err) < 0 ||
+        section_done(&sec, zb_signals_load(&st->sig, &sec, err), "signal", err) < 0)
+        return -1;
+    if (section(in, SECTION_PROCESS, "process", &sec, err) < 0 ||
+        section_done(&sec, zb_process_load(&st->proc, &sec, err), "process", err) < 0)
+        return -1;
+    if (section(in, SECTION_UART, "UART", &sec, err) < 0 ||
+        section_done(&sec, zb_uart_load(&st->uart, &sec, err), "UART", err) < 0)
+        return -1;
+    if (section(in, SECTION_MEMORY, "guest memory", &sec, err) < 0 ||
+        section_done(&sec, zb_mem_meta_load(&st->mem, npages, &sec, err), "guest memory", err) < 0)
+        return -1;
+    if (section(in, SECTION_FILES, "file namespace", &sec, err) < 0) return -1;
+    if (!(st->fs = zb_fs_load(&sec))) { zb_seterr(err, "state.bin is corrupt or truncated (the file namespace)"); return -1; }
+    if (section_done(&sec, 0, "file namespace", err) < 0) return -1;
+    if (section(in, SECTION_FDS, "fd table", &sec, err) < 0) return -1;
+    if (!(st->fds = zb_fds_load(&sec, st->fs, st->proc.exe, err))) return -1;
+    if (section_done(&sec, 0, "fd table", err) < 0) return -1;
+    if (section(in, SECTION_WORKING_SET, "working set", &sec, err) < 0) return -1;
+    uint32_t has_ws = in_u32(&sec);
+    if (!sec.err && has_ws == 1) {
+        if (!(*ws = malloc(((npages + 63) / 64) * 8))) { zb_seterr(err, "out of memory"); return -1; }
+        in_words(&sec, *ws, (npages + 63) / 64);
+    } else if (has_ws > 1) {
+        sec.err = 1;
     }
-    if (in->err || !(st->fs = zb_fs_load(in))) goto corrupt;
-    if (!(st->fds = zb_fds_load(in, st->fs, st->proc.exe, err))) return -1;
-    if (in_u32(in)) {
-        size_t bytes = ((m->npages + 63) / 64) * 8;
-        if (!(*ws = malloc(bytes))) { in->err = 1; goto corrupt; }
-        in_bytes(in, *ws, bytes);
+    if (section_done(&sec, 0, "working set", err) < 0) return -1;
+    if (in_u64(in) != STATE_MAGIC || in->err || in->pos != in->len) {
+        zb_seterr(err, "state.bin is corrupt or truncated (its end)");
+        return -1;
     }
-    if (in_u64(in) != STATE_MAGIC || in->err) goto corrupt;
     return 0;
-corrupt:
-    zb_seterr(err, "state.bin is corrupt or truncated");
-    return -1;
 }
 
 static uint8_t *read_file(const char *path, size_t *len, char *err) {

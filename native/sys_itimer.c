@@ -3,7 +3,8 @@
  * Grading tools and test runners bound a piece of code with SIGALRM (signal.alarm, pytest-timeout's
  * signal method), so the timer is real: the expiry time lives in the guest's signal state (it is
  * snapshotted with it), the run loop wakes the engine when it passes (run_loop.c arms its POSIX timer
- * at the earlier of the run deadline and the alarm), and zb_alarm_check() then queues SIGALRM.
+ * at the earlier of the run deadline and the alarm), and zb_alarm_check() (signals.c) then queues
+ * SIGALRM.
  * The timer counts wall-clock time, as ITIMER_REAL does, but it can only fire while the sandbox runs:
  * an alarm that expired while the sandbox was idle fires as soon as it runs again.
  * ITIMER_VIRTUAL and ITIMER_PROF (CPU-time timers) are not implemented: arming one fails with
@@ -18,20 +19,6 @@
 #define NS_PER_S 1000000000ll
 #define NS_PER_US 1000ll
 #define MAX_TIMER_S (INT64_MAX / NS_PER_S / 4) /* far beyond any run, without overflowing now + t */
-
-int zb_alarm_check(zb_sandbox *sb, int64_t now) {
-    zb_signals *s = &sb->sig;
-    if (!s->alarm_ns || now < s->alarm_ns) return 0;
-    s->pending |= 1ull << (SIGALRM - 1);
-    if (s->alarm_interval_ns) {
-        /* periodic: the next expiry in the timer's own rhythm, skipping the ones already missed */
-        int64_t late = now - s->alarm_ns;
-        s->alarm_ns += (late / s->alarm_interval_ns + 1) * s->alarm_interval_ns;
-    } else {
-        s->alarm_ns = 0;
-    }
-    return 1;
-}
 
 int zb_sandbox_cancel_alarm(zb_sandbox *sb) {
     int armed = sb->sig.alarm_ns != 0;

@@ -5,6 +5,7 @@
  * cleanly with EAGAIN.
  */
 #include "engine.h"
+#include "serial.h"
 
 #include <asm/prctl.h>
 #include <linux/futex.h>
@@ -269,6 +270,35 @@ static long sys_prctl(zb_sandbox *sb, const uint64_t a[6]) {
     case PR_GET_DUMPABLE: return 0;
     default: return -EINVAL;
     }
+}
+
+/* ---- the process state's copy and on-disk form ---- */
+
+void zb_process_clone(zb_process *dst, const zb_process *src) { *dst = *src; /* plain data */ }
+
+/* Not saved: exit_status (a saved sandbox has not exited), the guest's CPU time (cpu_ns, sys_ns:
+ * a loaded template starts its guest CPU clocks at zero) and the vDSO clock bases and floors (host
+ * CLOCK_MONOTONIC values, meaningless in another boot; the next run publishes new ones). */
+void zb_process_save(const zb_process *p, struct zb_out *o) {
+    out_str(o, p->exe);
+    out_str(o, p->cwd);
+    out_u64(o, p->tid_address);
+    out_u32(o, p->umask);
+}
+
+int zb_process_load(zb_process *p, struct zb_in *in, char *err) {
+    memset(p, 0, sizeof *p);
+    in_str_into(in, p->exe, sizeof p->exe);
+    in_str_into(in, p->cwd, sizeof p->cwd);
+    p->tid_address = in_u64(in);
+    uint32_t umask = in_u32(in);
+    if (in->err || umask > 0777) {
+        memset(p, 0, sizeof *p);
+        zb_seterr(err, "process state: truncated or corrupt");
+        return -1;
+    }
+    p->umask = umask;
+    return 0;
 }
 
 void zb_sys_process_register(zb_syscall_fn *t) {

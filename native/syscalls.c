@@ -27,20 +27,6 @@ const char *zb_syscall_name(uint64_t nr) {
     return nr < ZB_SYSCALL_MAX && zb_syscall_names[nr] ? zb_syscall_names[nr] : "unknown";
 }
 
-void zb_log(zb_sandbox *sb, const char *fmt, ...) {
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    n = ZB_MIN(n, (int)sizeof line - 2);
-    line[n++] = '\n';
-    if (sb->log_len + (size_t)n > sizeof sb->log) return; /* full: the caller drains it after each run */
-    memcpy(sb->log + sb->log_len, line, (size_t)n);
-    sb->log_len += (size_t)n;
-}
-
 long zb_syscall_dispatch(zb_sandbox *sb, uint64_t nr, const uint64_t a[6]) {
     pthread_once(&table_once, fill_table);
     if (nr < ZB_SYSCALL_MAX && table[nr]) return table[nr](sb, a);

@@ -7,6 +7,7 @@
  * Both feed the same frame assembler; see zeroboot.h for the frame format.
  */
 #include "engine.h"
+#include "serial.h"
 
 #define REG_DATA 0 /* RBR/THR, DLL when DLAB */
 #define REG_IER 1  /* DLM when DLAB */
@@ -64,6 +65,51 @@ int zb_uart_clone(zb_uart *dst, const zb_uart *src) {
     dst->rx_len = unread;
     dst->rx_pos = 0;
     return 0;
+}
+
+/* On disk: the seven registers, the unread input, the frame being assembled (and how much of it
+ * is a complete frame handed out as an event) and the overrun flag. */
+void zb_uart_save(const zb_uart *u, struct zb_out *o) {
+    const uint8_t regs[7] = {u->ier, u->lcr, u->mcr, u->scr, u->dll, u->dlm, u->fcr};
+    for (int i = 0; i < 7; i++) out_u8(o, regs[i]);
+    size_t unread = u->rx_len - u->rx_pos;
+    out_u64(o, unread);
+    if (unread) out_bytes(o, u->rx + u->rx_pos, unread);
+    out_u64(o, u->tx_len);
+    out_bytes(o, u->tx, u->tx_len);
+    out_u64(o, u->frame_ready);
+    out_u8(o, u->overrun ? 1 : 0);
+}
+
+int zb_uart_load(zb_uart *u, struct zb_in *in, char *err) {
+    zb_uart_init(u);
+    uint8_t *const regs[7] = {&u->ier, &u->lcr, &u->mcr, &u->scr, &u->dll, &u->dlm, &u->fcr};
+    for (int i = 0; i < 7; i++) *regs[i] = in_u8(in);
+    /* the host queues at most one request frame's payload at a time; the guest's half-written
+     * frame is at most one frame */
+    uint64_t rx = in_count(in, ZB_FRAME_MAX_PAYLOAD);
+    if (!in->err && rx && !(u->rx = malloc(rx))) goto oom;
+    in_bytes(in, u->rx, rx);
+    u->rx_len = u->rx_cap = rx;
+    uint64_t tx = in_count(in, ZB_FRAME_HEADER + (uint64_t)ZB_FRAME_MAX_PAYLOAD);
+    if (!in->err && tx && !(u->tx = malloc(tx))) goto oom;
+    in_bytes(in, u->tx, tx);
+    u->tx_len = u->tx_cap = tx;
+    u->frame_ready = in_u64(in);
+    uint8_t overrun = in_u8(in);
+    if (in->err || u->frame_ready > tx || overrun > 1) {
+        zb_uart_destroy(u);
+        zb_uart_init(u);
+        zb_seterr(err, "UART state: truncated, or buffers beyond a frame's size");
+        return -1;
+    }
+    u->overrun = overrun;
+    return 0;
+oom:
+    zb_uart_destroy(u);
+    zb_uart_init(u);
+    zb_seterr(err, "out of memory");
+    return -1;
 }
 
 int zb_uart_push_input(zb_uart *u, const void *data, size_t len) {

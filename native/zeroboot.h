@@ -215,6 +215,9 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err);
 /* Write a snapshot (memory image + state) to a directory; load it back, e.g. in another process. */
 int zb_snapshot_save(zb_snapshot *snap, const char *dir, char *err);
 zb_snapshot *zb_snapshot_load(zb_engine *engine, const char *dir, char *err);
+/* The layout version of the state file zb_snapshot_save writes (and the only one zb_snapshot_load
+ * reads): part of a template's key, so that templates of another layout are rebuilt. */
+uint32_t zb_snapshot_format(void);
 void zb_snapshot_release(zb_snapshot *snap);
 /* Learn a snapshot's working set: the pages present in sb's memory after sb, forked from snap,
  * ran representative requests. Forks of snap can then prefault them (zb_sandbox_prefault). */

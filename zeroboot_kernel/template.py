@@ -44,6 +44,9 @@ from .sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
+# What a template's files hold: FORMAT is this module's layout (manifest.json, the file names),
+# state_format() the engine's layout of state.bin (STATE_FORMAT in native/snapshot_file.c). Both are
+# part of the key, so a template of another layout is stale and rebuilt, never misread.
 FORMAT = 1
 DEFAULT_NAME = "default"
 DEFAULT_MEMORY = 1 << 30   # of templates whose manifest predates the memory field
@@ -138,6 +141,11 @@ def _flock_until(fd: int, name: str, path: Path, deadline: float, say: Callable[
                                     f"stop it or remove {path}") from None
 
 
+def state_format() -> int:
+    """The layout version of state.bin that this engine writes and reads."""
+    return int(lib.zb_snapshot_format())
+
+
 @lru_cache(maxsize=1)
 def _native_build_id() -> str:
     from . import _native
@@ -160,6 +168,7 @@ class TemplateConfig:
     def key(self, engine: Engine) -> str:
         parts = {
             "format": FORMAT,
+            "state_format": state_format(),
             "zeroboot": __version__,
             "native": _native_build_id(),
             "python": [sys.version, os.path.realpath(sys.executable)],
@@ -279,6 +288,7 @@ class Template:
                 "name": config.name,
                 "key": config.key(engine),
                 "format": FORMAT,
+                "state_format": state_format(),
                 "preload": list(config.preload),
                 "memory": config.memory,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

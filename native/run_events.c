@@ -1,0 +1,108 @@
+/* run_events.c - what a syscall handler (or a long engine operation) asks of the run under way: to
+ * stop the run with an event for the caller (and serve the syscall again on resume, or not), to
+ * sleep until a time unless a kick, the run's deadline or the guest's alarm comes first, whether a
+ * long operation must give up, to re-arm the run's wake-up timer after the guest changed its alarm,
+ * and the guest's CPU clock including the run under way.
+ *
+ * The syscall families (sys_*.c) and the file layer call these; they never call into run_loop.c,
+ * which calls them too.
+ */
+#include "engine.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* The run under way on this thread (zb_sandbox_run sets both). */
+__thread int64_t zb_run_deadline_ns;
+__thread sigset_t zb_run_wait_sigmask;
+
+zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry) {
+    if (!sb->has_stop || sb->stop_ev.kind != kind) memset(&sb->stop_ev, 0, sizeof sb->stop_ev);
+    sb->stop_ev.kind = kind;
+    sb->has_stop = 1;
+    sb->stop_retry = retry;
+    return &sb->stop_ev;
+}
+
+int zb_take_kick(zb_sandbox *sb) {
+    int outside = zb_outside_kick;
+    zb_outside_kick = 0;
+    return atomic_exchange(&sb->kick_requested, 0) || outside;
+}
+
+long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
+    for (;;) {
+        int64_t now = zb_now_ns();
+        if (now >= wake_ns) return 0;
+        int kind = 0;
+        if (zb_take_kick(sb)) kind = ZB_EVENT_KICK;
+        else if (zb_run_deadline_ns && now >= zb_run_deadline_ns) kind = ZB_EVENT_TIMEOUT;
+        if (kind) {
+            sb->cpu.pending_wake_ns = wake_ns;
+            zb_stop_event(sb, kind, 1);
+            return ZB_SYSCALL_STOP;
+        }
+        if (zb_alarm_check(sb, now) && zb_signal_interrupts(sb, SIGALRM)) return -EINTR;
+        int64_t until = zb_run_deadline_ns ? ZB_MIN(wake_ns, zb_run_deadline_ns) : wake_ns;
+        if (sb->sig.alarm_ns) until = ZB_MIN(until, sb->sig.alarm_ns);
+        int64_t ns = ZB_MIN(until - now, (int64_t)3600 * 1000000000);
+        struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+        ppoll(NULL, 0, &ts, &zb_run_wait_sigmask); /* returns early on the kick signal */
+    }
+}
+
+int zb_should_stop(const zb_sandbox *sb) {
+    if (!atomic_load(&sb->running)) return 0; /* the host's own calls (export, diff) have no deadline */
+    return atomic_load(&sb->kick_requested) || (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns);
+}
+
+long zb_stop_for_deadline(zb_sandbox *sb) {
+    zb_stop_event(sb, atomic_exchange(&sb->kick_requested, 0) ? ZB_EVENT_KICK : ZB_EVENT_TIMEOUT, 1);
+    return ZB_SYSCALL_STOP;
+}
+
+/* ---- the run's wake-up timer ---- */
+
+/* The run's POSIX timer sends the kick signal to this thread at the earlier of the run deadline and
+ * the guest's alarm, so that KVM_RUN or a sleep returns in time for either. */
+int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
+    int64_t at = zb_run_deadline_ns;
+    if (sb->sig.alarm_ns && (!at || sb->sig.alarm_ns < at)) at = sb->sig.alarm_ns;
+    if (!at && !vm->wake_timer_live) return 0;
+    if (!vm->wake_timer_live) {
+        struct sigevent sev;
+        memset(&sev, 0, sizeof sev);
+        sev.sigev_notify = SIGEV_THREAD_ID;
+        sev.sigev_signo = ZB_KICK_SIGNAL;
+        sev._sigev_un._tid = (pid_t)syscall(SYS_gettid);
+        if (timer_create(CLOCK_MONOTONIC, &sev, &vm->wake_timer) < 0) return -1;
+        vm->wake_timer_live = 1;
+    }
+    struct itimerspec its;
+    memset(&its, 0, sizeof its); /* at == 0 disarms */
+    its.it_value.tv_sec = at / 1000000000;
+    its.it_value.tv_nsec = at % 1000000000;
+    return timer_settime(vm->wake_timer, TIMER_ABSTIME, &its, NULL);
+}
+
+void zb_run_timer_update(zb_sandbox *sb) {
+    zb_vm *vm = sb->engine->vm;
+    if (!vm || vm->attached != sb || !atomic_load(&sb->running)) return; /* armed when it next runs */
+    if (zb_run_arm_wake_timer(sb, vm) < 0) zb_log(sb, "cannot arm the alarm timer: %s", strerror(errno));
+}
+
+/* ---- the guest's CPU clock ---- */
+
+uint64_t zb_guest_cpu_ns(const zb_sandbox *sb) {
+    uint64_t ns = sb->proc.cpu_ns; /* the finished runs, plus the one under way */
+    if (sb->run_started_ns) ns += (uint64_t)(zb_now_ns() - sb->run_started_ns);
+    return ns;
+}
+
+void zb_guest_cpu_split(const zb_sandbox *sb, uint64_t *user_ns, uint64_t *sys_ns) {
+    uint64_t run = zb_guest_cpu_ns(sb);
+    *sys_ns = ZB_MIN(sb->proc.sys_ns, run);
+    *user_ns = run - *sys_ns;
+}
