@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.without_kvm  # the agent runs as a host process here
+
 REPO = Path(__file__).resolve().parent.parent
 AGENT = REPO / "guest" / "_zeroboot_agent"
 PYTHON = REPO / ".venv" / "bin" / "python"
