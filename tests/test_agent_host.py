@@ -28,6 +28,8 @@ import pytest
 from frame_spec import (CLEAR_OUTPUT, COMPLETE, COMPLETE_REPLY, DISPLAY, DONE, ERROR, EXECUTE, HEADER, INPUT_REPLY,
                         INPUT_REQUEST, INSPECT, INSPECT_REPLY, MAGIC, READY, RESULT, STREAM)
 
+pytestmark = pytest.mark.without_kvm  # the agent runs as a host process here
+
 REPO = Path(__file__).resolve().parent.parent
 AGENT = REPO / "guest" / "_zeroboot_agent"
 PYTHON = REPO / ".venv" / "bin" / "python"

@@ -11,6 +11,8 @@ from zeroboot_kernel.errors import SandboxError
 from zeroboot_kernel.kernel_config import KernelConfigError, KernelSettings
 from zeroboot_kernel.session import Session
 
+pytestmark = pytest.mark.without_kvm  # the parsers; the tests of sessions use `template` or say `kvm`
+
 MIB = 1 << 20
 # 48 MiB of new, non-zero data per cell in its own mmap (above glibc's largest mmap threshold, so
 # replacing `a` unmaps the previous cell's array)
@@ -151,6 +153,7 @@ def test_raising_and_lowering_the_budget_applies_at_once(template) -> None:
 
 # ---- through the Jupyter kernel (env setting, magic, stderr notice) ----
 
+@pytest.mark.kvm
 def test_budget_through_the_kernel() -> None:
     from kernel_helpers import execute, kernel, stream_text
 

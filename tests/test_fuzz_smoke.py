@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.without_kvm  # the harnesses drive the engine's C code, no VM
+
 ROOT = Path(__file__).resolve().parent.parent
 SECONDS = 15  # per harness
 

@@ -41,7 +41,7 @@ def test_fault_ends_the_sandbox(test, kind, signo, words):
 
 
 @pytest.mark.xfail(strict=True, reason="guest page tables map all guest memory once and are never "
-                   "edited (DESIGN.md section 1): munmapped memory stays accessible and reads zero")
+                   "edited (docs/DESIGN.md section 2): munmapped memory stays accessible and reads zero")
 def test_reading_unmapped_memory_faults():
     result = guest_c.run("faults", "segv_unmapped")
     assert result.kind is EventKind.FAULT, result.describe()

@@ -64,6 +64,7 @@ def test_every_view_path_resolves_in_the_guest_as_on_the_host() -> None:
     assert not differ
 
 
+@pytest.mark.without_kvm  # the view is computed on the host
 def test_loader_and_libraries_are_named_as_the_loader_names_them() -> None:
     """The ELF interpreter of sys.executable is in the view by its PT_INTERP string (on merged-/usr
     Debian /lib64/ld-linux-x86-64.so.2, through two symlinks), and every library the closure found

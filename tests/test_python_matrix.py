@@ -1,10 +1,14 @@
 """Issue 21: zeroboot-kernel works with the Python the user has, as the user they are.
 
 For each interpreter on the machine (Debian's /usr/bin/python3 and pyenv's 3.11+ builds) a fresh
-venv gets the package from a wheel built from the sdist, then `zeroboot-kernel run -c` and a short
-notebook through nbclient run in it; a `pip install --user` layout does the same; and a non-root
-user created here (member of `kvm`, `ulimit -n 1024`) starts from ./setup.sh with Debian's python3
-while root runs a notebook, after which both users run kernels at once from their own templates.
+venv gets the package from a wheel built from the sdist (non-editable, outside the checkout: every
+command runs in a scratch folder and the test checks that zeroboot_kernel, zeroboot_guest and the
+guest's agent all come from the venv's site-packages), then `zeroboot-kernel install --user` (into
+a JUPYTER_DATA_DIR of its own), `zeroboot-kernel run -c` and a short notebook through nbclient run
+in it; Debian's venv gets the lowest ipykernel pyproject.toml allows, the others the newest. A `pip
+install --user` layout does the same; and a non-root user created here (member of `kvm`, `ulimit -n
+1024`) starts from ./setup.sh with Debian's python3 while root runs a notebook, after which both
+users run kernels at once from their own templates.
 
 What runs: ZEROBOOT_MATRIX=full (the default when CI=true, as `.ci/run` sets) runs all of it;
 =quick (the default elsewhere) only Debian's python3 in a venv, the setup.sh message for a user
@@ -32,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 from typing import Iterator
 
@@ -52,12 +57,21 @@ import nbformat
 from nbclient import NotebookClient
 
 cells = ["import os, sys, numpy as np\\nx = np.arange(10)",
-         "print(int(x.sum()), '%d.%d' % sys.version_info[:2], os.uname().nodename, os.getuid(), sys.prefix)"]
+         "print(int(x.sum()), '%d.%d' % sys.version_info[:2], os.uname().nodename, os.getuid(), sys.prefix)",
+         "print(sys.modules['_zeroboot_agent'].__file__)"]  # where the guest read its agent from
 nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
 t0 = time.monotonic()
 NotebookClient(nb, kernel_name="zeroboot", timeout=300, startup_timeout=600).execute()
-print(json.dumps({"text": nb.cells[1].outputs[0]["text"], "seconds": time.monotonic() - t0}))
+print(json.dumps({"text": nb.cells[1].outputs[0]["text"], "agent": nb.cells[2].outputs[0]["text"].strip(),
+                  "seconds": time.monotonic() - t0}))
 """
+
+
+def ipykernel_floor() -> str:
+    """The lowest ipykernel pyproject.toml allows (`ipykernel>=X`)."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (floor,) = [m.group(1) for d in deps if (m := re.fullmatch(r"ipykernel>=([\d.]+)", d.replace(" ", "")))]
+    return floor
 
 
 def _version(python: str) -> tuple[int, int] | None:
@@ -133,19 +147,19 @@ def _copy_tree(dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel(work: Path) -> Path:
-    """sdist of a copy of the checkout, then one wheel from that sdist (abi3: every interpreter)."""
+    """sdist of a copy of the checkout, then one wheel from that sdist (abi3: every interpreter),
+    each built the normal way: PEP 517 in an isolated environment with pyproject's build requires."""
     src = _copy_tree(work / "src")
     dist = work / "dist"
     dist.mkdir()
     t0 = time.monotonic()
     source: Path = src
-    if importlib.util.find_spec("setuptools") and importlib.util.find_spec("cffi"):
-        _run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))",
-              str(dist)], cwd=src)
+    if importlib.util.find_spec("build"):  # the test extras have it
+        _run([sys.executable, "-m", "build", "--sdist", "--outdir", str(dist), str(src)], cwd=work)
         (source,) = list(dist.glob("*.tar.gz"))
-    else:  # a venv without setuptools (Python 3.12+): pip builds the wheel from the tree in isolation
-        log.warning("no setuptools here: building the wheel from the tree, not from an sdist")
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(source)])
+    else:
+        log.warning("no `build` module here: building the wheel from the tree, not from an sdist")
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(source)], cwd=work)
     (whl,) = dist.glob("zeroboot_kernel-*.whl")
     assert "-abi3-" in whl.name, whl.name
     _record("wheel", seconds=round(time.monotonic() - t0, 1), name=whl.name)
@@ -161,45 +175,93 @@ def _prefix(python: str, env: dict[str, str] | None = None) -> str:
     return _run([python, "-c", "import sys; print(sys.prefix)"], env=env, timeout=60).stdout.strip()
 
 
-def _check_notebook(stdout: str, version: tuple[int, int], prefix: str, guest_uid: int = 1000) -> float:
+def _check_notebook(stdout: str, version: tuple[int, int], prefix: str, agent_dir: Path,
+                    guest_uid: int = 1000) -> float:
     result = json.loads(stdout.strip().splitlines()[-1])
     # 45 from numpy, the interpreter's version, the guest's identity (it ran in a sandbox) and the
     # environment: the kernel is the one of the Python under test, not another kernelspec of the
     # same name that Jupyter found first (JUPYTER_PATH, ~/.local/share/jupyter)
     assert result["text"].split() == ["45", f"{version[0]}.{version[1]}", "zeroboot", str(guest_uid), prefix], result
+    # and the guest ran the agent of that installation (a wheel's site-packages, a checkout's guest/)
+    assert result["agent"] == str(agent_dir / "_zeroboot_agent" / "__init__.py"), result
     return float(result["seconds"])
 
 
-def _exercise(label: str, python: str, env: dict[str, str], nb_dir: Path, t_install: float) -> None:
-    """Install the kernelspecs + template, run -c, and the notebook; record the timings."""
+def _installed(python: str, env: dict[str, str], cwd: Path) -> dict[str, str]:
+    """Where `python` imports the packages from, its site folders, and the versions it has."""
+    code = ("import importlib.metadata as m, json, pathlib, site, sysconfig, ipykernel, zeroboot_guest, zeroboot_kernel; "
+            "d = lambda mod: str(pathlib.Path(mod.__file__).resolve().parent); "
+            "print(json.dumps({'kernel': d(zeroboot_kernel), 'guest': d(zeroboot_guest), "
+            "'purelib': sysconfig.get_path('purelib'), 'usersite': site.getusersitepackages(), "
+            "'version': zeroboot_kernel.__version__, 'dist_version': m.version('zeroboot-kernel'), "
+            "'ipykernel': ipykernel.__version__}))")
+    return json.loads(_run([python, "-c", code], env=env, cwd=cwd, timeout=120).stdout)
+
+
+def _check_installed_from(site: dict[str, str], where: str) -> None:
+    """A non-editable install: both packages in the interpreter's `where` site folder ('purelib' of
+    a venv, 'usersite' of pip --user), nothing from the checkout (or its copy), one version."""
+    folder = Path(site[where]).resolve()
+    for key in ("kernel", "guest"):
+        assert Path(site[key]).parent == folder, (key, site)
+        assert not Path(site[key]).is_relative_to(ROOT), site
+    init = (ROOT / "zeroboot_kernel" / "__init__.py").read_text()
+    assert f'__version__ = "{site["version"]}"' in init and site["dist_version"] == site["version"], site
+
+
+def _exercise(label: str, python: str, command: str, env: dict[str, str], nb_dir: Path, t_install: float,
+              install_args: list[str], where: str, *, data_dir: Path | None = None,
+              ipykernel: str | None = None) -> None:
+    """Install the kernelspecs + template, run -c, and the notebook with the `zeroboot-kernel`
+    command of the installation under test, all from a folder outside the checkout (`python -m`
+    from the checkout would import the checkout's package); record the timings."""
     version = _version(python)
     assert version is not None
+    nb_dir.mkdir()
+    site = _installed(python, env, nb_dir)
+    _check_installed_from(site, where)
+    if ipykernel is not None:
+        assert site["ipykernel"] == ipykernel, site
     t0 = time.monotonic()
-    out = _run([python, "-m", "zeroboot_kernel", "install", *env.pop("_INSTALL_ARGS").split()], env=env)
+    out = _run([command, "install", *install_args], env=env, cwd=nb_dir)
     t_template = time.monotonic() - t0
+    if data_dir is not None:  # --user: the kernelspec went to the Jupyter data dir, running this Python
+        spec = json.loads((data_dir / "kernels" / "zeroboot" / "kernel.json").read_text())
+        assert spec["argv"][0] == python, spec
     t0 = time.monotonic()
-    r = _run([python, "-m", "zeroboot_kernel", "run", "-c",
-              "import sys, numpy; print(6*7, '%d.%d' % sys.version_info[:2])"], env=env, timeout=600)
+    r = _run([command, "run", "-c", "import sys, numpy; print(6*7, '%d.%d' % sys.version_info[:2])"], env=env,
+             cwd=nb_dir, timeout=600)
     t_run = time.monotonic() - t0
     _check_run(r.stdout, version)
-    nb_dir.mkdir()
     seconds = _check_notebook(_run([python, "-c", NOTEBOOK], env=env, cwd=nb_dir, timeout=900).stdout, version,
-                              _prefix(python, env))
+                              _prefix(python, env), Path(site["guest"]))
     built = re.search(r"built in ([\d.]+) s", out.stderr)
     _record(label, python=f"{version[0]}.{version[1]}", install_s=round(t_install, 1),
             template_build_s=float(built.group(1)) if built else None, install_and_template_s=round(t_template, 1),
-            run_c_s=round(t_run, 2), notebook_s=round(seconds, 2))
+            run_c_s=round(t_run, 2), notebook_s=round(seconds, 2), ipykernel=site["ipykernel"])
+
+
+def _root_env(work: Path, label: str) -> dict[str, str]:
+    """root's environment for the venv of `label`: the template cache and the Jupyter data dir
+    (`install --user` writes the kernelspecs there) of the matrix, not root's own."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(work / "root-cache"), "JUPYTER_DATA_DIR": str(work / f"jupyter-{label}")}
+    env.pop("JUPYTER_PATH", None)  # the tests' own kernelspecs (kernel_helpers) would run .venv's kernel
+    return env
 
 
 @pytest.mark.parametrize("label,python", interpreters())
 def test_venv(label: str, python: str, wheel: Path, work: Path) -> None:
+    """The wheel in a fresh venv, the way a user installs it: `pip install zeroboot_kernel-*.whl`,
+    `zeroboot-kernel install --user`, a notebook. Debian's venv gets ipykernel's floor."""
     venv = work / f"venv-{label}"
+    floor = ipykernel_floor() if label == "debian" else None
     t0 = time.monotonic()
-    _run([python, "-m", "venv", str(venv)])
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel), "nbclient", "nbformat"])
-    env = {**os.environ, "XDG_CACHE_HOME": str(work / "root-cache"), "_INSTALL_ARGS": "--sys-prefix"}
-    env.pop("JUPYTER_PATH", None)
-    _exercise(label, str(venv / "bin" / "python"), env, work / f"nb-{label}", time.monotonic() - t0)
+    _run([python, "-m", "venv", str(venv)], cwd=work)
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel), "nbclient", "nbformat",
+          *([f"ipykernel=={floor}"] if floor else [])], cwd=work)
+    env = _root_env(work, label)
+    _exercise(label, str(venv / "bin" / "python"), str(venv / "bin" / "zeroboot-kernel"), env, work / f"nb-{label}",
+              time.monotonic() - t0, ["--user"], "purelib", data_dir=Path(env["JUPYTER_DATA_DIR"]), ipykernel=floor)
 
 
 @pytest.mark.skipif(MODE != "full", reason="the full matrix runs with CI=true or ZEROBOOT_MATRIX=full")
@@ -211,11 +273,11 @@ def test_pip_install_user_layout(wheel: Path, work: Path) -> None:
     python = bases[-1]
     userbase = work / "userbase"
     env = {**os.environ, "PYTHONUSERBASE": str(userbase), "XDG_CACHE_HOME": str(work / "root-cache"),
-           "JUPYTER_PATH": str(userbase / "share" / "jupyter"), "_INSTALL_ARGS": f"--prefix {userbase}",
-           "PIP_BREAK_SYSTEM_PACKAGES": "1"}
+           "JUPYTER_PATH": str(userbase / "share" / "jupyter"), "PIP_BREAK_SYSTEM_PACKAGES": "1"}
     t0 = time.monotonic()
-    _run([python, "-m", "pip", "install", "-q", "--user", str(wheel), "nbclient", "nbformat"], env=env)
-    _exercise("user-layout-%d.%d" % (_version(python) or (0, 0)), python, env, work / "nb-user-layout", time.monotonic() - t0)
+    _run([python, "-m", "pip", "install", "-q", "--user", str(wheel), "nbclient", "nbformat"], env=env, cwd=work)
+    _exercise("user-layout-%d.%d" % (_version(python) or (0, 0)), python, str(userbase / "bin" / "zeroboot-kernel"), env,
+              work / "nb-user-layout", time.monotonic() - t0, ["--prefix", str(userbase)], "usersite")
 
 
 # ---- a non-root user ----
@@ -302,11 +364,11 @@ def test_non_root_user_from_setup_sh(user_tree: tuple[pwd.struct_passwd, Path], 
     assert version is not None
     root_venv = work / "venv-debian"
     root_python = str(root_venv / "bin" / "python")
-    root_env = {**os.environ, "XDG_CACHE_HOME": str(work / "root-cache")}
-    root_env.pop("JUPYTER_PATH", None)  # the tests' own kernelspecs (kernel_helpers) would run .venv's kernel
+    root_env = _root_env(work, "debian")
     if not root_venv.exists():
         pytest.skip("needs test_venv[debian] (root's kernel next to the user's)")
     root_prefix = _prefix(root_python)
+    root_agent = Path(_installed(root_python, root_env, work)["guest"])  # its wheel's site-packages
     root_templates = sorted(p.name for p in (work / "root-cache" / "zeroboot-kernel" / "templates").iterdir())
 
     t0 = time.monotonic()
@@ -319,7 +381,7 @@ def test_non_root_user_from_setup_sh(user_tree: tuple[pwd.struct_passwd, Path], 
     root_notebooks = 0
     while setup.poll() is None and time.monotonic() - t0 < 1500:
         _check_notebook(_run([root_python, "-c", NOTEBOOK], env=root_env, cwd=nb_root, timeout=900).stdout, version,
-                        root_prefix)
+                        root_prefix, root_agent)
         root_notebooks += 1
         time.sleep(10)
     out, _ = setup.communicate(timeout=1800)
@@ -346,8 +408,9 @@ def test_non_root_user_from_setup_sh(user_tree: tuple[pwd.struct_passwd, Path], 
     root_out, root_err = root_nb.communicate(timeout=900)
     assert user_nb.returncode == 0, user_err[-4000:]
     assert root_nb.returncode == 0, root_err[-4000:]
-    seconds = _check_notebook(user_out, version, str(src / ".venv"))
-    _check_notebook(root_out, version, root_prefix)
+    # setup.sh installs editable: the user's guest reads the agent from the checkout's guest/
+    seconds = _check_notebook(user_out, version, str(src / ".venv"), (src / "guest").resolve())
+    _check_notebook(root_out, version, root_prefix, root_agent)
     r = _run(_as_user(user, ".venv/bin/zeroboot-kernel run -c 'import sys, numpy; print(6*7, \"%d.%d\" % sys.version_info[:2])'",
                       cwd=src), timeout=600)
     _check_run(r.stdout, version)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from zeroboot_kernel.stream_batch import StreamBatcher
+
+pytestmark = pytest.mark.without_kvm
 
 
 def test_one_message_for_what_is_printed_at_once() -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.without_kvm  # the cache's rules; the tests that build a template say `kvm`
+
 ENSURE = """
 import sys
 from zeroboot_kernel.template import Template, TemplateConfig
@@ -57,6 +59,7 @@ def _assert_unlocked(lock: Path) -> None:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if anyone holds it
 
 
+@pytest.mark.kvm
 def test_kernels_started_at_once_build_the_template_once(cache: Path) -> None:
     """Three `zeroboot-kernel run` on an empty cache: one build, all three run, nothing left over."""
     cmd = [sys.executable, "-m", "zeroboot_kernel", "run", "-c", "print(6*7)"]
@@ -70,6 +73,7 @@ def test_kernels_started_at_once_build_the_template_once(cache: Path) -> None:
     _assert_unlocked(_templates(cache) / ".default.lock")
 
 
+@pytest.mark.kvm
 def test_builder_killed_halfway_blocks_nobody(cache: Path) -> None:
     root = _templates(cache)
     builder = subprocess.Popen([sys.executable, "-c", BUILD], env=_env(cache), stderr=subprocess.PIPE, text=True)
@@ -105,6 +109,7 @@ def test_builder_killed_halfway_blocks_nobody(cache: Path) -> None:
     _assert_unlocked(root / ".t.lock")
 
 
+@pytest.mark.kvm
 def test_template_rm_while_others_wait_keeps_one_builder(cache: Path) -> None:
     """`template rm` unlinks the lock file; a process that waited on the old file must not build
     next to one that locked the new file."""

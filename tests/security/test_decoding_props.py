@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from zeroboot_kernel import engine_wire, export, frames, listing, schema
 from zeroboot_kernel.engine_client import EngineClient
 
+pytestmark = pytest.mark.without_kvm  # decoders fed bytes, no guest
+
 settings.register_profile("ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("long", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

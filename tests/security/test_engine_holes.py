@@ -13,8 +13,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
 import battery
 from zeroboot_kernel.native import EventKind
 

@@ -12,6 +12,8 @@ import pytest
 from zeroboot_kernel import export, listing
 from zeroboot_kernel.export import ExportError, PlanEntry
 
+pytestmark = pytest.mark.without_kvm  # plans and chunks as a hostile engine could send them
+
 
 def reader(files: dict[tuple[str, ...], bytes], hook=None):
     def read(parts: tuple[str, ...], offset: int, size: int) -> bytes:
