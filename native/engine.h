@@ -376,7 +376,7 @@ void zb_sys_socket_register(zb_syscall_fn *t);
 void zb_sys_epoll_register(zb_syscall_fn *t);
 void zb_sys_eventfd_register(zb_syscall_fn *t); /* file_eventfd.c */
 
-/* ---- what a syscall handler asks of the run loop (run_events.c; zb_output: sys_files.c) ----
+/* ---- what a syscall handler asks of the run loop (run_events.c) ----
  * A handler that cannot finish now calls zb_stop_event(sb, kind, 1) and returns ZB_SYSCALL_STOP;
  * the syscall is served again when the sandbox resumes. A handler that finished but needs the
  * caller (e.g. output to hand over) calls zb_stop_event(sb, kind, 0) and returns its result. */

@@ -261,8 +261,8 @@ long zb_guest_list_dir(zb_sandbox *sb, const char *guest_path, char *buf, size_t
 long zb_guest_stat(zb_sandbox *sb, const char *guest_path, char *buf, size_t len, char *err);
 /* fs_listing.c: listings (see zb_listing above) and host reads for the view and projects */
 int zb_listing_add(zb_listing *l, const char *name, unsigned char type, uint64_t ino);
-int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide);
-/* The same while sb runs: gives up with ZB_DEADLINE_PASSED at its deadline or a kick. */
+/* A host directory's listing, less the hidden names; while sb runs (sb may be NULL) it gives up
+ * with ZB_DEADLINE_PASSED at the run's deadline or a kick. */
 int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, const zb_listing *hide);
 /* Open a host file of the view or of a project for reading (dir: a directory), symlink-free.
  * Only regular files and directories are opened: -EACCES for FIFOs, sockets and devices. */

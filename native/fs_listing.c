@@ -143,7 +143,3 @@ out:
     close(fd);
     return ret;
 }
-
-int zb_list_host_dir(const char *path, zb_listing *out, const zb_listing *hide) {
-    return zb_list_host_dir_for(NULL, path, out, hide);
-}

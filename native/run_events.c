@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 /* The run under way on this thread (zb_sandbox_run sets both). */
+#define OUTPUT_EVENT_MAX (1ul << 20) /* bytes of console output in one OUTPUT event */
+
 __thread int64_t zb_run_deadline_ns;
 __thread sigset_t zb_run_wait_sigmask;
 
@@ -24,6 +26,29 @@ zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry) {
     sb->has_stop = 1;
     sb->stop_retry = retry;
     return &sb->stop_ev;
+}
+
+/* Output the guest wrote to its console (stdout/stderr): appended to the stop event under way if
+ * it is output of the same stream, else it becomes the run's stop event; at most OUTPUT_EVENT_MAX
+ * bytes per event (the rest is written again after the host drained this). */
+int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len) {
+    zb_event *ev = &sb->stop_ev;
+    if (sb->has_stop && (ev->kind != ZB_EVENT_OUTPUT || ev->stream != stream)) return 0;
+    size_t have = sb->has_stop ? ev->len : 0;
+    len = ZB_MIN(len, OUTPUT_EVENT_MAX - have);
+    if (have + len > sb->out_cap) {
+        size_t cap = ZB_MAX(have + len, sb->out_cap ? sb->out_cap * 2 : 4096);
+        uint8_t *nb = realloc(sb->out_buf, cap);
+        if (!nb) return -ENOMEM;
+        sb->out_buf = nb;
+        sb->out_cap = cap;
+    }
+    memcpy(sb->out_buf + have, data, len);
+    ev = zb_stop_event(sb, ZB_EVENT_OUTPUT, 0);
+    ev->stream = stream;
+    ev->data = sb->out_buf;
+    ev->len = have + len;
+    return (int)len;
 }
 
 int zb_take_kick(zb_sandbox *sb) {

@@ -86,7 +86,7 @@ static int set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
  * PVM every CPL0 step is emulated. Neither RIP can be user code's (LSTAR is never mapped, the stubs
  * are supervisor-only), so the test needs no CPL, which PVM does not report. */
 static int in_host_trap(const struct kvm_regs *r) {
-    return r->rip == ZB_SYSCALL_TRAP || (r->rip >= zb_layout_stub_addr(0) && r->rip < zb_layout_stub_addr(32));
+    return r->rip == ZB_SYSCALL_TRAP || (r->rip >= zb_layout_stub_addr(0) && r->rip < zb_layout_stub_addr(ZB_STUB_VECTORS));
 }
 
 /* Make sb->cpu.regs the vCPU's current user state (completing any pending port I/O first).
@@ -295,11 +295,11 @@ static int handle_io(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         }
         return 0;
     }
-    if (port >= ZB_PORT_EXCEPTION && port < ZB_PORT_EXCEPTION + 32 && run->io.direction == KVM_EXIT_IO_OUT) {
+    if (port >= ZB_PORT_EXCEPTION && port < ZB_PORT_EXCEPTION + ZB_STUB_VECTORS && run->io.direction == KVM_EXIT_IO_OUT) {
         int vector = (int)(port - ZB_PORT_EXCEPTION);
         struct kvm_regs vr;
         if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &vr) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return 1; }
-        if (vr.rip == zb_layout_stub_addr(vector) + 2) return handle_exception(sb, vm, vector, &vr, ev);
+        if (vr.rip == zb_layout_stub_addr(vector) + ZB_STUB_OUT_LEN) return handle_exception(sb, vm, vector, &vr, ev);
     }
     error_event(sb, ev, "unexpected I/O exit on port 0x%x", port);
     return 1;

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #define IO_MAX (1ul << 30)       /* largest single read/write we serve, like Linux's MAX_RW_COUNT */
-#define OUTPUT_EVENT_MAX (1ul << 20)
 
 int zb_path_arg(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int resolve_flags, int empty_ok, zb_resolved *r) {
     ZB_PROF_BEGIN(sb, t);
@@ -130,26 +129,6 @@ static long read_into(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int64
     uint8_t *p = zb_guest_ptr(sb, addr, n, 1);
     if (!p) return -EFAULT;
     return f->ops->read ? f->ops->read(sb, f, p, n, off) : -EBADF;
-}
-
-int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len) {
-    zb_event *ev = &sb->stop_ev;
-    if (sb->has_stop && (ev->kind != ZB_EVENT_OUTPUT || ev->stream != stream)) return 0;
-    size_t have = sb->has_stop ? ev->len : 0;
-    len = ZB_MIN(len, OUTPUT_EVENT_MAX - have);
-    if (have + len > sb->out_cap) {
-        size_t cap = ZB_MAX(have + len, sb->out_cap ? sb->out_cap * 2 : 4096);
-        uint8_t *nb = realloc(sb->out_buf, cap);
-        if (!nb) return -ENOMEM;
-        sb->out_buf = nb;
-        sb->out_cap = cap;
-    }
-    memcpy(sb->out_buf + have, data, len);
-    ev = zb_stop_event(sb, ZB_EVENT_OUTPUT, 0);
-    ev->stream = stream;
-    ev->data = sb->out_buf;
-    ev->len = have + len;
-    return (int)len;
 }
 
 static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int64_t off) {

@@ -8,6 +8,7 @@ import json
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,12 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
     out = tmp_path_factory.mktemp("snapshot-state") / "snapshot_state_test"
-    sources = [str(HARNESS), *sorted(str(p) for p in (ROOT / "native").glob("*.c"))]
-    proc = subprocess.run(["gcc", *FLAGS, f"-I{ROOT / 'native'}", "-o", str(out), *sources, "-lrt", "-lpthread"],
+    # the engine's sources and include flags as the extension is built from them (one source)
+    build = [sys.executable, str(ROOT / "zeroboot_kernel" / "_build_native.py")]
+    sources = subprocess.run([*build, "--print-sources"], check=True, capture_output=True, text=True).stdout.split()
+    includes = [f for f in subprocess.run([*build, "--print-flags"], check=True, capture_output=True,
+                                          text=True).stdout.split() if f.startswith("-I")]
+    proc = subprocess.run(["gcc", *FLAGS, *includes, "-o", str(out), str(HARNESS), *sources, "-lrt", "-lpthread"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return out
