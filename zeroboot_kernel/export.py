@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import errno
+import functools
 import logging
 import os
 import secrets
@@ -71,7 +72,7 @@ def plan(guest: Guest, path: str) -> list[PlanEntry]:
     entries = [PlanEntry((), top.kind, top.size)]
     total = top.size
     name_bytes = 0
-    todo = [()] if top.kind == listing.DIR else []
+    todo: list[tuple[str, ...]] = [()] if top.kind == listing.DIR else []
     while todo:
         parts = todo.pop()
         if len(parts) >= MAX_DEPTH:
@@ -296,7 +297,7 @@ def write(entries: list[PlanEntry], read: Reader, dest: str, root: str, root_fd:
                     _make_dir(parent_fd, name)
                 else:
                     report.bytes += _write_file(parent_fd, name, e.size,
-                                                lambda off, n, parts=e.parts: read(parts, off, n))
+                                                functools.partial(read, e.parts))
                     report.written.append(os.path.join(root, host_rel))
             finally:
                 os.close(parent_fd)

@@ -208,8 +208,8 @@ class ZerobootKernel(Kernel):
             info.update(client.info.get("language_info") or {})
         return info
 
-    @property
-    def banner(self) -> str:
+    @property  # ipykernel's Kernel declares banner as a plain attribute
+    def banner(self) -> str:  # type: ignore[override]
         return (f"Python {self.language_info['version']} in a zeroboot KVM sandbox: every cell runs in a "
                 f"copy-on-write fork ({self.mode} mode, template {self.settings.template!r}).\n"
                 f"%rewind undoes cells; %sandbox help lists the kernel's magics.")

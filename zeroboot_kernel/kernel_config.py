@@ -89,6 +89,7 @@ class KernelSettings:
         if outputs not in OUTPUT_POLICIES:
             raise KernelConfigError(f"ZEROBOOT_OUTPUTS={env.get('ZEROBOOT_OUTPUTS')!r}: use trusted or safe")
         raw_hide = env.get("ZEROBOOT_HIDE")
+        hidden: tuple[str, ...]
         if raw_hide is None:
             hidden = DEFAULT_HIDDEN
         elif raw_hide.strip().lower() == "none":

@@ -327,8 +327,8 @@ class Session:
         """What the sandbox created (A), changed (M) or deleted (D) in the notebook's project
         (paths relative to the project root; tags of zeroboot_kernel.listing; "!" marks a directory
         too deep to list)."""
-        self._need_project()
-        return self.sandbox.guest.project_diff(self.project_root or self.project_dir)
+        project_dir = self._need_project()
+        return self.sandbox.guest.project_diff(self.project_root or project_dir)
 
     def _export_source(self, path: str) -> str:
         return path if os.path.isabs(path) else os.path.join(self._need_project(), path)

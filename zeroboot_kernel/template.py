@@ -284,7 +284,7 @@ class Template:
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{config.name}.", dir=root))
         try:
             snapshot.save(str(tmp))
-            manifest = {
+            manifest: dict[str, Any] = {
                 "name": config.name,
                 "key": config.key(engine),
                 "format": FORMAT,

@@ -105,7 +105,8 @@ def _chained(template: Template, mib: int, n: int) -> float:
         child = sb.fork()
         times.append((time.perf_counter() - t) * 1e3)
         if i == 0:
-            assert child.execute("float(a[0])").result["text/plain"] == "1.0", "chained fork lost the parent's state"
+            result = child.execute("float(a[0])").result
+            assert result and result["text/plain"] == "1.0", "chained fork lost the parent's state"
         child.close()
     sb.close()
     return percentile(times, 50)

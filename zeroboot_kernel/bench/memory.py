@@ -108,7 +108,8 @@ def run_scenario(kernel_name: str, scenario: dict[str, Any], timeout: float, rew
     base = common.mem_available_kb()
     k = BenchKernel(kernel_name, timeout)
     try:
-        pid = k.km.provisioner.pid if k.km.provisioner else 0
+        # jupyter_client's LocalProvisioner has the kernel's pid; the base class does not declare it
+        pid = k.km.provisioner.pid if k.km.provisioner else 0  # type: ignore[attr-defined]
         _cell(k, scenario["setup"])
         _settle(k)
         start_kb = base - common.mem_available_kb()

@@ -19,6 +19,7 @@ Each peer is reported as a ratio to zeroboot's number (peer / zeroboot: how many
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shutil
@@ -108,14 +109,14 @@ def measure(runs: int = 20) -> dict[str, Any]:
     true = shutil.which("true") or "/bin/true"  # an empty sandbox: a process that does nothing
     sides = ["zeroboot", "zeroboot new fork", *peers]
     tasks: dict[str, dict[str, Callable[[], Any]]] = {
-        "empty sandbox": {"zeroboot": lambda: _reset_cell(template, pooled, None),
+        "empty sandbox": {"zeroboot": functools.partial(_reset_cell, template, pooled, None),
                           "zeroboot new fork": lambda: template_for_forks.fork().close(),
-                          **{name: (lambda pre=pre: _run([*pre, true])) for name, pre in peers.items()}},
+                          **{name: functools.partial(_run, [*pre, true]) for name, pre in peers.items()}},
     }
     for case, code in CELLS.items():
-        tasks[case] = {"zeroboot": lambda c=code: _reset_cell(template, pooled, c),
-                       "zeroboot new fork": lambda c=code: _new_fork_cell(template_for_forks, c),
-                       **{name: (lambda c=code, pre=pre: _run([*pre, sys.executable, "-c", c]))
+        tasks[case] = {"zeroboot": functools.partial(_reset_cell, template, pooled, code),
+                       "zeroboot new fork": functools.partial(_new_fork_cell, template_for_forks, code),
+                       **{name: functools.partial(_run, [*pre, sys.executable, "-c", code])
                           for name, pre in peers.items()}}
     cases: dict[str, Any] = {}
     for case, fns in tasks.items():

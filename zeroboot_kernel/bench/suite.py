@@ -44,7 +44,7 @@ def run_all(out: Path, quick: bool, report_path: Path | None) -> dict[str, Any]:
         durations[name] = round(time.perf_counter() - t, 1)
         common.write_results(out / f"{name}.json", name, res, report.SECTIONS[name].markdown(res))
     results = report.load(out)  # as written: dates and machine included
-    summary = {"quick": quick, "sections": list(durations), "section_seconds": durations,
+    summary: dict[str, Any] = {"quick": quick, "sections": list(durations), "section_seconds": durations,
                "seconds": round(time.perf_counter() - started, 1), "headline": report.headline(results)}
     common.write_results(out / "all.json", "all", summary, report.headline_markdown(summary["headline"]))
     command = "python -m zeroboot_kernel.bench all" + (" --quick" if quick else "")

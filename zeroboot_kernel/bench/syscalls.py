@@ -179,7 +179,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
             os.mkdir(host_tmp)
             for i in range(size["listdir_entries"]):
                 open(os.path.join(host_tmp, f"f{i:06d}.txt"), "w").close()
-            cases = [  # (row name, case, operations per repetition, guest args, host args)
+            cases: list[tuple[str, str, int, dict[str, Any], dict[str, Any] | None]] = [  # (row name, case, operations per repetition, guest args, host args)
                 ("getpid", "getpid", size["getpid"], {"n": size["getpid"]}, None),
                 ("os.stat", "stat", size["stat"], {"n": size["stat"], "path": paths["small"]}, None),
                 ("open+read+close 4 KiB", "read4k", size["read4k"], {"n": size["read4k"], "path": paths["small"]}, None),
