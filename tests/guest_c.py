@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zeroboot_kernel.native import Event, EventKind, Guest
+from zeroboot_kernel.native import Event, EventKind, Guest, Snapshot
 from zeroboot_kernel.guest_view import GuestSpec
 
 HERE = Path(__file__).resolve().parent
@@ -117,3 +117,23 @@ def check(name: str, test: str, *args: str, **kw) -> GuestRun:
     assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
     assert f"PASS {test}" in result.out, result.describe()
     return result
+
+
+def check_state_survives_snapshots(name: str, tmp_path: Path) -> None:
+    """NAME's `snapshot_state` test: the program sets up its state, prints "ready" and waits for
+    input; it is snapshotted, the snapshot saved and loaded, and three forks (two of one snapshot,
+    so they must not share that state, and one of the loaded copy) each check it and print PASS."""
+    with boot(name, "snapshot_state") as sb:
+        ev = sb.run(time.monotonic() + 10)
+        assert ev.kind is EventKind.OUTPUT and b"ready" in ev.data, ev
+        assert sb.run(time.monotonic() + 10).kind is EventKind.INPUT
+        snap = sb.snapshot()
+        (tmp_path / "saved").mkdir()
+        snap.save(str(tmp_path / "saved"))
+        loaded = Snapshot.load(str(tmp_path / "saved"))
+        for source in (snap, snap, loaded):
+            with source.fork() as child:
+                child.push_input(b"go")
+                result = drive(child)
+            assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
+            assert "PASS snapshot_state" in result.out

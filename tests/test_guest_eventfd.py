@@ -3,13 +3,11 @@ a guest with no CPython (guest_programs/eventfd.c), the counter across snapshots
 and forks, and Python's os.eventfd in a notebook session, across cells and a rewind."""
 from __future__ import annotations
 
-import time
 
 import pytest
 
 import guest_c
 from session_helpers import cell
-from zeroboot_kernel.native import EventKind, Snapshot
 from zeroboot_kernel.session import Session
 
 
@@ -19,20 +17,7 @@ def test_eventfd_syscalls(test: str) -> None:
 
 
 def test_counters_survive_snapshots_saves_and_forks(tmp_path) -> None:
-    with guest_c.boot("eventfd", "snapshot_state") as sb:
-        ev = sb.run(time.monotonic() + 10)
-        assert ev.kind is EventKind.OUTPUT and b"ready" in ev.data, ev
-        assert sb.run(time.monotonic() + 10).kind is EventKind.INPUT
-        snap = sb.snapshot()
-        (tmp_path / "saved").mkdir()
-        snap.save(str(tmp_path / "saved"))
-        loaded = Snapshot.load(str(tmp_path / "saved"))
-        for source in (snap, snap, loaded):  # two forks of one snapshot do not share a counter
-            with source.fork() as child:
-                child.push_input(b"go")
-                result = guest_c.drive(child)
-            assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
-            assert "PASS snapshot_state" in result.out
+    guest_c.check_state_survives_snapshots("eventfd", tmp_path)  # forks share no counter
 
 
 def test_python_eventfd_across_cells_and_rewind(template) -> None:
