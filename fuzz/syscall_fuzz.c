@@ -29,8 +29,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "dev.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
+#include "linux.h"
+#include "guest_abi.h"
 
 #define MEM (64ul << 20)
 #define DATA 0x400000ul

@@ -12,7 +12,8 @@
  */
 #include <assert.h>
 
-#include "engine.h"
+#include "util.h"
+#include "dev.h"
 
 #define CHECK(cond)                                                                             \
     do {                                                                                        \

@@ -1,7 +1,7 @@
 /* guest_abi.h - the contract between the engine (native/) and the code it puts into every guest
  * (guest/cpl0_entry.S, guest/vdso.c): addresses, ports and layouts that both sides must agree on.
  *
- * The one copy of these numbers: the engine includes it through native/engine.h, the guest's C and
+ * The one copy of these numbers: the engine files that use them include it, the guest's C and
  * assembly directly (gcc runs the C preprocessor on .S files, so the C-only parts are kept out of
  * the assembler's view with __ASSEMBLER__). docs/ARCHITECTURE.md section 2 explains the ABI.
  * Only preprocessor constants and plain C types: no engine headers, no libc beyond <stdint.h>

@@ -6,7 +6,9 @@
  * executor VM in kvm_vm.c; segments, CR0/3/4 and EFER are rebuilt from the guest layout with the
  * saved FS/GS base on every load, zb_layout_user_sregs), so a snapshot carries none of them.
  */
-#include "engine.h"
+#include "util.h"
+#include "vm.h"
+#include "linux.h"
 #include "serial.h"
 
 /* The XSAVE image's size is the host's (KVM_CAP_XSAVE2): a template from a host with another

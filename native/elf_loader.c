@@ -2,7 +2,14 @@
  * its PT_LOAD segments, its PT_INTERP loader (ld-linux) for dynamic programs, the vDSO, and the
  * initial stack with argc/argv/envp/auxv.
  */
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "dev.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
+#include "linux.h"
 
 #include <elf.h>
 #include <fcntl.h>

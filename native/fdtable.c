@@ -5,6 +5,7 @@
  * so a host fd can be shared by the clones a snapshot makes. Cloning a table preserves which fds
  * share a description, but the clone's descriptions are its own.
  */
+#include "sandbox_state.h"
 #include "fs.h"
 
 #include <stddef.h>

@@ -1,5 +1,6 @@
 /* file_console.c - the guest's stdout and stderr: each write becomes (part of) an OUTPUT event
  * for the host (zb_output), which drains it before the guest runs on. */
+#include "process.h"
 #include "fs.h"
 
 #include <poll.h>

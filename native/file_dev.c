@@ -3,6 +3,9 @@
  * is readable when the host queued input, and a read with none stops the guest for an INPUT event).
  * Opening a device location is here too; /proc files (fs_proc.c) are opened as overlay files.
  */
+#include "dev.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
 
 #include <fcntl.h>

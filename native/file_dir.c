@@ -5,6 +5,9 @@
  * directory has neither a host fd nor an inode; a host directory has a host fd (fchdir and the
  * *at() calls use its path, not the fd); an overlay directory has its inode.
  */
+#include "memory.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
 
 #include <dirent.h>

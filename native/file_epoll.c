@@ -2,11 +2,11 @@
  * an item is ready, nested epolls walked without recursion), and its life across clones and
  * snapshots. The epoll syscalls are in sys_epoll.c. */
 #include "fs.h"
+#include "serial.h"
 
 #include <poll.h>
 #include <sys/epoll.h>
 
-#include "serial.h"
 
 #define EPOLL_POLL_BITS 0xffffu /* the readiness bits, which equal poll()'s */
 

@@ -12,13 +12,14 @@
  * templates.
  */
 #include "fs.h"
+#include "linux.h"
+#include "serial.h"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 
-#include "serial.h"
 
 #define EVENTFD_MAX 0xfffffffffffffffeull
 

@@ -4,6 +4,10 @@
  * file or a directory) is here too; the host fd is always opened symlink-free (zb_host_open_ro,
  * zb_proj_host_open).
  */
+#include "util.h"
+#include "memory.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
 
 #include <fcntl.h>

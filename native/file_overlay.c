@@ -3,6 +3,9 @@
  * of /proc files. An open description counts as an open of its inode, so an unlinked file lives
  * while it is open. Opening an overlay location (a file or a directory) is here too.
  */
+#include "memory.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
 
 #include <fcntl.h>

@@ -6,6 +6,11 @@
  * stream ends and eventfds follow their state. If nothing is ready, the guest sleeps until its
  * timeout, since no other thread could make anything ready in the meantime.
  */
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
 
 #include <poll.h>

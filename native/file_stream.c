@@ -3,6 +3,7 @@
  * writing them. Pipe ends (file_pipe.c) and socket ends (file_socket.c) are built on them; reading
  * never blocks (see file_pipe.c).
  */
+#include "util.h"
 #include "fs.h"
 
 zb_pipe *zb_pipe_new(void) {

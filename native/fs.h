@@ -15,9 +15,11 @@
  */
 #ifndef ZB_FS_H
 #define ZB_FS_H
-#include "engine.h"
+#include "sandbox_state.h"
 
 #include <sys/stat.h>
+
+#define ZB_MAX_FDS 1024 /* the fd table's size */
 
 /* mount trie node kinds */
 enum { MNT_SYNTH = 1, MNT_HOST_DIR, MNT_HOST_FILE, MNT_SYMLINK, MNT_OVERLAY, MNT_DEV, MNT_PROC_EXE, MNT_PROJECT };

@@ -2,6 +2,9 @@
  * layer against the host (%sandbox diff) and the guest's files as the guest sees them (export).
  * The top layer of the namespace: it uses fs_namespace.c's resolution and fs_project.c's mounts.
  */
+#include "util.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
 
 #include <dirent.h>

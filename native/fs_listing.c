@@ -2,6 +2,7 @@
  * the overlay's directories), and the host side of the view and projects: opening host files
  * symlink-free and listing host directories. Below fs_project.c and fs_namespace.c.
  */
+#include "process.h"
 #include "fs.h"
 
 #include <dirent.h>

@@ -1,6 +1,9 @@
 /* fs_namespace.c - building the guest's namespace (the mount trie) and resolving guest paths in it.
  * See fs.h for the model and why lookups cannot escape it.
  */
+#include "util.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
 
 #include <dirent.h>

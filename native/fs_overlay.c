@@ -7,6 +7,7 @@
  * (refcounted 64 KiB blocks, copied per block on write), so snapshots of a sandbox with many or
  * large files stay cheap.
  */
+#include "util.h"
 #include "fs.h"
 
 #include <stddef.h>

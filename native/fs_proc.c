@@ -8,6 +8,10 @@
  * gets a private snapshot of the content (an unnamed read-only overlay file), as Linux's seq files
  * give a consistent view per open.
  */
+#include "util.h"
+#include "memory.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
 
 #include <fcntl.h>

@@ -12,6 +12,8 @@
  * Guest-side resolution (fs_namespace.c) already confines lookups to the guest namespace; the
  * host-side confinement of READWRITE is a second wall.
  */
+#include "util.h"
+#include "sandbox_state.h"
 #include "fs.h"
 
 #include <dirent.h>

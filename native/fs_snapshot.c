@@ -2,13 +2,15 @@
  * snapshot (a template on disk). Host files the guest had open are saved by path and opened again
  * when the template is loaded; a template whose host files are gone fails to load with an error.
  */
+#include "util.h"
+#include "process.h"
 #include "fs.h"
+#include "serial.h"
 
 #include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "serial.h"
 
 #define MAX_TRIE_DEPTH 256
 #define MAX_TRIE_NODES 1000000

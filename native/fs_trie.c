@@ -3,6 +3,7 @@
  * and the project policies nodes share. The bottom layer of the namespace: fs_project.c and
  * fs_namespace.c build on it, it uses neither.
  */
+#include "util.h"
 #include "fs.h"
 
 #include <fcntl.h>

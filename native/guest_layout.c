@@ -5,7 +5,10 @@
  * edits of present entries. The first 2 MiB leaf is supervisor-only, so user code cannot read or
  * write these structures (and a NULL dereference faults).
  */
-#include "engine.h"
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "guest_abi.h"
 
 #define PML4_GPA 0x1000ul
 #define PDPT_GPA 0x2000ul

@@ -5,7 +5,9 @@
  * MAP_PRIVATE view of the snapshot's image (copy-on-write); ranges the guest frees are replaced by
  * fresh anonymous memory so they read as zeros, as Linux guarantees for new anonymous mappings.
  */
-#include "engine.h"
+#include "util.h"
+#include "memory.h"
+#include "sandbox_state.h"
 #include "serial.h"
 
 #include <sys/mman.h>

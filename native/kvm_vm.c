@@ -4,7 +4,11 @@
  * those make memslot changes ~7 ms and close ~16 ms on PVM hosts). Running a sandbox attaches it:
  * slot 0 is pointed at the sandbox's memory and its registers/XSAVE are loaded.
  */
-#include "engine.h"
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "sandbox_state.h"
+#include "guest_abi.h"
 
 #include <fcntl.h>
 #include <sys/ioctl.h>

@@ -7,7 +7,10 @@
  * The syscall families (sys_*.c) and the file layer call these; they never call into run_loop.c,
  * which calls them too.
  */
-#include "engine.h"
+#include "util.h"
+#include "vm.h"
+#include "process.h"
+#include "sandbox_state.h"
 
 #include <poll.h>
 #include <sys/syscall.h>

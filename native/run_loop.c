@@ -7,7 +7,15 @@
  * After a syscall the host returns to user mode itself (KVM_SET_REGS + KVM_SET_SREGS).
  * A run stops on an event for the caller, the deadline (POSIX timer -> kick signal) or a kick.
  */
-#include "engine.h"
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "dev.h"
+#include "process.h"
+#include "sandbox_state.h"
+#include "linux.h"
+#include "run.h"
+#include "guest_abi.h"
 
 #include <sys/ioctl.h>
 #include <sys/syscall.h>

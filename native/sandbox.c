@@ -1,6 +1,14 @@
 /* sandbox.c - creating, configuring and freeing sandboxes; the small public accessors.
  * Below the snapshot layer: a sandbox's lineage (its base snapshot) is snapshot.c's business. */
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "dev.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
+#include "linux.h"
+#include "sandbox.h"
 
 #include <fcntl.h>
 

@@ -13,7 +13,7 @@
  *                      only (openat2, whose flags a filter cannot read, is gone too).
  * Filters stack: a later phase can only remove permissions.
  */
-#include "engine.h"
+#include "util.h"
 
 #include <fcntl.h>
 #include <linux/audit.h>

@@ -7,7 +7,11 @@
  * the guest stack exactly as Linux does (siginfo, ucontext with the XSAVE image); the handler returns
  * through sa_restorer into rt_sigreturn, which restores the registers and FPU state from that frame.
  */
-#include "engine.h"
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "serial.h"
 
 #include <signal.h>

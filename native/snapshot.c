@@ -11,6 +11,14 @@
  * since the sandbox's base snapshot and those where the two snapshots' chunks differ. So
  * resetting a sandbox after a cell costs what the cell wrote, and its other pages stay warm.
  */
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "dev.h"
+#include "process.h"
+#include "sandbox_state.h"
+#include "fs.h"
+#include "sandbox.h"
 #include "snapshot.h"
 
 #include <fcntl.h>

@@ -14,8 +14,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "serial.h"
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "dev.h"
+#include "process.h"
+#include "fs.h"
 #include "snapshot.h"
+#include "serial.h"
 
 #define STATE_MAGIC 0x50414e53425a0a01ull /* "\x01\nZBSNAP" */
 /* The layout of state.bin. Change it with every change to what a component saves or to the order of

@@ -12,7 +12,10 @@
  * deep is refused with ELOOP. Loops and depth are checked on files, not fd numbers (a dup'ed fd is
  * the same file). Readiness of nested epolls is computed without C recursion (file_epoll.c).
  */
+#include "memory.h"
+#include "sandbox_state.h"
 #include "fs.h"
+#include "linux.h"
 
 #include <fcntl.h>
 #include <limits.h>

@@ -3,7 +3,12 @@
  * that did not come out of that resolution. The handlers decode and check their arguments, then
  * call the open file's operations (f->ops, fs.h): what a kind of file does is in its file_*.c.
  */
+#include "util.h"
+#include "memory.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
+#include "linux.h"
 
 #include <fcntl.h>
 #include <linux/close_range.h>

@@ -1,7 +1,12 @@
 /* sys_fsmeta.c - syscalls on names rather than open files: stat, access, readlink, directories,
  * cwd, mkdir/unlink/rename/symlink, getdents64. Only overlay directories can be changed.
  */
+#include "util.h"
+#include "memory.h"
+#include "process.h"
+#include "sandbox_state.h"
 #include "fs.h"
+#include "linux.h"
 
 #include <fcntl.h>
 #include <sys/statfs.h>

@@ -10,7 +10,11 @@
  * ITIMER_VIRTUAL and ITIMER_PROF (CPU-time timers) are not implemented: arming one fails with
  * EINVAL and a log line; reading or disarming one works (it is never armed).
  */
-#include "engine.h"
+#include "util.h"
+#include "memory.h"
+#include "process.h"
+#include "sandbox_state.h"
+#include "linux.h"
 
 #include <signal.h>
 #include <sys/syscall.h>

@@ -4,7 +4,11 @@
  * out and take back guest-physical ranges: a top-down allocator, zeroing of freed ranges, and
  * copy-on-write mappings of host files for file-backed mmap. mprotect is recorded, not enforced.
  */
+#include "util.h"
+#include "memory.h"
+#include "sandbox_state.h"
 #include "fs.h"
+#include "linux.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,7 +1,9 @@
 /* sys_poll.c - poll, ppoll, select and pselect6 over the guest's fds. Readiness and waiting are
  * file_ready.c's (shared with epoll): each fd's file says which events it has.
  */
+#include "memory.h"
 #include "fs.h"
+#include "linux.h"
 
 #include <poll.h>
 #include <sys/select.h>

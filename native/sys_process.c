@@ -4,7 +4,13 @@
  * hostname "zeroboot", one CPU. The guest is one thread; creating threads or processes fails
  * cleanly with EAGAIN.
  */
-#include "engine.h"
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "process.h"
+#include "sandbox_state.h"
+#include "fs.h"
+#include "linux.h"
 #include "serial.h"
 
 #include <asm/prctl.h>

@@ -5,7 +5,10 @@
  * itself (kill/tgkill, e.g. abort()). Their delivery (the rt_sigframe) and rt_sigreturn's reading of
  * it are not syscalls: they are in signals.c, which the run loop calls too.
  */
-#include "engine.h"
+#include "memory.h"
+#include "process.h"
+#include "sandbox_state.h"
+#include "linux.h"
 
 #include <signal.h>
 #include <sys/syscall.h>

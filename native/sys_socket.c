@@ -7,7 +7,11 @@
  * the notebook's log says why), and a socket never connects, binds or listens. The socket file
  * kind itself (reading, writing, readiness) is file_socket.c.
  */
+#include "util.h"
+#include "memory.h"
+#include "sandbox_state.h"
 #include "fs.h"
+#include "linux.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>

@@ -4,7 +4,12 @@
  * to its original wake time, when the sandbox resumes; the guest's own alarm (sys_itimer.c) ends it
  * with EINTR.
  */
-#include "engine.h"
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "process.h"
+#include "sandbox_state.h"
+#include "linux.h"
 
 #include <sys/syscall.h>
 #include <sys/time.h>

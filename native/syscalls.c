@@ -2,7 +2,9 @@
  * answered with ENOSYS, counted, and logged once per syscall name for the sandbox.
  * The table is filled once per process and read-only afterwards.
  */
-#include "engine.h"
+#include "util.h"
+#include "sandbox_state.h"
+#include "linux.h"
 
 extern const char *const zb_syscall_names[ZB_SYSCALL_MAX]; /* generated from <asm/unistd_64.h> */
 

@@ -6,7 +6,8 @@
  * frame per exit instead of one exit per byte (`rep outsb` would cost ~20 us per byte here).
  * Both feed the same frame assembler; see zeroboot.h for the frame format.
  */
-#include "engine.h"
+#include "util.h"
+#include "dev.h"
 #include "serial.h"
 
 #define REG_DATA 0 /* RBR/THR, DLL when DLAB */

@@ -1,5 +1,6 @@
 /* util.c - the small services every layer uses: error messages, the sandbox log, the clock. */
-#include "engine.h"
+#include "util.h"
+#include "sandbox_state.h"
 
 #include <time.h>
 

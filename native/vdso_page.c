@@ -11,7 +11,13 @@
  * each monotonic base at or above what the previous page gave at the guest's last TSC reading
  * (recorded when the run stopped, zb_vdso_note_stop), whatever the sampling error.
  */
-#include "engine.h"
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "dev.h"
+#include "process.h"
+#include "sandbox_state.h"
+#include "guest_abi.h"
 
 #include <sys/ioctl.h>
 #include <time.h>

@@ -8,7 +8,10 @@
  * lengths beyond their bounds, out-of-range values). Prints "ok COMPONENT" and exits 0, or says what
  * differed and exits 1.
  */
-#include "engine.h"
+#include "memory.h"
+#include "vm.h"
+#include "dev.h"
+#include "process.h"
 #include "serial.h"
 
 /* the engine's generated and embedded parts, which no component here uses */

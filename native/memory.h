@@ -1,0 +1,126 @@
+/* memory.h - the memory layer: the guest's physical (= virtual) layout, the memory images a
+ * mapping is built on, the guest mapping with its allocator, dirty bits and regions, its
+ * snapshot bookkeeping, and validated guest pointers (guest_memory.c).
+ */
+#ifndef ZB_MEMORY_H
+#define ZB_MEMORY_H
+#include "util.h"
+
+/* ---- guest physical (= virtual) layout; see guest_layout.c and docs/ARCHITECTURE.md ---- */
+#define ZB_LOW_REGION (2ul << 20)        /* supervisor-only: page tables, GDT/IDT/TSS, CPL0 stubs */
+#define ZB_MEM_MIN (64ul << 20)
+#define ZB_MEM_MAX (64ul << 30)
+#define ZB_STACK_SIZE (8ul << 20)
+#define ZB_PIE_BASE (16ul << 20)
+
+/* The snapshot state writer and reader (serial.h): each component saves and loads its own state
+ * with them; snapshot_file.c calls them in order. */
+struct zb_out;
+struct zb_in;
+/* A memory image a sandbox's mapping can be built on: a template's memory file, shared
+ * read-only (MAP_PRIVATE) by every fork in every process that loads the template. */
+typedef struct zb_image {
+    atomic_int refs;
+    int fd;
+    uint64_t size;
+    const uint8_t *map;      /* read-only view of the image, to compare pages with; NULL if unmappable */
+    uint64_t *data;          /* bitmap: page holds data in the file (else it is a hole: zeros);
+                                NULL if the file system cannot tell (then every page may hold data) */
+} zb_image;
+/* Does image page pfn read as zeros without reading it (a hole of the sparse image file)? */
+int zb_image_page_is_hole(const zb_image *img, uint64_t pfn);
+zb_image *zb_image_new(int fd, uint64_t size);
+void zb_image_ref(zb_image *img);
+void zb_image_unref(zb_image *img);
+
+/* ---- guest memory (guest_memory.c) ---- */
+typedef struct zb_region {   /* what the guest mapped where: for fault reports and munmap */
+    uint64_t start, end;
+    int prot;
+    char name[96];
+} zb_region;
+
+typedef struct zb_memory {
+    uint8_t *host;           /* host address of guest physical 0 */
+    uint64_t size;           /* bytes, multiple of 2 MiB */
+    uint64_t npages;
+    uint64_t *allocated;     /* bitmap: page belongs to the guest (ELF, stack, brk, mmap) */
+    uint64_t *host_dirty;    /* bitmap: pages changed by the engine (guest writes: KVM dirty log) */
+    uint64_t *file_backed;   /* bitmap: page's host mapping is a file (the base image, a snapshot
+                                store or a host file the guest mapped): MADV_DONTNEED would not
+                                make it read zero */
+    uint64_t *from_image;    /* bitmap: page's host mapping is the base image at the same offset,
+                                so MADV_DONTNEED reverts it to the image's content */
+    uint64_t pages_allocated, pages_limit;
+    uint64_t mmap_top;       /* top-down mmap search starts below this */
+    uint64_t brk_start, brk_end;
+    zb_region *regions;
+    size_t nregions, regions_cap;
+    zb_image *image;         /* base image this mapping was forked from, or NULL */
+    uint8_t *unchanged_runs; /* per page: snapshots in a row that found it logged as written but
+                                unchanged while it was left writable (snapshot.c); NULL until the
+                                first snapshot needs it */
+    uint64_t *stale;         /* bitmap: freed anonymous pages kept mapped for reuse (still holding
+                                what the guest wrote): zeroed when handed out again, given back at
+                                the next restore (zb_mem_free_for_reuse) */
+    uint64_t stale_pages;
+} zb_memory;
+
+int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err);
+void zb_mem_destroy(zb_memory *m);
+/* The bookkeeping part of guest memory (which pages are the guest's, its regions, brk), as a
+ * snapshot keeps it. */
+typedef struct zb_mem_meta {
+    uint64_t *allocated;
+    uint64_t npages, pages_allocated, pages_limit, mmap_top, brk_start, brk_end;
+    zb_region *regions;
+    size_t nregions;
+} zb_mem_meta;
+/* Copy m's bookkeeping into a snapshot's (capture), or a snapshot's back into m (apply). */
+int zb_mem_meta_capture(const zb_memory *m, zb_mem_meta *out);
+int zb_mem_meta_apply(zb_memory *m, const zb_mem_meta *in);
+void zb_mem_meta_free(zb_mem_meta *meta);
+/* On disk; a load refuses another page count than npages (the snapshot's memory size). */
+void zb_mem_meta_save(const zb_mem_meta *m, struct zb_out *o);
+int zb_mem_meta_load(zb_mem_meta *m, uint64_t npages, struct zb_in *in, char *err);
+/* Validated access to guest memory: NULL unless [addr, addr+len) lies in guest-allocated user
+ * pages. `write` marks the pages dirty. */
+void *zb_guest_ptr(zb_sandbox *sb, uint64_t addr, uint64_t len, int write);
+int zb_copy_from_guest(zb_sandbox *sb, void *dst, uint64_t addr, uint64_t len);
+int zb_copy_to_guest(zb_sandbox *sb, uint64_t addr, const void *src, uint64_t len);
+/* Copy a NUL-terminated guest string; -EFAULT or -ENAMETOOLONG. */
+int zb_guest_string(zb_sandbox *sb, uint64_t addr, char *buf, size_t cap);
+uint64_t zb_mem_alloc(zb_memory *m, uint64_t len);            /* top-down; 0 if none */
+int zb_mem_range_free(const zb_memory *m, uint64_t addr, uint64_t len);
+int zb_mem_range_allocated(const zb_memory *m, uint64_t addr, uint64_t len);
+void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated);
+/* Give pages back: contents read as zero afterwards. */
+int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len);
+/* The guest freed [addr, addr+len): like zb_mem_zero, but a big anonymous range keeps its host
+ * pages (and the VM's mappings of them) until the next restore, and is zeroed in place if the
+ * guest allocates it again (zb_mem_mark): a freed 80 MB temporary costs one memset instead of
+ * 20,000 first-touch faults. Snapshots record such pages as zero pages (they are logged as
+ * written and not allocated). The caller marks the range free. */
+int zb_mem_free_for_reuse(zb_memory *m, uint64_t addr, uint64_t len);
+/* Give back every page kept for reuse (before a restore: memory then holds exactly what the
+ * snapshot says, and nothing freed survives a rollback, a rewind or an isolated cell's reset). */
+int zb_mem_release_stale(zb_memory *m);
+/* Host-side prefault of a new anonymous guest mapping the guest is about to fill (numpy arrays,
+ * pandas frames): transparent huge pages where allowed, then MADV_POPULATE_WRITE, so the guest's
+ * first touch of each page costs ~1.5 us instead of 8-20 us. Best effort: errors are ignored. */
+void zb_mem_prefault_anonymous(zb_memory *m, uint64_t addr, uint64_t len);
+/* Map len bytes of host fd at offset (page aligned) copy-on-write at guest addr. */
+int zb_mem_map_file(zb_memory *m, uint64_t addr, uint64_t len, int fd, uint64_t offset);
+/* Make [addr, addr+len) read the base image's bytes again (no-op copy where already mapped). */
+int zb_mem_revert_to_image(zb_memory *m, uint64_t addr, uint64_t len);
+void zb_mem_dirty(zb_memory *m, uint64_t addr, uint64_t len);
+void zb_region_add(zb_memory *m, uint64_t start, uint64_t end, int prot, const char *name);
+void zb_region_remove(zb_memory *m, uint64_t start, uint64_t end);
+void zb_region_set_prot(zb_memory *m, uint64_t start, uint64_t end, int prot);
+const zb_region *zb_region_find(const zb_memory *m, uint64_t addr);
+static inline int zb_bit(const uint64_t *b, uint64_t i) { return (b[i >> 6] >> (i & 63)) & 1; }
+static inline void zb_bit_set(uint64_t *b, uint64_t i) { b[i >> 6] |= 1ull << (i & 63); }
+static inline void zb_bit_clear(uint64_t *b, uint64_t i) { b[i >> 6] &= ~(1ull << (i & 63)); }
+void zb_bits_set_range(uint64_t *b, uint64_t first, uint64_t n, int value);
+
+#endif

@@ -1,0 +1,108 @@
+/* process.h - the process layer: what every syscall family and the file layer use of the guest
+ * process: its signal state and delivery (signals.c), its process-level state (its copy and
+ * on-disk form are in sys_process.c), and the run services: what a syscall handler asks of the
+ * run loop (run_events.c).
+ */
+#ifndef ZB_PROCESS_H
+#define ZB_PROCESS_H
+#include "vm.h"
+
+#include <signal.h>
+
+struct zb_out; /* serial.h: the snapshot state writer and reader */
+struct zb_in;
+/* ---- signal state (signals.c; changed by the syscalls of sys_signals.c and sys_itimer.c) ---- */
+#define ZB_SIG_BIT(sig) (1ull << ((sig) - 1))
+#define ZB_SIG_UNBLOCKABLE (ZB_SIG_BIT(SIGKILL) | ZB_SIG_BIT(SIGSTOP))
+typedef struct zb_sigaction {
+    uint64_t handler, flags, restorer, mask;
+} zb_sigaction;
+
+typedef struct zb_signals {
+    zb_sigaction action[65];
+    uint64_t blocked;
+    uint64_t pending;        /* raised by the host (zb_sandbox_raise), delivered on resume */
+    uint64_t altstack_sp, altstack_size;
+    int altstack_flags;
+    int fault_sig, fault_code; /* a pending CPU fault's signal and si_code (SEGV_MAPERR, ...) */
+    uint64_t fault_addr;       /* and its si_addr, delivered with it */
+    int64_t alarm_ns;          /* ITIMER_REAL expiry, host CLOCK_MONOTONIC ns; 0 = disarmed (sys_itimer.c) */
+    int64_t alarm_interval_ns; /* its period, 0 = one-shot */
+} zb_signals;
+void zb_signals_clone(zb_signals *dst, const zb_signals *src);
+/* On disk (without the alarm: a host monotonic time). */
+void zb_signals_save(const zb_signals *s, struct zb_out *o);
+int zb_signals_load(zb_signals *s, struct zb_in *in, char *err);
+
+/* ---- process-level state (its copy and on-disk form: sys_process.c) ---- */
+typedef struct zb_process {
+    char exe[PATH_MAX];      /* guest path of the program, answer to readlink /proc/self/exe */
+    char cwd[PATH_MAX];
+    uint64_t tid_address;
+    unsigned umask;
+    int exit_status;
+    uint64_t cpu_ns;         /* CPU time the guest has used (its runs' wall time), as the guest reads it
+                                (clock_gettime CPU clocks, getrusage, times, sysinfo): part of the state a
+                                snapshot restores, so an isolated cell never learns how long another ran */
+    uint64_t sys_ns;         /* the part of cpu_ns the engine spent serving the guest\'s syscalls (its
+                                "system" time), restored the same way */
+    int64_t clock_base[3];   /* CLOCK_MONOTONIC, BOOTTIME, MONOTONIC_RAW bases of the vDSO page last
+                                published (host copies: the page itself is guest memory), */
+    uint64_t clock_tsc0, clock_mult; /* with its TSC origin and scale (vdso_page.c) */
+    int64_t clock_floor[3];  /* the latest of each the guest can have read, as of its last stop: the
+                                next page never goes below */
+} zb_process;
+void zb_process_clone(zb_process *dst, const zb_process *src);
+/* On disk: the program, its working directory, tid address and umask (not the clocks). */
+void zb_process_save(const zb_process *p, struct zb_out *o);
+int zb_process_load(zb_process *p, struct zb_in *in, char *err);
+
+/* ---- what a syscall handler asks of the run loop (run_events.c) ----
+ * A handler that cannot finish now calls zb_stop_event(sb, kind, 1) and returns ZB_SYSCALL_STOP;
+ * the syscall is served again when the sandbox resumes. A handler that finished but needs the
+ * caller (e.g. output to hand over) calls zb_stop_event(sb, kind, 0) and returns its result. */
+#define ZB_SYSCALL_STOP (-100000)
+/* A long engine operation (a listing of a huge directory) gave up because the run's deadline
+ * passed or a kick came: the handler turns it into zb_stop_for_deadline (never seen by the guest). */
+#define ZB_DEADLINE_PASSED (-100001)
+zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry);
+/* Append guest output to the pending OUTPUT event (one event per syscall). */
+int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len);
+/* 1 if the running sandbox's deadline has passed or a kick is pending (checked by long operations). */
+int zb_should_stop(const zb_sandbox *sb);
+/* Stop the syscall for that deadline or kick; it is served again on resume. Returns ZB_SYSCALL_STOP. */
+long zb_stop_for_deadline(zb_sandbox *sb);
+/* sleeping inside a syscall: waits until wake_ns or a kick/deadline. 0 = slept fully,
+ * ZB_SYSCALL_STOP = interrupted (sb->stop set), -EINTR = the guest's alarm went off and interrupts. */
+long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns);
+/* The run's deadline (0: none), set by zb_sandbox_run for the running thread. */
+extern __thread int64_t zb_run_deadline_ns;
+/* This thread's signal mask with the kick signal unblocked, for sleeps (set by zb_sandbox_run). */
+extern __thread sigset_t zb_run_wait_sigmask;
+/* 1 if the sandbox was kicked (zb_sandbox_kick or a kick signal from outside); clears both. */
+int zb_take_kick(zb_sandbox *sb);
+/* Arm the run's POSIX timer (the kick signal to this thread) at the earlier of the run deadline and
+ * the guest's alarm, or disarm it. */
+int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm);
+/* The guest changed its alarm: re-arm the running sandbox's wake-up timer. */
+void zb_run_timer_update(zb_sandbox *sb);
+
+/* ---- signal delivery (signals.c) ---- */
+/* Queue SIGALRM if the guest's alarm expired by `now` (and re-arm a periodic one); 1 if it did. */
+int zb_alarm_check(zb_sandbox *sb, int64_t now);
+/* Deliver the lowest pending unblocked signal: 0 = done or nothing to do, 1 = the default action
+ * kills the guest (*killed_by), -1 = the guest's stack cannot take a frame (*killed_by = SIGSEGV). */
+int zb_signal_deliver(zb_sandbox *sb, int *killed_by);
+int zb_signal_has_handler(const zb_sandbox *sb, int sig);
+/* 1 if `sig` arriving now would interrupt a blocked syscall (unblocked, and handled or fatal). */
+int zb_signal_interrupts(const zb_sandbox *sb, int sig);
+/* rt_sigreturn: restore the interrupted context into sb->cpu.regs and set context_restored;
+ * or -errno (regs untouched) for a frame that cannot be read. */
+long zb_signals_sigreturn(zb_sandbox *sb);
+
+/* The guest's CPU time in ns: proc.cpu_ns plus the run under way (run_events.c). */
+uint64_t zb_guest_cpu_ns(const zb_sandbox *sb);
+/* The same split as a kernel reports it: syscall service is system time, the rest user time. */
+void zb_guest_cpu_split(const zb_sandbox *sb, uint64_t *user_ns, uint64_t *sys_ns);
+
+#endif

@@ -1,0 +1,70 @@
+/* sandbox_state.h - struct zb_sandbox: one sandbox's state, a field per layer (memory, vCPU,
+ * signals, UART, process, and the file layer's namespace and fd table, opaque here: fs.h).
+ *
+ * Ownership, in Firecracker's spirit: each stateful part (memory, cpu, files, fds, signals, uart,
+ * process) owns its own state struct and its clone (a snapshot's copy), save and load (its section
+ * of the state file, serial.h); snapshot.c and snapshot_file.c only call them.
+ *
+ * It sits above the process and dev layers (it embeds every lower layer's state), yet the files
+ * of those layers that take a zb_sandbox * and reach into it include it too: those upward
+ * includes are listed, with the reason, in docs/ARCHITECTURE.md section 7 and
+ * tests/test_native_layers.py.
+ */
+#ifndef ZB_SANDBOX_STATE_H
+#define ZB_SANDBOX_STATE_H
+#include "dev.h"
+#include "process.h"
+
+#include <pthread.h>
+
+#define ZB_LOG_MAX 8192
+
+typedef struct zb_fs zb_fs;
+typedef struct zb_fdtable zb_fdtable;
+
+/* ---- the sandbox ---- */
+struct zb_sandbox {
+    zb_engine *engine;
+    zb_memory mem;
+    zb_cpu cpu;
+    zb_fs *fs;
+    zb_fdtable *fds;
+    zb_signals sig;
+    zb_uart uart;
+    zb_process proc;
+    uint64_t vdso_data;      /* guest address of the vDSO data page, 0 if none */
+    zb_snapshot *base;       /* the snapshot this sandbox's memory is relative to (host_dirty and
+                                KVM's dirty log say what changed since), or NULL */
+    uint64_t snapshots_taken; /* by zb_sandbox_snapshot: every 8th also moves pages out of mostly dead stores */
+
+    int finished;            /* exited, crashed or broke a rule: cannot run again */
+    atomic_int kick_requested;
+    atomic_int running;
+    int64_t run_started_ns;  /* while zb_sandbox_run runs: when it started (guest CPU clocks) */
+    pthread_t runner;        /* valid while running */
+    int trace_fd;
+    int profile;             /* syscall phases are stamped (zb_sandbox_set_profile) */
+    zb_syscall_profile prof;
+    int64_t prof_exit_ns;    /* profiling: when the last KVM_RUN returned, and how long it took */
+    int64_t prof_run_ns;
+    int test_break_vector;   /* zb_sandbox_test_break_in_trap: the stub's vector + 1, 0 = off */
+
+    /* an event a syscall handler asks the run loop to return after the syscall */
+    zb_event stop_ev;
+    int has_stop;
+    int stop_retry;          /* the syscall did not complete: serve it again on resume */
+    uint8_t *out_buf;        /* OUTPUT event bytes */
+    size_t out_cap;
+
+    zb_stats stats;
+    char log[ZB_LOG_MAX];
+    size_t log_len;
+    uint64_t logged_unknown[8]; /* bitmap of syscall numbers already logged as unimplemented */
+    int logged_no_network;   /* socket() refusals so far (the first one is logged) */
+};
+
+/* Phase stamps of the syscall profile: nothing but a branch when profiling is off. */
+#define ZB_PROF_BEGIN(sb, t) int64_t t = (sb)->profile ? zb_now_ns() : 0
+#define ZB_PROF_END(sb, t, field) do { if ((sb)->profile) (sb)->prof.field += (uint64_t)(zb_now_ns() - (t)); } while (0)
+
+#endif

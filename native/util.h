@@ -1,0 +1,36 @@
+/* util.h - the host layer, the bottom of the engine (docs/ARCHITECTURE.md section 7): page
+ * arithmetic, error messages, the sandbox log, the clock (util.c). Every other internal header
+ * includes it first: it defines _GNU_SOURCE before any system header, and brings the C library
+ * headers every file of the engine uses. Not part of the cffi contract (zeroboot.h is).
+ */
+#ifndef ZB_UTIL_H
+#define ZB_UTIL_H
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "zeroboot.h"
+
+#define ZB_PAGE 4096ul
+#define ZB_PAGE_UP(x) (((x) + ZB_PAGE - 1) & ~(ZB_PAGE - 1))
+#define ZB_PAGE_DOWN(x) ((x) & ~(ZB_PAGE - 1))
+#define ZB_HUGE (2ul << 20)
+#define ZB_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define ZB_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* ---- errors, logging, the clock (util.c) ---- */
+/* Format an error message into err (ZB_ERRLEN bytes; NULL: dropped). */
+void zb_seterr(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Append a line to the sandbox's log (zb_sandbox_take_log drains it). */
+void zb_log(zb_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Host CLOCK_MONOTONIC in ns. */
+int64_t zb_now_ns(void);
+
+#endif

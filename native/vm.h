@@ -1,0 +1,96 @@
+/* vm.h - the vm layer: /dev/kvm and the executor VM (kvm_vm.c), the guest's low memory: page
+ * tables, descriptors, CPL0 stubs (guest_layout.c), and a sandbox's vCPU state (cpu_state.c).
+ */
+#ifndef ZB_VM_H
+#define ZB_VM_H
+#include "memory.h"
+
+#include <linux/kvm.h>
+#include <signal.h>
+#include <time.h>
+
+struct zb_out; /* serial.h: the snapshot state writer and reader */
+struct zb_in;
+/* ---- executor VM (kvm_vm.c) ---- */
+typedef struct zb_vm {
+    int vm_fd, vcpu_fd;
+    struct kvm_run *run;
+    size_t run_size;
+    zb_sandbox *attached;    /* whose memory is in slot 0 and whose vCPU state is loaded */
+    uint64_t slot_hva, slot_size;
+    int slot_present;
+    uint64_t tsc_khz;
+    timer_t wake_timer;      /* during a run: sends the kick signal at the deadline or the guest's alarm */
+    int wake_timer_live;
+    int manual_protect;      /* KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 is on: reading the dirty log does not
+                                write-protect pages; zb_vm_protect_pages does, for the pages we name */
+    /* The vCPU's special registers as last read, for returns to user mode after a syscall: they
+     * are the user template (zb_layout_user_sregs, applied on each return) plus fields that do not
+     * change while the guest runs at CPL3 without an irqchip (APIC base, CR8, no pending
+     * interrupt; CR2 is not readable at CPL3). Saves a KVM_GET_SREGS per syscall (~3 us here).
+     * Read again on every zb_vm_load_cpu. */
+    struct kvm_sregs user_sregs;
+    int user_sregs_valid;
+} zb_vm;
+
+/* Set by the handler of ZB_KICK_SIGNAL on this thread (kvm_vm.c); the run loop clears it before KVM_RUN. */
+extern __thread volatile sig_atomic_t zb_kick_signal_seen;
+/* Set by that handler when the kick signal came from another process, not from the run's own
+ * wake-up timer; taken (and cleared) by zb_take_kick. */
+extern volatile sig_atomic_t zb_outside_kick;
+
+struct zb_engine {
+    int kvm_fd;
+    struct kvm_cpuid2 *cpuid;
+    size_t vcpu_mmap_size;
+    size_t xsave_size;       /* bytes KVM_GET_XSAVE(2) fills */
+    int have_xsave2;
+    uint64_t xcr0;
+    zb_vm *vm;               /* the executor; created on first run */
+};
+
+int zb_vm_create(zb_engine *e, zb_vm **out, char *err);
+void zb_vm_destroy(zb_vm *vm);
+/* Point slot 0 at the sandbox's memory and load its vCPU state (no-op if already attached). */
+int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err);
+/* Save the attached sandbox's vCPU state and dirty log back into it and detach. */
+int zb_vm_detach(zb_vm *vm, char *err);
+/* Merge KVM's dirty log into the attached sandbox's host_dirty. With keep_writable (a snapshot or
+ * a restore that compares pages, snapshot.c), logged pages stay writable for the guest and stay in
+ * the log, and the caller write-protects those it finds unchanged (zb_vm_protect_pages); otherwise
+ * every logged page is write-protected again, so that the next write to it is logged. */
+int zb_vm_collect_dirty(zb_vm *vm, int keep_writable, char *err);
+/* Write-protect (and clear in the dirty log) the pages set in `pages` (one bit per guest page). */
+int zb_vm_protect_pages(zb_vm *vm, uint64_t *pages, char *err);
+int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err);
+/* Load the attached sandbox's registers, segments and XSAVE image into the vCPU. */
+int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err);
+/* The sandbox's memory goes away: unmap it from the executor if attached. */
+int zb_vm_forget(zb_vm *vm, zb_sandbox *sb, char *err);
+
+/* ---- guest low memory: page tables, descriptors, CPL0 stubs (guest_layout.c) ---- */
+void zb_layout_write(zb_memory *m);
+void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_base, uint64_t gs_base);
+uint64_t zb_layout_stub_addr(int vector);
+uint64_t zb_layout_exception_stack_top(void);
+
+/* ---- vCPU state of a sandbox (cpu_state.c) ---- */
+typedef struct zb_cpu {
+    struct kvm_regs regs;    /* user-mode registers to resume with */
+    uint64_t fs_base, gs_base;
+    uint8_t *xsave;          /* engine->xsave_size bytes, KVM's standard XSAVE layout; while the
+                                sandbox is attached, the VM holds the current contents */
+    int pending_syscall;     /* a syscall was interrupted and is re-served on resume */
+    uint64_t pending_nr;
+    int64_t pending_wake_ns; /* for an interrupted sleep: absolute wake time */
+    int context_restored;    /* set by rt_sigreturn: regs (rax included) are the restored context,
+                                not a syscall's result, whatever value rax holds */
+} zb_cpu;
+/* A copy with its own XSAVE image (xsave_size bytes, the engine's); -1 out of memory. */
+int zb_cpu_clone(zb_cpu *dst, const zb_cpu *src, size_t xsave_size);
+void zb_cpu_free(zb_cpu *c);
+/* On disk. A load refuses an XSAVE image of another size than xsave_size (another host's CPU). */
+void zb_cpu_save(const zb_cpu *c, size_t xsave_size, struct zb_out *o);
+int zb_cpu_load(zb_cpu *c, size_t xsave_size, struct zb_in *in, char *err);
+
+#endif
