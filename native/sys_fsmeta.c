@@ -2,6 +2,7 @@
  * cwd, mkdir/unlink/rename/symlink, getdents64. Only overlay directories can be changed.
  */
 #include "fs.h"
+#include "shared_map.h"
 
 #include <fcntl.h>
 #include <sys/statfs.h>
@@ -383,7 +384,7 @@ static long sys_truncate(zb_sandbox *sb, const uint64_t a[6]) {
     }
     uint32_t ino;
     long rc = overlay_file_for(sb, AT_FDCWD, a[0], 0, &ino);
-    return rc < 0 ? rc : zb_ovl_truncate(sb->fs, ino, a[1]);
+    return rc < 0 ? rc : zb_overlay_truncate(sb, ino, a[1]);
 }
 
 static long do_chmod(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mode, int flags) {
