@@ -4,9 +4,12 @@ templates and forks, and numpy's memmap and sqlite's WAL mode in a notebook sess
 and a rewind."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import guest_c
+from zeroboot_kernel.native import EventKind
 from session_helpers import cell
 from zeroboot_kernel.session import Session
 
@@ -19,6 +22,20 @@ def test_shared_map_syscalls(test: str) -> None:
 
 def test_mapping_and_file_survive_snapshots_saves_and_forks(tmp_path) -> None:
     guest_c.check_state_survives_snapshots("shared_map", tmp_path)  # forks share no mapping
+
+
+def test_host_reads_see_the_mapping() -> None:
+    """The host side's reads of a guest file (%sandbox export) see bytes stored only through a
+    shared mapping, and do not disturb the guest's coherence checks afterwards."""
+    with guest_c.boot("shared_map", "snapshot_state") as sb:
+        ev = sb.run(time.monotonic() + 10)
+        assert ev.kind is EventKind.OUTPUT and b"ready" in ev.data, ev
+        assert sb.run(time.monotonic() + 10).kind is EventKind.INPUT
+        assert sb.read_chunk("/tmp/shm-s", 0, 13) == b"mapped before"
+        assert sb.read_chunk("/tmp/shm-s", 4096, 14) == b"written before"
+        sb.push_input(b"go")
+        result = guest_c.drive(sb)
+        assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
 
 
 MEMMAP = ("import numpy as np, os\n"
