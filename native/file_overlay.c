@@ -2,16 +2,20 @@
  * upper copies of an overlay project's files, unnamed O_TMPFILE files and the private snapshots
  * of /proc files. An open description counts as an open of its inode, so an unlinked file lives
  * while it is open. Opening an overlay location (a file or a directory) is here too.
+ * Shared mappings of a file are authoritative for their range (shared_map.c): reads and mmap fills
+ * write them back first, writes and truncations refresh them.
  */
 #include "memory.h"
 #include "process.h"
 #include "sandbox_state.h"
 #include "fs.h"
+#include "shared_map.h"
 
 #include <fcntl.h>
 
 static long overlay_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t off) {
     uint64_t pos = off < 0 ? f->offset : (uint64_t)off;
+    if (zb_shmap_writeback(sb, f->ino, pos, n) < 0) return -EIO; /* a mapping's bytes did not fit the overlay */
     long r = zb_ovl_read(sb->fs, f->ino, p, n, pos);
     if (r > 0 && off < 0) f->offset += (uint64_t)r;
     return r;
@@ -23,7 +27,9 @@ static long overlay_write(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n
     long denied = zb_file_write_check(f); /* a project file, and the project's mode changed */
     if (denied) return denied;
     uint64_t pos = off >= 0 ? (uint64_t)off : (f->flags & O_APPEND) ? in->size : f->offset;
+    uint64_t old_size = in->size;
     long r = zb_ovl_write(sb->fs, f->ino, p, n, pos);
+    if (r > 0) zb_shmap_reload(sb, f->ino, ZB_MIN(pos, old_size), pos + (uint64_t)r - ZB_MIN(pos, old_size));
     if (r > 0 && off < 0) f->offset = pos + (uint64_t)r;
     return r;
 }
@@ -32,15 +38,16 @@ static long overlay_seek(zb_sandbox *sb, zb_file *f, int64_t off, int whence) {
     return zb_file_seek_sized(f, off, whence, (int64_t)zb_ovl_inode(sb->fs, f->ino)->size);
 }
 
-static long overlay_truncate(zb_sandbox *sb, zb_file *f, uint64_t size) { return zb_ovl_truncate(sb->fs, f->ino, size); }
+static long overlay_truncate(zb_sandbox *sb, zb_file *f, uint64_t size) { return zb_overlay_truncate(sb, f->ino, size); }
 
 static long overlay_fallocate(zb_sandbox *sb, zb_file *f, uint64_t end) {
     zb_inode *in = zb_ovl_inode(sb->fs, f->ino);
-    return end > in->size ? zb_ovl_truncate(sb->fs, f->ino, end) : 0;
+    return end > in->size ? zb_overlay_truncate(sb, f->ino, end) : 0;
 }
 
-/* A private mapping is a copy of the file's bytes. */
+/* A mapping is a copy of the file's bytes (a shared one is then kept coherent: shared_map.c). */
 static long overlay_mmap_fill(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len, uint64_t off) {
+    if (zb_shmap_writeback(sb, f->ino, off, len) < 0) return -ENOMEM; /* as above */
     long r = zb_ovl_read(sb->fs, f->ino, sb->mem.host + addr, len, off);
     zb_mem_dirty(&sb->mem, addr, len);
     return r < 0 ? r : 0;
@@ -61,7 +68,7 @@ static uint32_t overlay_ino(const zb_file *f) { return f->ino; }
 
 const zb_file_ops zb_file_overlay_ops = {
     .name = "overlay file",
-    .props = ZB_FOPS_NO_EPOLL | ZB_FOPS_MMAP_COPIES,
+    .props = ZB_FOPS_NO_EPOLL | ZB_FOPS_MMAP_COPIES | ZB_FOPS_SHARED_MAP,
     .read = overlay_read,
     .write = overlay_write,
     .positional = zb_always,
@@ -74,6 +81,17 @@ const zb_file_ops zb_file_overlay_ops = {
     .overlay_ino = overlay_ino,
 };
 
+/* Truncate an overlay file and refresh its shared mappings past the shorter of the two sizes
+ * (they read zeros there, as Linux's do after the pages are dropped). */
+long zb_overlay_truncate(zb_sandbox *sb, uint32_t ino, uint64_t size) {
+    zb_inode *in = zb_ovl_inode(sb->fs, ino);
+    if (!in) return -EBADF;
+    uint64_t from = ZB_MIN(size, in->size);
+    int rc = zb_ovl_truncate(sb->fs, ino, size);
+    if (rc == 0) zb_shmap_reload(sb, ino, from, UINT64_MAX - from);
+    return rc;
+}
+
 /* Open a LOC_OVERLAY location: a file (truncated by O_TRUNC when opened for writing) or a
  * directory (FILE_DIR). */
 long zb_overlay_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out) {
@@ -83,7 +101,7 @@ long zb_overlay_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **o
     if (!in) return -ENOENT;
     if (in->type == INO_SYMLINK) return -ELOOP;
     if (in->readonly && (wr || (flags & O_TRUNC))) return -EACCES;
-    if ((flags & O_TRUNC) && wr && (rc = zb_ovl_truncate(sb->fs, r->loc.ino, 0)) < 0) return rc;
+    if ((flags & O_TRUNC) && wr && (rc = zb_overlay_truncate(sb, r->loc.ino, 0)) < 0) return rc;
     zb_file *f = zb_file_new(r->loc.is_dir ? FILE_DIR : FILE_OVERLAY);
     if (!f) return -ENOMEM;
     f->ino = r->loc.ino;

@@ -451,6 +451,8 @@ typedef struct zb_file_ops {
 #define ZB_FOPS_NO_EPOLL 2       /* epoll_ctl refuses it with EPERM (regular files and directories) */
 #define ZB_FOPS_STREAMS 4        /* has rx/tx streams (pipes, sockets): a snapshot may attach them */
 #define ZB_FOPS_MMAP_COPIES 8    /* a mapping is a copy: shared writable mappings would lose writes (ENODEV) */
+#define ZB_FOPS_SHARED_MAP 16    /* ... unless this is set too: shared mappings of its overlay inode
+                                    (overlay_ino) are kept coherent with it (shared_map.c) */
 
 #define ZB_FILE_KIND(kind, number, ops) extern const zb_file_ops ops;
 #include "file_kinds.h"

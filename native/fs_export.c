@@ -6,6 +6,7 @@
 #include "process.h"
 #include "sandbox_state.h"
 #include "fs.h"
+#include "shared_map.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -159,6 +160,7 @@ long zb_guest_read_file(zb_sandbox *sb, const char *guest_path, uint64_t offset,
         struct stat st;
         zb_ovl_stat(sb->fs, r.loc.ino, &st);
         if (!S_ISREG(st.st_mode)) { zb_seterr(err, "%s is not a regular file", guest_path); return -1; }
+        (void)zb_shmap_writeback(sb, r.loc.ino, offset, len); /* a shared mapping holds the latest bytes */
         long n = zb_ovl_read(sb->fs, r.loc.ino, buf, len, offset);
         if (n < 0) { zb_seterr(err, "%s: %s", guest_path, strerror((int)-n)); return -1; }
         return n;

@@ -9,6 +9,7 @@
 #include "memory.h"
 #include "sandbox_state.h"
 #include "serial.h"
+#include "shared_map_state.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -139,6 +140,7 @@ void zb_mem_destroy(zb_memory *m) {
     free(m->stale);
     free(m->unchanged_runs);
     free(m->regions);
+    zb_shmap_free(m->shmap);
     zb_image_unref(m->image);
     memset(m, 0, sizeof *m);
 }
@@ -153,6 +155,7 @@ int zb_mem_meta_capture(const zb_memory *m, zb_mem_meta *out) {
         memcpy(out->regions, m->regions, m->nregions * sizeof(zb_region));
     }
     out->nregions = m->nregions;
+    if (zb_shmap_copy(m->shmap, &out->shmap) < 0) { zb_mem_meta_free(out); return -1; }
     out->npages = m->npages;
     out->pages_allocated = m->pages_allocated;
     out->pages_limit = m->pages_limit;
@@ -167,6 +170,10 @@ int zb_mem_meta_apply(zb_memory *m, const zb_mem_meta *in) {
     zb_region *regions = NULL;
     if (in->nregions && !(regions = malloc(in->nregions * sizeof(zb_region)))) return -1;
     if (in->nregions) memcpy(regions, in->regions, in->nregions * sizeof(zb_region));
+    struct zb_shmap *shmap;
+    if (zb_shmap_copy(in->shmap, &shmap) < 0) { free(regions); return -1; }
+    zb_shmap_free(m->shmap);
+    m->shmap = shmap;
     memcpy(m->allocated, in->allocated, bitmap_bytes(m->npages));
     free(m->regions);
     m->regions = regions;
@@ -182,6 +189,7 @@ int zb_mem_meta_apply(zb_memory *m, const zb_mem_meta *in) {
 void zb_mem_meta_free(zb_mem_meta *meta) {
     free(meta->allocated);
     free(meta->regions);
+    zb_shmap_free(meta->shmap);
     memset(meta, 0, sizeof *meta);
 }
 
@@ -202,6 +210,7 @@ void zb_mem_meta_save(const zb_mem_meta *m, struct zb_out *o) {
         out_u32(o, (uint32_t)m->regions[i].prot);
         out_str(o, m->regions[i].name);
     }
+    zb_shmap_save(m->shmap, o);
 }
 
 /* More regions than any guest makes (each mmap call adds at most one). */
@@ -229,7 +238,7 @@ int zb_mem_meta_load(zb_mem_meta *m, uint64_t npages, struct zb_in *in, char *er
         in_str_into(in, r->name, sizeof r->name);
         m->nregions++;
     }
-    if (in->err) goto corrupt;
+    if (in->err || zb_shmap_load(&m->shmap, npages * ZB_PAGE, in) < 0) goto corrupt;
     return 0;
 corrupt:
     zb_mem_meta_free(m);

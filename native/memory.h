@@ -40,6 +40,7 @@ typedef struct zb_region {   /* what the guest mapped where: for fault reports a
     char name[96];
 } zb_region;
 
+struct zb_shmap;
 typedef struct zb_memory {
     uint8_t *host;           /* host address of guest physical 0 */
     uint64_t size;           /* bytes, multiple of 2 MiB */
@@ -64,6 +65,7 @@ typedef struct zb_memory {
                                 what the guest wrote): zeroed when handed out again, given back at
                                 the next restore (zb_mem_free_for_reuse) */
     uint64_t stale_pages;
+    struct zb_shmap *shmap;  /* MAP_SHARED mappings of overlay files (shared_map.h), or NULL */
 } zb_memory;
 
 int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err);
@@ -75,6 +77,7 @@ typedef struct zb_mem_meta {
     uint64_t npages, pages_allocated, pages_limit, mmap_top, brk_start, brk_end;
     zb_region *regions;
     size_t nregions;
+    struct zb_shmap *shmap;  /* a copy of zb_memory's, or NULL */
 } zb_mem_meta;
 /* Copy m's bookkeeping into a snapshot's (capture), or a snapshot's back into m (apply). */
 int zb_mem_meta_capture(const zb_memory *m, zb_mem_meta *out);

@@ -29,7 +29,7 @@
  * another format are rebuilt, and a state.bin of another format is refused, never misread.
  *   3: raw struct dumps of the vCPU registers and the signal state, no sections.
  *   4: one section per component, written and read by the component (explicit little-endian fields). */
-#define STATE_FORMAT 4
+#define STATE_FORMAT 5
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

@@ -7,6 +7,7 @@
 #include "sandbox_state.h"
 #include "fs.h"
 #include "linux.h"
+#include "shared_map.h"
 
 #include <fcntl.h>
 #include <sys/statfs.h>
@@ -388,7 +389,7 @@ static long sys_truncate(zb_sandbox *sb, const uint64_t a[6]) {
     }
     uint32_t ino;
     long rc = overlay_file_for(sb, AT_FDCWD, a[0], 0, &ino);
-    return rc < 0 ? rc : zb_ovl_truncate(sb->fs, ino, a[1]);
+    return rc < 0 ? rc : zb_overlay_truncate(sb, ino, a[1]);
 }
 
 static long do_chmod(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mode, int flags) {

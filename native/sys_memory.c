@@ -3,12 +3,14 @@
  * The guest's page tables map all of guest memory once (guest_layout.c), so these calls only hand
  * out and take back guest-physical ranges: a top-down allocator, zeroing of freed ranges, and
  * copy-on-write mappings of host files for file-backed mmap. mprotect is recorded, not enforced.
+ * MAP_SHARED mappings of overlay files are copies kept coherent with the file (shared_map.c).
  */
 #include "util.h"
 #include "memory.h"
 #include "sandbox_state.h"
 #include "fs.h"
 #include "linux.h"
+#include "shared_map.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -38,13 +40,23 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
     int type = flags & MAP_TYPE;
     if (type != MAP_PRIVATE && type != MAP_SHARED && type != MAP_SHARED_VALIDATE) return -EINVAL;
     zb_file *f = NULL;
+    int shared = 0; /* a MAP_SHARED mapping of an overlay file: recorded in the shared-map table */
+    uint32_t ino = 0;
     if (!(flags & MAP_ANONYMOUS)) {
         if (!(f = zb_fd_get(sb, (uint64_t)fd))) return -EBADF;
         if ((f->flags & O_ACCMODE) == O_WRONLY) return -EACCES;
         if (type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->flags & O_ACCMODE) != O_RDWR) return -EACCES;
-        /* shared writable file mappings would need write-back: not supported (a host file of a
-         * read-write project would be copied in, so writes to the mapping would be lost silently) */
-        if (type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->ops->props & ZB_FOPS_MMAP_COPIES)) return -ENODEV;
+        shared = type != MAP_PRIVATE && (f->ops->props & ZB_FOPS_SHARED_MAP) && f->ops->overlay_ino;
+        if (shared) ino = f->ops->overlay_ino(f);
+        /* other shared writable file mappings would need write-back to the host: not supported (a
+         * host file of a read-write project is copied in, so writes to it would be lost silently) */
+        if (!shared && type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->ops->props & ZB_FOPS_MMAP_COPIES)) return -ENODEV;
+        uint64_t fixed_len = (flags & MAP_FIXED) ? len : 0;
+        long busy = shared ? zb_shmap_check(sb, ino, off, len, (prot & PROT_WRITE) != 0, addr, fixed_len) : 0;
+        if (busy == -EBUSY)
+            zb_log(sb, "mmap: a second shared mapping overlapping a writable shared mapping of the same "
+                       "file range cannot be kept coherent: refused (EBUSY)");
+        if (busy < 0) return busy;
         if (f->ops->getdents) return -ENODEV; /* a directory: before anything else (other files that
                                                 cannot be mapped say so once the range is chosen) */
     }
@@ -56,7 +68,9 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         if ((flags & MAP_FIXED_NOREPLACE) && !zb_mem_range_free(m, addr, len)) return -EEXIST;
         if (m->pages_allocated + new_pages(m, addr, len) > m->pages_limit) return -ENOMEM;
         at = addr;
-        long rc = zb_mem_zero(m, at, len);
+        long rc = zb_shmap_unmap(sb, at, len); /* a shared mapping it replaces is written back first */
+        if (rc < 0) return rc;
+        rc = zb_mem_zero(m, at, len);
         if (rc < 0) return rc;
     } else if (addr && !(addr & (ZB_PAGE - 1)) && user_range(m, addr, len) && zb_mem_range_free(m, addr, len) &&
                m->pages_allocated + len / ZB_PAGE <= m->pages_limit) {
@@ -73,6 +87,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
     if (f) {
         /* the kind fills the range (file_host.c maps view files copy-on-write) */
         long rc = f->ops->mmap_fill ? f->ops->mmap_fill(sb, f, at, len, off) : -ENODEV;
+        if (rc >= 0 && shared) rc = zb_shmap_add(sb, ino, at, len, off, (prot & PROT_WRITE) != 0);
         if (rc < 0) {
             zb_mem_zero(m, at, len);
             zb_mem_mark(m, at, len, 0);
@@ -86,7 +101,9 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
 
 static long unmap(zb_sandbox *sb, uint64_t addr, uint64_t len) {
     zb_memory *m = &sb->mem;
-    long rc = zb_mem_free_for_reuse(m, addr, len);
+    long rc = zb_shmap_unmap(sb, addr, len); /* shared file mappings are written back */
+    if (rc < 0) return rc;
+    rc = zb_mem_free_for_reuse(m, addr, len);
     if (rc < 0) return rc;
     zb_mem_mark(m, addr, len, 0);
     zb_region_remove(m, addr, addr + len);
@@ -105,6 +122,9 @@ static long sys_mprotect(zb_sandbox *sb, const uint64_t a[6]) {
     if (addr & (ZB_PAGE - 1)) return -EINVAL;
     if (!len) return 0;
     if (!user_range(&sb->mem, addr, len) || !zb_mem_range_allocated(&sb->mem, addr, len)) return -ENOMEM;
+    /* a read-only shared file mapping may overlap others: it must stay read-only (Linux would
+     * refuse PROT_WRITE too if the file was not opened for writing) */
+    if ((a[2] & PROT_WRITE) && zb_shmap_readonly_in(&sb->mem, addr, len)) return -EACCES;
     zb_region_set_prot(&sb->mem, addr, addr + len, (int)a[2]);
     return 0; /* recorded only: all guest memory stays readable, writable and executable */
 }
@@ -116,6 +136,12 @@ static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
     if ((flags & MREMAP_FIXED) && !(flags & MREMAP_MAYMOVE)) return -EINVAL;
     if (!osz || !user_range(m, old, osz) || !zb_mem_range_allocated(m, old, osz)) return -EFAULT;
     if (nsz > m->size) return -ENOMEM;
+    /* a shared file mapping shrinks in place (the tail is written back); growing or moving one is
+     * not supported */
+    if (zb_shmap_find(m, old, osz) && (nsz > osz || (flags & MREMAP_FIXED))) {
+        zb_log(sb, "mremap: growing or moving a shared file mapping is not supported (EINVAL)");
+        return -EINVAL;
+    }
     const zb_region *reg = zb_region_find(m, old);
     char name[96];
     snprintf(name, sizeof name, "%s", reg ? reg->name : "[anon]");
@@ -138,7 +164,7 @@ static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
         if ((want & (ZB_PAGE - 1)) || !user_range(m, want, nsz)) return -EINVAL;
         if (want < old + osz && old < want + nsz) return -EINVAL; /* overlapping */
         if (m->pages_allocated + new_pages(m, want, nsz) > m->pages_limit) return -ENOMEM;
-        if (zb_mem_zero(m, want, nsz) < 0) return -ENOMEM;
+        if (zb_shmap_unmap(sb, want, nsz) < 0 || zb_mem_zero(m, want, nsz) < 0) return -ENOMEM;
         at = want;
     } else if (!(at = zb_mem_alloc(m, nsz))) {
         return -ENOMEM;
@@ -159,8 +185,12 @@ static long sys_madvise(zb_sandbox *sb, const uint64_t a[6]) {
     switch (a[2]) {
     case MADV_DONTNEED:
     case MADV_FREE:
-    case MADV_REMOVE:
-        return zb_mem_zero(&sb->mem, addr, len); /* give the memory back: reads see zeros */
+    case MADV_REMOVE: {
+        (void)zb_shmap_msync(sb, addr, len);
+        long rc = zb_mem_zero(&sb->mem, addr, len); /* give the memory back: reads see zeros ... */
+        if (rc == 0) zb_shmap_refill(sb, addr, len); /* ... or a shared mapping's file bytes */
+        return rc;
+    }
     default:
         return 0; /* hints (WILLNEED, HUGEPAGE, SEQUENTIAL, ...) */
     }
@@ -185,7 +215,8 @@ static long sys_brk(zb_sandbox *sb, const uint64_t a[6]) {
 
 static long sys_msync(zb_sandbox *sb, const uint64_t a[6]) {
     if (a[0] & (ZB_PAGE - 1)) return -EINVAL;
-    return zb_mem_range_allocated(&sb->mem, a[0], a[1]) ? 0 : -ENOMEM;
+    if (!zb_mem_range_allocated(&sb->mem, a[0], a[1])) return -ENOMEM;
+    return zb_shmap_msync(sb, a[0], a[1]); /* MS_ASYNC too: the write-back is cheap and immediate */
 }
 
 static long sys_mem_noop(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }

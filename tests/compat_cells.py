@@ -75,12 +75,14 @@ CELLS: list[Cell] = [
                            "if os.path.exists(p))"),
     # item 6: shared writable file mappings
     Cell("memmap-w+", "mm = np.memmap('mm.dat', dtype='float64', mode='w+', shape=(100,))\nmm[:] = 1.5\nmm.flush()\n"
-                      "del mm\nfloat(np.fromfile('mm.dat').sum())"),
+                      "del mm\nrp = np.memmap('mm.dat', dtype='float64', mode='r+', shape=(100,))\nrp[:10] = 3\n"
+                      "(float(np.fromfile('mm.dat').sum()), float(rp.sum()))"),
     Cell("memmap-copy-on-write", "mc = np.memmap('mm.dat', dtype='float64', mode='c', shape=(100,))\nmc[:] = 2\n"
                                  "(float(mc.sum()), float(np.fromfile('mm.dat').sum()) != 200.0)"),
-    Cell("sqlite-wal", "import sqlite3\ncon = sqlite3.connect('wal.db')\ncon.execute('PRAGMA journal_mode=wal')\n"
-                       "con.execute('create table if not exists t (x)')\ncon.execute('insert into t values (1)')\n"
-                       "con.commit()\ncon.execute('select count(*) from t').fetchone()"),
+    Cell("sqlite-wal", "import sqlite3\ncon = sqlite3.connect('wal.db')\nmode = con.execute('PRAGMA journal_mode=wal').fetchone()[0]\n"
+                       "con.execute('create table if not exists t (x)')\n"
+                       "con.executemany('insert into t values (?)', [(i,) for i in range(100)])\n"
+                       "con.commit()\n(mode, con.execute('select count(*), sum(x) from t').fetchone())"),
     # items 7 and 11: memory
     Cell("alloc-2gib", "a = np.zeros(2**28)\na[::4096] = 1\nint(a.sum())"),
     Cell("alloc-610mb", "a = None\nbig = [np.ones(10_000_000) for _ in range(8)]\nlen(big)"),

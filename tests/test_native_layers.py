@@ -23,12 +23,12 @@ GUEST_ABI = ROOT / "guest" / "guest_abi.h"
 # Bottom to top: (layer, its headers, its C files as glob patterns).
 LAYERS: list[tuple[str, list[str], list[str]]] = [
     ("host", ["util.h", "serial.h", "guest_abi.h"], ["util.c", "seccomp.c"]),
-    ("memory", ["memory.h"], ["guest_memory.c"]),
+    ("memory", ["memory.h", "shared_map_state.h"], ["guest_memory.c", "shared_map_state.c"]),
     ("vm", ["vm.h"], ["guest_layout.c", "kvm_vm.c", "cpu_state.c"]),
     ("process", ["process.h"], ["signals.c", "run_events.c"]),
     ("dev", ["dev.h"], ["uart16550.c", "vdso_page.c"]),
     ("sandbox state", ["sandbox_state.h"], []),
-    ("fs", ["fs.h", "file_kinds.h"], ["fdtable.c", "fs_*.c", "file_*.c"]),
+    ("fs", ["fs.h", "file_kinds.h", "shared_map.h"], ["fdtable.c", "fs_*.c", "file_*.c", "shared_map.c"]),
     ("linux", ["linux.h"], ["syscalls.c", "sys_*.c", "elf_loader.c"]),
     ("run loop", ["run.h"], ["run_loop.c"]),
     ("sandbox", ["sandbox.h"], ["sandbox.c"]),

@@ -288,14 +288,15 @@ def test_shell_commands_say_the_sandbox_is_why(template, tmp_path) -> None:
         s.close()
 
 
-# ---- item 6 (not implemented yet): the refusal says what and why --------------------------------
+# ---- item 6: writable shared mappings of overlay files work (tests/test_guest_shared_map.py); of
+# host files (the notebook folder in readwrite mode) the refusal says what and why ---------------
 
-def test_shared_writable_mappings_are_refused_clearly(template, tmp_path) -> None:
-    s = Session(template, project_dir=str(tmp_path), environ={})
+def test_shared_writable_mappings_of_host_files_are_refused_clearly(template, tmp_path) -> None:
+    s = Session(template, project_dir=str(tmp_path), files="readwrite", environ={})
     try:
-        cases = ["import numpy as np\nnp.memmap('/tmp/m.dat', dtype='float64', mode='w+', shape=(10,))",
-                 "import mmap\nf = open('/tmp/m2', 'w+b'); f.write(b'x' * 4096); f.flush()\nmmap.mmap(f.fileno(), 4096)",
-                 "import sqlite3\ncon = sqlite3.connect('/tmp/w.db')\ncon.execute('PRAGMA journal_mode=wal')\n"
+        cases = ["import numpy as np\nnp.memmap('m.dat', dtype='float64', mode='w+', shape=(10,))",
+                 "import mmap\nf = open('m2', 'w+b'); f.write(b'x' * 4096); f.flush()\nmmap.mmap(f.fileno(), 4096)",
+                 "import sqlite3\ncon = sqlite3.connect('w.db')\ncon.execute('PRAGMA journal_mode=wal')\n"
                  "con.execute('create table t (x)')"]
         for n, code in enumerate(cases, start=1):
             out: list[str] = []
@@ -303,9 +304,13 @@ def test_shared_writable_mappings_are_refused_clearly(template, tmp_path) -> Non
                           on_message=lambda mt, c: out.append("\n".join(c.get("traceback", []))) if mt == "error" else None)
             assert r["status"] == "error", (code, r)
             assert "writable shared file mappings are not supported" in "".join(out), (code, out)
-        # copy-on-write and read-only mappings work
-        r = cell(s, "m = np.memmap('/tmp/m.dat', dtype='float64', mode='c', shape=(10,))\nm[:] = 2\nfloat(m.sum())", 9)
+        # copy-on-write and read-only mappings of host files work
+        r = cell(s, "m = np.memmap('m.dat', dtype='float64', mode='c', shape=(10,))\nm[:] = 2\nfloat(m.sum())", 9)
         assert r["result"] == "20.0", r
+        # the same mappings of overlay files (/tmp) work, with no note
+        r = cell(s, "w = np.memmap('/tmp/m.dat', dtype='float64', mode='w+', shape=(10,))\nw[:] = 3\nw.flush()\n"
+                    "float(np.fromfile('/tmp/m.dat').sum())", 10)
+        assert r["status"] == "ok" and r["result"] == "30.0", r
     finally:
         s.close()
 

@@ -62,10 +62,12 @@ def _without_agent_frames(tb: TracebackType | None) -> TracebackType | None:
 
 SANDBOX_NOTE = ("zeroboot: cells run as one thread in a VM sandbox; starting threads or processes "
                 "(threading, concurrent.futures, subprocess, multiprocessing) is not supported here.")
-SHARED_MAPPING_NOTE = ("zeroboot: writable shared file mappings are not supported in the sandbox yet "
-                       "(np.memmap mode 'w+'/'r+', mmap.mmap with write access, sqlite's WAL journal); "
-                       "use np.memmap mode 'c' (copy-on-write) or 'r', read the file into memory, or keep "
-                       "sqlite's default journal mode.")
+SHARED_MAPPING_NOTE = ("zeroboot: writable shared file mappings are not supported in the sandbox for the "
+                       "notebook folder's files in readwrite mode (np.memmap mode 'w+'/'r+', mmap.mmap with "
+                       "write access, sqlite's WAL journal), nor for a second shared mapping of a file range "
+                       "that is already mapped shared and writable; files in /tmp, the home directory and a "
+                       "notebook folder in overlay mode can be mapped. Otherwise use np.memmap mode 'c' "
+                       "(copy-on-write) or 'r', read the file into memory, or keep sqlite's default journal mode.")
 SHELL_COMMAND_NOTE = ("the zeroboot sandbox cannot start processes yet, so shell commands (`!cmd`, `x = !cmd`, "
                       "%%bash, %%sh, %%script) do not run here; use Python instead (os, shutil, glob, pathlib)")
 # Functions of the standard library that start a process; an EAGAIN raised below them is the
@@ -97,11 +99,12 @@ def _memory_note() -> str:
 
 
 def _is_shared_mapping_refusal(value: BaseException) -> bool:
-    """ENODEV from mmap (the engine's answer to MAP_SHARED + PROT_WRITE of a file), or sqlite's
-    "disk I/O error" (what WAL mode reports when it cannot map its -shm file)."""
+    """ENODEV from mmap (the engine's answer to MAP_SHARED + PROT_WRITE of a host file), EBUSY (a
+    second shared mapping overlapping a writable one), or sqlite's "disk I/O error" (what WAL mode
+    reports when it cannot map its -shm file)."""
     if SHARED_MAPPING_NOTE in getattr(value, "__notes__", ()):
         return False
-    if isinstance(value, OSError) and value.errno == errno.ENODEV:
+    if isinstance(value, OSError) and value.errno in (errno.ENODEV, errno.EBUSY):
         tb = value.__traceback__
         while tb is not None:
             code = tb.tb_frame.f_code

@@ -13,6 +13,7 @@
 #include "dev.h"
 #include "process.h"
 #include "serial.h"
+#include "shared_map_state.h"
 
 /* the engine's generated and embedded parts, which no component here uses */
 const char *const zb_syscall_names[512];
@@ -307,6 +308,11 @@ static void mem_fill(void *p) {
         snprintf(m->regions[i].name, sizeof m->regions[i].name, "libregion%zu.so", i);
     }
     memset(m->regions[2].name, 'n', sizeof m->regions[2].name - 1); /* the longest name */
+    m->shmap = calloc(1, sizeof *m->shmap);
+    m->shmap->e = calloc(2, sizeof *m->shmap->e);
+    m->shmap->n = m->shmap->cap = 2;
+    m->shmap->e[0] = (zb_shmap_entry){.addr = 16 * ZB_PAGE, .len = 4 * ZB_PAGE, .off = 0, .ino = 7, .writable = 1};
+    m->shmap->e[1] = (zb_shmap_entry){.addr = 64 * ZB_PAGE, .len = ZB_PAGE, .off = 3 * ZB_PAGE, .ino = 9, .writable = 0};
 }
 static void mem_save(const void *p, zb_out *o) { zb_mem_meta_save(p, o); }
 static int mem_load(void *p, zb_in *in, char *err) { return zb_mem_meta_load(p, NPAGES, in, err); }
@@ -321,6 +327,7 @@ static int mem_clone(void *d, const void *s) {
     int rc = zb_mem_meta_capture(&m, d);
     free(m.allocated);
     free(m.regions);
+    zb_shmap_free(m.shmap);
     return rc;
 }
 static int mem_same(const void *pa, const void *pb) {
@@ -333,7 +340,7 @@ static int mem_same(const void *pa, const void *pb) {
         if (a->regions[i].start != b->regions[i].start || a->regions[i].end != b->regions[i].end ||
             a->regions[i].prot != b->regions[i].prot || strcmp(a->regions[i].name, b->regions[i].name))
             return 0;
-    return 1;
+    return zb_shmap_same(a->shmap, b->shmap);
 }
 static void mem_free(void *p) { zb_mem_meta_free(p); }
 static void mem_corrupt(const uint8_t *bytes, size_t len) {
@@ -342,6 +349,11 @@ static void mem_corrupt(const uint8_t *bytes, size_t len) {
     refuse_u64_at(bytes, len, 8, NPAGES + 1, "more pages allocated than there are");
     refuse_u64_at(bytes, len, nregions_at, 1ull << 32, "2^32 regions");
     refuse_u32_at(bytes, len, nregions_at + 8 + 16 + 4, 4096, "a region name of 4096 bytes");
+    size_t shmap_at = len - 8 - 2 * 32; /* the shared-map table ends the part: a count, 2 entries */
+    refuse_u64_at(bytes, len, shmap_at, ZB_SHMAP_MAX + 1, "more shared mappings than the limit");
+    refuse_u64_at(bytes, len, shmap_at + 8, 16 * ZB_PAGE + 1, "an unaligned shared mapping");
+    refuse_u64_at(bytes, len, shmap_at + 8 + 8, NPAGES * ZB_PAGE, "a shared mapping beyond guest memory");
+    refuse_u32_at(bytes, len, shmap_at + 8 + 24, 0, "a shared mapping of inode 0");
 }
 
 static const component components[] = {

@@ -1,0 +1,51 @@
+/* shared_map.h - MAP_SHARED mappings of overlay files (shared_map.c).
+ *
+ * Guest memory is identity-mapped and its page tables are written once, so a shared mapping
+ * cannot point at the file's pages: it is a copy in guest memory, and while it exists that copy is
+ * the authoritative content of the mapped file range. Every other access to the file goes through
+ * a hook here first: reads and mmap fills write the mapped pages back into the file data (only
+ * the pages that differ), writes and truncations copy the new file bytes into the mapping. msync
+ * and munmap write back. The table is part of the memory bookkeeping (zb_mem_meta), so snapshots,
+ * forks, restores and templates keep file content and mappings consistent.
+ */
+#ifndef ZB_SHARED_MAP_H
+#define ZB_SHARED_MAP_H
+#include "util.h"
+#include "memory.h"
+#include "sandbox_state.h"
+#include "shared_map_state.h"
+
+/* 0 if a shared mapping of [off, off+len) of inode `ino` may be added, else -EBUSY (it would
+ * overlap another shared mapping of that range, one of them writable: they could not be kept
+ * coherent), -ENOMEM (ZB_SHMAP_MAX reached) or -EOVERFLOW (the file range wraps). Mappings inside the guest range [replaces,
+ * replaces+replaces_len) (a MAP_FIXED target; length 0 for none) are about to go: not counted. */
+long zb_shmap_check(zb_sandbox *sb, uint32_t ino, uint64_t off, uint64_t len, int writable, uint64_t replaces,
+                    uint64_t replaces_len);
+/* Record a filled mapping (after zb_shmap_check); takes an open reference on the inode. */
+long zb_shmap_add(zb_sandbox *sb, uint32_t ino, uint64_t addr, uint64_t len, uint64_t off, int writable);
+/* Write mapped pages of `ino` (0: every inode) overlapping file bytes [off, off+len) back into
+ * the file data, where they differ. 0 or the first write's error. */
+long zb_shmap_writeback(zb_sandbox *sb, uint32_t ino, uint64_t off, uint64_t len);
+/* The file bytes [off, off+len) of `ino` changed (write, truncate): copy them into its mappings
+ * (zeros past the end of the file). */
+void zb_shmap_reload(zb_sandbox *sb, uint32_t ino, uint64_t off, uint64_t len);
+/* Guest range [addr, addr+len) is about to be unmapped or replaced: write its shared mappings
+ * back and forget them (split when the range is inside one). -ENOMEM (nothing changed) if a
+ * split finds the table full. */
+long zb_shmap_unmap(zb_sandbox *sb, uint64_t addr, uint64_t len);
+/* msync: write back the shared mappings overlapping [addr, addr+len). */
+long zb_shmap_msync(zb_sandbox *sb, uint64_t addr, uint64_t len);
+/* MADV_DONTNEED of [addr, addr+len) (after a write-back and zeroing): read the file's bytes in
+ * again, as Linux drops the pages and faults them in from the file. */
+void zb_shmap_refill(zb_sandbox *sb, uint64_t addr, uint64_t len);
+/* The shared mapping overlapping guest range [addr, addr+len), or NULL. */
+const zb_shmap_entry *zb_shmap_find(const zb_memory *m, uint64_t addr, uint64_t len);
+
+/* 1 if a read-only shared mapping overlaps guest range [addr, addr+len) (mprotect keeps it so). */
+int zb_shmap_readonly_in(const zb_memory *m, uint64_t addr, uint64_t len);
+
+/* ftruncate/truncate/O_TRUNC/fallocate of an overlay file, with its mappings refreshed
+ * (file_overlay.c). */
+long zb_overlay_truncate(zb_sandbox *sb, uint32_t ino, uint64_t size);
+
+#endif
