@@ -466,6 +466,39 @@ static uint64_t *take_pages(const zb_snapshot *s, const uint64_t *dirty, uint64_
     return take;
 }
 
+/* Pages going into a new store, written with pwrite in runs of consecutive pages. Copying through
+ * the store's shared mapping costs a page fault per fresh shmem page, in which the kernel also
+ * zeroes the page: on the nested test host 400 MB took 4.9-5.3 s that way and 1.5-1.7 s with pwrite
+ * of 1 MiB runs (the write path allocates without faulting and skips the zeroing of pages it
+ * fills whole). */
+typedef struct {
+    int fd;
+    const uint8_t *src;   /* host address of the run's first page */
+    uint64_t index, len;  /* store page of the run's first page; pages in the run */
+    int error;
+} store_writer;
+
+static void store_write_flush(store_writer *w) {
+    uint64_t done = 0, bytes = w->len * ZB_PAGE;
+    while (!w->error && done < bytes) {
+        ssize_t n = pwrite(w->fd, w->src + done, bytes - done, (off_t)(w->index * ZB_PAGE + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) w->error = n < 0 ? errno : EIO;
+        else done += (uint64_t)n;
+    }
+    w->len = 0;
+}
+
+/* Copy the page at src into store page index (the next one after the previous call's). */
+static void store_write(store_writer *w, const uint8_t *src, uint64_t index) {
+    if (w->len && src == w->src + w->len * ZB_PAGE && index == w->index + w->len && w->len < STORE_WRITE_RUN) {
+        w->len++;
+        return;
+    }
+    store_write_flush(w);
+    *w = (store_writer){w->fd, src, index, 1, w->error};
+}
+
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     if (sb->finished) { zb_seterr(err, "cannot snapshot a sandbox that has finished"); return NULL; }
     if (sync_from_vm(sb, err) < 0) return NULL;
@@ -495,6 +528,7 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     for (uint64_t w = 0; w < words; w++) ntake += (uint64_t)__builtin_popcountll(take[w]);
     if (!(s->own = store_new(ntake, err))) { free(copied); free(take); goto fail; }
     uint64_t used = 0;
+    store_writer out = {.fd = s->own->fd};
     for (uint64_t w = 0; w < words; w++) {
         for (uint64_t bits = take[w]; bits; bits &= bits - 1) {
             uint64_t pfn = w * 64 + (uint64_t)__builtin_ctzll(bits), c = pfn / CHUNK_PAGES;
@@ -508,7 +542,7 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
             zb_page *p = &s->chunks[c]->page[pfn % CHUNK_PAGES];
             if (!zb_bit(dirty, pfn)) { /* unchanged, but its store is mostly dead: take a copy */
                 const uint8_t *old = p->store->map + (uint64_t)p->index * ZB_PAGE;
-                memcpy(s->own->map + used * ZB_PAGE, old, ZB_PAGE);
+                store_write(&out, old, used);
                 /* The sandbox may map the old store page itself (a restore maps long runs): give it
                  * a private copy, as the old page is freed once older snapshots let go of it. */
                 if (zb_bit(sb->mem.file_backed, pfn) && !zb_bit(sb->mem.from_image, pfn))
@@ -521,14 +555,16 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
             if (!zb_bit(sb->mem.allocated, pfn) || page_is_zero(src)) {
                 page_set(p, PAGE_ZERO, NULL, 0); /* freed or zero: costs no store page */
             } else {
-                memcpy(s->own->map + used * ZB_PAGE, src, ZB_PAGE);
+                store_write(&out, src, used);
                 page_set(p, PAGE_STORED, s->own, (uint32_t)used);
                 used++;
             }
         }
     }
+    store_write_flush(&out);
     free(copied);
     free(take);
+    if (out.error) { zb_seterr(err, "cannot write the snapshot's pages: %s", strerror(out.error)); goto fail; }
     if (used < ntake) { /* give back the store pages zero pages did not need */
         munmap(s->own->map + used * ZB_PAGE, (ntake - used) * ZB_PAGE);
         if (ftruncate(s->own->fd, (off_t)(ZB_MAX(used, 1) * ZB_PAGE)) < 0) { zb_seterr(err, "ftruncate: %s", strerror(errno)); goto fail; }
