@@ -74,8 +74,80 @@ static void page_hold(zb_store *s, uint32_t index) {
  * replaced, and would otherwise hold those arrays too (issue 23: 400 MB per cell). Safe because
  * no sandbox maps a store page that its base snapshot does not use (see apply_memory and the
  * dead-store copies in zb_sandbox_snapshot). */
+static int spare_push(zb_store *s, uint32_t first, uint32_t n);
+
 static void store_free_pages(zb_store *s, uint32_t first, uint32_t n) {
-    if (n) (void)madvise(s->map + (uint64_t)first * ZB_PAGE, (uint64_t)n * ZB_PAGE, MADV_REMOVE);
+    if (n && !spare_push(s, first, n))
+        (void)madvise(s->map + (uint64_t)first * ZB_PAGE, (uint64_t)n * ZB_PAGE, MADV_REMOVE);
+}
+
+/* ---- spare store pages: pages that died just before a snapshot, refilled by it ----
+ *
+ * A checkpoint after a cell that replaced 400 MB copies 400 MB into fresh shmem pages, and the
+ * checkpoint the budget then drops gives 400 MB back: on the test host allocating a fresh page
+ * costs ~3x copying into one that exists (400 MB: pwrite into a fresh memfd 0.73-0.79 s, into
+ * existing pages 0.27-0.37 s, memcpy of warm memory 0.09 s) and punching it out again costs more
+ * still. While kept (zb_snapshot_keep_spare), pages that die are not punched out but kept here,
+ * with a reference to their store, and the next snapshot writes its new pages into them; what it
+ * does not use is punched out when keeping ends. The session drops the checkpoints the budget
+ * would drop anyway just before the snapshot instead of just after it (session.py), so no extra
+ * memory is held: the kept pages only exist between that drop and the end of the snapshot.
+ * A dead page is used by no snapshot, so no sandbox maps it (the same rule that makes punching it
+ * out safe): rewriting it changes nothing anyone sees. Single-threaded, as every snapshot call. */
+typedef struct { zb_store *store; uint32_t first, n; } spare_run;
+static uint64_t spare_reused; /* pages written into spare pages, in this process */
+static struct {
+    int keeping;
+    spare_run *runs;
+    size_t nruns, cap, head;  /* runs[head..nruns) still hold pages */
+} spare;
+
+/* Keep a run of dead pages of s for the next snapshot; 0 if not keeping (or out of memory). */
+static int spare_push(zb_store *s, uint32_t first, uint32_t n) {
+    if (!spare.keeping) return 0;
+    if (spare.nruns == spare.cap) {
+        size_t cap = spare.cap ? spare.cap * 2 : 64;
+        spare_run *grown = realloc(spare.runs, cap * sizeof *grown);
+        if (!grown) return 0;
+        spare.runs = grown;
+        spare.cap = cap;
+    }
+    atomic_fetch_add(&s->refs, 1);
+    spare.runs[spare.nruns++] = (spare_run){s, first, n};
+    return 1;
+}
+
+/* A kept dead page for a new snapshot's page (the caller takes its own reference with page_set),
+ * or 0 when none is left. */
+static int spare_take(zb_store **store, uint32_t *index) {
+    while (spare.head < spare.nruns && !spare.runs[spare.head].n) store_unref(spare.runs[spare.head++].store);
+    if (spare.head == spare.nruns) return 0;
+    spare_run *r = &spare.runs[spare.head];
+    *store = r->store;
+    *index = r->first++;
+    r->n--;
+    spare_reused++;
+    return 1;
+}
+
+void zb_snapshot_keep_spare(int on) {
+    if (on) { spare.keeping = 1; return; }
+    spare.keeping = 0;
+    for (size_t i = spare.head; i < spare.nruns; i++) {
+        spare_run *r = &spare.runs[i];
+        store_free_pages(r->store, r->first, r->n); /* not keeping now: punched out */
+        store_unref(r->store);
+    }
+    free(spare.runs);
+    memset(&spare, 0, sizeof spare);
+}
+
+uint64_t zb_snapshot_spare_reused_bytes(void) { return spare_reused * ZB_PAGE; }
+
+uint64_t zb_snapshot_spare_bytes(void) {
+    uint64_t pages = 0;
+    for (size_t i = spare.head; i < spare.nruns; i++) pages += spare.runs[i].n;
+    return pages * ZB_PAGE;
 }
 
 /* Runs of consecutive store pages that died, freed with one madvise each. */
@@ -419,6 +491,13 @@ static int sync_from_vm(zb_sandbox *sb, char *err) {
     return sb->finished ? 0 : zb_vm_save_xsave(vm, sb, err);
 }
 
+int64_t zb_sandbox_pending_bytes(zb_sandbox *sb, char *err) {
+    if (sync_from_vm(sb, err) < 0) return -1;
+    uint64_t pages = 0, words = (sb->mem.npages + 63) / 64;
+    for (uint64_t w = 0; w < words; w++) pages += (uint64_t)__builtin_popcountll(sb->mem.host_dirty[w] & sb->mem.allocated[w]);
+    return (int64_t)(pages * ZB_PAGE);
+}
+
 /* Take out of the sandbox's dirty set the pages whose content is still that of its base snapshot,
  * and return those to write-protect again (a bitmap, or NULL when there is nothing to compare or no
  * memory). The dirty set holds pages written since the base, and also pages the guest may have
@@ -472,7 +551,7 @@ static uint64_t *take_pages(const zb_snapshot *s, const uint64_t *dirty, uint64_
  * of 1 MiB runs (the write path allocates without faulting and skips the zeroing of pages it
  * fills whole). */
 typedef struct {
-    int fd;
+    int fd;               /* the run's store */
     const uint8_t *src;   /* host address of the run's first page */
     uint64_t index, len;  /* store page of the run's first page; pages in the run */
     int error;
@@ -489,14 +568,15 @@ static void store_write_flush(store_writer *w) {
     w->len = 0;
 }
 
-/* Copy the page at src into store page index (the next one after the previous call's). */
-static void store_write(store_writer *w, const uint8_t *src, uint64_t index) {
-    if (w->len && src == w->src + w->len * ZB_PAGE && index == w->index + w->len && w->len < STORE_WRITE_RUN) {
+/* Copy the page at src into page index of the store with file fd. */
+static void store_write(store_writer *w, int fd, const uint8_t *src, uint64_t index) {
+    if (w->len && fd == w->fd && src == w->src + w->len * ZB_PAGE && index == w->index + w->len &&
+        w->len < STORE_WRITE_RUN) {
         w->len++;
         return;
     }
     store_write_flush(w);
-    *w = (store_writer){w->fd, src, index, 1, w->error};
+    *w = (store_writer){fd, src, index, 1, w->error};
 }
 
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
@@ -527,14 +607,20 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     if (!take) { free(copied); zb_seterr(err, "out of memory"); goto fail; }
     for (uint64_t w = 0; w < words; w++) ntake += (uint64_t)__builtin_popcountll(take[w]);
     if (!(s->own = store_new(ntake, err))) { free(copied); free(take); goto fail; }
-    uint64_t used = 0;
-    store_writer out = {.fd = s->own->fd};
+    uint64_t used = 0, nnew = 0;
+    store_writer out = {.fd = -1};
+    /* The guest's changed pages get their store pages after the old base is let go: if the session
+     * dropped it, its pages that this snapshot does not share die then, and with kept spare pages
+     * (zb_snapshot_keep_spare) the new pages are written into them instead of fresh ones. */
+    typedef struct { zb_page *entry; uint64_t pfn; } new_page;
+    new_page *fresh = malloc(ZB_MAX(ntake, 1) * sizeof *fresh);
+    if (!fresh) { free(copied); free(take); zb_seterr(err, "out of memory"); goto fail; }
     for (uint64_t w = 0; w < words; w++) {
         for (uint64_t bits = take[w]; bits; bits &= bits - 1) {
             uint64_t pfn = w * 64 + (uint64_t)__builtin_ctzll(bits), c = pfn / CHUNK_PAGES;
             if (!copied[c]) {
                 zb_chunk *nc = chunk_copy(s->chunks[c]);
-                if (!nc) { free(copied); free(take); zb_seterr(err, "out of memory"); goto fail; }
+                if (!nc) { free(copied); free(take); free(fresh); zb_seterr(err, "out of memory"); goto fail; }
                 chunk_unref(s->chunks[c]);
                 s->chunks[c] = nc;
                 copied[c] = 1;
@@ -542,7 +628,7 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
             zb_page *p = &s->chunks[c]->page[pfn % CHUNK_PAGES];
             if (!zb_bit(dirty, pfn)) { /* unchanged, but its store is mostly dead: take a copy */
                 const uint8_t *old = p->store->map + (uint64_t)p->index * ZB_PAGE;
-                store_write(&out, old, used);
+                store_write(&out, s->own->fd, old, used);
                 /* The sandbox may map the old store page itself (a restore maps long runs): give it
                  * a private copy, as the old page is freed once older snapshots let go of it. */
                 if (zb_bit(sb->mem.file_backed, pfn) && !zb_bit(sb->mem.from_image, pfn))
@@ -552,27 +638,18 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
                 continue;
             }
             const uint8_t *src = sb->mem.host + pfn * ZB_PAGE;
-            if (!zb_bit(sb->mem.allocated, pfn) || page_is_zero(src)) {
-                page_set(p, PAGE_ZERO, NULL, 0); /* freed or zero: costs no store page */
-            } else {
-                store_write(&out, src, used);
-                page_set(p, PAGE_STORED, s->own, (uint32_t)used);
-                used++;
-            }
+            page_set(p, PAGE_ZERO, NULL, 0); /* freed or zero: costs no store page */
+            if (zb_bit(sb->mem.allocated, pfn) && !page_is_zero(src)) fresh[nnew++] = (new_page){p, pfn};
         }
     }
     store_write_flush(&out);
     free(copied);
     free(take);
-    if (out.error) { zb_seterr(err, "cannot write the snapshot's pages: %s", strerror(out.error)); goto fail; }
-    if (used < ntake) { /* give back the store pages zero pages did not need */
-        munmap(s->own->map + used * ZB_PAGE, (ntake - used) * ZB_PAGE);
-        if (ftruncate(s->own->fd, (off_t)(ZB_MAX(used, 1) * ZB_PAGE)) < 0) { zb_seterr(err, "ftruncate: %s", strerror(errno)); goto fail; }
-        s->own->npages = used;
-    }
+    if (out.error) { free(fresh); zb_seterr(err, "cannot write the snapshot's pages: %s", strerror(out.error)); goto fail; }
     if (state_copy(&s->st, &sb->cpu, &sb->sig, &sb->proc, &sb->uart, sb->vdso_data, sb->fs, sb->fds,
                    sb->engine->xsave_size) < 0 ||
         zb_mem_meta_capture(&sb->mem, &s->st.mem) < 0) {
+        free(fresh);
         zb_seterr(err, "out of memory copying sandbox state");
         goto fail;
     }
@@ -581,6 +658,32 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     atomic_fetch_add(&s->refs, 1);
     zb_snapshot_release(sb->base);
     sb->base = s;
+    for (uint64_t i = 0; i < nnew; i++) {
+        zb_store *dst;
+        uint32_t index;
+        if (!spare_take(&dst, &index)) { dst = s->own; index = (uint32_t)used++; }
+        store_write(&out, dst->fd, sb->mem.host + fresh[i].pfn * ZB_PAGE, index);
+        page_set(fresh[i].entry, PAGE_STORED, dst, index);
+    }
+    store_write_flush(&out);
+    if (out.error) {
+        /* The sandbox's base now has wrong pages there: mark them changed, so that the next snapshot
+         * stores them again and a restore rewrites them; this snapshot is not handed out. */
+        for (uint64_t i = 0; i < nnew; i++) zb_bit_set(sb->mem.host_dirty, fresh[i].pfn);
+        free(fresh);
+        free(protect);
+        zb_snapshot_release(s);
+        zb_seterr(err, "cannot write the snapshot's pages: %s", strerror(out.error));
+        return NULL;
+    }
+    free(fresh);
+    if (used < ntake) { /* give back the store pages zero pages and spare pages left unused */
+        /* the tail holds no data (a hole of the memfd): if the shrink fails it only stays counted */
+        if (ftruncate(s->own->fd, (off_t)(ZB_MAX(used, 1) * ZB_PAGE)) == 0) {
+            munmap(s->own->map + ZB_MAX(used, 1) * ZB_PAGE, (ntake - ZB_MAX(used, 1)) * ZB_PAGE);
+            s->own->npages = used;
+        }
+    }
     /* Pages found unchanged several times in a row are write-protected again, so that a later write
      * is logged; the others stay writable and stay in KVM's log, to be compared at the next
      * snapshot. If this fails they stay in the log too, which is only slower. */

@@ -234,6 +234,17 @@ uint64_t zb_snapshot_private_bytes(zb_snapshot *snap);
  * (a store shared by several checkpoints is one cost): what a session's checkpoints cost the host,
  * and what its checkpoint memory budget is compared with. NULL entries are skipped. */
 uint64_t zb_snapshots_memory(zb_snapshot **snaps, size_t n);
+/* At most how many bytes of pages the next snapshot of sb would store (the guest's pages written
+ * since its last snapshot), or -1 with err: lets the caller make room in a budget before it. */
+int64_t zb_sandbox_pending_bytes(zb_sandbox *sb, char *err);
+/* on = 1: store pages that no snapshot uses any more are kept (not given back) and the next
+ * snapshot writes its new pages into them, which costs about a third of fresh pages; on = 0: give
+ * back what is left. For a drop of old snapshots just before a snapshot; the pages are held only
+ * between the two calls, and zb_snapshot_spare_bytes says how many bytes they are. */
+void zb_snapshot_keep_spare(int on);
+uint64_t zb_snapshot_spare_bytes(void);
+/* Bytes of snapshot pages written into spare pages so far in this process (for stats and tests). */
+uint64_t zb_snapshot_spare_reused_bytes(void);
 /* CFFI-END */
 
 #endif

@@ -227,6 +227,14 @@ class Guest:
             raise SandboxError(_text(err))
         return Snapshot(self.engine, handle)
 
+    def pending_bytes(self) -> int:
+        """At most how many bytes of pages the next snapshot would store (written since the last)."""
+        err = _err()
+        n = int(lib.zb_sandbox_pending_bytes(self.handle, err))
+        if n < 0:
+            raise SandboxError(_text(err))
+        return n
+
     def restore(self, snap: Snapshot) -> None:
         """Make this guest equal to the snapshot again (memory and state), in place."""
         err = _err()
@@ -394,6 +402,22 @@ def snapshots_memory(snapshots: list[Snapshot]) -> int:
     if not handles:
         return 0
     return int(lib.zb_snapshots_memory(ffi.new("zb_snapshot *[]", handles), len(handles)))
+
+
+def keep_spare_pages(on: bool) -> None:
+    """While on, snapshot store pages that die are kept for the next snapshot to write into
+    (zb_snapshot_keep_spare); off gives back what is left."""
+    lib.zb_snapshot_keep_spare(1 if on else 0)
+
+
+def spare_bytes() -> int:
+    """Bytes of store pages kept for the next snapshot (0 outside _checkpoint_now)."""
+    return int(lib.zb_snapshot_spare_bytes())
+
+
+def spare_reused_bytes() -> int:
+    """Bytes of snapshot pages this process has written into spare pages instead of fresh ones."""
+    return int(lib.zb_snapshot_spare_reused_bytes())
 
 
 def monotonic_deadline(timeout: float | None) -> float | None:

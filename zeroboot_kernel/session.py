@@ -25,7 +25,7 @@ from .guest_view import GUEST_HOME
 from .guest_environ import session_environment
 from .guest_memory_size import describe
 from .project_root import find_project_root
-from .native import Snapshot, snapshots_memory
+from .native import Snapshot, keep_spare_pages, snapshots_memory
 from .sandbox import InputCallback, MessageCallback, StreamCallback
 from .template import Template
 
@@ -113,6 +113,7 @@ class Session:
         self._budget_notices: list[str] = []  # for the user, printed (stderr) at the start of the next cell
         self._told_drop = self._told_over = False
         self._over = False                  # the last enforcement found the kept checkpoint alone over the budget
+        self._predropped: list[int] = []    # checkpoints dropped just before the next one was taken (_checkpoint_now)
 
     # ---- cells ----
     def execute(self, code: str, *, execution_count: int, silent: bool = False, store_history: bool = True,
@@ -156,7 +157,7 @@ class Session:
                 self.sandbox.restore(self.clean, fresh=True)
             self.reset_done = False
             return self.clean, taken_ms
-        snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self.sandbox.snapshot(), None)
+        snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
         self.ready = None
         self.checkpoints.append(Checkpoint(execution_count, code, snap, time.time()))
         while len(self.checkpoints) > self.keep:
@@ -177,7 +178,7 @@ class Session:
                 self.sandbox.restore(self.clean, fresh=True)
                 self.reset_done = True
             elif self.mode == "chained" and self.ready is None and not self.sandbox.broken:
-                self.ready = self.sandbox.snapshot()
+                self.ready = self._checkpoint_now()
                 self.enforce_budget(protect=self.ready)
             else:
                 return
@@ -372,6 +373,40 @@ class Session:
         self.enforce_budget(protect=protect, notify=False)
         return self.describe_budget()["summary"]
 
+    def _checkpoint_now(self) -> Snapshot:
+        """Snapshot the sandbox as the next checkpoint. The oldest checkpoints that the budget would
+        drop once it exists (enforce_budget, called after this) are dropped just before it instead,
+        and the engine writes its pages into the store pages they gave up, which costs about a
+        third of fresh ones (zb_snapshot_keep_spare). Crash rollback is unaffected: the cell that
+        just ended needs no checkpoint any more, and the next one runs only once this one exists
+        (or takes its own, _before_cell)."""
+        incoming = self.sandbox.guest.pending_bytes()
+        keep_spare_pages(True)
+        try:
+            self._predropped += self._drop_oldest(self.budget_bytes(), None, incoming)
+            return self.sandbox.snapshot()
+        finally:
+            keep_spare_pages(False)
+
+    def _drop_oldest(self, limit: int, protect: Snapshot | None, incoming: int = 0) -> list[int]:
+        """Drop the oldest checkpoints while the snapshots held, plus `incoming` bytes about to be
+        added, exceed `limit`; never `protect`, and nothing once what is droppable adds almost
+        nothing (see enforce_budget). Returns the dropped checkpoints' cell numbers."""
+        held = self.checkpoint_memory()
+        if held + incoming <= limit:
+            return []
+        kept = [self.clean] + [s for s in (self.ready, self.head, protect) if s is not None]
+        floor = snapshots_memory(kept)          # what no drop can free
+        slack = max(budget.MIB, limit // 32)    # history that adds less than this is not worth dropping
+        dropped: list[int] = []
+        while (held + incoming > limit and held - floor > slack and self.checkpoints
+               and self.checkpoints[0].snapshot is not protect):
+            cp = self.checkpoints.popleft()
+            cp.snapshot.release()
+            dropped.append(cp.number)
+            held = self.checkpoint_memory()
+        return dropped
+
     def enforce_budget(self, protect: Snapshot | None, *, notify: bool = True) -> int:
         """Drop the oldest checkpoints while the session's snapshots hold more than the budget.
         `protect` (the snapshot the running or next cell rolls back to) is never dropped, and neither
@@ -379,21 +414,16 @@ class Session:
         the kept one: dropping them would cost %rewind depth and free no memory). Returns how many
         were dropped."""
         limit, held = self.budget_bytes(), self.checkpoint_memory()
-        if held <= limit:
+        predropped, self._predropped = self._predropped, []  # dropped for this checkpoint just before it
+        if held <= limit and not predropped:
             if self._over:  # no longer over: what limits %rewind now is what was dropped, if anything
                 self._over = False
                 self.budget_reason = self._dropped_reason(limit) if self.budget_dropped else ""
             return 0
         kept = [self.clean] + [s for s in (self.ready, self.head, protect) if s is not None]
         floor = snapshots_memory(kept)          # what no drop can free
-        slack = max(budget.MIB, limit // 32)    # history that adds less than this is not worth dropping
-        dropped: list[int] = []
-        while (held > limit and held - floor > slack and self.checkpoints
-               and self.checkpoints[0].snapshot is not protect):
-            cp = self.checkpoints.popleft()
-            cp.snapshot.release()
-            dropped.append(cp.number)
-            held = self.checkpoint_memory()
+        dropped = predropped + self._drop_oldest(limit, protect)
+        held = self.checkpoint_memory()
         self.budget_dropped += len(dropped)
         if dropped:
             self.budget_reason = self._dropped_reason(limit)

@@ -1,0 +1,96 @@
+"""Checkpoints written into the store pages of the checkpoints dropped just before them (issue 23):
+zb_snapshot_keep_spare in the engine, Session._checkpoint_now in the kernel. What is checked is
+that such a checkpoint holds exactly the guest's state (restore, fork, crash rollback, %rewind),
+that freed memory still reads as zeros, and that no spare page outlives the snapshot it was kept
+for (the budget counts every page the checkpoints hold)."""
+from __future__ import annotations
+
+import pytest
+
+from zeroboot_kernel.native import keep_spare_pages, spare_bytes, spare_reused_bytes
+from zeroboot_kernel.sandbox import Sandbox
+from zeroboot_kernel.session import Session
+
+MIB = 1 << 20
+N = 8 * MIB // 8 * 8   # float64 elements of a 64 MiB array
+
+
+def out(sb, code: str) -> str:
+    r = sb.execute(code)
+    assert r.status == "ok", r.stderr
+    return r.stdout.strip()
+
+
+def test_a_snapshot_written_into_spare_pages_restores_and_forks_exactly(template) -> None:
+    with template.fork() as sb:
+        out(sb, f"import numpy as np\na = np.full({N}, 1.0)")
+        first = sb.snapshot()
+        out(sb, f"a = np.full({N}, 2.0); b = np.arange({N // 2}, dtype=np.float64)")
+        before = spare_reused_bytes()
+        keep_spare_pages(True)
+        try:
+            first.release()          # the sandbox still has it as its base until the next snapshot
+            second = sb.snapshot()   # ... which lets it go: its 64 MiB array is written into those pages
+        finally:
+            keep_spare_pages(False)
+        assert spare_bytes() == 0    # what the snapshot did not use was given back
+        assert spare_reused_bytes() - before >= 60 * MIB
+        check = "print(a.min(), a.max(), b[0], b[-1], int(b.sum() == np.arange(len(b), dtype=np.float64).sum()))"
+        expected = f"2.0 2.0 0.0 {float(N // 2 - 1)} 1"
+        assert out(sb, check) == expected
+        out(sb, "a[:] = -1.0; b[:] = -1.0")
+        sb.restore(second)
+        assert out(sb, check) == expected
+        with sb.fork() as child:
+            assert out(child, check) == expected
+        with Sandbox(second.fork(), template, False) as other:   # a fork of the snapshot itself
+            assert out(other, check) == expected
+        # memory freed and handed out again still reads as zeros
+        assert out(sb, f"del a, b\nc = np.empty({N})\nprint(int(c.any()))") == "0"
+        second.release()
+
+
+def cell(s: Session, code: str, n: int) -> dict:
+    text: list[str] = []
+    reply = s.execute(code, execution_count=n, on_stream=lambda name, t: text.append(t) if name == "stdout" else None)
+    s.prepare_next_cell()
+    assert spare_bytes() == 0    # no spare page is held between cells
+    reply["stdout"] = "".join(text)
+    return reply
+
+
+def test_checkpoints_within_a_full_budget_reuse_pages_and_roll_back_exactly(template) -> None:
+    s = Session(template, checkpoint_memory=200 * MIB)
+    try:
+        cell(s, "import numpy as np", 1)
+        before = spare_reused_bytes()
+        for n in range(2, 8):
+            assert cell(s, f"a = np.full({N}, {n}.0); b = a * 2", n)["status"] == "ok"
+        assert s.budget_dropped > 0
+        assert spare_reused_bytes() - before >= 100 * MIB   # later checkpoints refilled dropped ones
+        assert s.checkpoint_memory() <= 200 * MIB or s.describe_budget()["over_budget"]
+        # a crash after big-array cells rolls back to exactly the last checkpoint
+        reply = cell(s, "a[:] = -1\nb[:] = -1\nimport ctypes\nctypes.string_at(0)", 8)
+        assert reply["status"] == "error" and reply["ename"] == "SandboxCrashed"
+        assert cell(s, "print(a.min(), a.max(), b.min(), b.max())", 9)["stdout"].strip() == "7.0 7.0 14.0 14.0"
+        # %rewind as deep as kept gives each cell's own arrays back
+        depth = len(s.checkpoints)
+        if depth:
+            s.rewind(1)
+            assert cell(s, "print(a.min(), a.max(), b.max())", 10)["stdout"].strip() == "7.0 7.0 14.0"
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("budget_mib", [1, 4096])
+def test_budgets_that_drop_everything_or_nothing_keep_rollback(template, budget_mib: int) -> None:
+    s = Session(template, checkpoint_memory=budget_mib * MIB)
+    try:
+        cell(s, "import numpy as np", 1)
+        for n in range(2, 5):
+            cell(s, f"a = np.full({N // 4}, {n}.0)", n)
+        reply = cell(s, "a[:] = 0\nimport ctypes\nctypes.string_at(0)", 5)
+        assert reply["ename"] == "SandboxCrashed"
+        assert cell(s, "print(a.min(), a.max())", 6)["stdout"].strip() == "4.0 4.0"
+    finally:
+        s.close()
