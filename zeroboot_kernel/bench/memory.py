@@ -255,11 +255,15 @@ Where zeroboot's extra memory and time go (docs/ARCHITECTURE.md, sections 2, 4 a
 * freed arrays and frames stay mapped for reuse (up to half of guest memory) so that the next
   ones are filled at memset speed instead of one KVM fault per 4 KiB page, and the engine is a
   second Python process;
-* the checkpoint's copy is taken after the reply (cell ms leaves it out) at the speed this host
-  writes fresh memory: a plain 400 MB memmove into new pages takes 0.7-1.5 s here too;
+* the checkpoint's copy is taken after the reply (cell ms leaves it out); it is written into the
+  store pages of the checkpoints the budget drops just before it (about a third of the cost of
+  fresh pages here), with pwrite in 1 MiB runs where it needs fresh ones;
 * memory the guest never had costs a KVM fault per 4 KiB page on first touch, even after the host
   prefault (the slot is dirty-logged, so KVM maps 4 KiB pages): the first big fill is slow, a
-  refill of freed memory runs at host speed;
+  refill of freed memory runs at host speed. Measured with dirty logging switched off (not
+  correct for checkpoints, a probe only): the first 512 MB fill took 291 ms instead of 2.5-3.7 s
+  (host 208-239 ms), so a separate memslot without dirty logging for big mappings is the way to
+  the fill target; it needs another way to know what changed (not built yet);
 * not built, because the measurements say they do not pay here: spilling checkpoints to disk (the
   single-threaded engine would make the next cell wait for the write, see the probe above) and
   sharing pages between the live sandbox and its checkpoint (the guest then re-faults what it
