@@ -607,7 +607,7 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     if (!take) { free(copied); zb_seterr(err, "out of memory"); goto fail; }
     for (uint64_t w = 0; w < words; w++) ntake += (uint64_t)__builtin_popcountll(take[w]);
     if (!(s->own = store_new(ntake, err))) { free(copied); free(take); goto fail; }
-    uint64_t used = 0, nnew = 0;
+    uint64_t used = 0, nnew = 0, mapped_fresh = 0;
     store_writer out = {.fd = -1};
     /* The guest's changed pages get their store pages after the old base is let go: if the session
      * dropped it, its pages that this snapshot does not share die then, and with kept spare pages
@@ -639,7 +639,12 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
             }
             const uint8_t *src = sb->mem.host + pfn * ZB_PAGE;
             page_set(p, PAGE_ZERO, NULL, 0); /* freed or zero: costs no store page */
-            if (zb_bit(sb->mem.allocated, pfn) && !page_is_zero(src)) fresh[nnew++] = (new_page){p, pfn};
+            if (zb_bit(sb->mem.allocated, pfn) && !page_is_zero(src)) {
+                fresh[nnew++] = (new_page){p, pfn};
+                /* still mapped from a file other than the image: it may be a store page that dies
+                 * below (a restore maps long runs), which the sandbox would then read rewritten */
+                if (zb_bit(sb->mem.file_backed, pfn) && !zb_bit(sb->mem.from_image, pfn)) mapped_fresh++;
+            }
         }
     }
     store_write_flush(&out);
@@ -661,7 +666,8 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     for (uint64_t i = 0; i < nnew; i++) {
         zb_store *dst;
         uint32_t index;
-        if (!spare_take(&dst, &index)) { dst = s->own; index = (uint32_t)used++; }
+        /* with such pages, spare pages are not reused: they are punched out, as without keeping */
+        if (mapped_fresh || !spare_take(&dst, &index)) { dst = s->own; index = (uint32_t)used++; }
         store_write(&out, dst->fd, sb->mem.host + fresh[i].pfn * ZB_PAGE, index);
         page_set(fresh[i].entry, PAGE_STORED, dst, index);
     }
