@@ -159,3 +159,30 @@ def test_the_binary_layout_is_the_documented_one(agent: AgentProcess) -> None:
     frames = comm_request(agent, [b"ab", b"\xff"], kind="comm_msg", comm_id="show-1")
     assert stdout_text(frames) == "[b'ab', b'\\xff']\n"
     assert pack_comm(b"{}", [b"ab"]) == b"\x02\x00\x00\x00{}\x01\x00\x00\x00\x02\x00\x00\x00ab"
+
+
+def test_an_interrupt_stops_a_looping_callback(agent: AgentProcess) -> None:
+    import os
+    import signal
+
+    setup = ("import comm\n"
+             "def opened(c, msg):\n"
+             "    def spin(m):\n"
+             "        print('spinning', flush=True)\n"
+             "        while True:\n"
+             "            pass\n"
+             "    c.on_msg(spin)\n"
+             "comm.get_comm_manager().register_target('spin', opened)")
+    assert done(agent.execute(setup))["status"] == "ok"
+    comm_request(agent, kind="comm_open", comm_id="spin-1", target_name="spin")
+    rid = agent.next_id
+    agent.next_id += 1
+    agent.send(COMM, {"id": rid, "kind": "comm_msg", "comm_id": "spin-1", "data": {}, "metadata": {},
+                      "parent_header": PARENT})
+    first = agent.recv()
+    assert first.payload.get("text") == "spinning\n", first
+    os.kill(agent.proc.pid, signal.SIGINT)
+    frames = [agent.recv()]
+    while frames[-1].type != COMM_DONE:
+        frames.append(agent.recv())
+    assert frames[-1].payload["status"] == "error" and frames[-1].payload["ename"] == "KeyboardInterrupt", frames

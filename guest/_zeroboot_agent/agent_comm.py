@@ -105,10 +105,12 @@ class CommBridge:
         """The header of the kernel's message this request serves (the host's copy)."""
         if not isinstance(header, dict):
             self.parent = {}
-            return
-        clean = {k: str(header[k]) for k in HEADER_FIELDS if isinstance(header.get(k), str)}
-        self.parent = {"header": clean, "parent_header": {}, "metadata": {}, "content": {},
-                       "msg_id": clean.get("msg_id", ""), "msg_type": clean.get("msg_type", "")}
+        else:
+            clean = {k: str(header[k]) for k in HEADER_FIELDS if isinstance(header.get(k), str)}
+            self.parent = {"header": clean, "parent_header": {}, "metadata": {}, "content": {},
+                           "msg_id": clean.get("msg_id", ""), "msg_type": clean.get("msg_type", "")}
+        # ipykernel's shell keeps the same message (shell.get_parent(), which Output widgets ask first)
+        self.shell.parent_header = self.parent
 
     # ---- COMM: a frontend message -----------------------------------------------------------
 
@@ -143,8 +145,8 @@ class CommBridge:
             if isinstance(exc, (SystemExit, GeneratorExit)):
                 exc = RuntimeError(f"a comm callback raised {type(exc).__name__}")
             self.shell.showtraceback((type(exc), exc, exc.__traceback__))
-            reply.update(status="error", ename=type(exc).__name__, evalue=aio.safe_str(exc),
-                         traceback=traceback.format_exception(exc))
+            # the ERROR frame carried the traceback; formatting it twice would only delay the reply
+            reply.update(status="error", ename=type(exc).__name__, evalue=aio.safe_str(exc), traceback=[])
         finally:
             self.gate.end_request()
         self.channel.send(FrameType.COMM_DONE, reply)

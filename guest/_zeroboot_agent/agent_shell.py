@@ -205,6 +205,9 @@ class FrameDisplayHook(DisplayHook):
 
     bundle: dict[str, Any] | None = None
 
+    def set_parent(self, parent: Any) -> None:
+        pass  # messages are addressed by the host (the shell's set_parent calls this: Output widgets)
+
     def start_displayhook(self) -> None:
         super().start_displayhook()
         self.bundle = {"data": {}, "metadata": {}}
