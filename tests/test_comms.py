@@ -397,6 +397,20 @@ def test_rewind_resynchronises_the_page(frontends: dict[str, Frontend]) -> None:
     assert gid not in fe.comm_info() and rid in fe.comm_info()
 
 
+def test_safe_outputs_keep_widgets_off_the_page(frontends: dict[str, Frontend]) -> None:
+    fe = frontends["zeroboot"]
+    fe.run("%sandbox outputs safe")
+    try:
+        _, msgs = fe.run("import ipywidgets as w\nh = w.HTML('<img src=x onerror=alert(1)>')\ndisplay(h)")
+        assert not [m for m in msgs if m["msg_type"].startswith("comm_")], msgs
+        notes = "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream")
+        assert "widgets are not sent to the browser while outputs are 'safe'" in notes
+    finally:
+        fe.run("%sandbox outputs trusted")
+    _, msgs = fe.run("h2 = w.HTML('fine')")
+    assert [m for m in msgs if m["msg_type"] == "comm_open"]
+
+
 def test_isolated_mode_widgets_live_for_their_cell(frontends: dict[str, Frontend]) -> None:
     fe = frontends["zeroboot"]
     fe.run("%sandbox mode isolated")
@@ -411,3 +425,4 @@ def test_isolated_mode_widgets_live_for_their_cell(frontends: dict[str, Frontend
     finally:
         fe.run("%sandbox mode chained")
     assert fe.value("1 + 1") == "2"
+

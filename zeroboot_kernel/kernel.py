@@ -197,7 +197,9 @@ class ZerobootKernel(Kernel):
         self.fatal: str | None = None         # why the kernel stopped itself
         self._round_trips: deque[float] = deque(maxlen=200)
         # comms (widgets): the frontend's comm messages go to the guest (kernel_comms.py)
-        self.comms = CommRouter(self._publish_comm)
+        self.comms = CommRouter(self._publish_comm, blocked=lambda: self.outputs == "safe",
+                                notify=lambda parent, text: self._publish(parent, "stream",
+                                                                          {"name": "stderr", "text": text}))
         for msg_type in ("comm_open", "comm_msg", "comm_close"):
             self.shell_handlers[msg_type] = self.comm_request
         self._owner = EngineOwner(self.settings, self.notebook_dir, self.log, self._on_engine_exit)

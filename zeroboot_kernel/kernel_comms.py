@@ -31,6 +31,11 @@ MAX_FRONTEND_BUFFERS = 64          # frame_protocol.MAX_BUFFERS: what one COMM f
 MAX_FRONTEND_BYTES = 15 << 20      # of buffers in one frontend message (a frame holds 16 MiB)
 
 Publish = Callable[[dict[str, Any], str, dict[str, Any], dict[str, Any], bytes, list[bytes]], None]
+# `%sandbox outputs safe` promises that no script reaches the browser; a widget's model can carry
+# HTML (ipywidgets.HTML, description_allow_html) that the widget manager renders as it is.
+SAFE_NOTE = ("[zeroboot] widgets are not sent to the browser while outputs are 'safe' (%sandbox outputs): a "
+             "widget can put HTML and script on the page. `%sandbox outputs trusted` lets them through. "
+             "(Told once per session.)\n")
 
 
 class CommRefused(ValueError):
@@ -78,8 +83,12 @@ class CommRouter:
 
     MAX_FRONTEND = schema.MAX_COMMS
 
-    def __init__(self, publish: Publish) -> None:
+    def __init__(self, publish: Publish, blocked: Callable[[], bool] = lambda: False,
+                 notify: Callable[[dict[str, Any], str], None] = lambda parent, text: None) -> None:
         self.publish = publish
+        self.blocked = blocked      # True: guest comm messages must not reach the browser (safe outputs)
+        self.notify = notify        # (parent, text): a note on the request's stderr
+        self.told_blocked = False
         self.frontend: dict[str, str] = {}  # comm id -> target name, open on the frontend
         self.used = False  # a comm was ever opened: the guest may hold comms the frontend lacks
 
@@ -87,6 +96,11 @@ class CommRouter:
         """A checked `comm` event (schema.comm_event): publish it on IOPub under `parent`."""
         message = ev["content"]
         kind, comm_id = message["kind"], message["comm_id"]
+        if self.blocked():
+            if not self.told_blocked:
+                self.told_blocked = True
+                self.notify(parent, SAFE_NOTE)
+            return
         try:
             buffers = [base64.b64decode(b, validate=True) for b in ev.get("buffers") or ()]
         except (binascii.Error, ValueError):
