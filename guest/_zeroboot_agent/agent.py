@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 # so the builtins it uses are bound as this module's globals.
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
+from . import agent_fixups
 from . import agent_io as aio
 from .agent_io import log
 from .frame_protocol import FrameType
@@ -473,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     channel.quiet = True
     channel.quiet_stream = lambda name, text: log(f"start-up {name}: {text}")
     aio.install_streams(channel)
+    agent_fixups.install()  # library settings applied on import (tqdm's monitor thread)
 
     try:
         from .agent_shell import make_shell
