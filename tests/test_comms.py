@@ -9,6 +9,7 @@ mode with widgets on the page.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from queue import Empty
@@ -117,8 +118,7 @@ def trace(msgs: list[dict[str, Any]], parents: dict[str, str], ids: dict[str, st
             st = dict(c["data"].get("state", {}))
             if "msg_id" in st:
                 st["msg_id"] = parents.get(st["msg_id"], st["msg_id"])
-            if "children" in st:
-                st["children"] = [name(ch.removeprefix("IPY_MODEL_")) for ch in st["children"]]
+            st = {k: model_refs(v, name) for k, v in st.items()}
             out.append([mt, parent, name(c["comm_id"]), c["data"].get("method"), st, len(m["buffers"])])
         elif mt == "comm_close":
             out.append([mt, parent, name(c["comm_id"])])
@@ -132,6 +132,15 @@ def trace(msgs: list[dict[str, Any]], parents: dict[str, str], ids: dict[str, st
         elif mt == "clear_output":
             out.append([mt, parent, c["wait"]])
     return merge_streams(out)
+
+
+def model_refs(value: Any, name: Any) -> Any:
+    """A state value with its widget references ("IPY_MODEL_<comm id>") given the test's names."""
+    if isinstance(value, str) and value.startswith("IPY_MODEL_"):
+        return "IPY_MODEL_" + name(value.removeprefix("IPY_MODEL_"))
+    if isinstance(value, list):
+        return [model_refs(v, name) for v in value]
+    return value
 
 
 def merge_streams(items: list[Any]) -> list[Any]:
@@ -269,6 +278,37 @@ def test_tqdm_notebook_bar(frontends: dict[str, Frontend]) -> None:
         assert any(st.get("bar_style") == "success" for st in final), final
         assert any(m["msg_type"] == "display_data" and WIDGET_VIEW in m["content"]["data"] for m in msgs)
         return [["models", sorted(opened)], ["reached 3", any(st.get("value") == 3 for st in final)]]
+
+    both(frontends, scenario)
+
+
+def test_ipympl_figure_draws_through_the_comm(frontends: dict[str, Frontend]) -> None:
+    pytest.importorskip("ipympl", reason="ipympl (the test extras) is not installed")
+
+    def scenario(fe: Frontend) -> list[Any]:
+        ids: dict[str, str] = {}
+        fe.run("%matplotlib widget")
+        cell, msgs = fe.run("import matplotlib.pyplot as plt\nfig = plt.figure(figsize=(2, 2))\n"
+                            "plt.plot([1, 3, 2])\nfig.canvas")
+        parents = {cell: "cell"}
+        canvas = model_id(msgs, "MPLCanvasModel")
+        ids[canvas] = "canvas"
+        # the same messages; one draw request comes after the figure's display_data under ipykernel
+        # and before it here (ipympl's post-execute hooks): the cell's messages compared as a set
+        out = sorted(trace(msgs, parents, ids), key=str)
+        # what the browser's canvas view sends when it is shown, and asks for a frame
+        for step in ({"type": "send_image_mode"}, {"type": "refresh"}, {"type": "draw"}):
+            msg, msgs = fe.send("comm_msg", {"comm_id": canvas, "data": {"method": "custom", "content": step}})
+            parents[msg] = step["type"]
+            out += trace([m for m in msgs if "_data_url" not in m["content"]["data"].get("state", {})], parents, ids)
+            frames = [bytes(b) for m in msgs for b in m["buffers"]]
+            if step["type"] == "draw":  # the frame itself: raw RGBA bytes, the same in both kernels
+                assert frames and len(frames[0]) == 200 * 200 * 4, [len(f) for f in frames]
+                out.append(["frame", hashlib.sha256(frames[0]).hexdigest()])
+        fe.run("%matplotlib inline")
+        # repeated draw requests ({"type": "draw"}) are coalesced by ipykernel's event loop when it
+        # gets to them (timing): compare runs of equal messages as one
+        return [item for i, item in enumerate(out) if i == 0 or item != out[i - 1]]
 
     both(frontends, scenario)
 
