@@ -31,6 +31,7 @@ command -v objcopy >/dev/null 2>&1 || need+=(binutils)
 if [ "$extras" = "notebook,test" ]; then
     command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
     command -v clang >/dev/null 2>&1 || want+=(clang)  # fuzz/ smoke test
+    command -v chromium >/dev/null 2>&1 || want+=(chromium)  # tests/test_browser_widgets.py (JupyterLab)
 fi
 apt_install() {
     say "installing Debian packages: $*"

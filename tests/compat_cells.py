@@ -147,4 +147,9 @@ CELLS: list[Cell] = [
     Cell("top-level-await", "import asyncio\nawait asyncio.sleep(0.01)\n'awaited'"),
     Cell("signal-alarm", "import signal\nsignal.signal(signal.SIGALRM, lambda *a: print('alarm'))\nsignal.alarm(1)\n"
                          "time.sleep(1.5)"),
+    # issue 16: widgets (the comm messages themselves are compared by tests/test_comms.py)
+    Cell("ipywidgets-slider", "import ipywidgets as widgets\ns = widgets.IntSlider(value=3)\ns"),
+    Cell("ipywidgets-interact", "@widgets.interact(x=5)\ndef f(x):\n    print('twice', 2 * x)"),
+    Cell("ipywidgets-output", "out = widgets.Output()\nwith out:\n    print('captured')\nout"),
+    Cell("tqdm-notebook", "from tqdm.notebook import tqdm\nsum(i for i in tqdm(range(3), desc='bar'))"),
 ]

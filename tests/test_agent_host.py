@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 # the documented frame protocol, deliberately not the agent's own module (see frame_spec.py)
-from frame_spec import (CLEAR_OUTPUT, COMPLETE, COMPLETE_REPLY, DISPLAY, DONE, ERROR, EXECUTE, HEADER, INPUT_REPLY,
-                        INPUT_REQUEST, INSPECT, INSPECT_REPLY, MAGIC, READY, RESULT, STREAM)
+from frame_spec import (BINARY, CLEAR_OUTPUT, COMM, COMM_DONE, COMM_INFO, COMM_INFO_REPLY, COMPLETE, COMPLETE_REPLY,
+                        DISPLAY, DONE, ERROR, EXECUTE, HEADER, INPUT_REPLY, INPUT_REQUEST, INSPECT, INSPECT_REPLY, MAGIC,
+                        READY, RESULT, STREAM, pack_comm, unpack_comm)
 
 pytestmark = pytest.mark.without_kvm  # the agent runs as a host process here
 
@@ -73,10 +74,12 @@ class AgentProcess:
 
     # ---- frames ---------------------------------------------------------------------------
 
-    def send(self, ftype: int, payload: dict[str, Any]) -> None:
-        if ftype in (EXECUTE, COMPLETE, INSPECT):
+    def send(self, ftype: int, payload: dict[str, Any], buffers: list[bytes] | None = None) -> None:
+        if ftype in (EXECUTE, COMPLETE, INSPECT, COMM, COMM_INFO):
             self.new_request()
         body = json.dumps(payload).encode()
+        if ftype in BINARY:
+            body = pack_comm(body, buffers or [])
         self.sock.sendall(HEADER.pack(MAGIC, 1, ftype, len(body)) + body)
 
     def new_request(self) -> None:
@@ -96,7 +99,13 @@ class AgentProcess:
                 if len(self.buf) >= HEADER.size + length:
                     body = bytes(self.buf[HEADER.size:HEADER.size + length])
                     del self.buf[:HEADER.size + length]
-                    return self._checked(Frame(ftype, json.loads(body.decode("utf-8")), time.monotonic()))
+                    buffers: list[bytes] = []
+                    if ftype in BINARY:
+                        body, buffers = unpack_comm(body)
+                    payload = json.loads(body.decode("utf-8"))
+                    if ftype in BINARY:
+                        payload["buffers"] = buffers
+                    return self._checked(Frame(ftype, payload, time.monotonic()))
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no frame within {timeout} s; agent log:\n{self.agent_log()}")
@@ -115,7 +124,7 @@ class AgentProcess:
         self.seq += 1
         if frame.type == STREAM:
             self.stream_chars += len(frame.payload["text"])
-        if frame.type in (DONE, COMPLETE_REPLY, INSPECT_REPLY):
+        if frame.type in (DONE, COMPLETE_REPLY, INSPECT_REPLY, COMM_DONE, COMM_INFO_REPLY):
             assert frame.payload.pop("stream_chars", None) == self.stream_chars, (self.stream_chars, frame)
         return frame
 

@@ -84,3 +84,32 @@ def test_every_sandbox_subcommand_has_a_kernel_handler() -> None:
     assert set(ZerobootKernel.SANDBOX_MAGICS) == set(mg.SUBCOMMANDS)
     for sub in mg.SUBCOMMANDS:
         assert f"%sandbox {sub}" in mg.HELP, f"%sandbox help does not explain {sub}"
+
+
+def test_the_comm_frames_binary_layout_is_the_documented_one() -> None:
+    import frame_spec
+
+    assert fp.BINARY_TYPES == (fp.FrameType.COMM, fp.FrameType.COMM_MESSAGE)
+    assert (frame_spec.COMM, frame_spec.COMM_INFO, frame_spec.COMM_MESSAGE, frame_spec.COMM_DONE,
+            frame_spec.COMM_INFO_REPLY) == (fp.FrameType.COMM, fp.FrameType.COMM_INFO, fp.FrameType.COMM_MESSAGE,
+                                            fp.FrameType.COMM_DONE, fp.FrameType.COMM_INFO_REPLY)
+    assert frame_spec.MAX_BUFFERS == fp.MAX_BUFFERS
+    buffers = [b"", b"\x00" * 7, bytes(range(256))]
+    packed = fp.pack_binary(b'{"a":1}', buffers)
+    assert packed == frame_spec.pack_comm(b'{"a":1}', buffers)
+    assert fp.unpack_binary(packed) == frame_spec.unpack_comm(packed) == (b'{"a":1}', buffers)
+
+
+@pytest.mark.parametrize("payload, why", [
+    (b"", "cut short"),
+    (b"\xff\xff\xff\x7f{}", "past the end"),
+    (b"\x02\x00\x00\x00{}", "cut short"),
+    (b"\x02\x00\x00\x00{}\x41\x00\x00\x00", "more than 64"),
+    (b"\x02\x00\x00\x00{}\x01\x00\x00\x00\x10\x00\x00\x00ab", "past the end"),
+    (b"\x02\x00\x00\x00{}\x00\x00\x00\x00junk", "after its last buffer"),
+])
+def test_a_malformed_comm_payload_is_refused(payload: bytes, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        fp.unpack_binary(payload)
+    with pytest.raises(ValueError, match="malformed COMM_MESSAGE"):
+        frames.decode(fp.FrameType.COMM_MESSAGE, payload)

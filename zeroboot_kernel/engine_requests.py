@@ -60,6 +60,8 @@ CHECKPOINT_BUDGET = "checkpoint_budget"
 STATS = "stats"
 RESTART = "restart"
 SHUTDOWN = "shutdown"
+COMM = "comm"
+COMM_INFO = "comm_info"
 # control messages
 INTERRUPT = "interrupt"
 INPUT_REPLY = "input_reply"
@@ -69,11 +71,22 @@ TEXT_REPLY = '`text`: str, what the magic prints'
 REQUESTS: dict[str, Request] = {r.op: r for r in (
     Request(EXECUTE, (Field("code", "str"), Field("execution_count", "int"), _opt("silent", "bool"),
                       _opt("store_history", "bool (default true)"), _opt("user_expressions", "{name: expr}"),
-                      _opt("allow_stdin", "bool")),
+                      _opt("allow_stdin", "bool"), _opt("parent_header", "the execute_request's header")),
             "events `stream`, `display_data`, `update_display_data`, `execute_result`, `error`, "
-            "`clear_output`, `input_request`, then execute_reply's fields (`user_expressions`, `payload`; "
-            "`ename`, `evalue`, `traceback` when `status` is error)",
+            "`clear_output`, `input_request`, `comm`, then execute_reply's fields (`user_expressions`, `payload`; "
+            "`ename`, `evalue`, `traceback` when `status` is error) and `restored`: bool (the sandbox went back "
+            "to an older state since the last request: the kernel resynchronises the comms)",
             "a cell (do_execute)"),
+    Request(COMM, (Field("kind", '"comm_open", "comm_msg" or "comm_close"'), Field("comm_id", "str"),
+                   _opt("target_name", "str (comm_open)"), _opt("target_module", "str"), _opt("data", "{}"),
+                   _opt("metadata", "{}"), _opt("buffers", "[base64 str]"),
+                   Field("parent_header", "the comm message's header")),
+            "events `stream`, `display_data`, `update_display_data`, `clear_output`, `error`, `comm`; then "
+            "`delivered`: bool (false in isolated mode), `restored`: bool (a rollback)",
+            "the frontend's comm_open/comm_msg/comm_close"),
+    Request(COMM_INFO, (_opt("target_name", "str or null"), _opt("sync", "[comm id] the frontend has, or null")),
+            "events `comm` (a resync's widget states); `comms`: {comm id: {`target_name`}}",
+            "comm_info_request; the resync after a restore"),
     Request(COMPLETE, (Field("code", "str"), Field("cursor_pos", "int")),
             "complete_reply's fields (`matches`, `cursor_start`, `cursor_end`, `metadata`)",
             "complete_request"),

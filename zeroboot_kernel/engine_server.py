@@ -57,6 +57,7 @@ class EngineServer:
             req.EXPORT_CHUNK: self._export_chunk, req.LOCKDOWN_CHECK: self._lockdown_check,
             req.CHECKPOINTS: self._checkpoints, req.CHECKPOINT_BUDGET: self._checkpoint_budget,
             req.STATS: self._stats, req.RESTART: self._restart, req.SHUTDOWN: self._shutdown,
+            req.COMM: self._comm, req.COMM_INFO: self._comm_info,
         }
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -113,18 +114,56 @@ class EngineServer:
                     "traceback": []}
         return handler(msg)
 
+    def on_message(self, mtype: str, content: dict[str, Any]) -> None:
+        """A guest message of the current request as an event; a comm message's buffers (raw bytes
+        from the frame) travel as base64 on this JSON channel."""
+        if mtype == "comm":
+            buffers = [base64.b64encode(b).decode("ascii") for b in content.get("buffers") or ()]
+            self.event({"event": "comm", "content": {k: v for k, v in content.items() if k != "buffers"},
+                        "buffers": buffers})
+        else:
+            self.event({"event": mtype, "content": content})
+
     def _execute(self, msg: dict[str, Any]) -> dict[str, Any]:
         s = self.session
         self.running = msg.get("id")
+        parent = msg.get("parent_header")
         try:
-            return s.execute(
+            reply = s.execute(
                 msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
                 store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
                 on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
-                on_message=lambda mtype, content: self.event({"event": mtype, "content": content}),
-                on_input=self.ask_input if msg.get("allow_stdin") else None, poll=self.poll)
+                on_message=self.on_message, on_input=self.ask_input if msg.get("allow_stdin") else None,
+                poll=self.poll, parent_header=parent if isinstance(parent, dict) else None)
         finally:
             self.running = None
+        # an isolated session resets after the reply (prepare_next_cell): its comms end with the cell
+        reply["restored"] = s.take_restored() or s.mode == "isolated"
+        return reply
+
+    def _comm(self, msg: dict[str, Any]) -> dict[str, Any]:
+        buffers = msg.get("buffers") or []
+        if not isinstance(buffers, list) or not all(isinstance(b, str) for b in buffers):
+            raise ValueError("comm buffers must be a list of base64 strings")
+        message: dict[str, Any] = {k: msg[k] for k in ("kind", "comm_id", "target_name", "target_module", "data", "metadata",
+                                       "parent_header") if k in msg}
+        self.running = msg.get("id")
+        try:
+            reply = self.session.comm(
+                message, [base64.b64decode(b, validate=True) for b in buffers],
+                on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
+                on_message=self.on_message, poll=self.poll)
+        finally:
+            self.running = None
+        reply["restored"] = self.session.take_restored()
+        return reply
+
+    def _comm_info(self, msg: dict[str, Any]) -> dict[str, Any]:
+        target, sync = msg.get("target_name"), msg.get("sync")
+        if sync is not None and (not isinstance(sync, list) or not all(isinstance(c, str) for c in sync)):
+            raise ValueError("comm_info sync must be a list of comm ids")
+        comms = self.session.comm_info(target if isinstance(target, str) else None, sync, self.on_message)
+        return {"status": "ok", "comms": comms}
 
     def _complete(self, msg: dict[str, Any]) -> dict[str, Any]:
         return self.session.complete(msg["code"], int(msg["cursor_pos"]))
@@ -219,7 +258,7 @@ class EngineServer:
                          "evalue": f"the sandbox engine could not do {str(msg.get('op'))[:40]!r}: {str(exc)[:500]}"}
             if reply is not None:
                 self.send({"event": "reply", "id": msg.get("id"), "content": reply})
-            if msg.get("op") == req.EXECUTE:
+            if msg.get("op") in (req.EXECUTE, req.COMM, req.COMM_INFO):
                 # the next cell's checkpoint, taken while the kernel sends this reply on
                 self.session.prepare_next_cell()
 

@@ -11,17 +11,23 @@ import json
 from typing import Any
 
 # The frame protocol itself (header, limits, types) is shared with the agent in the guest.
-from zeroboot_guest._zeroboot_agent.frame_protocol import (CHECK_FIELDS, HEADER, MAGIC, MAX_PAYLOAD, REPLY_TYPES,
-                                                           VERSION, FrameType, pack_header)
+from zeroboot_guest._zeroboot_agent.frame_protocol import (BINARY_TYPES, CHECK_FIELDS, HEADER, MAGIC, MAX_BUFFERS,
+                                                           MAX_PAYLOAD, REPLY_TYPES, VERSION, FrameType, pack_binary,
+                                                           pack_header, unpack_binary)
 
 from . import schema
 
-__all__ = ["CHECK_FIELDS", "CHECKS", "HEADER", "MAGIC", "MAX_PAYLOAD", "REPLY_TYPES", "VERSION", "FrameType",
-           "decode", "decode_payload", "encode"]
+__all__ = ["BINARY_TYPES", "CHECK_FIELDS", "CHECKS", "HEADER", "MAGIC", "MAX_BUFFERS", "MAX_PAYLOAD", "REPLY_TYPES",
+           "VERSION", "FrameType", "decode", "decode_payload", "encode"]
 
 
-def encode(ftype: FrameType, payload: dict[str, Any]) -> bytes:
+def encode(ftype: FrameType, payload: dict[str, Any], buffers: list[bytes] | None = None) -> bytes:
+    """A host -> guest frame; `buffers` (raw bytes) only for BINARY_TYPES."""
     body = json.dumps(payload, separators=(",", ":")).encode()
+    if ftype in BINARY_TYPES:
+        body = pack_binary(body, list(buffers or []))
+    elif buffers:
+        raise ValueError(f"frames of type {ftype.name} carry no buffers")
     if len(body) > MAX_PAYLOAD:
         raise ValueError(f"frame payload of {len(body)} bytes exceeds {MAX_PAYLOAD}")
     return pack_header(int(ftype), len(body)) + body
@@ -46,19 +52,29 @@ CHECKS = {
     FrameType.ERROR: schema.error, FrameType.CLEAR_OUTPUT: schema.clear_output,
     FrameType.INPUT_REQUEST: schema.input_request, FrameType.DONE: schema.done,
     FrameType.COMPLETE_REPLY: schema.complete_reply, FrameType.INSPECT_REPLY: schema.inspect_reply,
-    FrameType.SESSION_REPLY: schema.session_reply,
+    FrameType.SESSION_REPLY: schema.session_reply, FrameType.COMM_MESSAGE: schema.comm_message,
+    FrameType.COMM_DONE: schema.comm_done, FrameType.COMM_INFO_REPLY: schema.comm_info_reply,
 }
 
 
 def decode(ftype: int, data: bytes) -> dict[str, Any]:
     """A guest frame's payload, decoded and checked against its type's shape (only the fields of
-    that shape are kept). ValueError (schema.SchemaError) for anything else."""
+    that shape are kept). ValueError (schema.SchemaError) for anything else. The buffers of a
+    BINARY_TYPES frame are in its payload's "buffers" (a list of bytes)."""
     check = CHECKS.get(ftype)  # type: ignore[call-overload]
     if check is None:
         raise ValueError(f"guest sent a frame of unknown type {ftype}")
+    buffers: list[bytes] = []
+    if ftype in BINARY_TYPES:
+        try:
+            data, buffers = unpack_binary(data)
+        except ValueError as exc:
+            raise ValueError(f"guest sent a malformed {FrameType(ftype).name} frame: {exc}") from None
     try:
         payload = decode_payload(data)
         checked = check(payload)
+        if ftype in BINARY_TYPES:
+            checked["buffers"] = buffers
         for name in CHECK_FIELDS:  # the channel's self-check numbers (sandbox._CellRun compares them)
             if name in payload:
                 checked[name] = schema.check_int(payload, name)

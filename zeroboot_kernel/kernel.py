@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, cast
 
 import zmq
 from ipykernel._version import kernel_protocol_version
@@ -45,6 +45,7 @@ from .engine_client import EngineClient, EngineDied
 from .errors import ZerobootError
 from .guest_memory_size import parse_size
 from .kernel_config import KernelSettings
+from .kernel_comms import CommRefused, CommRouter, header_of
 from .kernel_history import CellHistory
 from .project_root import ProjectRootError, find_project_root
 from .stream_batch import StreamBatcher
@@ -195,6 +196,12 @@ class ZerobootKernel(Kernel):
         self._stop_scheduled = False
         self.fatal: str | None = None         # why the kernel stopped itself
         self._round_trips: deque[float] = deque(maxlen=200)
+        # comms (widgets): the frontend's comm messages go to the guest (kernel_comms.py)
+        self.comms = CommRouter(self._publish_comm, blocked=lambda: self.outputs == "safe",
+                                notify=lambda parent, text: self._publish(parent, "stream",
+                                                                          {"name": "stderr", "text": text}))
+        for msg_type in ("comm_open", "comm_msg", "comm_close"):
+            self.shell_handlers[msg_type] = self.comm_request
         self._owner = EngineOwner(self.settings, self.notebook_dir, self.log, self._on_engine_exit)
         self._owner.start()
 
@@ -287,6 +294,13 @@ class ZerobootKernel(Kernel):
         if self.session is not None:
             self.session.send(self.iopub_socket, msg_type, content, parent=parent, ident=self._topic(msg_type))
 
+    def _publish_comm(self, parent: dict[str, Any], msg_type: str, content: dict[str, Any], metadata: dict[str, Any],
+                      topic: bytes, buffers: list[bytes]) -> None:
+        """A comm message on IOPub, as ipykernel's Comm.publish_msg sends it (topic comm-<id>)."""
+        if self.session is not None:
+            self.session.send(self.iopub_socket, msg_type, content, parent=parent, ident=topic,
+                              metadata=metadata, buffers=cast("list[bytes | memoryview[bytes]]", buffers))
+
     def _error_reply(self, parent: dict[str, Any], count: int, ename: str, evalue: str,
                      silent: bool = False) -> dict[str, Any]:
         """An error the kernel itself reports: shown like a Python exception, and the reply."""
@@ -317,6 +331,8 @@ class ZerobootKernel(Kernel):
                 text = await asyncio.to_thread(self._run_magic, client, magic)
                 if text and not silent:
                     self._publish(parent, "stream", {"name": "stdout", "text": text})
+                if isinstance(magic, mg.Rewind) or getattr(magic, "sub", None) in ("mode", "reset"):
+                    await asyncio.to_thread(self._resync_comms, client, parent)
             if not plan.touches_guest and not user_expressions:
                 return {"status": "ok", "execution_count": count, "user_expressions": {}, "payload": []}
             if not plan.touches_guest:
@@ -366,7 +382,8 @@ class ZerobootKernel(Kernel):
                 # malformed one never gets here, and one of another request neither
                 for ev in client.request(req.EXECUTE, code=code, execution_count=count, silent=silent,
                                          store_history=store_history, user_expressions=user_expressions,
-                                         allow_stdin=allow_stdin, on_sent=lambda: self._send_held_interrupt(client)):
+                                         allow_stdin=allow_stdin, parent_header=header_of(parent),
+                                         on_sent=lambda: self._send_held_interrupt(client)):
                     kind = ev["event"]
                     if kind == "stream":
                         streams.write(ev["name"], ev["text"])
@@ -383,6 +400,8 @@ class ZerobootKernel(Kernel):
                                 plain = content["data"].get("text/plain")
                                 entry.output = plain if isinstance(plain, str) else None
                         self._publish(parent, kind, content)
+                    elif kind == "comm":
+                        self.comms.guest_message(parent, ev)
                     elif kind == "input_request":
                         try:
                             value = self._input_request(ev["prompt"], ident, parent, password=ev["password"],
@@ -397,6 +416,8 @@ class ZerobootKernel(Kernel):
             finally:
                 streams.flush()
                 self._executing.clear()
+            if reply_event is not None and reply_event["content"].get("restored"):
+                self.comms.resync(client, parent)  # a rollback or an isolated cell: widgets it made are gone
         if reply_event is None:
             raise EngineDied("the engine ended the cell without a reply")
         try:
@@ -410,6 +431,92 @@ class ZerobootKernel(Kernel):
             if isinstance(p.get("data"), dict):
                 p["data"] = outputs.filter_bundle(p["data"], self.outputs)
         return content
+
+    # ---- comms (widgets) ------------------------------------------------------------------
+
+    async def comm_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """The frontend's comm_open / comm_msg / comm_close: run in the guest like a small cell
+        (Session.comm), its output and comm messages published with this message as parent. As
+        in ipykernel, shell messages are handled one at a time, so one that arrives while a cell
+        runs waits for the cell."""
+        try:
+            fields, buffers = self.comms.frontend_message(parent)
+        except CommRefused as exc:
+            self.log.warning("zeroboot: %s dropped: %s", parent.get("header", {}).get("msg_type"), exc)
+            return
+        try:
+            client = await self._client()
+            await asyncio.to_thread(self._run_comm, client, fields, buffers, parent)
+        except EngineDied as exc:
+            if not self._stopping:
+                self._schedule_stop(str(exc))
+        except Exception:  # noqa: BLE001 - a comm message has no reply: log, never raise into ipykernel
+            self.log.exception("zeroboot: internal error while forwarding a comm message")
+
+    def _run_comm(self, client: EngineClient, fields: dict[str, Any], buffers: list[str],
+                  parent: dict[str, Any]) -> None:
+        """Worker thread: one frontend comm message in the guest, its events published live."""
+        streams = StreamBatcher(lambda name, text: self._publish(parent, "stream", {"name": name, "text": text}))
+        reply: dict[str, Any] = {}
+        with self._cell_lock:  # a runaway callback can be interrupted like a cell
+            self._cell_active, self._held_interrupt = True, False
+        try:
+            with self._engine_lock:
+                self._executing.set()
+                try:
+                    for ev in client.request(req.COMM, buffers=buffers, on_sent=lambda: self._send_held_interrupt(client),
+                                             **fields):
+                        kind = ev["event"]
+                        if kind == "stream":
+                            streams.write(ev["name"], ev["text"])
+                            continue
+                        if kind != "log":
+                            streams.flush()
+                        if kind == "comm":
+                            self.comms.guest_message(parent, ev)
+                        elif kind in OUTPUT_EVENTS:
+                            content = ev["content"]
+                            if kind in ("display_data", "update_display_data", "execute_result"):
+                                content = outputs.filter_content(content, self.outputs)
+                            self._publish(parent, kind, content)
+                        elif kind == "reply":
+                            reply = ev["content"]
+                finally:
+                    streams.flush()
+                    self._executing.clear()
+                if reply.get("status") == "ok" and reply.get("delivered") is False:
+                    # isolated mode: the widget's sandbox was reset when its cell ended
+                    self.comms.close_on_frontend(parent, [fields["comm_id"]])
+                if reply.get("restored"):
+                    self.comms.resync(client, parent)
+        finally:
+            with self._cell_lock:
+                self._cell_active, self._held_interrupt = False, False
+
+    def _resync_comms(self, client: EngineClient, parent: dict[str, Any]) -> None:
+        with self._engine_lock:
+            self.comms.resync(client, parent)
+
+    def _comm_info(self, client: EngineClient, target_name: str | None) -> dict[str, Any]:
+        with self._engine_lock:
+            content = client.call(req.COMM_INFO, target_name=target_name)
+        if content.get("status") != "ok":
+            raise ZerobootError(str(content.get("evalue") or "the sandbox did not list its comms"))
+        return schema.comm_registry(content)
+
+    async def comm_info_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """Answered from the guest's registry (in isolated mode: the state between cells, the template's)."""
+        if not self.session:
+            return
+        target = parent.get("content", {}).get("target_name")
+        try:
+            client = await self._client()
+            comms = await asyncio.to_thread(self._comm_info, client, target if isinstance(target, str) else None)
+            content: dict[str, Any] = {"status": "ok", "comms": comms}
+        except Exception as exc:  # noqa: BLE001 - a reply must go out
+            content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": [],
+                       "comms": {}}
+        self.session.send(stream, "comm_info_reply", content, parent, ident)
 
     # ---- kernel magics --------------------------------------------------------------------
 

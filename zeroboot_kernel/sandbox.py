@@ -112,8 +112,10 @@ class Sandbox:
                 on_input: InputCallback | None = None, timeout: float | None = None, silent: bool = False,
                 store_history: bool = True, user_expressions: dict[str, str] | None = None,
                 execution_count: int | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
-                interrupt_grace: float = INTERRUPT_GRACE, poll: Callable[[], None] | None = None) -> ExecuteResult:
-        """Run one cell. Streams go to on_stream(name, text) while the cell runs; display_data,
+                interrupt_grace: float = INTERRUPT_GRACE, poll: Callable[[], None] | None = None,
+                parent_header: dict[str, Any] | None = None) -> ExecuteResult:
+        """Run one cell. `parent_header`: the header of the kernel's execute_request, which the
+        guest gives `get_ipython().kernel.get_parent()` (the Output widget captures by it). Streams go to on_stream(name, text) while the cell runs; display_data,
         update_display_data, execute_result, error and clear_output messages to on_message.
         `poll` is called after every event (the engine server reads its control messages there,
         e.g. an interrupt)."""
@@ -126,6 +128,7 @@ class Sandbox:
             "user_expressions": user_expressions or {}, "allow_stdin": on_input is not None,
             "execution_count": execution_count,
             "reseed": os.urandom(32).hex() if self.fresh else None,
+            "parent_header": parent_header or {},
         }
         self.fresh = False
         self._interrupt.clear()
@@ -148,6 +151,40 @@ class Sandbox:
                              stdout="".join(run.stdout), stderr="".join(run.stderr), displays=run.displays,
                              reply=reply, output_truncated=run.truncated, interrupted=run.interrupted,
                              seconds=time.monotonic() - run.started)
+
+    def comm(self, message: dict[str, Any], buffers: list[bytes], *, on_stream: StreamCallback | None = None,
+             on_message: MessageCallback | None = None, timeout: float | None = None,
+             interrupt_grace: float = INTERRUPT_GRACE, poll: Callable[[], None] | None = None,
+             output_limit: int = DEFAULT_OUTPUT_LIMIT) -> dict[str, Any]:
+        """Run one frontend comm message (comm_open / comm_msg / comm_close: `message` has kind,
+        comm_id, data, metadata, target_name, parent_header) in the guest, like a small cell: its
+        callbacks' output and comm messages go to the callbacks; returns the COMM_DONE payload
+        (status, and the error fields when a callback raised)."""
+        self._check_usable()
+        self.fresh = False
+        self._request_id += 1
+        self._interrupt.clear()
+        run = _CellRun(on_stream, on_message, None, output_limit, expect=(FrameType.COMM_DONE, self._request_id))
+        self.guest.push_input(frames.encode(FrameType.COMM, {"id": self._request_id, **message}, buffers))
+        reply = dict(self._serve(run, monotonic_deadline(timeout), interrupt_grace, poll))
+        if not self.guest.finished and self.guest.cancel_alarm():
+            log.info("a comm callback left an alarm armed; it was cancelled when the callback ended")
+        return {k: v for k, v in reply.items() if k not in CHECK_FIELDS}
+
+    def comm_info(self, target_name: str | None = None, sync: list[str] | None = None,
+                  on_message: MessageCallback | None = None, timeout: float = 10.0) -> dict[str, dict[str, str]]:
+        """The guest's comm registry {comm_id: {"target_name": ...}}, of one target or all. With
+        `sync` (the comm ids the frontend has), the guest first closes, silently, the comms the
+        frontend does not have and sends the state of the widgets it has (on_message "comm")."""
+        self._check_usable()
+        self._request_id += 1
+        self._interrupt.clear()
+        run = _CellRun(None, on_message, None, DEFAULT_OUTPUT_LIMIT,
+                       expect=(FrameType.COMM_INFO_REPLY, self._request_id))
+        self.guest.push_input(frames.encode(FrameType.COMM_INFO, {"id": self._request_id, "target_name": target_name,
+                                                                  "sync": sync}))
+        reply = self._serve(run, monotonic_deadline(timeout), INTERRUPT_GRACE)
+        return dict(reply.get("comms") or {})
 
     def complete(self, code: str, cursor_pos: int, timeout: float = 10.0) -> dict[str, Any]:
         return self._simple_request(FrameType.COMPLETE, {"code": code, "cursor_pos": cursor_pos}, timeout)
@@ -354,12 +391,17 @@ class _CellRun:
             self.message("error", self.error)
         elif ftype == FrameType.CLEAR_OUTPUT:
             self.message("clear_output", {"wait": bool(p.get("wait"))})
+        elif ftype == FrameType.COMM_MESSAGE:
+            content = {k: v for k, v in p.items() if k not in CHECK_FIELDS}
+            if self._within_limit(len(str(content["data"])) + sum(len(b) for b in content["buffers"])):
+                self.message("comm", content)
         elif ftype == FrameType.INPUT_REQUEST:
             # Answered once the agent blocks reading the reply (the INPUT event, answer()): an
             # interrupt that lands while the frame is written stops the cell before it reads, and
             # then nobody is asked for an answer the cell would not read.
             self.asked = (str(p.get("prompt", "")), bool(p.get("password")))
-        elif ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY, FrameType.SESSION_REPLY):
+        elif ftype in (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY, FrameType.SESSION_REPLY,
+                       FrameType.COMM_DONE, FrameType.COMM_INFO_REPLY):
             if self.expect is not None and (ftype, p.get("id")) != self.expect:
                 raise ChannelError(f"the reply to another request (type {ftype}, id {p.get('id')!r}) arrived")
             if ftype == FrameType.DONE and p.get("status") == "error" and self.error is None:

@@ -19,6 +19,12 @@ MAX_MATCHES = 100_000          # completion matches
 MAX_PAYLOADS = 64
 MIME_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}$")
 PAYLOAD_SOURCES = ("page", "set_next_input", "edit_magic")
+# Comms (widgets): the ids the frontend and the kernel use are uuid hex or uuid strings; the guest
+# may choose its own, within this alphabet, which IOPub topics (b"comm-<id>") and logs can carry.
+COMM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+COMM_KINDS = ("comm_open", "comm_msg", "comm_close")
+MAX_TARGET_NAME = 256
+MAX_COMMS = 10_000             # entries of one comm registry (comm_info_reply)
 
 
 class SchemaError(ValueError):
@@ -208,6 +214,75 @@ def inspect_reply(p: dict[str, Any]) -> dict[str, Any]:
             "metadata": _metadata(p)}
 
 
+def comm_id(p: dict[str, Any], key: str = "comm_id") -> str:
+    v = p.get(key)
+    if not isinstance(v, str) or not COMM_ID.match(v):
+        raise SchemaError(f"{key!r} must be a comm id (1-128 letters, digits, '_', '.', ':', '-'), "
+                          f"not {str(v)[:80]!r}")
+    return v
+
+
+def _target_name(p: dict[str, Any], key: str) -> str:
+    v = _str(p, key, "")
+    if not 0 < len(v) <= MAX_TARGET_NAME or any(ord(c) < 32 for c in v):
+        raise SchemaError(f"{key!r} must be 1-{MAX_TARGET_NAME} printable characters")
+    return v
+
+
+def comm_message(p: dict[str, Any]) -> dict[str, Any]:
+    """A comm_open / comm_msg / comm_close the guest sends the frontend (its buffers come apart,
+    frames.decode): the message content's fields, checked."""
+    kind = _str(p, "kind", "")
+    if kind not in COMM_KINDS:
+        raise SchemaError(f"'kind' must be one of {COMM_KINDS}")
+    out: dict[str, Any] = {"kind": kind, "comm_id": comm_id(p), "data": _obj(p, "data"), "metadata": _metadata(p)}
+    if kind == "comm_open":
+        out["target_name"] = _target_name(p, "target_name")
+        module = p.get("target_module")
+        if module is not None:
+            out["target_module"] = _target_name(p, "target_module")
+    return out
+
+
+def comm_done(p: dict[str, Any]) -> dict[str, Any]:
+    """The end of a frontend comm message's work in the guest."""
+    status = _str(p, "status", "error")
+    out: dict[str, Any] = {"id": _int(p, "id"), "status": "ok" if status == "ok" else "error"}
+    if out["status"] == "error":
+        out.update(error_fields(p))
+    return out
+
+
+def comm_registry(p: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """comm_info_reply's `comms`: {comm id: {"target_name": str}}."""
+    comms = _obj(p, "comms")
+    if len(comms) > MAX_COMMS:
+        raise SchemaError(f"'comms' holds more than {MAX_COMMS} comms")
+    out: dict[str, dict[str, str]] = {}
+    for key, value in comms.items():
+        if not COMM_ID.match(key) or not isinstance(value, dict):
+            raise SchemaError(f"'comms' has an entry that is not comm id -> object: {key[:80]!r}")
+        out[key] = {"target_name": _target_name(value, "target_name")}
+    return out
+
+
+def comm_info_reply(p: dict[str, Any]) -> dict[str, Any]:
+    return {"id": _int(p, "id"), "status": "ok", "comms": comm_registry(p)}
+
+
+MAX_BUFFERS_BASE64 = 64        # buffers of one comm event (frame_protocol.MAX_BUFFERS)
+
+
+def comm_event(ev: dict[str, Any]) -> dict[str, Any]:
+    """A comm event from the engine: the checked message, its buffers as base64 strings."""
+    out = comm_message(_obj(ev, "content"))
+    buffers = ev.get("buffers", [])
+    if not isinstance(buffers, list) or len(buffers) > MAX_BUFFERS_BASE64 or \
+            not all(isinstance(b, str) for b in buffers):
+        raise SchemaError(f"'buffers' must be a list of at most {MAX_BUFFERS_BASE64} base64 strings")
+    return {"event": "comm", "content": out, "buffers": buffers}
+
+
 # ---- the engine's events and replies, as the kernel receives them ----
 
 OUTPUT_EVENTS = {"display_data": display, "update_display_data": display, "execute_result": result,
@@ -245,6 +320,8 @@ def check_event(ev: dict[str, Any]) -> dict[str, Any]:
         return {"event": kind, **input_request(ev)}
     if kind == "log":
         return {"event": kind, "text": _str(ev, "text", "")}
+    if kind == "comm":
+        return comm_event(ev)
     raise SchemaError(f"unknown engine event {str(kind)[:40]!r}")
 
 

@@ -114,12 +114,15 @@ class Session:
         self._told_drop = self._told_over = False
         self._over = False                  # the last enforcement found the kept checkpoint alone over the budget
         self._predropped: list[int] = []    # checkpoints dropped just before the next one was taken (_checkpoint_now)
+        # the sandbox went back to an older state (rollback, %rewind, reset, mode, an isolated cell's
+        # reset) since the kernel last asked (take_restored): its comms may differ from the frontend's
+        self.restored = False
 
     # ---- cells ----
     def execute(self, code: str, *, execution_count: int, silent: bool = False, store_history: bool = True,
                 user_expressions: dict[str, str] | None = None, on_stream: StreamCallback | None = None,
                 on_message: MessageCallback | None = None, on_input: InputCallback | None = None,
-                poll: Callable[[], None] | None = None) -> dict[str, Any]:
+                poll: Callable[[], None] | None = None, parent_header: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run one cell; returns the execute_reply content. Never raises for what the guest does."""
         t0 = time.perf_counter()
         checkpoint, checkpoint_ms = self._before_cell(code, execution_count)
@@ -131,7 +134,7 @@ class Session:
             r = self.sandbox.execute(code, on_stream=on_stream, on_message=on_message, on_input=on_input,
                                      timeout=self.timeout, silent=silent, store_history=store_history,
                                      user_expressions=user_expressions, execution_count=execution_count,
-                                     interrupt_grace=self.interrupt_grace, poll=poll)
+                                     interrupt_grace=self.interrupt_grace, poll=poll, parent_header=parent_header)
             reply = dict(r.reply)
             reply.setdefault("status", r.status)
             reply["execution_count"] = execution_count
@@ -155,6 +158,7 @@ class Session:
             taken_ms = self.ready_ms if self.reset_done else None
             if not self.reset_done:
                 self.sandbox.restore(self.clean, fresh=True)
+                self.restored = True
             self.reset_done = False
             return self.clean, taken_ms
         snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
@@ -177,6 +181,7 @@ class Session:
             if self.mode == "isolated" and not self.reset_done:
                 self.sandbox.restore(self.clean, fresh=True)
                 self.reset_done = True
+                self.restored = True
             elif self.mode == "chained" and self.ready is None and not self.sandbox.broken:
                 self.ready = self._checkpoint_now()
                 self.enforce_budget(protect=self.ready)
@@ -199,6 +204,7 @@ class Session:
         ename = type(exc).__name__
         self.sandbox.restore(checkpoint, fresh=checkpoint is self.clean)
         self.rollbacks += 1
+        self.restored = True
         if self.mode == "chained" and self.checkpoints and self.checkpoints[-1].snapshot is checkpoint:
             self.checkpoints.pop().snapshot.release()  # the cell is undone: nothing to rewind to
         what = ("The sandbox was rolled back to its state before this cell; variables from earlier cells are intact."
@@ -225,6 +231,7 @@ class Session:
             self.checkpoints.pop().snapshot.release()
         target = self.checkpoints.pop()
         self.sandbox.restore(target.snapshot)
+        self.restored = True
         target.snapshot.release()
         return f"rewound {n} cell(s): state as before cell [{target.number}]"
 
@@ -234,6 +241,7 @@ class Session:
         if mode == self.mode:
             return f"already in {mode} mode"
         self._state_changes()
+        self.restored = True
         if mode == "isolated":
             self.head = self.sandbox.snapshot()       # keep the chained state for coming back
         else:
@@ -259,6 +267,65 @@ class Session:
             self.head.release()
             self.head = None
         self.sandbox.restore(self.clean, fresh=True)
+        self.restored = True
+
+    # ---- comms: the frontend's messages, between cells ----
+    def comm(self, message: dict[str, Any], buffers: list[bytes], *, on_stream: StreamCallback | None = None,
+             on_message: MessageCallback | None = None, poll: Callable[[], None] | None = None) -> dict[str, Any]:
+        """A frontend comm message (a widget moved, a button clicked) runs in the live sandbox like
+        a small cell, under the cell timeout and interrupts. Chained mode: it starts from the state
+        the next cell's checkpoint holds (taken now if it was not prepared), and a crash, a timeout
+        or an ignored interrupt in its callbacks rolls back that message only, reported as an
+        error; what it changed is part of the next cell's checkpoint, and it is no %rewind step of
+        its own. Isolated mode: the sandbox was reset after the cell that made the widget, so the
+        message is not delivered (`delivered`: false); the kernel closes the frontend's comms."""
+        if self.mode == "isolated":
+            return {"status": "ok", "delivered": False}
+        try:
+            snap = self.ready if self.ready is not None else self.sandbox.snapshot()
+        except SandboxError as exc:
+            return {"status": "error", "delivered": False, "ename": type(exc).__name__, "evalue": str(exc),
+                    "traceback": []}
+        self.ready = None
+        try:
+            reply = self.sandbox.comm(message, buffers, on_stream=on_stream, on_message=on_message,
+                                      timeout=self.timeout, interrupt_grace=self.interrupt_grace, poll=poll)
+        except (SandboxCrashed, SandboxTimeout, SandboxMemoryError, SandboxError) as exc:
+            return self._comm_rollback(exc, snap, on_message)
+        except Exception as exc:  # noqa: BLE001 - a host-side failure mid-message: the guest is mid-request
+            log.exception("a comm message failed on the host side; rolling the sandbox back")
+            return self._comm_rollback(SandboxError(f"the host failed while serving a widget message "
+                                                    f"({type(exc).__name__}: {str(exc)[:300]})."), snap, on_message)
+        snap.release()  # the state moved on; prepare_next_cell takes the next checkpoint
+        return {"status": "ok" if reply.get("status") == "ok" else "error", "delivered": True}
+
+    def _comm_rollback(self, exc: Exception, snap: Snapshot, on_message: MessageCallback | None) -> dict[str, Any]:
+        self.sandbox.restore(snap)
+        self.ready = snap  # the state is the prepared checkpoint's again
+        self.rollbacks += 1
+        self.restored = True
+        ename = type(exc).__name__
+        evalue = (f"{exc} The sandbox was rolled back to its state before this widget message; variables and "
+                  f"widgets from earlier cells are intact.")
+        content = {"ename": ename, "evalue": evalue, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]}
+        if on_message:
+            on_message("error", content)
+        return {"status": "error", "delivered": True, **content}
+
+    def comm_info(self, target_name: str | None = None, sync: list[str] | None = None,
+                  on_message: MessageCallback | None = None) -> dict[str, dict[str, str]]:
+        """The guest's comm registry (comm_info_request); with `sync`, resynchronised first
+        (Sandbox.comm_info). Changes no checkpoint: a resync after a restore only makes the
+        guest agree with the frontend, and the next checkpoint is taken after it."""
+        if self.sandbox.broken:
+            return {}
+        if sync is not None:
+            self._state_changes()
+        return self.sandbox.comm_info(target_name, sync, on_message)
+
+    def take_restored(self) -> bool:
+        restored, self.restored = self.restored, False
+        return restored
 
     # ---- requests that must not change the state ----
     def _throwaway(self, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:

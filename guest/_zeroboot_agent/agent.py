@@ -26,9 +26,11 @@ from typing import Any, NoReturn
 # so the builtins it uses are bound as this module's globals.
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
+from . import agent_fixups
 from . import agent_io as aio
 from .agent_io import log
 from .frame_protocol import FrameType
+from .agent_comm import CommBridge
 from .agent_session import insert_cwd_entry, start_session
 
 UART_DEVICE = "/dev/ttyS0"
@@ -53,6 +55,9 @@ class Agent:
         self.gate = gate
         self.shell = shell
         self.allow_stdin = False
+        # comms (widgets): the `comm` package's hooks, as ipykernel installs them (agent_comm.py)
+        self.comms = CommBridge(channel, gate, shell)
+        self.comms.install()
 
     # ---- start-up ------------------------------------------------------------------------
 
@@ -175,6 +180,11 @@ class Agent:
                     self.inspect(request)
                 elif ftype == FrameType.SESSION:
                     self.channel.send(FrameType.SESSION_REPLY, start_session(request, self.shell))
+                elif ftype == FrameType.COMM:
+                    self.allow_stdin = False  # a callback has no frontend to ask (no execute_request)
+                    self.comms.serve_comm(request)
+                elif ftype == FrameType.COMM_INFO:
+                    self.comms.serve_info(request)
                 elif ftype == FrameType.RUN:
                     run_program(request)  # never returns: the VM exits with the program
                 elif ftype == FrameType.INPUT_REPLY:
@@ -207,6 +217,11 @@ class Agent:
         elif ftype == FrameType.SESSION:
             self.channel.send(FrameType.SESSION_REPLY, {"id": rid, "status": "error",
                                                   "evalue": f"{type(exc).__name__}: {aio.safe_str(exc)}"})
+        elif ftype == FrameType.COMM:
+            self.channel.send(FrameType.COMM_DONE, {"id": rid, "status": "error", "ename": type(exc).__name__,
+                                              "evalue": aio.safe_str(exc), "traceback": []})
+        elif ftype == FrameType.COMM_INFO:
+            self.channel.send(FrameType.COMM_INFO_REPLY, {"id": rid, "comms": {}})
 
     # ---- EXECUTE ---------------------------------------------------------------------------
 
@@ -222,6 +237,7 @@ class Agent:
         shell.request_execution_count = count
         shell.payload_manager.clear_payload()  # nothing left over from a request that failed
         reseed(request.get("reseed"))
+        self.comms.set_parent(request.get("parent_header"))  # the Output widget captures by it
 
         error: BaseException | None = None
         # Interrupts reach the cell's code only (AgentShell.run_code); in IPython's machinery
@@ -458,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     channel.quiet = True
     channel.quiet_stream = lambda name, text: log(f"start-up {name}: {text}")
     aio.install_streams(channel)
+    agent_fixups.install()  # library settings applied on import (tqdm's monitor thread)
 
     try:
         from .agent_shell import make_shell

@@ -20,7 +20,8 @@ from typing import Any
 # so the builtins it uses are bound as this module's globals.
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
-from .frame_protocol import HEADER, MAX_PAYLOAD, REPLY_TYPES, FrameType, header_ok, pack_header
+from .frame_protocol import (BINARY_TYPES, HEADER, MAX_PAYLOAD, REPLY_TYPES, FrameType, header_ok, pack_binary,
+                             pack_header, unpack_binary)
 
 STREAM_MAX_BUFFER = 4096      # send once this much text is pending (PROTOCOL.md: 4 KiB)
 STREAM_INTERVAL = 0.05        # send a completed line only if the last STREAM frame is this old
@@ -190,9 +191,10 @@ class Channel:
 
     # ---- writing -------------------------------------------------------------------------
 
-    def send(self, ftype: int, payload: dict[str, Any]) -> None:
+    def send(self, ftype: int, payload: dict[str, Any], buffers: list[bytes] | None = None) -> None:
         """Send one frame (after any pending stream text). An interrupt that arrives meanwhile
-        is raised once the frame is out (InterruptGate), never half-way through it."""
+        is raised once the frame is out (InterruptGate), never half-way through it. `buffers`
+        (raw bytes) go with the frames of BINARY_TYPES (comm messages)."""
         self.gate.critical += 1
         try:
             if ftype != FrameType.STREAM:
@@ -200,8 +202,10 @@ class Channel:
             if self.quiet:
                 return
             body = encode_payload(payload)
-            if len(body) > MAX_PAYLOAD - CHECK_RESERVE:
-                replacement = _oversize_replacement(ftype, payload, len(body))
+            extra = sum(len(b) + 4 for b in buffers or ()) + 8 if ftype in BINARY_TYPES else 0
+            if len(body) + extra > MAX_PAYLOAD - CHECK_RESERVE:
+                buffers = None
+                replacement = _oversize_replacement(ftype, payload, len(body) + extra)
                 if replacement is None:
                     return
                 ftype, payload = replacement
@@ -212,6 +216,8 @@ class Channel:
             if ftype in REPLY_TYPES:
                 check["stream_chars"] = self._stream_chars
             body = _with_check(body, check)
+            if ftype in BINARY_TYPES:
+                body = pack_binary(body, list(buffers or ()))
             self._write_all(pack_header(ftype, len(body)) + body)
             self._seq += 1
         finally:
@@ -302,7 +308,10 @@ class Channel:
                 if len(self._rbuf) >= end:
                     body = bytes(self._rbuf[HEADER.size:end])
                     del self._rbuf[:end]
+                    buffers: list[bytes] = []
                     try:
+                        if ftype in BINARY_TYPES:
+                            body, buffers = unpack_binary(body)
                         payload = json.loads(body)
                     except ValueError as exc:
                         log(f"frame type {ftype}: undecodable payload ({exc}); ignored")
@@ -310,6 +319,8 @@ class Channel:
                     if not isinstance(payload, dict):
                         log(f"frame type {ftype}: payload is not a JSON object; ignored")
                         continue
+                    if ftype in BINARY_TYPES:
+                        payload["buffers"] = buffers
                     return ftype, payload
                 want = end - len(self._rbuf)
             else:
@@ -337,8 +348,13 @@ def _oversize_replacement(ftype: int, payload: dict[str, Any],
                           size: int) -> tuple[int, dict[str, Any]] | None:
     """What to send instead of a frame over MAX_PAYLOAD: the host would kill the VM for it."""
     note = f"[zeroboot: output of {size / (1 << 20):.1f} MiB dropped: a frame holds at most 16 MiB]\n"
-    if ftype in (FrameType.DISPLAY, FrameType.RESULT, FrameType.STREAM):
+    if ftype in (FrameType.DISPLAY, FrameType.RESULT, FrameType.STREAM, FrameType.COMM_MESSAGE):
         return FrameType.STREAM, {"name": "stderr", "text": note}
+    if ftype == FrameType.COMM_DONE:
+        return FrameType.COMM_DONE, {"id": payload.get("id"), "status": "error", "ename": "ValueError",
+                                     "evalue": note.strip(), "traceback": [note]}
+    if ftype == FrameType.COMM_INFO_REPLY:
+        return FrameType.COMM_INFO_REPLY, {"id": payload.get("id"), "comms": {}}
     if ftype == FrameType.ERROR:
         return FrameType.ERROR, {"ename": str(payload.get("ename", ""))[:1000],
                                  "evalue": str(payload.get("evalue", ""))[:10000], "traceback": [note]}

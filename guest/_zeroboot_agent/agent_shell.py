@@ -205,6 +205,9 @@ class FrameDisplayHook(DisplayHook):
 
     bundle: dict[str, Any] | None = None
 
+    def set_parent(self, parent: Any) -> None:
+        pass  # messages are addressed by the host (the shell's set_parent calls this: Output widgets)
+
     def start_displayhook(self) -> None:
         super().start_displayhook()
         self.bundle = {"data": {}, "metadata": {}}
@@ -242,9 +245,10 @@ def _interrupt_at(code_obj: Any) -> Any:
 
 
 class SandboxKernel:
-    """What `get_ipython().kernel` is in the sandbox. The kernel itself (ZMQ sockets, session,
-    comms) runs on the host; code that reaches for those parts gets an AttributeError that says so
-    instead of a half-working imitation."""
+    """What `get_ipython().kernel` is in the sandbox. The kernel itself (ZMQ sockets, session)
+    runs on the host; code that reaches for those parts gets an AttributeError that says so
+    instead of a half-working imitation. Comms are the exception: agent_comm.CommBridge.install
+    gives it `comm_manager` and `get_parent` (widgets use them)."""
 
     implementation = "zeroboot"
     eventloop = None  # no GUI event loop runs in the sandbox (ipykernel's exit path checks it)
@@ -254,7 +258,8 @@ class SandboxKernel:
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"get_ipython().kernel.{name}: the Jupyter kernel runs outside the zeroboot "
-                             f"sandbox; its sockets, session and comms (widgets) are not reachable from a cell")
+                             f"sandbox; its sockets and session are not reachable from a cell (comms are: "
+                             f"use the `comm` package, comm.create_comm / comm.get_comm_manager)")
 
     def __repr__(self) -> str:
         return "<zeroboot sandbox kernel>"

@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "files": "files",      # reading a 200 MB file of the notebook's folder, guest vs host
     "syscalls": "syscalls",  # getpid, stat, small reads, listdir/walk of big folders, many CSVs, vs host
     "kernel": "kernel",    # execute round trips through jupyter_client, vs stock ipykernel
+    "comms": "comms",      # widget round trips (a slider moved in the frontend), vs stock ipykernel
     "peers": "peers",      # the same cells in a fork, a subprocess, a bubblewrap sandbox
     "scaling": "scaling",  # forks and memory as live forks grow; cells/s with 1 and 2 workers
     "memory": "memory",    # data-heavy notebooks vs ipykernel: host memory, time per cell, big fills

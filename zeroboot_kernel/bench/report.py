@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from . import common, engine, files, kernel, memory, peers, scaling, soak, startup, syscalls
+from . import comms, common, engine, files, kernel, memory, peers, scaling, soak, startup, syscalls
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +26,18 @@ TITLES = {
     "startup": "Starting Python in a fresh VM; numpy speed inside the guest",
     "memory": "Data-heavy notebooks: checkpoint memory, big arrays, fills (vs ipykernel)",
     "soak": "Soak: one kernel, thousands of mixed cells",
+    "comms": "Widget round trips (comms), vs stock ipykernel",
 }
+# the text under the comms section (its numbers come from its own run, `bench comms`)
+COMMS_NOTE = ("A slider moved in the frontend: the comm_msg, the observe callback that prints the value, the "
+              "idle status. In the sandbox the message runs like a small cell: from the prepared checkpoint, "
+              "then the next checkpoint is taken after the reply.")
 
 
 def load(out: Path) -> dict[str, dict[str, Any]]:
     """The results in `out`, by section (sections without a file are left out)."""
     found = {}
-    for name in [*SECTIONS, "soak"]:
+    for name in [*SECTIONS, "soak", "comms"]:
         path = out / f"{name}.json"
         if path.exists():
             found[name] = json.loads(path.read_text())
@@ -199,6 +204,10 @@ def render(res: dict[str, dict[str, Any]], out: Path, report: Path, command: str
         body = soak.markdown(res["soak"], chart).split("\n", 1)[1]  # without its own title
         parts.append(f"## {TITLES['soak']}\n\nMeasured {res['soak']['date'][:10]} with `python -m zeroboot_kernel.bench "
                      f"soak --cells {res['soak']['cells']} --chart docs/img/soak.png`.\n{body.rstrip()}\n")
+    if "comms" in res:  # from its own run (`bench comms`)
+        parts.append(f"## {TITLES['comms']}\n\nMeasured {res['comms']['date'][:10]} with `python -m "
+                     f"zeroboot_kernel.bench comms --iterations {res['comms']['iterations']}`. {COMMS_NOTE}\n\n"
+                     f"{comms.markdown(res['comms']).strip()}\n")
     report.write_text("\n".join(parts))
     log.info("wrote %s and %s", report, img)
     if report.resolve() == default_report().resolve():
