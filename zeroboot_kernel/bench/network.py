@@ -1,6 +1,6 @@
 """`python -m zeroboot_kernel.bench network`: downloading a file through the sandbox's egress.
 
-A local HTTP server on 127.0.0.1 (a thread of this process) serves a file of SIZE_MB from memory;
+A local HTTP server on 127.0.0.1 (a process of its own) serves a file of SIZE_MB from memory;
 the same download runs in a sandbox whose network policy allows that server (native/file_inet.c:
 host sockets the engine made) and on the host, in the same run: urllib.request reading the body,
 and a raw socket reading into one buffer with recv_into. Throughput in MB/s and VM exits per MB.
@@ -9,8 +9,8 @@ Only loopback traffic.
 from __future__ import annotations
 
 import argparse
-import http.server
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,22 +36,33 @@ def _readers(port: int, size: int) -> dict[str, str]:
     }
 
 
-def _serve(size: int) -> tuple[http.server.ThreadingHTTPServer, int]:
-    body = bytes(range(256)) * (size // 256)
+# The server runs in its own process, so that it never competes for this process's GIL with the
+# host-side client (the guest's client runs in KVM_RUN, which releases it).
+SERVER = """
+import http.server, sys
+body = bytes(range(256)) * (int(sys.argv[1]) // 256)
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, srv.server_address[1]
+def _serve(size: int) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(size)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.strip().isdigit():
+        proc.kill()
+        raise RuntimeError(f"the benchmark's HTTP server did not start (it said {line!r})")
+    return proc, int(line)
 
 
 def measure(size_mb: int = SIZE_MB) -> dict[str, Any]:
@@ -80,8 +91,8 @@ def measure(size_mb: int = SIZE_MB) -> dict[str, Any]:
                                       "exits_per_mb": round(exits / size_mb, 2)}
     finally:
         engine.set_network(None)
-        srv.shutdown()
-        srv.server_close()
+        srv.kill()
+        srv.wait()
     return res
 
 
