@@ -436,3 +436,146 @@ def test_a_malformed_policy_refuses_to_start_the_kernel() -> None:
         assert "ZEROBOOT_NETWORK entry 'pypi.org:https'" in err and "1-65535" in err, err[-2000:]
     finally:
         km.cleanup_resources()
+
+
+# ---- TLS, forks, interruptions, IPv6 ---------------------------------------------------------------
+
+def _openssl(*args: str, cwd: str) -> None:
+    import subprocess
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory) -> Iterator[tuple[int, str]]:
+    """An HTTPS server on 127.0.0.1 with a certificate for data.test from a test CA: (port, CA PEM)."""
+    import shutil
+    import ssl
+    if not shutil.which("openssl"):
+        pytest.skip("needs the openssl command to make a test CA")
+    d = str(tmp_path_factory.mktemp("tls"))
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=zeroboot test CA",
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
+    _openssl("req", *ec, "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/CN=data.test", cwd=d)
+    with open(f"{d}/ext.cnf", "w") as f:
+        f.write("subjectAltName=DNS:data.test,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n"
+                "extendedKeyUsage=serverAuth\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n")
+    _openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "srv.pem",
+             "-days", "2", "-extfile", "ext.cnf", cwd=d)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(f"{d}/srv.pem", f"{d}/srv.key")
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    with open(f"{d}/ca.pem") as f:
+        yield srv.server_address[1], f.read()
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_tls_works_unchanged_in_the_guest(template, tls_server) -> None:
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    port, ca = tls_server
+    engine = Engine.default()
+    engine.set_network(network_policy.parse(f"data.test:{port}", "data.test=127.0.0.1"))
+    s = Session(template)
+    try:
+        out = ok(s, f"""
+import ssl, urllib.request
+ctx = ssl.create_default_context(cadata={ca!r})
+print(urllib.request.urlopen("https://data.test:{port}/secret", context=ctx).read())
+try:
+    urllib.request.urlopen("https://data.test:{port}/x")  # the system's CAs do not know the test CA
+except urllib.error.URLError as exc:
+    print("verify failed", "CERTIFICATE_VERIFY_FAILED" in str(exc))
+""")
+        assert "b'hello /secret'" in out and "verify failed True" in out, out
+    finally:
+        s.close()
+        engine.set_network(None)
+
+
+def test_a_fork_sees_its_parents_connection_as_reset(template, server) -> None:
+    from zeroboot_kernel.native import Engine
+    engine = Engine.default()
+    engine.set_network(network_policy.parse(f"127.0.0.1:{server}"))
+    try:
+        with template.fork() as sb:
+            r = sb.execute(f"import socket\nconn = socket.create_connection(('127.0.0.1', {server}))")
+            assert r.status == "ok", r
+            with sb.fork() as child:
+                r = child.execute("try:\n    conn.recv(1)\nexcept ConnectionResetError:\n    print('reset in the fork')")
+                assert "reset in the fork" in r.stdout, r
+            r = sb.execute("conn.sendall(b'GET /parent HTTP/1.0\\r\\n\\r\\n')\ndata = b''\n"
+                           "while (c := conn.recv(4096)): data += c\nprint(data.endswith(b'hello /parent'))")
+            assert "True" in r.stdout, r
+    finally:
+        engine.set_network(None)
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP server that accepts and never answers."""
+    import socket
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(8)
+    yield lsock.getsockname()[1]
+    lsock.close()
+
+
+def test_a_blocking_recv_is_interrupted_by_an_alarm_and_by_the_cell_timeout(template, silent_server) -> None:
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    engine = Engine.default()
+    engine.set_network(network_policy.parse(f"127.0.0.1:{silent_server}"))
+    s = Session(template, timeout=3)
+    try:
+        out = ok(s, f"""
+import signal, socket
+conn = socket.create_connection(("127.0.0.1", {silent_server}))
+def ring(*_): raise TimeoutError("alarm")
+signal.signal(signal.SIGALRM, ring)
+signal.alarm(1)
+try:
+    conn.recv(10)
+except TimeoutError:
+    print("alarm interrupted recv")
+""")
+        assert "alarm interrupted recv" in out, out
+        r = cell(s, "conn.recv(10)")  # blocks until the cell's time limit stops it
+        assert r["status"] == "error" and "rolled back" in r["evalue"], r
+        assert ok(s, "print(conn.fileno() > 0)").strip() == "True"
+    finally:
+        s.close()
+        engine.set_network(None)
+
+
+def test_ipv6_loopback(template) -> None:
+    import socket
+    try:
+        srv = http.server.ThreadingHTTPServer(("::1", 0), _Handler, bind_and_activate=False)
+        srv.address_family = socket.AF_INET6
+        srv.socket = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        srv.server_bind()
+        srv.server_activate()
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    engine = Engine.default()
+    engine.set_network(network_policy.parse(f"[::1]:{port}"))
+    s = Session(template)
+    try:
+        out = ok(s, f"import urllib.request\nprint(urllib.request.urlopen('http://[::1]:{port}/six').read())")
+        assert "b'hello /six'" in out, out
+        r = cell(s, f"import socket\nsocket.create_connection(('::2', {port}))")
+        assert r["status"] == "error" and f"[::2]:{port} is not in the allow list" in r["stdout"], r
+    finally:
+        s.close()
+        engine.set_network(None)
+        srv.shutdown()
+        srv.server_close()
