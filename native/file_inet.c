@@ -24,6 +24,10 @@
 
 #define MAX_NOTES 20 /* refusal notes shown per session (every refusal is counted and logged) */
 
+/* Host connections open in this process (the engine process is one session): what
+ * ZEROBOOT_NETWORK_MAX_CONNECTIONS bounds. Only the thread running a sandbox changes it. */
+static int open_connections;
+
 void zb_inet_note(zb_sandbox *sb, const char *fmt, ...) {
     char line[768];
     va_list ap;
@@ -53,17 +57,73 @@ zb_file *zb_inet_new(int family, int type) {
 
 static int nonblocking(const zb_file *f, int flags) { return (f->flags & O_NONBLOCK) || (flags & MSG_DONTWAIT); }
 
-/* Wait for events of the host socket (or stop, or EINTR): 0 when it has some. */
+/* Wait for events of the host socket (or stop, or EINTR): 0 when it has some. The wait has no
+ * timeout of its own (a wake time left by an earlier stop of this call is not this wait's). */
 static long wait_for(zb_sandbox *sb, int fd, short events) {
-    zb_ready_begin();
-    zb_ready_watch(fd, events);
-    long r = zb_poll_wait(sb, 0, -1);
-    return r == ZB_POLL_AGAIN ? 0 : r < 0 ? r : -EAGAIN;
+    for (;;) {
+        sb->cpu.pending_wake_ns = 0;
+        zb_ready_begin();
+        zb_ready_watch(fd, events);
+        long r = zb_poll_wait(sb, 0, -1);
+        if (r == ZB_POLL_AGAIN) return 0;
+        if (r < 0) return r;
+    }
 }
 
 static void drop_host(zb_inet *s) {
-    if (s->fd >= 0) close(s->fd);
+    if (s->fd >= 0) {
+        close(s->fd);
+        open_connections--;
+    }
     s->fd = -1;
+}
+
+/* The session's rate limit: how many of `want` bytes may move now (*allow), after waiting for the
+ * bucket to hold a fiftieth of a second's worth (or all of want). 0, or a stop / -EINTR. */
+static long throttle(zb_sandbox *sb, size_t want, size_t *allow) {
+    zb_net *net = sb->engine->net;
+    *allow = want;
+    if (!net || !net->rate || !want) return 0;
+    double rate = (double)net->rate, need = ZB_MIN((double)want, ZB_MAX(1.0, rate / 50));
+    for (;;) {
+        int64_t now = zb_now_ns();
+        net->tokens = ZB_MIN(rate, net->tokens + (double)(now - net->tokens_ns) * rate / 1e9);
+        net->tokens_ns = now;
+        if (net->tokens >= need) {
+            *allow = (size_t)ZB_MIN((double)want, net->tokens);
+            return 0;
+        }
+        int64_t wake = now + (int64_t)((need - net->tokens) * 1e9 / rate) + 1;
+        sb->cpu.pending_wake_ns = 0;
+        long r = zb_sleep_until(sb, wake);
+        net->stats.throttled_ns += (uint64_t)(zb_now_ns() - now);
+        if (r) return r;
+    }
+}
+
+static void spend(zb_sandbox *sb, ssize_t got, int sent) {
+    zb_net *net = sb->engine->net;
+    if (!net || got <= 0) return;
+    if (sent) net->stats.bytes_sent += (uint64_t)got;
+    else net->stats.bytes_received += (uint64_t)got;
+    if (net->rate) net->tokens -= (double)got;
+}
+
+/* The first `allow` bytes of iov (n entries) into out. */
+static int trim_iov(const struct iovec *iov, int n, size_t allow, struct iovec *out) {
+    int k = 0;
+    for (; k < n && allow; k++) {
+        out[k] = iov[k];
+        out[k].iov_len = ZB_MIN(iov[k].iov_len, allow);
+        allow -= out[k].iov_len;
+    }
+    return k;
+}
+
+static size_t iov_total(const struct iovec *iov, int n) {
+    size_t t = 0;
+    for (int i = 0; i < n; i++) t += iov[i].iov_len;
+    return t;
 }
 
 /* A connect under way finished? (No wait.) A failed one leaves its error for SO_ERROR. */
@@ -94,8 +154,16 @@ long zb_inet_connect(zb_sandbox *sb, zb_file *f, const struct sockaddr *sa, sock
     if (s->state == INET_RESET || s->state == INET_CONNECTED) return -EISCONN;
     if (s->state == INET_NEW) {
         if (zb_host_fd_room() < 0) return -EMFILE;
+        zb_net *net = sb->engine->net;
+        if (net && net->max_connections && open_connections >= net->max_connections) {
+            net->stats.over_connection_limit++;
+            zb_inet_note(sb, "zeroboot: connect refused (EMFILE): the session has %d connections open, its limit "
+                         "(ZEROBOOT_NETWORK_MAX_CONNECTIONS in the kernelspec's env); close some first", open_connections);
+            return -EMFILE;
+        }
         s->fd = socket(s->family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (s->fd < 0) return -errno;
+        open_connections++;
         for (int i = 0; i < s->nopts; i++) /* what the guest set before connecting (TCP_NODELAY, ...) */
             if (setsockopt(s->fd, s->opts[i].level, s->opts[i].name, s->opts[i].value, s->opts[i].len) < 0)
                 zb_log(sb, "setsockopt(%d, %d) on the host socket: %s", s->opts[i].level, s->opts[i].name, strerror(errno));
@@ -146,11 +214,15 @@ long zb_inet_send(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, in
     long r = ready_to_transfer(sb, f, flags, 1);
     if (r < 0) return r;
     if (s->shut_wr) return -EPIPE;
+    size_t allow;
+    if ((r = throttle(sb, iov_total(iov, n), &allow)) < 0) return r;
+    struct iovec part[1024];
+    n = trim_iov(iov, ZB_MIN(n, 1024), allow, part);
     for (;;) {
-        struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+        struct msghdr m = {.msg_iov = part, .msg_iovlen = (size_t)n};
         ssize_t got = sendmsg(s->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL | (flags & MSG_MORE));
         if (got >= 0) {
-            if (sb->engine->net) sb->engine->net->stats.bytes_sent += (uint64_t)got;
+            spend(sb, got, 1);
             return got;
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
@@ -164,11 +236,15 @@ long zb_inet_recv(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, in
     long r = ready_to_transfer(sb, f, flags, 0);
     if (r < 0) return r;
     if (s->shut_rd) return 0;
+    size_t allow;
+    if ((r = throttle(sb, iov_total(iov, n), &allow)) < 0) return r;
+    struct iovec part[1024];
+    n = trim_iov(iov, ZB_MIN(n, 1024), allow, part);
     for (;;) {
-        struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+        struct msghdr m = {.msg_iov = part, .msg_iovlen = (size_t)n};
         ssize_t got = recvmsg(s->fd, &m, MSG_DONTWAIT | (flags & (MSG_PEEK | MSG_TRUNC)));
         if (got >= 0) {
-            if (sb->engine->net) sb->engine->net->stats.bytes_received += (uint64_t)got;
+            if (!(flags & MSG_PEEK)) spend(sb, got, 0);
             return got;
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;

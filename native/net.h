@@ -60,6 +60,10 @@ struct zb_net {
     int nresolved, next_resolved;
     zb_net_stats stats;
     char last_refused_name[ZB_NET_NAME_MAX + 1]; /* the resolver's last refusal note (A and AAAA ask twice) */
+    int max_connections;     /* host connections open at once, all sandboxes together (0: no limit) */
+    uint64_t rate;           /* bytes per second sent and received together (0: no limit) */
+    double tokens;           /* the rate's token bucket (at most one second's worth) */
+    int64_t tokens_ns;       /* when it was last filled */
 };
 
 /* Lower-case, validated copy of a host name (letters, digits, '-', '_', dots between labels of

@@ -245,6 +245,18 @@ int zb_net_check(const zb_net *n, const zb_net_addr *addr, int port, char *why, 
     return -EACCES;
 }
 
+int zb_net_set_limits(zb_net *n, int max_connections, uint64_t bytes_per_second, char *err) {
+    if (max_connections < 0 || max_connections > 100000) {
+        zb_seterr(err, "max_connections %d is not 0 (no limit) to 100000", max_connections);
+        return -1;
+    }
+    n->max_connections = max_connections;
+    n->rate = bytes_per_second;
+    n->tokens = (double)bytes_per_second;
+    n->tokens_ns = zb_now_ns();
+    return 0;
+}
+
 void zb_engine_set_network(zb_engine *e, zb_net *net) {
     zb_net_free(e->net);
     e->net = net;

@@ -129,6 +129,8 @@ typedef struct zb_net_stats {
     uint64_t dns_refused;    /* ... for names the policy does not allow (NXDOMAIN) */
     uint64_t dns_host_lookups; /* host resolver calls made for them */
     uint64_t bytes_sent, bytes_received; /* over connected sockets */
+    uint64_t over_connection_limit; /* connects refused by max_connections */
+    uint64_t throttled_ns;   /* time transfers waited for the rate limit */
 } zb_net_stats;
 zb_net *zb_net_new(void);
 void zb_net_free(zb_net *net);
@@ -137,6 +139,9 @@ int zb_net_allow(zb_net *net, int kind, const char *name, const uint8_t *addr, i
 /* A static answer of the sandbox's resolver (family AF_INET or AF_INET6): a name it maps is never
  * looked up on the host. */
 int zb_net_add_host(zb_net *net, const char *name, int family, const uint8_t *addr, char *err);
+/* Limits of a policy: host connections open at once (0: none) and bytes per second, both ways
+ * together (0: none); a transfer over the rate waits (also on a non-blocking socket, briefly). */
+int zb_net_set_limits(zb_net *net, int max_connections, uint64_t bytes_per_second, char *err);
 /* Install a policy (NULL: none); the engine takes ownership of it and frees the previous one. */
 void zb_engine_set_network(zb_engine *engine, zb_net *net);
 /* The installed policy's counters (zeros without one). */

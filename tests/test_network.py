@@ -579,3 +579,57 @@ def test_ipv6_loopback(template) -> None:
         engine.set_network(None)
         srv.shutdown()
         srv.server_close()
+
+
+# ---- limits ----------------------------------------------------------------------------------------
+
+@pytest.mark.without_kvm
+def test_limit_settings() -> None:
+    p = network_policy.from_env({"ZEROBOOT_NETWORK": "a.org", "ZEROBOOT_NETWORK_MAX_CONNECTIONS": "3",
+                                 "ZEROBOOT_NETWORK_RATE": "2M"})
+    assert (p.max_connections, p.rate) == (3, 2 << 20) and "3 connection(s) open at once" in p.describe()
+    assert network_policy.NetworkPolicy.from_wire(p.to_wire()) == p
+    assert network_policy.parse("a.org").max_connections == network_policy.DEFAULT_MAX_CONNECTIONS
+    for env, words in (({"ZEROBOOT_NETWORK_MAX_CONNECTIONS": "many"}, "whole number"),
+                       ({"ZEROBOOT_NETWORK_RATE": "fast"}, "bytes per second")):
+        with pytest.raises(NetworkPolicyError, match=words):
+            network_policy.from_env({"ZEROBOOT_NETWORK": "a.org", **env})
+
+
+def test_connection_count_and_rate_limits_are_enforced(template, silent_server, server) -> None:
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    engine = Engine.default()
+    engine.set_network(network_policy.parse("127.0.0.1:*", max_connections="3", rate="200K"))
+    s = Session(template)
+    try:
+        r = cell(s, f"""
+import socket
+conns = [socket.create_connection(("127.0.0.1", {silent_server})) for _ in range(3)]
+try:
+    socket.create_connection(("127.0.0.1", {silent_server}))
+except OSError as exc:
+    print("fourth refused", exc.errno)
+conns.pop().close()
+conns.append(socket.create_connection(("127.0.0.1", {silent_server})))
+print("after a close", len(conns))
+for c in conns: c.close()
+""")
+        assert "fourth refused 24" in r["stdout"] and "after a close 3" in r["stdout"], r  # EMFILE
+        assert "ZEROBOOT_NETWORK_MAX_CONNECTIONS" in r["stdout"], r
+        # 600 KiB at 200 KiB/s, with one second's worth as the first burst: at least ~2 s, however
+        # fast the host is (a lower bound: a loaded machine only makes it slower)
+        out = ok(s, f"""
+import time, urllib.request
+t = time.monotonic()
+n = 0
+for _ in range(20):
+    n += len(urllib.request.urlopen("http://127.0.0.1:{server}/" + "x" * 30000).read())
+print("took", time.monotonic() - t, n)
+""")
+        took, n = out.split("took ", 1)[1].split()[:2]
+        assert int(n) > 600_000 and float(took) >= 1.8, out
+        assert engine.network_stats()["throttled_ns"] > 1_000_000_000
+    finally:
+        s.close()
+        engine.set_network(None)

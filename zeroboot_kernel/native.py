@@ -132,6 +132,8 @@ class Engine:
                 family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
                 if lib.zb_net_add_host(net, name.encode(), family, addr.packed, err) < 0:
                     raise SandboxError(f"network host {name}={address}: {_text(err)}")
+            if lib.zb_net_set_limits(net, policy.max_connections, policy.rate, err) < 0:
+                raise SandboxError(f"network limits: {_text(err)}")
         except BaseException:
             lib.zb_net_free(net)
             raise
@@ -143,7 +145,8 @@ class Engine:
         lib.zb_engine_network_stats(self.handle, st)
         return {name: int(getattr(st, name)) for name in ("connects", "refused", "dns_queries", "dns_answers",
                                                            "dns_refused", "dns_host_lookups", "bytes_sent",
-                                                           "bytes_received")}
+                                                           "bytes_received", "over_connection_limit",
+                                                           "throttled_ns")}
 
     def close(self) -> None:
         self._finalizer()

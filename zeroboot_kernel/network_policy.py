@@ -12,6 +12,8 @@
     ZEROBOOT_NETWORK_HOSTS  name=address pairs, comma-separated: what the sandbox's resolver answers
                             for those names instead of asking the host's resolver (like /etc/hosts;
                             the names still need an entry in ZEROBOOT_NETWORK)
+    ZEROBOOT_NETWORK_MAX_CONNECTIONS  connections open at once (default 64; 0: no limit)
+    ZEROBOOT_NETWORK_RATE   bytes per second, sent and received together (10M, 512K; default 0: no limit)
 
 A name entry lets the guest resolve the name (through the engine's resolver, never its own) and
 connect to the *public* addresses it resolved to; loopback, private and link-local addresses are
@@ -30,8 +32,10 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from .errors import ZerobootError
+from .sizes import parse_bytes
 
 DEFAULT_PORTS = (80, 443)
+DEFAULT_MAX_CONNECTIONS = 64
 MAX_RULES = 256   # native/net.h ZB_NET_MAX_RULES
 MAX_HOSTS = 256   # ZB_NET_MAX_HOSTS
 RESOLVER = "192.0.2.53"  # native/net.h ZB_NET_RESOLVER_V4: the guest's /etc/resolv.conf names it
@@ -66,6 +70,8 @@ class Rule:
 class NetworkPolicy:
     rules: tuple[Rule, ...] = ()
     hosts: tuple[tuple[str, str], ...] = ()   # (name, address)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # open at once; 0: no limit
+    rate: int = 0                             # bytes per second; 0: no limit
 
     @property
     def enabled(self) -> bool:
@@ -82,13 +88,17 @@ class NetworkPolicy:
         if self.hosts:
             lines.append("names the sandbox's resolver answers itself (ZEROBOOT_NETWORK_HOSTS):")
             lines += [f"  {name} = {addr}" for name, addr in self.hosts]
+        rate = f"{self.rate} bytes/s" if self.rate else "no rate limit"
+        lines.append(f"limits: {self.max_connections or 'any number of'} connection(s) open at once, {rate} "
+                     f"(ZEROBOOT_NETWORK_MAX_CONNECTIONS, ZEROBOOT_NETWORK_RATE)")
         lines.append("host names reach only the public addresses they resolve to; others need an address entry. "
                      "TCP only; no servers (bind/listen fail with EACCES).")
         return "\n".join(lines) + "\n"
 
     def to_wire(self) -> str:
         return json.dumps({"rules": [[r.kind, r.name, str(r.network) if r.network else "", r.port] for r in self.rules],
-                           "hosts": [list(h) for h in self.hosts]})
+                           "hosts": [list(h) for h in self.hosts], "max_connections": self.max_connections,
+                           "rate": self.rate})
 
     @classmethod
     def from_wire(cls, text: str) -> NetworkPolicy:
@@ -109,7 +119,10 @@ class NetworkPolicy:
                 rules.append(Rule(kind, port, name=_hostname(name, name)))
         hosts = tuple(_host_entry(f"{h[0]}={h[1]}") if isinstance(h, list) and len(h) == 2 and all(isinstance(x, str) for x in h)
                       else _bad_host(h) for h in data["hosts"])
-        return _bounded(cls(tuple(rules), hosts))
+        conns, rate = data.get("max_connections"), data.get("rate")
+        if not (type(conns) is int and type(rate) is int and 0 <= conns and 0 <= rate < 1 << 62):
+            raise NetworkPolicyError(f"network policy from the kernel: bad limits {conns!r}, {rate!r}")
+        return _bounded(cls(tuple(rules), hosts, max_connections=conns, rate=rate))
 
 
 def _bad_host(h: Any) -> tuple[str, str]:
@@ -122,6 +135,8 @@ def _bounded(policy: NetworkPolicy) -> NetworkPolicy:
                                  f"without a port counts twice: 80 and 443)")
     if len(policy.hosts) > MAX_HOSTS:
         raise NetworkPolicyError(f"ZEROBOOT_NETWORK_HOSTS: at most {MAX_HOSTS} entries")
+    if not 0 <= policy.max_connections <= 100_000:
+        raise NetworkPolicyError(f"ZEROBOOT_NETWORK_MAX_CONNECTIONS={policy.max_connections}: give 0 (no limit) to 100000")
     return policy
 
 
@@ -201,8 +216,23 @@ def _host_entry(item: str) -> tuple[str, str]:
     return _hostname(name, item), str(address)
 
 
-def parse(value: str | None, hosts: str | None = None) -> NetworkPolicy:
-    """The policy of ZEROBOOT_NETWORK (and ZEROBOOT_NETWORK_HOSTS); NetworkPolicyError says what to fix."""
+def _limits(max_connections: str | None, rate: str | None) -> tuple[int, int]:
+    conns = (max_connections or "").strip() or str(DEFAULT_MAX_CONNECTIONS)
+    if not conns.isdigit():
+        raise NetworkPolicyError(f"ZEROBOOT_NETWORK_MAX_CONNECTIONS={conns!r}: give a whole number (0: no limit)")
+    text = (rate or "").strip() or "0"
+    per_second = 0 if text.lower() == "none" else parse_bytes(text.removesuffix("/s"))
+    if per_second is None:
+        raise NetworkPolicyError(f"ZEROBOOT_NETWORK_RATE={text!r}: give bytes per second such as 10M or 512K "
+                                 f"(0 or none: no limit)")
+    return int(conns), per_second
+
+
+def parse(value: str | None, hosts: str | None = None, max_connections: str | None = None,
+          rate: str | None = None) -> NetworkPolicy:
+    """The policy of ZEROBOOT_NETWORK (with ZEROBOOT_NETWORK_HOSTS and the limits);
+    NetworkPolicyError says what to fix."""
+    conns, per_second = _limits(max_connections, rate)
     text = (value or "").strip()
     host_items = tuple(_host_entry(h.strip()) for h in (hosts or "").split(",") if h.strip())
     if not text or text.lower() == "none":
@@ -217,8 +247,9 @@ def parse(value: str | None, hosts: str | None = None) -> NetworkPolicy:
         if entry.lower() == "none":
             raise NetworkPolicyError("ZEROBOOT_NETWORK: 'none' cannot be combined with other entries")
         rules += [r for r in _parse_entry(entry) if r not in rules]
-    return _bounded(NetworkPolicy(tuple(rules), host_items))
+    return _bounded(NetworkPolicy(tuple(rules), host_items, max_connections=conns, rate=per_second))
 
 
 def from_env(env: Mapping[str, str]) -> NetworkPolicy:
-    return parse(env.get("ZEROBOOT_NETWORK"), env.get("ZEROBOOT_NETWORK_HOSTS"))
+    return parse(env.get("ZEROBOOT_NETWORK"), env.get("ZEROBOOT_NETWORK_HOSTS"),
+                 env.get("ZEROBOOT_NETWORK_MAX_CONNECTIONS"), env.get("ZEROBOOT_NETWORK_RATE"))
