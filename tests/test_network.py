@@ -684,3 +684,32 @@ print("RESULT", res)
     assert res["wild_name"] == "EFAULT" and res["connect"] == 0, res
     assert res["iov_count"] == "EMSGSIZE" and res["wild_iov"] == "EFAULT" and res["huge_len"] == "EFAULT", res
     assert all(v == "EACCES" for k, v in res.items() if k.startswith("socket ")), res
+
+
+class _KeepAliveHandler(_Handler):
+    protocol_version = "HTTP/1.1"
+
+
+def test_requests_keeps_its_pooled_connection_and_reconnects_after_a_rewind(template) -> None:
+    pytest.importorskip("requests")
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    engine = Engine.default()
+    engine.set_network(network_policy.parse(f"data.test:{port}", "data.test=127.0.0.1"))
+    s = Session(template)
+    try:
+        ok(s, f"import requests\nss = requests.Session()\nprint(ss.get('http://data.test:{port}/one').text)")
+        before = engine.network_stats()["connects"]
+        assert "hello /two" in ok(s, f"print(ss.get('http://data.test:{port}/two').text)")
+        assert engine.network_stats()["connects"] == before  # the pooled connection, kept across the checkpoint
+        s.rewind(1)
+        assert "hello /three" in ok(s, f"print(ss.get('http://data.test:{port}/three').text)")
+        assert engine.network_stats()["connects"] == before + 1  # the restored copy was dropped, a new one made
+    finally:
+        s.close()
+        engine.set_network(None)
+        srv.shutdown()
+        srv.server_close()
