@@ -396,7 +396,8 @@ static int inet_load(zb_file *f, zb_in *in) {
     s->fd = -1;
     uint32_t family = in_u32(in), type = in_u32(in), state = in_u32(in), error = in_u32(in);
     if (in->err || records != 1 || (family != AF_INET && family != AF_INET6) || (type != SOCK_STREAM && type != SOCK_DGRAM) ||
-        (state != INET_NEW && state != INET_RESET && state != INET_CONNECTED) || error > 4095)
+        (state != INET_NEW && state != INET_RESET && state != INET_CONNECTED) || error > 4095 ||
+        (type == SOCK_STREAM && state == INET_CONNECTED)) /* a saved connection is reset: never connected */
         return -1;
     s->family = (int)family;
     s->type = (int)type;

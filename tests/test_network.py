@@ -409,7 +409,7 @@ def test_the_engine_process_seccomp_follows_the_policy(template, policy: str | N
 
 def test_the_kernel_takes_its_policy_from_the_kernelspec_only(template, server) -> None:
     from kernel_helpers import execute, kernel, stream_text
-    with kernel("zeroboot", ZEROBOOT_NETWORK=f"127.0.0.1:{server}") as (_, kc):
+    with kernel("zeroboot", ZEROBOOT_NETWORK=f"127.0.0.1:{server},localhost") as (_, kc):
         reply, msgs = execute(kc, "%sandbox network")
         assert reply["status"] == "ok" and f"127.0.0.1:{server}" in stream_text(msgs), msgs
         reply, msgs = execute(kc, "%sandbox network 0.0.0.0/0:*")
@@ -422,6 +422,15 @@ def test_the_kernel_takes_its_policy_from_the_kernelspec_only(template, server) 
         assert f"127.0.0.4:{server} is not in the allow list" in text, msgs
         reply, msgs = execute(kc, "%sandbox network")
         assert "1 connection(s) allowed, 1 refused" in stream_text(msgs), msgs
+        # the engine's own host lookup (glibc's getaddrinfo) works under the engine process's seccomp
+        reply, msgs = execute(kc, """
+import socket, struct
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.sendto(struct.pack(">HHHHHH", 9, 0x0100, 1, 0, 0, 0) + b"\\x09localhost\\x00\\x00\\x01\\x00\\x01", ("192.0.2.53", 53))
+a = u.recv(512)
+print("answer", a[3] & 15, socket.inet_ntoa(a[-4:]))
+""")
+        assert "answer 0 127.0.0.1" in stream_text(msgs), msgs
 
 
 def test_a_malformed_policy_refuses_to_start_the_kernel() -> None:
