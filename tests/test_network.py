@@ -184,6 +184,10 @@ def test_refused_addresses_and_ports_say_how_to_allow_them(net_session, server) 
     r = cell(net_session, f"import socket\nsocket.create_connection(('127.0.0.2', {server}))")
     assert r["status"] == "error" and r["ename"] == "PermissionError", r
     assert f"127.0.0.2:{server} is not in the allow list" in r["stdout"] and "ZEROBOOT_NETWORK" in r["stdout"], r
+    assert any("network policy refused this connection" in line for line in r["traceback"]), r["traceback"]
+    # the same note on urllib's URLError, which wraps the PermissionError
+    r = cell(net_session, f"import urllib.request\nurllib.request.urlopen('http://127.0.0.9:{server}/')")
+    assert r["ename"] == "URLError" and any("network policy refused" in line for line in r["traceback"]), r
     r = cell(net_session, f"import socket\nsocket.create_connection(('127.0.0.1', {server + 1 if server < 65535 else 1}))")
     assert r["status"] == "error" and "is allowed, but not on port" in r["stdout"], r
     # bind/listen/accept: no servers
