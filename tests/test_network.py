@@ -726,3 +726,58 @@ def test_requests_keeps_its_pooled_connection_and_reconnects_after_a_rewind(temp
         engine.set_network(None)
         srv.shutdown()
         srv.server_close()
+
+
+def _wheel_index(root) -> None:
+    """A PEP 503 index of one hand-made wheel (zbtestpkg 0.1) under root/simple/."""
+    import base64
+    import hashlib
+    import zipfile
+    name = "zbtestpkg-0.1-py3-none-any.whl"
+    files = {"zbtestpkg/__init__.py": b"VALUE = 42\n",
+             "zbtestpkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: zbtestpkg\nVersion: 0.1\n",
+             "zbtestpkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v).digest()).rstrip(b'=').decode()},{len(v)}"
+              for k, v in files.items()] + ["zbtestpkg-0.1.dist-info/RECORD,,"]
+    files["zbtestpkg-0.1.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    pkg = root / "simple" / "zbtestpkg"
+    pkg.mkdir(parents=True)
+    with zipfile.ZipFile(pkg / name, "w") as z:
+        for k, v in files.items():
+            z.writestr(k, v)
+    (pkg / "index.html").write_text(f'<html><body><a href="{name}">{name}</a></body></html>')
+    (root / "simple" / "index.html").write_text('<html><body><a href="zbtestpkg/">zbtestpkg</a></body></html>')
+
+
+def test_pip_in_the_cells_process_downloads_and_installs_from_an_allowed_index(template, tmp_path) -> None:
+    """pip's own code, run in the cell (not `%pip`, which starts a process: issue 15)."""
+    import functools
+    _wheel_index(tmp_path)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a: None  # type: ignore[assignment]
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    engine = Engine.default()
+    engine.set_network(network_policy.parse(f"127.0.0.1:{port}"))
+    s = Session(template)
+    try:
+        out = ok(s, f"""
+import os, sys
+from pip._internal.cli.main import main as pip
+index = ["--no-cache-dir", "--disable-pip-version-check", "--index-url", "http://127.0.0.1:{port}/simple/"]
+print("download", pip(["download", *index, "--no-deps", "-d", "/tmp/dl", "zbtestpkg"]), os.listdir("/tmp/dl"))
+print("install", pip(["install", *index, "--target", "/tmp/site", "zbtestpkg"]))
+sys.path.insert(0, "/tmp/site")
+import zbtestpkg
+print("imported", zbtestpkg.VALUE)
+""")
+        assert "download 0 ['zbtestpkg-0.1-py3-none-any.whl']" in out and "install 0" in out, out
+        assert "imported 42" in out, out
+    finally:
+        s.close()
+        engine.set_network(None)
+        srv.shutdown()
+        srv.server_close()
