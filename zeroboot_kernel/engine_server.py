@@ -193,8 +193,8 @@ class EngineServer:
 
     def _stats(self, msg: dict[str, Any]) -> dict[str, Any]:
         stats = self.session.stats()
-        net = Engine.default().network_stats()
-        stats["network"] = net if self.network_enabled else None
+        if self.network_enabled:  # the engine's counters of the session's network policy
+            stats["network"] = Engine.default().network_stats()
         return {"status": "ok", "stats": stats}
 
     def _restart(self, msg: dict[str, Any]) -> dict[str, Any]:
