@@ -13,3 +13,4 @@ ZB_FILE_KIND(FILE_PIPE, 6, zb_file_pipe_ops)       /* file_pipe.c: one end of a 
 ZB_FILE_KIND(FILE_SOCKET, 7, zb_file_socket_ops)   /* file_socket.c: one end of a socketpair */
 ZB_FILE_KIND(FILE_EPOLL, 8, zb_file_epoll_ops)     /* file_epoll.c: an epoll instance */
 ZB_FILE_KIND(FILE_EVENTFD, 9, zb_file_eventfd_ops) /* file_eventfd.c: an eventfd counter */
+ZB_FILE_KIND(FILE_INET, 10, zb_file_inet_ops)       /* file_inet.c: an internet socket (host TCP, resolver UDP) */

@@ -3,8 +3,10 @@
  * the guest is one thread and its files are in memory or read-only host files, so almost
  * everything is ready at once. The exceptions: the UART is readable only when the host queued
  * input (a guest waiting on it gives the caller an INPUT event, as a blocking read does), and
- * stream ends and eventfds follow their state. If nothing is ready, the guest sleeps until its
- * timeout, since no other thread could make anything ready in the meantime.
+ * stream ends and eventfds follow their state, and host sockets (file_inet.c) the host's state.
+ * If nothing is ready, the guest sleeps until its timeout, since no other thread could make
+ * anything ready in the meantime, unless a host socket was among the files: then the sleep
+ * watches those (zb_ready_watch) and the caller scans again when one has an event.
  */
 #include "util.h"
 #include "memory.h"
@@ -14,13 +16,56 @@
 #include "fs.h"
 
 #include <poll.h>
+#include <signal.h>
+#include <time.h>
 
 short zb_file_ready(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart) {
     short got = f->ops->ready ? f->ops->ready(sb, f, want, waits_uart) : (POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM);
     return (short)(got & (want | POLLERR | POLLHUP | POLLNVAL));
 }
 
-/* Nothing is ready: wait for nothing in particular until the timeout, or stop for UART input. */
+/* The host sockets (file_inet.c) a scan found not ready: a wait watches them. This thread's
+ * guest is the only one using it, from zb_ready_begin to the wait. */
+static __thread struct pollfd watched[ZB_MAX_FDS];
+static __thread int nwatched;
+
+void zb_ready_begin(void) { nwatched = 0; }
+
+void zb_ready_watch(int host_fd, short events) {
+    for (int i = 0; i < nwatched; i++)
+        if (watched[i].fd == host_fd) { watched[i].events |= events; return; }
+    if (nwatched < ZB_MAX_FDS) watched[nwatched++] = (struct pollfd){.fd = host_fd, .events = events};
+}
+
+/* Sleep until wake, a kick, the run's deadline or the guest's alarm, or until a watched host
+ * socket has an event (ZB_POLL_AGAIN, with the wake time kept for the scan that follows). */
+static long wait_watched(zb_sandbox *sb, int64_t wake) {
+    for (;;) {
+        int64_t now = zb_now_ns();
+        if (now >= wake) return 0;
+        int kind = 0;
+        if (zb_take_kick(sb)) kind = ZB_EVENT_KICK;
+        else if (zb_run_deadline_ns && now >= zb_run_deadline_ns) kind = ZB_EVENT_TIMEOUT;
+        if (kind) {
+            sb->cpu.pending_wake_ns = wake;
+            zb_stop_event(sb, kind, 1);
+            return ZB_SYSCALL_STOP;
+        }
+        if (zb_alarm_check(sb, now) && zb_signal_interrupts(sb, SIGALRM)) return -EINTR;
+        int64_t until = zb_run_deadline_ns ? ZB_MIN(wake, zb_run_deadline_ns) : wake;
+        if (sb->sig.alarm_ns) until = ZB_MIN(until, sb->sig.alarm_ns);
+        int64_t ns = ZB_MIN(until - now, (int64_t)3600 * 1000000000);
+        struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+        if (ppoll(watched, (nfds_t)nwatched, &ts, &zb_run_wait_sigmask) > 0) { /* else the kick signal, or time */
+            sb->cpu.pending_wake_ns = wake;
+            nwatched = 0;
+            return ZB_POLL_AGAIN;
+        }
+    }
+}
+
+/* Nothing is ready: wait until the timeout (or a watched host socket's event), or stop for UART
+ * input. */
 long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns) {
     if (timeout_ns == 0) return 0;
     if (waits_uart) {
@@ -29,6 +74,7 @@ long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns) {
     }
     int64_t wake = timeout_ns < 0 ? INT64_MAX : zb_now_ns() + timeout_ns;
     if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
+    if (nwatched) return wait_watched(sb, wake);
     return zb_sleep_until(sb, wake);
 }
 

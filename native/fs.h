@@ -542,6 +542,12 @@ int zb_host_reopen(zb_file *f, const zb_resolved *r, char *err);
 /* file_ready.c: readiness (poll events) of an open file, and waiting when nothing is ready */
 short zb_file_ready(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart);
 long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns);
+/* zb_poll_wait's answer when a watched host socket has an event: the caller scans its files
+ * again (the timeout stays what it was). Callers of zb_poll_wait start each scan with
+ * zb_ready_begin; a kind whose readiness is a host fd's calls zb_ready_watch when not ready. */
+#define ZB_POLL_AGAIN 1
+void zb_ready_begin(void);
+void zb_ready_watch(int host_fd, short events);
 /* A guest struct timespec timeout in ns: -1 for a NULL pointer (wait forever); *err on a bad one. */
 int64_t zb_poll_timeout_ns(zb_sandbox *sb, uint64_t addr, int *err);
 

@@ -135,9 +135,15 @@ uint64_t zb_engine_fingerprint(zb_engine *e) {
 void zb_engine_close(zb_engine *e) {
     if (!e) return;
     if (e->vm) zb_vm_destroy(e->vm);
+    zb_net_free(e->net);
     if (e->kvm_fd >= 0 && e->kvm_fd != 0) close(e->kvm_fd);
     free(e->cpuid);
     free(e);
+}
+
+/* The engine's seccomp lockdown (seccomp.c): socket calls only for a session with a network policy. */
+int zb_engine_lockdown(zb_engine *e, int phase, char *err) {
+    return zb_seccomp_lockdown(phase, e->net != NULL, err);
 }
 
 static int set_msrs(zb_vm *vm, char *err) {

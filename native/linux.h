@@ -20,6 +20,7 @@ void zb_sys_signals_register(zb_syscall_fn *t);
 void zb_sys_poll_register(zb_syscall_fn *t);
 void zb_sys_itimer_register(zb_syscall_fn *t);
 void zb_sys_socket_register(zb_syscall_fn *t);
+void zb_sys_inet_register(zb_syscall_fn *t);  /* wraps the socket handlers: after zb_sys_socket_register */
 void zb_sys_epoll_register(zb_syscall_fn *t);
 void zb_sys_eventfd_register(zb_syscall_fn *t); /* file_eventfd.c */
 

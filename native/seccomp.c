@@ -8,6 +8,9 @@
  *                      templates and run guests: no exec, no new processes or threads, no network
  *                      sockets, no ptrace, no mounts, no module loading, no bpf, no namespaces,
  *                      signals only to itself.
+ *                      With a network policy installed (zb_engine_set_network), both phases also
+ *                      allow socket(AF_INET / AF_INET6), connect, get/setsockopt, getsockname,
+ *                      getpeername and sendmmsg (the host resolver's); bind, listen and accept never.
  *   ZB_LOCKDOWN_RUN    stacked on top once the session is ready: additionally no file creation,
  *                      renaming, deletion or truncation of host files, host files opened read-only
  *                      only (openat2, whose flags a filter cannot read, is gone too).
@@ -78,6 +81,16 @@ static void rule_arg_eq(prog_t *p, int nr, int arg, uint32_t value) {
     RET(DENY);
 }
 
+/* if nr == `nr`: allow when arg_lo is v1 or v2, else deny (fall-through keeps nr) */
+static void rule_arg_in2(prog_t *p, int nr, int arg, uint32_t v1, uint32_t v2) {
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, 5));
+    LOAD_ARG_LO(arg);
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, v1, 1, 0));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, v2, 0, 1));
+    RET(SECCOMP_RET_ALLOW);
+    RET(DENY);
+}
+
 /* What a running engine process needs, in either phase. */
 static const int always[] = {
     SYS_read, SYS_write, SYS_pread64, SYS_pwrite64, SYS_readv, SYS_writev, SYS_close, SYS_close_range,
@@ -105,7 +118,7 @@ static const int setup_only[] = {
     SYS_flock, SYS_fstatfs, SYS_statfs,
 };
 
-static void build(prog_t *p, int phase) {
+static void build(prog_t *p, int phase, int network) {
     check_arch(p);
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++) rule(p, always[i], SECCOMP_RET_ALLOW);
     if (phase == ZB_LOCKDOWN_SETUP) {
@@ -121,22 +134,28 @@ static void build(prog_t *p, int phase) {
     /* signals only to this process: kill(getpid(), ...), tgkill(getpid(), ...) */
     rule_arg_eq(p, SYS_kill, 0, (uint32_t)getpid());
     rule_arg_eq(p, SYS_tgkill, 0, (uint32_t)getpid());
-    /* sockets: only AF_UNIX pairs (the kernel's channel); never the network */
+    /* sockets: only AF_UNIX pairs (the kernel's channel); no network unless the session has a
+     * network policy (net_policy.c), and then only client sockets of the internet families: the
+     * guest's connections and the engine's own host resolver. Never bind, listen or accept. */
     if (phase == ZB_LOCKDOWN_SETUP) {
         rule_arg_eq(p, SYS_socketpair, 0, AF_UNIX);
+    }
+    if (network) {
+        static const int client[] = {SYS_connect, SYS_getsockname, SYS_getpeername, SYS_setsockopt, SYS_sendmmsg};
+        for (size_t i = 0; i < sizeof client / sizeof client[0]; i++) rule(p, client[i], SECCOMP_RET_ALLOW);
+        rule_arg_in2(p, SYS_socket, 0, AF_INET, AF_INET6);
     }
     RET(DENY);
 }
 
-int zb_engine_lockdown(zb_engine *e, int phase, char *err) {
-    (void)e;
+int zb_seccomp_lockdown(int phase, int network, char *err) {
     if (phase != ZB_LOCKDOWN_SETUP && phase != ZB_LOCKDOWN_RUN) {
         zb_seterr(err, "unknown lockdown phase %d", phase);
         return -1;
     }
     prog_t *p = calloc(1, sizeof *p);
     if (!p) { zb_seterr(err, "out of memory"); return -1; }
-    build(p, phase);
+    build(p, phase, network);
     if (p->overflow) { free(p); zb_seterr(err, "seccomp program too long"); return -1; }
     struct sock_fprog fprog = {.len = (unsigned short)p->n, .filter = p->insn};
     int rc = 0;

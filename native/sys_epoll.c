@@ -185,19 +185,22 @@ static long do_wait(zb_sandbox *sb, uint64_t epfd, uint64_t events, int maxevent
     struct epoll_event *out = zb_guest_ptr(sb, events, (uint64_t)maxevents * sizeof *out, 1);
     if (!out) return -EFAULT;
     drop_closed_items(sb, e);
-    int n = 0, waits_uart = 0;
-    for (int i = 0; i < e->n && n < maxevents; i++) {
-        zb_epoll_item *it = &e->items[i];
-        uint32_t got = zb_epoll_item_ready(sb, it, &waits_uart);
-        if (!got) continue;
-        out[n].events = got;
-        out[n].data.u64 = it->data;
-        n++;
-        if (it->events & EPOLLONESHOT) it->disarmed = 1;
+    for (;;) { /* scanned again when a watched host socket had an event (ZB_POLL_AGAIN) */
+        int n = 0, waits_uart = 0;
+        zb_ready_begin();
+        for (int i = 0; i < e->n && n < maxevents; i++) {
+            zb_epoll_item *it = &e->items[i];
+            uint32_t got = zb_epoll_item_ready(sb, it, &waits_uart);
+            if (!got) continue;
+            out[n].events = got;
+            out[n].data.u64 = it->data;
+            n++;
+            if (it->events & EPOLLONESHOT) it->disarmed = 1;
+        }
+        if (n) return n;
+        long r = zb_poll_wait(sb, waits_uart, timeout_ns);
+        if (r != ZB_POLL_AGAIN) return r < 0 ? r : 0;
     }
-    if (n) return n;
-    long r = zb_poll_wait(sb, waits_uart, timeout_ns);
-    return r < 0 ? r : 0;
 }
 
 static int64_t ms_timeout(uint64_t ms) { return (int)ms < 0 ? -1 : (int64_t)(int)ms * 1000000; }

@@ -22,15 +22,18 @@ static long do_poll(zb_sandbox *sb, uint64_t ufds, uint64_t nfds, int64_t timeou
     struct pollfd pfd[MAX_POLL_FDS];
     size_t bytes = nfds * sizeof *pfd;
     if (nfds && (!zb_guest_ptr(sb, ufds, bytes, 1) || zb_copy_from_guest(sb, pfd, ufds, bytes) < 0)) return -EFAULT;
-    int ready = 0, waits_uart = 0;
-    for (uint64_t i = 0; i < nfds; i++) {
-        pfd[i].revents = pfd[i].fd < 0 ? 0 : fd_ready(sb, pfd[i].fd, pfd[i].events, &waits_uart);
-        ready += pfd[i].revents != 0;
+    for (;;) { /* scanned again when a watched host socket had an event (ZB_POLL_AGAIN) */
+        int ready = 0, waits_uart = 0;
+        zb_ready_begin();
+        for (uint64_t i = 0; i < nfds; i++) {
+            pfd[i].revents = pfd[i].fd < 0 ? 0 : fd_ready(sb, pfd[i].fd, pfd[i].events, &waits_uart);
+            ready += pfd[i].revents != 0;
+        }
+        if (nfds && zb_copy_to_guest(sb, ufds, pfd, bytes) < 0) return -EFAULT;
+        if (ready) return ready;
+        long r = zb_poll_wait(sb, waits_uart, timeout_ns);
+        if (r != ZB_POLL_AGAIN) return r < 0 ? r : 0;
     }
-    if (nfds && zb_copy_to_guest(sb, ufds, pfd, bytes) < 0) return -EFAULT;
-    if (ready) return ready;
-    long r = zb_poll_wait(sb, waits_uart, timeout_ns);
-    return r < 0 ? r : 0;
 }
 
 static long sys_poll(zb_sandbox *sb, const uint64_t a[6]) {
@@ -50,18 +53,22 @@ static long do_select(zb_sandbox *sb, int64_t nfds, uint64_t rd, uint64_t wr, ui
     uint64_t in[ZB_MAX_FDS / 64] = {0}, out[ZB_MAX_FDS / 64] = {0}, rin[ZB_MAX_FDS / 64] = {0}, rout[ZB_MAX_FDS / 64] = {0};
     if ((rd && zb_copy_from_guest(sb, in, rd, bytes) < 0) || (wr && zb_copy_from_guest(sb, out, wr, bytes) < 0)) return -EFAULT;
     if (ex && !zb_guest_ptr(sb, ex, bytes, 1)) return -EFAULT;
-    int ready = 0, waits_uart = 0;
-    for (int fd = 0; fd < nfds; fd++) {
-        short want = (zb_bit(in, (uint64_t)fd) ? POLLIN : 0) | (zb_bit(out, (uint64_t)fd) ? POLLOUT : 0);
-        if (!want) continue;
-        short got = fd_ready(sb, fd, want, &waits_uart);
-        if (got & POLLNVAL) return -EBADF;
-        if (got & (POLLIN | POLLHUP | POLLERR) && (want & POLLIN)) { zb_bit_set(rin, (uint64_t)fd); ready++; }
-        if (got & (POLLOUT | POLLERR) && (want & POLLOUT)) { zb_bit_set(rout, (uint64_t)fd); ready++; }
-    }
-    if (!ready) {
+    int ready = 0;
+    for (;;) { /* scanned again when a watched host socket had an event (ZB_POLL_AGAIN) */
+        int waits_uart = 0;
+        zb_ready_begin();
+        for (int fd = 0; fd < nfds; fd++) {
+            short want = (zb_bit(in, (uint64_t)fd) ? POLLIN : 0) | (zb_bit(out, (uint64_t)fd) ? POLLOUT : 0);
+            if (!want) continue;
+            short got = fd_ready(sb, fd, want, &waits_uart);
+            if (got & POLLNVAL) return -EBADF;
+            if (got & (POLLIN | POLLHUP | POLLERR) && (want & POLLIN)) { zb_bit_set(rin, (uint64_t)fd); ready++; }
+            if (got & (POLLOUT | POLLERR) && (want & POLLOUT)) { zb_bit_set(rout, (uint64_t)fd); ready++; }
+        }
+        if (ready) break;
         long r = zb_poll_wait(sb, waits_uart, timeout_ns);
         if (r < 0) return r;
+        if (r != ZB_POLL_AGAIN) break;
     }
     if ((rd && zb_copy_to_guest(sb, rd, rin, bytes) < 0) || (wr && zb_copy_to_guest(sb, wr, rout, bytes) < 0)) return -EFAULT;
     if (ex) memset(zb_guest_ptr(sb, ex, bytes, 1), 0, bytes); /* no exceptional conditions exist here */

@@ -21,6 +21,7 @@ static void fill_table(void) {
     zb_sys_poll_register(table);
     zb_sys_itimer_register(table);
     zb_sys_socket_register(table);
+    zb_sys_inet_register(table);
     zb_sys_epoll_register(table);
     zb_sys_eventfd_register(table);
 }

@@ -32,5 +32,8 @@ void zb_seterr(char *err, const char *fmt, ...) __attribute__((format(printf, 2,
 void zb_log(zb_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Host CLOCK_MONOTONIC in ns. */
 int64_t zb_now_ns(void);
+/* seccomp.c: the filter of a lockdown phase (ZB_LOCKDOWN_*), with the client socket calls a
+ * network policy needs when `network` is set (zb_engine_lockdown in kvm_vm.c decides). */
+int zb_seccomp_lockdown(int phase, int network, char *err);
 
 #endif

@@ -47,6 +47,7 @@ struct zb_engine {
     int have_xsave2;
     uint64_t xcr0;
     zb_vm *vm;               /* the executor; created on first run */
+    struct zb_net *net;      /* the network policy (net.h), NULL: no network */
 };
 
 int zb_vm_create(zb_engine *e, zb_vm **out, char *err);

@@ -109,6 +109,44 @@ uint64_t zb_engine_fingerprint(zb_engine *engine);
 #define ZB_LOCKDOWN_RUN 2
 int zb_engine_lockdown(zb_engine *engine, int phase, char *err);
 
+/* ---- network egress (net_policy.c, file_inet.c; docs/SECURITY.md "Network") ----
+ * A policy is built by the host (never from guest data): rules that allow host names, domain
+ * suffixes ("*.example.org" as ZB_NET_SUFFIX "example.org") or CIDRs, each on one port (1-65535) or
+ * any port (0), and an optional static host map. Installed on the engine (which owns it and
+ * frees it), it applies to every sandbox of that engine; with none installed (the default) every
+ * socket() but socketpair's fails with EACCES. Install it before zb_engine_lockdown: the seccomp
+ * filters allow the socket syscalls the policy needs only if a policy is installed then. */
+typedef struct zb_net zb_net;
+#define ZB_NET_NAME 1
+#define ZB_NET_SUFFIX 2
+#define ZB_NET_CIDR4 3
+#define ZB_NET_CIDR6 4
+typedef struct zb_net_stats {
+    uint64_t connects;       /* connections the policy allowed */
+    uint64_t refused;        /* connections (and datagrams) it refused */
+    uint64_t dns_queries;    /* DNS queries the sandbox's resolver read */
+    uint64_t dns_answers;    /* ... that it answered with addresses (or none) for an allowed name */
+    uint64_t dns_refused;    /* ... for names the policy does not allow (NXDOMAIN) */
+    uint64_t dns_host_lookups; /* host resolver calls made for them */
+    uint64_t bytes_sent, bytes_received; /* over connected sockets */
+    uint64_t over_connection_limit; /* connects refused by max_connections */
+    uint64_t throttled_ns;   /* time transfers waited for the rate limit */
+} zb_net_stats;
+zb_net *zb_net_new(void);
+void zb_net_free(zb_net *net);
+/* addr: 4 (ZB_NET_CIDR4) or 16 bytes, network byte order; name: for ZB_NET_NAME / SUFFIX. */
+int zb_net_allow(zb_net *net, int kind, const char *name, const uint8_t *addr, int prefix, int port, char *err);
+/* A static answer of the sandbox's resolver (family AF_INET or AF_INET6): a name it maps is never
+ * looked up on the host. */
+int zb_net_add_host(zb_net *net, const char *name, int family, const uint8_t *addr, char *err);
+/* Limits of a policy: host connections open at once (0: none) and bytes per second, both ways
+ * together (0: none); a transfer over the rate waits (also on a non-blocking socket, briefly). */
+int zb_net_set_limits(zb_net *net, int max_connections, uint64_t bytes_per_second, char *err);
+/* Install a policy (NULL: none); the engine takes ownership of it and frees the previous one. */
+void zb_engine_set_network(zb_engine *engine, zb_net *net);
+/* The installed policy's counters (zeros without one). */
+void zb_engine_network_stats(zb_engine *engine, zb_net_stats *out);
+
 /* A KVM statistic of the executor's vCPU (e.g. "pf_fixed", "exits"), for benchmarks.
  * Returns -1 when KVM does not offer it. */
 int zb_engine_vcpu_stat(zb_engine *engine, const char *name, uint64_t *value);

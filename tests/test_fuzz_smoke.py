@@ -14,6 +14,7 @@ pytestmark = pytest.mark.without_kvm  # the harnesses drive the engine's C code,
 
 ROOT = Path(__file__).resolve().parent.parent
 SECONDS = 15  # per harness
+MIN_COVERAGE = {"uart": 100, "syscall": 100, "dns": 60}  # edges a short run must reach (dns: one small parser)
 
 
 def clang() -> str | None:
@@ -31,7 +32,7 @@ def libfuzzer_available(cc: str, tmp: Path) -> bool:
                           capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("harness", ["uart", "syscall"])
+@pytest.mark.parametrize("harness", list(MIN_COVERAGE))
 def test_fuzz_harness_smoke(harness, tmp_path):
     cc = clang()
     if not cc:
@@ -45,4 +46,4 @@ def test_fuzz_harness_smoke(harness, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     m = re.search(rf"fuzz: {harness}: exit 0, (\d+) executions, cov: (\d+)", proc.stdout)
     assert m, proc.stdout
-    assert int(m.group(1)) > 1000 and int(m.group(2)) > 100, proc.stdout
+    assert int(m.group(1)) > 1000 and int(m.group(2)) > MIN_COVERAGE[harness], proc.stdout

@@ -32,7 +32,7 @@ class EngineDied(ZerobootError):
 class EngineClient:
     def __init__(self, *, template: str = "default", mode: str = "chained", timeout: float | None = None,
                  checkpoints: int = 20, project: str | None = None, files: str = "overlay",
-                 hidden: tuple[str, ...] = (), on_log: Callable[[str], None] | None = None) -> None:
+                 hidden: tuple[str, ...] = (), network: str | None = None, on_log: Callable[[str], None] | None = None) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = parent_end
         self._send_lock = threading.Lock()
@@ -43,6 +43,8 @@ class EngineClient:
                "--timeout", str(timeout or 0), "--checkpoints", str(checkpoints), "--files", files]
         if project:
             cmd += ["--project", project, "--hide", json.dumps(list(hidden))]
+        if network:  # the kernel's parsed policy (network_policy.NetworkPolicy.to_wire)
+            cmd += ["--network", network]
         self.proc = subprocess.Popen(cmd, pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL,
                                      start_new_session=True)  # never in the kernel's process group
         child_end.close()

@@ -105,8 +105,8 @@ REQUESTS: dict[str, Request] = {r.op: r for r in (
     Request(EXPORT_CHUNK, (Field("path", "str"), Field("parts", "[str]"), Field("offset", "int"),
                            Field("size", "int")),
             '`data`: base64 of at most 1 MiB', "`%sandbox export`"),
-    Request(LOCKDOWN_CHECK, (), '`checks`: {"network", "spawn", "host_file_write": "allowed" or an '
-                                'errno name}', "tests"),
+    Request(LOCKDOWN_CHECK, (), '`checks`: {"network", "server", "netlink", "spawn", "host_file_write": '
+                                '"allowed" or an errno name}', "tests"),
     Request(CHECKPOINTS, (), '`checkpoints`: [row], `budget`: {...} (Session.describe_checkpoints, '
                              'describe_budget)', "`%sandbox checkpoints`"),
     Request(CHECKPOINT_BUDGET, (_opt("size", "str (SIZE or auto), null: show"),),

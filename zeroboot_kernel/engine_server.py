@@ -26,6 +26,7 @@ from . import engine_wire as wire
 from . import export
 from .errors import ZerobootError
 from .native import Engine
+from .network_policy import NetworkPolicy
 from .guest_view import python_view
 from .session import Session
 from .template import Template, TemplateConfig, default_preload
@@ -49,6 +50,7 @@ class EngineServer:
         self.pending: list[dict[str, Any]] = []   # control messages read while a cell ran
         self.current: Any = None                  # id of the request being served
         self.running: Any = None                  # id of the execute request whose cell runs now
+        self.network_enabled = False              # the session has a network policy (main sets it)
         # every request of engine_requests.REQUESTS but the control messages, and nothing else
         self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
             req.EXECUTE: self._execute, req.COMPLETE: self._complete, req.INSPECT: self._inspect,
@@ -229,7 +231,10 @@ class EngineServer:
         return {"status": "ok", "text": s.set_budget(limit)}
 
     def _stats(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return {"status": "ok", "stats": self.session.stats()}
+        stats = self.session.stats()
+        if self.network_enabled:  # the engine's counters of the session's network policy
+            stats["network"] = Engine.default().network_stats()
+        return {"status": "ok", "stats": stats}
 
     def _restart(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.session.restart()
@@ -279,7 +284,14 @@ def lockdown_check() -> dict[str, str]:
     def write_host_file() -> None:
         os.close(os.open("/dev/null", os.O_WRONLY))
 
+    def serve() -> None:  # a server socket: never allowed, with or without a network policy
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+
     return {"network": attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()),
+            "server": attempt(serve),
+            "netlink": attempt(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW).close()),
             "spawn": attempt(spawn), "host_file_write": attempt(write_host_file)}
 
 
@@ -294,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--project", default=None, help="host directory shown in the guest (the notebook's)")
     p.add_argument("--files", default="overlay", choices=("overlay", "readonly", "readwrite"))
     p.add_argument("--hide", default="[]", help="JSON list of paths in the project the guest does not see")
+    p.add_argument("--network", default=None, help="the kernel's network policy (network_policy.py, JSON)")
     args = p.parse_args(argv)
     die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel decides what an interrupt means
@@ -301,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(fileno=args.fd)
     try:
         engine = Engine.default()
+        network = NetworkPolicy.from_wire(args.network) if args.network else None
+        engine.set_network(network)  # before the lockdown: its filters allow sockets only with a policy
         python_view()  # computed before the lockdown: it may run ldconfig
         engine.lockdown("setup")
         config = TemplateConfig(args.template, default_preload())
@@ -316,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     wire.send(sock, {"event": "ready", "language_info": template.ready.get("language_info", {}),
                      "python_version": template.ready.get("python_version"), "template": str(template.directory)})
     try:
-        EngineServer(sock, session).serve()
+        server = EngineServer(sock, session)
+        server.network_enabled = bool(network and network.enabled)
+        server.serve()
     except (wire.ChannelClosed, SystemExit):
         pass
     finally:

@@ -39,7 +39,10 @@ IDENTITY_FILES = {
     "/etc/group": b"root:x:0:\nsandbox:x:1000:\n",
     "/etc/hostname": b"zeroboot\n",
     "/etc/hosts": b"127.0.0.1 localhost\n127.0.1.1 zeroboot\n",
-    "/etc/nsswitch.conf": b"passwd: files\ngroup: files\nhosts: files\n",
+    "/etc/nsswitch.conf": b"passwd: files\ngroup: files\nhosts: files dns\n",
+    # the sandbox's resolver, answered by the engine (native/net_dns.c) when the session has a
+    # network policy; one query at a time (no sendmmsg), answers come at once
+    "/etc/resolv.conf": b"nameserver 192.0.2.53\noptions single-request attempts:1 timeout:2\n",
 }
 
 # One CPU and no threads in the guest: keep numeric libraries from trying to start any.

@@ -127,6 +127,7 @@ class EngineOwner(threading.Thread):
                                     timeout=self.settings.cell_timeout, checkpoints=self.settings.checkpoints,
                                     project=self.notebook_dir, files=self.settings.files,
                                     hidden=self.settings.hidden,
+                                    network=self.settings.network.to_wire() if self.settings.network.enabled else None,
                                     on_log=lambda text: self.log.warning("zeroboot: %s", text))
             except EngineDied as exc:
                 # The process vanished without saying why (a ZerobootError, e.g. no /dev/kvm or a
@@ -581,6 +582,14 @@ class ZerobootKernel(Kernel):
             "engine_pid": client.proc.pid,
         })
 
+    def _magic_network(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        """The kernel's own policy (never a guest's word), with the engine's counters."""
+        text = self.settings.network.describe()
+        if self.settings.network.enabled:
+            stats = self._call(client, req.STATS).get("stats") or {}
+            text += mg.format_network_counters(stats.get("network") or {})
+        return text
+
     def _magic_files(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
         if magic.arg is None:
             stats = self._call(client, req.STATS).get("stats") or {}
@@ -610,7 +619,7 @@ class ZerobootKernel(Kernel):
     SANDBOX_MAGICS: ClassVar[dict[str, Callable[[ZerobootKernel, EngineClient, mg.SandboxCommand], str]]] = {
         "mode": _magic_mode, "checkpoints": _magic_checkpoints, "stats": _magic_stats, "timeout": _magic_timeout,
         "memory": _magic_memory, "reset": _magic_reset, "files": _magic_files, "diff": _magic_diff,
-        "export": _magic_export, "outputs": _magic_outputs, "help": _magic_help,
+        "export": _magic_export, "outputs": _magic_outputs, "network": _magic_network, "help": _magic_help,
     }
 
     @staticmethod

@@ -10,6 +10,9 @@
                            relative to the folder; "none" hides nothing; default: DEFAULT_HIDDEN
     ZEROBOOT_OUTPUTS       trusted (default) or safe: what rich outputs may do in the browser
                            (outputs.py; the isolated kernelspec sets safe)
+    ZEROBOOT_NETWORK       none (default) or the network egress allow list (network_policy.py),
+    ZEROBOOT_NETWORK_HOSTS with its optional static name=address answers, and its limits
+    ZEROBOOT_NETWORK_MAX_CONNECTIONS, ZEROBOOT_NETWORK_RATE
 
 Read by the engine process where they are used (docs/COMPATIBILITY.md):
     ZEROBOOT_ENV, ZEROBOOT_ENV_ALLOW, ZEROBOOT_ENV_DENY   the kernel's environment in the sandbox (guest_environ.py)
@@ -24,8 +27,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import checkpoint_budget
+from . import checkpoint_budget, network_policy
 from .errors import ZerobootError
+from .network_policy import NetworkPolicy
 
 MODES = ("chained", "isolated")
 FILES_MODES = ("overlay", "readonly", "readwrite")
@@ -55,6 +59,7 @@ class KernelSettings:
     files: str = "overlay"
     outputs: str = "trusted"
     hidden: tuple[str, ...] = DEFAULT_HIDDEN
+    network: NetworkPolicy = NetworkPolicy()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> KernelSettings:
@@ -100,5 +105,10 @@ class KernelSettings:
             if bad:
                 raise KernelConfigError(f"ZEROBOOT_HIDE: {bad[0]!r} is not a path inside the notebook's folder "
                                         f"(give ':'-separated relative paths, or none)")
+        try:
+            network = network_policy.from_env(env)
+        except network_policy.NetworkPolicyError as exc:
+            raise KernelConfigError(f"{exc} (set it in the kernelspec's kernel.json \"env\"; README, \"Network "
+                                    f"access\")") from None
         return cls(mode=mode, template=template, cell_timeout=timeout or None, checkpoints=int(raw_keep), files=files,
-                   outputs=outputs, hidden=hidden)
+                   outputs=outputs, hidden=hidden, network=network)

@@ -16,6 +16,7 @@ the cell (if any) goes to the guest. A cell that is only magics never touches th
     %sandbox diff                        what the sandbox changed in the notebook's folder
     %sandbox export PATH [DEST]          copy a file or folder from the sandbox to the host folder
     %sandbox outputs [trusted|safe]      show or set what rich outputs may do in the browser
+    %sandbox network                     the network egress allow list (read-only: ZEROBOOT_NETWORK)
     %sandbox help                        this text
 """
 from __future__ import annotations
@@ -64,6 +65,9 @@ zeroboot kernel magics (run by the kernel, before the rest of the cell goes to t
   %sandbox outputs [POLICY]          show or set what rich outputs may do in the browser:
                                        trusted    as the cell made them (HTML, JavaScript)
                                        safe       no JavaScript; HTML and Markdown sanitised
+  %sandbox network                   what the sandbox may connect to (ZEROBOOT_NETWORK in the
+                                     kernelspec's env; read-only here) and the connections made
+                                     and refused
   %sandbox help                      this text
 
 A cell that crashes, runs past its time limit or ignores an interrupt is rolled back: it costs
@@ -229,6 +233,14 @@ def _parse_checkpoints(sub: str, params: list[str]) -> SandboxCommand:
     return SandboxCommand(sub, "budget", params[1] if len(params) == 2 else None)
 
 
+def _parse_network(sub: str, params: list[str]) -> SandboxCommand:
+    if params:
+        raise MagicUsageError("%sandbox network only shows the policy: it is the kernel's setting, not the notebook's. "
+                              "An operator changes it with ZEROBOOT_NETWORK in the kernelspec's env (kernel.json) "
+                              "and a kernel restart")
+    return SandboxCommand(sub)
+
+
 def _parse_export(sub: str, params: list[str]) -> SandboxCommand:
     if not 1 <= len(params) <= 2:
         raise MagicUsageError("usage: %sandbox export PATH [DEST] (paths relative to the notebook's folder)")
@@ -249,6 +261,7 @@ SANDBOX_PARSERS: dict[str, Callable[[str, list[str]], SandboxCommand]] = {
     "diff": _parse_no_args,
     "export": _parse_export,
     "outputs": lambda sub, params: _parse_choice(sub, params, OUTPUT_POLICIES),
+    "network": _parse_network,
     "help": _parse_no_args,
 }
 SUBCOMMANDS = tuple(SANDBOX_PARSERS)
@@ -327,6 +340,13 @@ def format_files(files: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def format_network_counters(net: dict[str, Any]) -> str:
+    """The engine's network counters (native Engine.network_stats) for %sandbox network and stats."""
+    return (f"this session: {net.get('connects', 0)} connection(s) allowed, {net.get('refused', 0)} refused; "
+            f"{net.get('dns_queries', 0)} DNS queries ({net.get('dns_refused', 0)} for names not allowed); "
+            f"{net.get('bytes_sent', 0)} bytes sent, {net.get('bytes_received', 0)} received\n")
+
+
 def format_stats(stats: dict[str, Any], kernel: dict[str, Any]) -> str:
     tpl = stats.get("template") or {}
 
@@ -352,6 +372,8 @@ def format_stats(stats: dict[str, Any], kernel: dict[str, Any]) -> str:
         ("memory of the live fork",
          f"{stats.get('guest_memory_mib')} MiB of {stats.get('guest_memory_limit_mib')} MiB"),
         ("guest syscalls / VM exits", f"{stats.get('syscalls')} / {stats.get('exits')}"),
+        ("network (%sandbox network)", "none" if not stats.get("network") else
+         format_network_counters(stats["network"]).strip().removeprefix("this session: ")),
         ("template", f"{tpl.get('name')} (preloaded: {', '.join(tpl.get('preload') or []) or 'nothing'}; "
                      f"built {tpl.get('built')})"),
         ("template directory", tpl.get("directory")),

@@ -11,7 +11,9 @@ sandboxes that execute cells) is in zeroboot_kernel.engine.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import logging
+import socket
 import threading
 import time
 import weakref
@@ -21,6 +23,7 @@ from typing import Any
 from . import listing
 from .errors import KvmUnavailableError, SandboxError
 from .guest_view import GuestSpec
+from .network_policy import NetworkPolicy
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,49 @@ class Engine:
         code = {"setup": lib.ZB_LOCKDOWN_SETUP, "run": lib.ZB_LOCKDOWN_RUN}[phase]
         if lib.zb_engine_lockdown(self.handle, code, err) < 0:
             raise SandboxError(_text(err))
+
+    def set_network(self, policy: NetworkPolicy | None) -> None:
+        """Install the network egress policy for every sandbox of this engine (None or an empty
+        policy: no network). Call it before lockdown(): the seccomp filters allow the socket calls
+        only if a policy is installed then."""
+        if policy is None or not policy.enabled:
+            lib.zb_engine_set_network(self.handle, ffi.NULL)
+            return
+        net = lib.zb_net_new()
+        if net == ffi.NULL:
+            raise MemoryError("out of memory for the network policy")
+        err = _err()
+        kinds = {"name": lib.ZB_NET_NAME, "suffix": lib.ZB_NET_SUFFIX}
+        try:
+            for rule in policy.rules:
+                if rule.network is not None:
+                    kind = lib.ZB_NET_CIDR4 if rule.network.version == 4 else lib.ZB_NET_CIDR6
+                    rc = lib.zb_net_allow(net, kind, ffi.NULL, rule.network.network_address.packed,
+                                          rule.network.prefixlen, rule.port, err)
+                else:
+                    rc = lib.zb_net_allow(net, kinds[rule.kind], rule.name.encode(), ffi.NULL, 0, rule.port, err)
+                if rc < 0:
+                    raise SandboxError(f"network rule {rule.text()}: {_text(err)}")
+            for name, address in policy.hosts:
+                addr = ipaddress.ip_address(address)
+                family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
+                if lib.zb_net_add_host(net, name.encode(), family, addr.packed, err) < 0:
+                    raise SandboxError(f"network host {name}={address}: {_text(err)}")
+            if lib.zb_net_set_limits(net, policy.max_connections, policy.rate, err) < 0:
+                raise SandboxError(f"network limits: {_text(err)}")
+        except BaseException:
+            lib.zb_net_free(net)
+            raise
+        lib.zb_engine_set_network(self.handle, net)
+
+    def network_stats(self) -> dict[str, int]:
+        """The installed policy's counters (zb_net_stats; zeros without a policy)."""
+        st = ffi.new("zb_net_stats *")
+        lib.zb_engine_network_stats(self.handle, st)
+        return {name: int(getattr(st, name)) for name in ("connects", "refused", "dns_queries", "dns_answers",
+                                                           "dns_refused", "dns_host_lookups", "bytes_sent",
+                                                           "bytes_received", "over_connection_limit",
+                                                           "throttled_ns")}
 
     def close(self) -> None:
         self._finalizer()

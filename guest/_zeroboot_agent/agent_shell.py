@@ -70,6 +70,12 @@ SHARED_MAPPING_NOTE = ("zeroboot: writable shared file mappings are not supporte
                        "(copy-on-write) or 'r', read the file into memory, or keep sqlite's default journal mode.")
 SHELL_COMMAND_NOTE = ("the zeroboot sandbox cannot start processes yet, so shell commands (`!cmd`, `x = !cmd`, "
                       "%%bash, %%sh, %%script) do not run here; use Python instead (os, shutil, glob, pathlib)")
+NETWORK_NOTE = ("zeroboot: the sandbox's network policy refused this connection (EACCES): cells reach only the "
+                "destinations the kernel's ZEROBOOT_NETWORK setting allows (none by default). The zeroboot line "
+                "printed above names the address and what to add; `%sandbox network` shows the list.")
+# Functions that open a client connection (socket, http.client, urllib3, asyncio): a PermissionError
+# raised below one of them is the engine's network policy (native/sys_inet.c) refusing it.
+_CONNECTORS = frozenset({"create_connection", "sock_connect", "_sock_connect", "_connect_sock", "_new_conn"})
 # Functions of the standard library that start a process; an EAGAIN raised below them is the
 # sandbox refusing clone().
 _PROCESS_STARTERS = frozenset({"_execute_child", "_fork_exec", "_launch", "_posix_spawn", "fork_exec"})
@@ -82,6 +88,24 @@ def _starts_a_process(tb: TracebackType | None) -> bool:
         if code.co_name in _PROCESS_STARTERS or f"{os.sep}multiprocessing{os.sep}" in code.co_filename:
             return True
         tb = tb.tb_next
+    return False
+
+
+def _network_refusal(value: BaseException) -> bool:
+    """A PermissionError raised below a connector, in value or what caused it (urllib's URLError,
+    requests' ConnectionError wrap it), at most 10 levels down."""
+    seen: BaseException | None = value
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, PermissionError) and seen.errno == errno.EACCES:
+            tb = seen.__traceback__
+            while tb is not None:
+                if tb.tb_frame.f_code.co_name in _CONNECTORS:
+                    return True
+                tb = tb.tb_next
+        reason = getattr(seen, "reason", None)  # urllib.error.URLError keeps the OSError there
+        seen = seen.__cause__ or seen.__context__ or (reason if isinstance(reason, BaseException) else None)
     return False
 
 
@@ -128,6 +152,9 @@ def _explain_sandbox_refusal(value: BaseException | None) -> None:
         return
     if _is_shared_mapping_refusal(value):
         value.add_note(SHARED_MAPPING_NOTE)
+        return
+    if NETWORK_NOTE not in getattr(value, "__notes__", ()) and _network_refusal(value):
+        value.add_note(NETWORK_NOTE)
         return
     thread = isinstance(value, RuntimeError) and str(value) == "can't start new thread"
     process = isinstance(value, OSError) and _starts_a_process(value.__traceback__)

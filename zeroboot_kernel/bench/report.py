@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from . import comms, common, engine, files, kernel, memory, peers, scaling, soak, startup, syscalls
+from . import comms, common, engine, files, kernel, memory, network, peers, scaling, soak, startup, syscalls
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,7 @@ TITLES = {
     "syscalls": "Syscall-heavy work: small files, listings, walks, guest vs host",
     "startup": "Starting Python in a fresh VM; numpy speed inside the guest",
     "memory": "Data-heavy notebooks: checkpoint memory, big arrays, fills (vs ipykernel)",
+    "network": "Downloading through the network egress policy",
     "soak": "Soak: one kernel, thousands of mixed cells",
     "comms": "Widget round trips (comms), vs stock ipykernel",
 }
@@ -32,12 +33,13 @@ TITLES = {
 COMMS_NOTE = ("A slider moved in the frontend: the comm_msg, the observe callback that prints the value, the "
               "idle status. In the sandbox the message runs like a small cell: from the prepared checkpoint, "
               "then the next checkpoint is taken after the reply.")
+OPTIONAL = ("network", "soak", "comms")  # sections measured by their own runs, rendered when their results exist
 
 
 def load(out: Path) -> dict[str, dict[str, Any]]:
     """The results in `out`, by section (sections without a file are left out)."""
     found = {}
-    for name in [*SECTIONS, "soak", "comms"]:
+    for name in [*SECTIONS, *OPTIONAL]:
         path = out / f"{name}.json"
         if path.exists():
             found[name] = json.loads(path.read_text())
@@ -199,6 +201,10 @@ def render(res: dict[str, dict[str, Any]], out: Path, report: Path, command: str
     ]
     for name in SECTIONS:
         parts.append(f"## {TITLES[name]}\n\n{SECTIONS[name].markdown(res[name]).strip()}\n")
+    if "network" in res:  # from its own run (`bench network`): it needs a network policy
+        parts.append(f"## {TITLES['network']}\n\nMeasured {res['network']['date'][:10]} with `python -m "
+                     f"zeroboot_kernel.bench network` (a local server on 127.0.0.1).\n\n"
+                     f"{network.markdown(res['network']).strip()}\n")
     if "soak" in res:  # from its own run (`bench soak`), which takes an hour at full size
         chart = "img/soak.png" if (img / "soak.png").exists() else None
         body = soak.markdown(res["soak"], chart).split("\n", 1)[1]  # without its own title
