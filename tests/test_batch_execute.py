@@ -231,6 +231,30 @@ def test_jobs_two_keeps_notebooks_apart(tmp_path: Path) -> None:
         assert r.notebook.cells[2].outputs == [v4.new_output("stream", name="stdout", text="p [False, False]\n")]
 
 
+def test_notebooks_of_one_folder_in_one_engine_see_nothing_of_each_other(tmp_path: Path) -> None:
+    """One worker, four notebooks of one folder (the engine resets its session between them instead
+    of forking anew): none sees another's globals, /tmp or home files, writes to the notebook's
+    folder, imported modules or random state; the host folder is unchanged."""
+    from zeroboot_kernel import execute_notebooks
+
+    probe = _code("import os, sys, random\n"
+                  "seen = ['leftover' in globals(), os.path.exists('/tmp/mark'), os.path.exists(os.path.expanduser('~/mark')),\n"
+                  "        os.path.exists('written.txt'), 'json.tool' in sys.modules]\n"
+                  "leftover = 1\nopen('/tmp/mark', 'w').write('x')\nopen(os.path.expanduser('~/mark'), 'w').write('x')\n"
+                  "open('written.txt', 'w').write('x')\nimport json.tool\nprint(seen, random.random())")
+    paths = [_write(tmp_path, f"nb{i}", _notebook([probe])) for i in range(4)]
+    results = execute_notebooks(paths, jobs=1, keep_notebooks=True, write=False)
+    texts = []
+    for r in results:
+        assert r.ok and r.notebook is not None, r
+        (out,) = r.notebook.cells[0].outputs
+        seen, number = out["text"].rsplit(" ", 1)
+        assert seen == "[False, False, False, False, False]", out["text"]
+        texts.append(number)
+    assert len(set(texts)) == 4  # fresh random seeds each time
+    assert not (tmp_path / "written.txt").exists()
+
+
 def test_isolated_cells_start_clean(tmp_path: Path) -> None:
     from zeroboot_kernel import execute_notebooks
 
