@@ -300,3 +300,39 @@ def test_cli_parameter_named_run_is_not_the_run_command(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     done = nbformat.read(str(tmp_path / "out" / "p.ipynb"), as_version=4)
     assert done.cells[2].outputs == [v4.new_output("stream", name="stdout", text="42\n")]
+
+
+def _papermill(path: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(Path(sys.executable).with_name("papermill")), str(path), str(out), "--no-progress-bar",
+                           *args], capture_output=True, text=True, timeout=900, cwd=path.parent)
+
+
+def test_papermill_engine_writes_what_papermill_writes(tmp_path: Path) -> None:
+    """`papermill --engine zeroboot` against papermill's own nbclient engine with the stock kernel:
+    the same notebook, cells, outputs and papermill metadata; an error stops both, which exit 1
+    with the error marked in the same cell."""
+    # papermill fails a notebook on any error output, raises-exception tag or not: without that cell
+    params = _write(tmp_path, "params", _notebook([c for c in PARAMETERISED.cells
+                                                   if "raises-exception" not in c.metadata.get("tags", [])]))
+    p_args = [a for name, value in PARAMETERS.items() for a in ("-p", name, str(value))]
+    ours, theirs = tmp_path / "ours.ipynb", tmp_path / "theirs.ipynb"
+    r = _papermill(params, ours, "--engine", "zeroboot", *p_args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _papermill(params, theirs, "-k", "python3", *p_args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = nbformat.read(str(ours), as_version=4), nbformat.read(str(theirs), as_version=4)
+    _assert_same(b, a)
+    assert [sorted(c.metadata.get("papermill", {})) for c in a.cells] == \
+        [sorted(c.metadata.get("papermill", {})) for c in b.cells]
+    assert [c.metadata["papermill"]["status"] for c in a.cells] == [c.metadata["papermill"]["status"] for c in b.cells]
+    assert a.metadata.papermill.parameters == b.metadata.papermill.parameters == PARAMETERS
+
+    error = _write(tmp_path, "error", ERROR)
+    r = _papermill(error, ours, "--engine", "zeroboot")
+    assert r.returncode == 1 and "ZeroDivisionError" in r.stderr, r.stderr[-3000:]
+    r = _papermill(error, theirs, "-k", "python3")
+    assert r.returncode == 1, r.stderr[-3000:]
+    a, b = nbformat.read(str(ours), as_version=4), nbformat.read(str(theirs), as_version=4)
+    assert [c.metadata.get("papermill", {}).get("exception") for c in a.cells] == \
+        [c.metadata.get("papermill", {}).get("exception") for c in b.cells]
+    assert [(c.cell_type, c.get("execution_count")) for c in a.cells] == [(c.cell_type, c.get("execution_count")) for c in b.cells]

@@ -184,51 +184,78 @@ def reset_outputs(nb: nbformat.NotebookNode) -> None:
             cell.execution_count = None
 
 
+class NotebookRun:
+    """The cells of one notebook, run one at a time in the engine's current session (the caller
+    sent new_session with `mode` and `timeout`): run_notebook runs them all, the papermill engine
+    (papermill_engine.py) one per papermill cell callback."""
+
+    def __init__(self, client: EngineClient, nb: nbformat.NotebookNode, *, notebook_dir: str, mode: str = "chained",
+                 timeout: float | None = None, allow_errors: bool = False,
+                 language_info: dict[str, Any] | None = None, policy: str = "trusted") -> None:
+        self.client = client
+        self.nb = nb
+        self.timeout = timeout
+        self.allow_errors = allow_errors
+        if language_info:
+            nb.metadata["language_info"] = dict(language_info)
+        self.outcome = NotebookOutcome(OK)
+        self.sink = _CellOutputs(nb, policy, [MAX_OUTPUT_CHARS])
+        self.magics = BatchMagics(client, mode=mode, timeout=timeout, notebook_dir=notebook_dir, outputs=policy)
+        self.count = 0
+
+    def execute_cell(self, index: int) -> bool:
+        """Run cell `index` (blank and non-code cells are skipped, as nbclient skips them),
+        filling in its outputs, count and metadata; False when the notebook must stop there
+        (self.outcome says why). EngineDied propagates (the engine is gone)."""
+        cell = self.nb.cells[index]
+        if cell.cell_type != "code" or not cell.source.strip():
+            return True
+        self.count += 1
+        timing: dict[str, str] = {}
+        self.sink.start(index, cell)
+        try:
+            reply = _run_cell(self.client, cell.source, self.count, self.sink, self.magics, timing)
+        finally:  # assigned whole: a NotebookNode stores a copy of a dict it is given
+            cell.metadata["execution"] = timing
+        cell.execution_count = self.count
+        outcome = self.outcome
+        outcome.cells_run += 1
+        if reply.get("status") == "ok":
+            return True
+        error = CellError(index, str(reply.get("ename", "Error")), str(reply.get("evalue", "")))
+        if error.ename == TIMEOUT_ENAME and self.timeout and not self.magics.timeout_changed:
+            outcome.status, outcome.error = TIMED_OUT, error
+            return False
+        if self.allow_errors or ALLOW_ERRORS_TAG in cell.metadata.get("tags", []):
+            outcome.errors_allowed += 1
+            outcome.error = outcome.error or error
+            return True
+        outcome.status, outcome.error = FAILED, error
+        return False
+
+    def finish(self) -> NotebookOutcome:
+        if self.sink.truncated:
+            self.outcome.notes.append(f"outputs over {MAX_OUTPUT_CHARS >> 20} MiB were dropped")
+        return self.outcome
+
+
 def run_notebook(client: EngineClient, nb: nbformat.NotebookNode, *, notebook_dir: str, mode: str = "chained",
                  timeout: float | None = None, allow_errors: bool = False,
                  language_info: dict[str, Any] | None = None, policy: str = "trusted",
                  should_stop: Callable[[], bool] = lambda: False) -> NotebookOutcome:
-    """Execute `nb`'s code cells in the engine's current session (the caller sent new_session
-    with `mode` and `timeout`), filling in outputs, counts and metadata in place. EngineDied
-    propagates (the engine is gone)."""
+    """Execute `nb`'s code cells in the engine's current session, filling in outputs, counts
+    and metadata in place (NotebookRun), after papermill's reset of every code cell."""
     reset_outputs(nb)
-    if language_info:
-        nb.metadata["language_info"] = dict(language_info)
-    outcome = NotebookOutcome(OK)
-    sink = _CellOutputs(nb, policy, [MAX_OUTPUT_CHARS])
-    magics = BatchMagics(client, mode=mode, timeout=timeout, notebook_dir=notebook_dir, outputs=policy)
-    count = 0
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or not cell.source.strip():
-            continue
+    run = NotebookRun(client, nb, notebook_dir=notebook_dir, mode=mode, timeout=timeout, allow_errors=allow_errors,
+                      language_info=language_info, policy=policy)
+    for index in range(len(nb.cells)):
         if should_stop():
-            outcome.status = FAILED
-            outcome.notes.append("stopped before the end (interrupted)")
+            run.outcome.status = FAILED
+            run.outcome.notes.append("stopped before the end (interrupted)")
             break
-        count += 1
-        timing: dict[str, str] = {}
-        sink.start(index, cell)
-        try:
-            reply = _run_cell(client, cell.source, count, sink, magics, timing)
-        finally:  # assigned whole: a NotebookNode stores a copy of a dict it is given
-            cell.metadata["execution"] = timing
-        cell.execution_count = count
-        outcome.cells_run += 1
-        if reply.get("status") == "ok":
-            continue
-        error = CellError(index, str(reply.get("ename", "Error")), str(reply.get("evalue", "")))
-        if error.ename == TIMEOUT_ENAME and timeout and not magics.timeout_changed:
-            outcome.status, outcome.error = TIMED_OUT, error
+        if not run.execute_cell(index):
             break
-        if allow_errors or ALLOW_ERRORS_TAG in cell.metadata.get("tags", []):
-            outcome.errors_allowed += 1
-            outcome.error = outcome.error or error
-            continue
-        outcome.status, outcome.error = FAILED, error
-        break
-    if sink.truncated:
-        outcome.notes.append(f"outputs over {MAX_OUTPUT_CHARS >> 20} MiB were dropped")
-    return outcome
+    return run.finish()
 
 
 def _run_cell(client: EngineClient, source: str, count: int, sink: _CellOutputs, magics: BatchMagics,
