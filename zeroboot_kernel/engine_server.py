@@ -298,12 +298,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     wire.send(sock, {"event": "ready", "language_info": template.ready.get("language_info", {}),
                      "python_version": template.ready.get("python_version"), "template": str(template.directory)})
+    server = EngineServer(sock, session)
     try:
-        EngineServer(sock, session).serve()
+        server.serve()
     except (wire.ChannelClosed, SystemExit):
         pass
     finally:
-        session.close()
+        server.session.close()  # the current one: new_session replaces (and closes) the first
     return 0
 
 
