@@ -15,6 +15,8 @@ from typing import Any
 
 import nbformat
 
+from .errors import ZerobootError
+
 log = logging.getLogger(__name__)
 
 PARAMETERS_TAG = "parameters"
@@ -22,7 +24,7 @@ INJECTED_TAG = "injected-parameters"
 COMMENT = "# Parameters"
 
 
-class ParameterError(ValueError):
+class ParameterError(ZerobootError, ValueError):
     """A parameter cannot be injected (a name that is not an identifier, a value of no JSON type)."""
 
 
