@@ -33,7 +33,7 @@ def test_bench_all_quick_writes_every_field_and_the_report(tmp_path):
     ensure_kernelspecs()  # the kernel section starts the zeroboot kernelspec (and uses the tests' template)
     out = tmp_path / "results"
     proc = subprocess.run([sys.executable, "-m", "zeroboot_kernel", "bench", "all", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900, env=os.environ.copy())
+                          capture_output=True, text=True, timeout=1800, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = {name: json.loads((out / f"{name}.json").read_text())
            for name in ("all", "engine", "peers", "kernel", "scaling", "files", "syscalls", "startup", "memory", "batch")}
