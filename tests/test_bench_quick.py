@@ -21,7 +21,8 @@ PEER_CASES = ["empty sandbox", "1+1", "print 10 KB", "numpy matmul 512", "matplo
 KERNEL_CASES = ["1+1", "print", "matmul", "plot"]
 HEADLINE = ["fork_p50_ms", "fork_p99_ms", "fork_first_batch_p50_ms", "vs_zeroboot_fork_p50", "vs_e2b_create", "fork_exec_p50_ms",
             "restore_exec_p50_ms", "isolated_cell_p50_ms", "vs_subprocess_cell", "vs_bubblewrap_cell",
-            "kernel_1plus1_p50_ms", "ipykernel_1plus1_p50_ms", "kernel_vs_ipykernel_1plus1", "template_build_s"]
+            "kernel_1plus1_p50_ms", "ipykernel_1plus1_p50_ms", "kernel_vs_ipykernel_1plus1", "template_build_s",
+            "batch_notebooks_per_s", "batch_vs_papermill", "batch_vs_nbconvert"]
 
 
 def positive(x) -> bool:
@@ -32,10 +33,10 @@ def test_bench_all_quick_writes_every_field_and_the_report(tmp_path):
     ensure_kernelspecs()  # the kernel section starts the zeroboot kernelspec (and uses the tests' template)
     out = tmp_path / "results"
     proc = subprocess.run([sys.executable, "-m", "zeroboot_kernel", "bench", "all", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900, env=os.environ.copy())
+                          capture_output=True, text=True, timeout=1800, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = {name: json.loads((out / f"{name}.json").read_text())
-           for name in ("all", "engine", "peers", "kernel", "scaling", "files", "syscalls", "startup", "memory")}
+           for name in ("all", "engine", "peers", "kernel", "scaling", "files", "syscalls", "startup", "memory", "batch")}
     for name, data in res.items():
         assert data["benchmark"] == name and data["machine"]["cpus"] >= 1
     for field in FIELDS["engine"]:
@@ -72,6 +73,9 @@ def test_bench_all_quick_writes_every_field_and_the_report(tmp_path):
     fill = res["memory"]["fill"]
     assert all(positive(fill[side][k]) for side in ("guest", "host") for k in ("fill_s", "ones_plus_s"))
     assert positive(fill["fill_speed_vs_host"]) and positive(res["memory"]["spill"]["write_mb_s"])
+    assert res["batch"]["notebooks"] == 20
+    assert all(positive(res["batch"]["tools"][tool]["notebooks_per_s"]) for tool in ("zeroboot", "papermill", "nbconvert"))
+    assert positive(res["batch"]["tools"]["papermill"]["zeroboot_speedup"])
     assert all(positive(res["all"]["headline"][f]) for f in HEADLINE), res["all"]["headline"]
     report = (out / "PERFORMANCE.md").read_text()
     assert "## Summary" in report and "bench all --quick" in report and "(published)" in report

@@ -5,6 +5,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from .errors import ZerobootError
 
@@ -86,6 +87,30 @@ def _cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_execute(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .batch import execute_notebooks, summary_table
+    from .notebook_params import parse_cli_value
+
+    parameters = {name: parse_cli_value(value) for name, value in args.parameters}
+    # a progress bar on a terminal only (tqdm's disable=None); the engine's lines (a template
+    # being built) are written above it
+    with tqdm(total=len(args.notebooks), unit="nb", desc="notebooks", disable=None, file=sys.stderr) as bar:
+        def done(result: Any) -> None:
+            bar.update(1)
+            if not result.ok:
+                bar.write(f"zeroboot-kernel execute: {result.source}: {result.status}"
+                          f"{': ' + result.error if result.error else ''}", file=sys.stderr)
+
+        results = execute_notebooks(args.notebooks, output_dir=args.output_dir, parameters=parameters, jobs=args.jobs,
+                                    isolated=args.isolated, timeout=args.timeout, allow_errors=args.allow_errors,
+                                    template=args.template, on_result=done,
+                                    on_log=lambda text: bar.write(f"zeroboot: {text}", file=sys.stderr))
+    print(summary_table(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench.__main__ import main as bench_main
 
@@ -153,6 +178,20 @@ def build_parser() -> argparse.ArgumentParser:
                                               "unless a location is given)")
     _add_location_options(uninst)
     uninst.set_defaults(func=_cmd_uninstall)
+    ex = sub.add_parser("execute", help="execute notebooks as nbclient/papermill do, each in a sandbox forked from "
+                                         "the template (no kernel process per notebook)")
+    ex.add_argument("notebooks", nargs="+", metavar="NB.ipynb")
+    ex.add_argument("--output-dir", default=None, metavar="DIR",
+                    help="write executed notebooks here (default: NAME.executed.ipynb beside each)")
+    ex.add_argument("-p", "--parameter", dest="parameters", nargs=2, action="append", default=[],
+                    metavar=("NAME", "VALUE"), help="a parameter, injected after the cell tagged `parameters` as "
+                                                    "papermill does (VALUE typed as papermill types it)")
+    ex.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="notebooks run at once (default 1)")
+    ex.add_argument("--isolated", action="store_true", help="every cell starts from the clean template")
+    ex.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds one cell may run")
+    ex.add_argument("--allow-errors", action="store_true", help="a cell's error does not stop its notebook")
+    ex.add_argument("--template", default="default", help="template to fork from (default: default)")
+    ex.set_defaults(func=_cmd_execute)
     bench = sub.add_parser("bench", help="run the benchmarks (`bench all [--quick]`, `bench engine`, `bench soak`, "
                                          "...; same as python -m zeroboot_kernel.bench)")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="SECTION [OPTIONS]")
@@ -167,10 +206,12 @@ def _split_program_args(argv: list[str]) -> tuple[list[str], list[str] | None]:
     """Split `run`'s own options from the program's arguments the way python does: everything after
     -c CODE, -m MODULE or FILE belongs to the program, options included (argparse's REMAINDER
     would take `run -m test -v` as zeroboot-kernel's own -v). Returns (ours, program's) or
-    (argv, None) when there is no `run`."""
-    if "run" not in argv:
+    (argv, None) when the command is not `run` (the first word that is not an option: the only
+    global option, -v, takes no value)."""
+    command = next((i for i, tok in enumerate(argv) if not tok.startswith("-")), None)
+    if command is None or argv[command] != "run":
         return argv, None
-    i = argv.index("run") + 1
+    i = command + 1
     while i < len(argv):
         tok = argv[i]
         if tok in ("-c", "-m"):

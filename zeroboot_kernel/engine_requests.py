@@ -59,6 +59,7 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT_BUDGET = "checkpoint_budget"
 STATS = "stats"
 RESTART = "restart"
+NEW_SESSION = "new_session"
 SHUTDOWN = "shutdown"
 COMM = "comm"
 COMM_INFO = "comm_info"
@@ -115,6 +116,11 @@ REQUESTS: dict[str, Request] = {r.op: r for r in (
             "`%sandbox stats`, `%sandbox memory`, `%sandbox files`"),
     Request(RESTART, (), 'nothing more: the sandbox is back to its clean state, every checkpoint dropped',
             "`%sandbox reset`"),
+    Request(NEW_SESSION, (_opt("project", "str: the notebook's folder (null: none)"), Field("mode", '"chained" or "isolated"'),
+                          _opt("timeout", "float (0: no limit)"), _opt("hide", "[str]: paths in the project the guest "
+                                                                       "does not see")),
+            "nothing more: the engine's session is replaced by a new one forked from the template",
+            "`zeroboot-kernel execute` (batch.py), once per notebook"),
     Request(SHUTDOWN, (), "none: the engine process exits", "EngineClient.close"),
     Request(INTERRUPT, (Field("target", "int: the id of the request to interrupt"),),
             "none; acts only while that request runs a cell (PROTOCOL.md, Interrupts)", "EngineClient.interrupt",

@@ -58,8 +58,8 @@ class EngineServer:
             req.FILES: self._files, req.DIFF: self._diff, req.EXPORT_LIST: self._export_list,
             req.EXPORT_CHUNK: self._export_chunk, req.LOCKDOWN_CHECK: self._lockdown_check,
             req.CHECKPOINTS: self._checkpoints, req.CHECKPOINT_BUDGET: self._checkpoint_budget,
-            req.STATS: self._stats, req.RESTART: self._restart, req.SHUTDOWN: self._shutdown,
-            req.COMM: self._comm, req.COMM_INFO: self._comm_info,
+            req.STATS: self._stats, req.RESTART: self._restart, req.NEW_SESSION: self._new_session,
+            req.SHUTDOWN: self._shutdown, req.COMM: self._comm, req.COMM_INFO: self._comm_info,
         }
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -240,6 +240,27 @@ class EngineServer:
         self.session.restart()
         return {"status": "ok"}
 
+    def _new_session(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """A new notebook in this engine (the batch executor): a fresh Session forked from the
+        template, with the notebook's folder; the old session is closed once the new one exists,
+        so a folder that cannot be shown leaves the old one in place and says why."""
+        old = self.session
+        project, mode, timeout, hide = msg.get("project"), msg.get("mode"), msg.get("timeout", 0), msg.get("hide", [])
+        if project is not None and not isinstance(project, str):
+            raise ValueError("new_session: project must be a string or null")
+        if mode not in ("chained", "isolated"):
+            raise ValueError("new_session: mode must be chained or isolated")
+        if type(timeout) not in (int, float) or not 0 <= timeout < 1e9:
+            raise ValueError("new_session: timeout must be seconds >= 0")
+        if not isinstance(hide, list) or not all(isinstance(h, str) for h in hide):
+            raise ValueError("new_session: hide must be a list of strings")
+        new = Session(old.template, mode=mode, keep=old.keep, timeout=float(timeout) or None, project_dir=project,
+                      files=old.files, hidden=tuple(hide))
+        new.host_writes_allowed = old.host_writes_allowed
+        self.session = new
+        old.close()
+        return {"status": "ok"}
+
     def _shutdown(self, msg: dict[str, Any]) -> NoReturn:
         raise SystemExit(0)
 
@@ -330,14 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     wire.send(sock, {"event": "ready", "language_info": template.ready.get("language_info", {}),
                      "python_version": template.ready.get("python_version"), "template": str(template.directory)})
+    server = EngineServer(sock, session)
     try:
-        server = EngineServer(sock, session)
         server.network_enabled = bool(network and network.enabled)
         server.serve()
     except (wire.ChannelClosed, SystemExit):
         pass
     finally:
-        session.close()
+        server.session.close()  # the current one: new_session replaces (and closes) the first
     return 0
 
 

@@ -19,7 +19,6 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import platform
 import select
 import signal
 import sys
@@ -47,6 +46,7 @@ from .guest_memory_size import parse_size
 from .kernel_config import KernelSettings
 from .kernel_comms import CommRefused, CommRouter, header_of
 from .kernel_history import CellHistory
+from .language_info import local_language_info as _local_language_info
 from .project_root import ProjectRootError, find_project_root
 from .stream_batch import StreamBatcher
 
@@ -57,20 +57,6 @@ STOP_DELAY = 0.5
 # An engine that dies while starting, without a reason, gets one more try.
 START_ATTEMPTS = 2
 EXIT_ENGINE_FAILED = 1
-
-
-def _local_language_info() -> dict[str, Any]:
-    """language_info of this interpreter: the guest runs this very interpreter (the template key
-    includes sys.executable), so this is exact until the engine reports the guest's own."""
-    return {
-        "name": "python",
-        "version": platform.python_version(),
-        "mimetype": "text/x-python",
-        "codemirror_mode": {"name": "ipython", "version": sys.version_info[0]},
-        "pygments_lexer": f"ipython{sys.version_info[0]}",
-        "nbconvert_exporter": "python",
-        "file_extension": ".py",
-    }
 
 
 class _InputAbandoned(Exception):

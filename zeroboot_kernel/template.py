@@ -7,11 +7,19 @@ distributions, the preload list, guest memory size and the host's KVM CPU model.
 key no longer matches is stale and is never used; building writes a new one.
 
 Builders coordinate: building template <name> holds an exclusive flock on .<name>.lock in the
-cache, so when several kernels start on an empty cache one builds and the others wait and then
-load its result. A template is written into a hidden .build-<name>.* directory and published by
-one rename, so nobody ever sees half of one; the lock dies with its holder (the kernel drops it),
-and the next builder removes what a killed one left behind. The cache belongs to one user: it is
-created private (0700) and a cache owned by someone else is refused.
+cache, so when several kernels start on an empty cache one builds and the others wait (saying so
+every few seconds) and then load its result. A template is written into a hidden .build-<name>.*
+directory on the same file system and published by one rename, so nobody ever sees half of one.
+Publishing and discarding (the renames) hold an exclusive flock on the cache directory itself and
+loading holds a shared one, so a loader never reads the state.bin of one build and the memory.img
+of another, nor mistakes a template being replaced for a corrupt one. The locks die with their
+holder (the kernel drops them), and the next builder of a name removes what a killed one left
+behind. The cache belongs to one user: it is created private (0700) and a cache owned by someone
+else is refused.
+
+Test hook: ZEROBOOT_TEST_BUILD_PAUSE=<stage> (one of BUILD_STAGES) makes a builder stop at that
+stage, holding the build lock, until it receives SIGUSR1 (or dies): tests kill builders at exact
+points instead of guessing with sleeps.
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 import tempfile
@@ -52,6 +61,12 @@ DEFAULT_NAME = "default"
 DEFAULT_MEMORY = 1 << 30   # of templates whose manifest predates the memory field
 BUILD_TIMEOUT = 300.0
 LOCK_WAIT = 2 * BUILD_TIMEOUT  # a builder that holds the lock longer than this is stuck
+LOCK_PROGRESS_EVERY = 5.0  # seconds between "still waiting" lines while another process builds
+# where ZEROBOOT_TEST_BUILD_PAUSE can stop a builder: it holds the lock (locked); the guest has booted
+# (booted); memory.img and state.bin are in the hidden build directory (saved); the manifest too,
+# just before the publishing rename (manifest)
+BUILD_STAGES = ("locked", "booted", "saved", "manifest")
+TEST_PAUSE_VARIABLE = "ZEROBOOT_TEST_BUILD_PAUSE"
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 AGENT = GUEST_DIR / "_zeroboot_agent"  # a package run as a directory (its __main__.py)
 
@@ -130,15 +145,50 @@ def _flock_until(fd: int, name: str, path: Path, deadline: float, say: Callable[
         pass
     holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
     say(f"template {name!r}: process {holder} is building it; waiting for it")
+    started = time.monotonic()
+    next_note = started + LOCK_PROGRESS_EVERY
     while True:
         time.sleep(0.1)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise TemplateError(f"template {name!r}: process {holder} has been building it for too long; "
                                     f"stop it or remove {path}") from None
+            if now >= next_note:  # a kernel that waits says why, so nobody takes it for hung
+                say(f"template {name!r}: still waiting for process {holder} to finish building it "
+                    f"({now - started:.0f} s so far)")
+                next_note = now + LOCK_PROGRESS_EVERY
+
+
+@contextlib.contextmanager
+def publish_lock(shared: bool) -> Iterator[None]:
+    """A flock on the cache directory: exclusive while a template directory is renamed into or
+    out of place, shared while one is loaded. Held for milliseconds either way (no build runs
+    under it), so it never keeps a kernel waiting for a build of another template."""
+    fd = os.open(private_cache_root(), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _test_pause(stage: str, name: str, say: Callable[[str], None]) -> None:
+    """Stop here while ZEROBOOT_TEST_BUILD_PAUSE names this stage, until SIGUSR1 (see the module
+    docstring). SIGUSR1 is blocked before the line is said, so a signal sent on reading it is
+    never lost (nor fatal)."""
+    if os.environ.get(TEST_PAUSE_VARIABLE) != stage:
+        return
+    wake = {signal.SIGUSR1}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, wake)
+    try:
+        say(f"template {name!r}: paused at stage {stage!r} ({TEST_PAUSE_VARIABLE}); SIGUSR1 continues")
+        signal.sigwait(wake)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def state_format() -> int:
@@ -218,12 +268,16 @@ class Template:
             raise TemplateError(f"there is no template {name!r} yet: build it with "
                                 f"`zeroboot-kernel template build --name {name}`")
         for d in candidates:
-            manifest = _read_manifest(d)
-            if manifest is None:
-                continue
-            config = TemplateConfig(name, tuple(manifest.get("preload", ())), int(manifest.get("memory", DEFAULT_MEMORY)))
-            if manifest.get("key") == config.key(engine) and d == config.directory(engine):
-                return cls.open(d, manifest, engine)
+            # under the shared publish lock nothing renames d while its files are read, so a
+            # failure to read them means the template is corrupt, not that it is being replaced
+            with publish_lock(shared=True):
+                manifest = _read_manifest(d)
+                if manifest is None:
+                    continue  # gone since it was listed (replaced or removed), or corrupt
+                config = TemplateConfig(name, tuple(manifest.get("preload", ())),
+                                        int(manifest.get("memory", DEFAULT_MEMORY)))
+                if manifest.get("key") == config.key(engine) and d == config.directory(engine):
+                    return cls.open(d, manifest, engine)
         raise TemplateError(f"template {name!r} is stale (it was built for another version of this package, "
                             f"its Python environment or this machine's CPU): rebuild it with "
                             f"`zeroboot-kernel template build --name {name}`")
@@ -246,6 +300,7 @@ class Template:
         engine = engine or Engine.default()
         say = progress or (lambda msg: log.info("%s", msg))
         with build_lock(config.name, say):
+            _test_pause("locked", config.name, say)
             return cls._build_locked(config, engine, say)
 
     @classmethod
@@ -265,6 +320,7 @@ class Template:
                 return cls.load(config.name, engine, memory=config.memory)
             except TemplateError:
                 pass
+            _test_pause("locked", config.name, say)
             return cls._build_locked(config, engine, say)
 
     @classmethod
@@ -280,10 +336,13 @@ class Template:
             ready = _boot_until_ready(guest, time.monotonic() + BUILD_TIMEOUT)
             booted = time.monotonic() - t0
             say(f"template {config.name!r}: agent ready after {booted:.2f} s; capturing the snapshot")
+            _test_pause("booted", config.name, say)
             snapshot = guest.snapshot()
+        # the build directory is in the cache itself: the same file system, so publishing is a rename
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{config.name}.", dir=root))
         try:
             snapshot.save(str(tmp))
+            _test_pause("saved", config.name, say)
             manifest: dict[str, Any] = {
                 "name": config.name,
                 "key": config.key(engine),
@@ -302,10 +361,9 @@ class Template:
                 "ready": ready,
             }
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+            _test_pause("manifest", config.name, say)
             for old in _list_dirs():  # older builds of this name for this same environment
-                m = _read_manifest(old) or {}
-                if old != target and old.name.rsplit("-", 1)[0] == config.name and \
-                        m.get("environment") in (None, manifest["environment"]):
+                if old != target and old.name.rsplit("-", 1)[0] == config.name and _outdated(old, manifest, engine):
                     _discard(old, root, config.name)
             _publish(tmp, target, root, config.name)
         finally:
@@ -317,22 +375,51 @@ class Template:
         return cls.open(target, manifest, engine)
 
 
-def _discard(directory: Path, root: Path, name: str) -> None:
-    """Remove a published template: first renamed out of sight (one step, so a loader sees it
-    whole or not at all), then deleted. Processes that loaded it keep their mapping."""
+def _outdated(directory: Path, built: dict[str, Any], engine: Engine) -> bool:
+    """Whether the published template in `directory` is one the build `built` replaces: one of
+    the same environment (another environment's kernels may still use theirs) that is stale or
+    unreadable. A current template of the same name for another memory size stays: kernels of
+    that size use it."""
+    m = _read_manifest(directory)
+    if m is None:
+        return True
+    if m.get("environment") not in (None, built["environment"]):
+        return False
+    config = TemplateConfig(str(m.get("name", "")), tuple(m.get("preload", ())), int(m.get("memory", DEFAULT_MEMORY)))
+    return m.get("key") != config.key(engine) or directory != config.directory(engine)
+
+
+def _move_aside(directory: Path, root: Path, name: str) -> Path:
+    """Rename a published template out of sight (the caller holds the exclusive publish lock);
+    returns the hidden directory to delete."""
     aside = Path(tempfile.mkdtemp(prefix=f".old-{name}.", dir=root))
     try:
         os.rename(directory, aside / directory.name)
     except FileNotFoundError:
         pass
+    return aside
+
+
+def _discard(directory: Path, root: Path, name: str) -> None:
+    """Remove a published template: first renamed out of sight (one step, under the publish
+    lock, so a loader sees it whole or not at all), then deleted. Processes that loaded it keep
+    their mapping."""
+    with publish_lock(shared=False):
+        aside = _move_aside(directory, root, name)
     shutil.rmtree(aside, ignore_errors=True)
 
 
 def _publish(tmp: Path, target: Path, root: Path, name: str) -> None:
-    """Make the finished build in `tmp` the template at `target` with one rename."""
-    if target.exists():  # a rebuild of the same key (`template build`, or a corrupt one)
-        _discard(target, root, name)
-    os.rename(tmp, target)
+    """Make the finished build in `tmp` the template at `target` with one rename; a template of
+    the same key already there (`template build`, or a corrupt one) is moved aside in the same
+    exclusive step, so no loader sees the path missing or half of either."""
+    aside = None
+    with publish_lock(shared=False):
+        if target.exists():
+            aside = _move_aside(target, root, name)
+        os.rename(tmp, target)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _remove_leftovers(root: Path, name: str) -> None:

@@ -9,13 +9,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from . import comms, common, engine, files, kernel, memory, network, peers, scaling, soak, startup, syscalls
+from . import batch, comms, common, engine, files, kernel, memory, network, peers, scaling, soak, startup, syscalls
 
 log = logging.getLogger(__name__)
 
 # section -> module with markdown(results); in report order
 SECTIONS = {"engine": engine, "peers": peers, "kernel": kernel, "scaling": scaling, "files": files,
-            "syscalls": syscalls, "startup": startup, "memory": memory}
+            "syscalls": syscalls, "startup": startup, "memory": memory, "batch": batch}
 TITLES = {
     "engine": "Engine: forks, restores, live forks, template build",
     "peers": "A fresh sandbox per cell: zeroboot vs a process vs bubblewrap",
@@ -26,6 +26,7 @@ TITLES = {
     "startup": "Starting Python in a fresh VM; numpy speed inside the guest",
     "memory": "Data-heavy notebooks: checkpoint memory, big arrays, fills (vs ipykernel)",
     "network": "Downloading through the network egress policy",
+    "batch": "Batch execution: many notebooks, zeroboot-kernel execute vs papermill vs nbconvert",
     "soak": "Soak: one kernel, thousands of mixed cells",
     "comms": "Widget round trips (comms), vs stock ipykernel",
 }
@@ -70,6 +71,12 @@ def headline(res: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
     if "bubblewrap" in one:
         rows["vs_bubblewrap_cell"] = one["bubblewrap"]["ratio_p50"]
+    if "batch" in res:
+        b = res["batch"]
+        rows.update({"batch_notebooks": b["notebooks"], "batch_notebooks_per_s": b["tools"]["zeroboot"]["notebooks_per_s"],
+                     "batch_papermill_per_s": b["tools"]["papermill"]["notebooks_per_s"],
+                     "batch_vs_papermill": b["tools"]["papermill"]["zeroboot_speedup"],
+                     "batch_vs_nbconvert": b["tools"]["nbconvert"]["zeroboot_speedup"]})
     return rows
 
 
@@ -100,6 +107,11 @@ def headline_markdown(h: dict[str, Any]) -> str:
          f"{h['kernel_vs_ipykernel_1plus1']}x slower"],
         ["template build (numpy)", f"{h['template_build_s']:.2f} s", "target <= 3 s", ""],
     ]
+    if "batch_notebooks_per_s" in h:
+        rows.append([f"{h['batch_notebooks']} small notebooks, `zeroboot-kernel execute --jobs 2`",
+                     f"{h['batch_notebooks_per_s']:.2f} notebooks/s",
+                     f"papermill {h['batch_papermill_per_s']:.2f}/s (same run, 2 at a time)",
+                     f"{h['batch_vs_papermill']}x faster ({h['batch_vs_nbconvert']}x vs nbconvert)"])
     return common.markdown_table(["what (p50 unless said)", "zeroboot-kernel", "compared with", "ratio"], rows)
 
 

@@ -1,7 +1,7 @@
 """`python -m zeroboot_kernel.bench all`: every benchmark in one run, then the report.
 
 Runs the sections one after another (engine, peers, kernel, scaling, files, syscalls, startup,
-memory), writes each
+memory, batch), writes each
 one's JSON (+ .md) into --out, a summary `all.json` with the headline numbers, and renders
 docs/PERFORMANCE.md with its charts (docs/img/). `--quick` runs every section with few
 repetitions (a few minutes; the CI smoke test uses it) and, unless --report is given, writes the
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from . import common, engine, files, kernel, memory, peers, report, scaling, startup, syscalls
+from . import batch, common, engine, files, kernel, memory, peers, report, scaling, startup, syscalls
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,10 @@ def sections(quick: bool) -> dict[str, Callable[[], dict[str, Any]]]:
                 "kernel": lambda: kernel.measure(iterations=10, warmup=2), "scaling": lambda: scaling.measure(quick=True),
                 "files": lambda: files.measure(size_mb=50),
                 "syscalls": lambda: syscalls.measure(quick=True), "startup": lambda: startup.measure(runs=3, matmul_runs=1),
-                "memory": lambda: memory.measure(quick=True)}
+                "memory": lambda: memory.measure(quick=True), "batch": lambda: batch.measure(quick=True)}
     return {"engine": engine.measure, "peers": peers.measure, "kernel": kernel.measure, "scaling": scaling.measure,
-            "files": files.measure, "syscalls": syscalls.measure, "startup": startup.measure, "memory": memory.measure}
+            "files": files.measure, "syscalls": syscalls.measure, "startup": startup.measure, "memory": memory.measure,
+            "batch": batch.measure}
 
 
 def run_all(out: Path, quick: bool, report_path: Path | None) -> dict[str, Any]:
