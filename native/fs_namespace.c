@@ -246,14 +246,14 @@ static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const cha
         struct stat st;
         if (join_path(hp, sizeof hp, path, name) < 0) return -ENAMETOOLONG;
         if (dir->proj && zb_proj_hidden(dir->proj_root, hp)) return -ENOENT; /* fs_project.c */
-        if (lstat(hp, &st) < 0) return -ENOENT;
+        if (ZB_HOSTCALL(lstat(hp, &st)) < 0) return -ENOENT;
         out->kind = LOC_HOST;
         out->proj = dir->proj;
         out->proj_root = dir->proj_root;
         out->lower = 1;
         out->is_dir = out->host_is_dir = S_ISDIR(st.st_mode);
         if (S_ISLNK(st.st_mode)) {
-            ssize_t n = readlink(hp, link, PATH_MAX - 1);
+            ssize_t n = ZB_HOSTCALL(readlink(hp, link, PATH_MAX - 1));
             if (n < 0) return -ENOENT;
             link[n] = 0;
             return 1;
@@ -392,7 +392,7 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
     switch (l->kind) {
     case LOC_HOST: {
         ZB_PROF_BEGIN(sb, t);
-        int rc = lstat(r->path, st) < 0 ? -errno : 0;
+        int rc = ZB_HOSTCALL(lstat(r->path, st)) < 0 ? -errno : 0;
         ZB_PROF_END(sb, t, host_ns);
         if (rc < 0) return rc;
         if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;

@@ -160,10 +160,16 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     uint64_t nr = sb->cpu.pending_syscall ? sb->cpu.pending_nr : r->rax;
     const uint64_t a[6] = {r->rdi, r->rsi, r->rdx, r->r10, r->r8, r->r9};
     int64_t t0 = zb_now_ns();
+    zb_syscall_nr_profile *row = sb->profile && sb->prof_nr ? &sb->prof_nr[ZB_MIN(nr, ZB_PROFILE_NRS - 1)] : NULL;
+    uint64_t host_calls0 = zb_host_calls;
     if (sb->profile && trapped) {
         sb->prof.syscalls++;
         sb->prof.kvm_run_ns += (uint64_t)sb->prof_run_ns;
         sb->prof.decode_ns += (uint64_t)(t0 - sb->prof_exit_ns);
+        if (row) {
+            row->calls++;
+            row->exit_ns += (uint64_t)(t0 - sb->prof_exit_ns + sb->prof_run_ns);
+        }
     }
     sb->has_stop = 0;
     sb->stop_retry = 0;
@@ -173,7 +179,14 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     sb->stats.syscalls++;
     sb->stats.syscall_ns += (uint64_t)dt;
     sb->proc.sys_ns += (uint64_t)dt;
-    if (sb->profile) sb->prof.dispatch_ns += (uint64_t)dt;
+    if (sb->profile) {
+        sb->prof.dispatch_ns += (uint64_t)dt;
+        sb->prof.host_calls += zb_host_calls - host_calls0;
+        if (row) {
+            row->dispatch_ns += (uint64_t)dt;
+            row->host_calls += zb_host_calls - host_calls0;
+        }
+    }
     if (sb->trace_fd >= 0) trace_syscall(sb, nr, a, ret, dt);
     if (sb->cpu.context_restored) { /* rt_sigreturn: rax is the interrupted code's, not a result */
         sb->cpu.context_restored = 0;
@@ -190,7 +203,11 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     ZB_PROF_BEGIN(sb, t_ret);
     if (deliver_signals(sb, ev)) return 1;
     if (set_user_state(sb, vm, ev) < 0) return 1;
-    ZB_PROF_END(sb, t_ret, return_ns);
+    if (sb->profile) {
+        uint64_t ret_ns = (uint64_t)(zb_now_ns() - t_ret);
+        sb->prof.return_ns += ret_ns;
+        if (row) row->return_ns += ret_ns;
+    }
     if (sb->has_stop) {
         *ev = sb->stop_ev;
         return 1;

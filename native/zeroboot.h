@@ -93,7 +93,20 @@ typedef struct zb_syscall_profile {
     uint64_t path_walks;
     uint64_t host_ns;       /* of which: host metadata calls of stat on host files */
     uint64_t return_ns;     /* signals + return to user mode (KVM_SET_SREGS, KVM_SET_REGS) */
+    uint64_t host_calls;    /* host system calls the file layer made for these syscalls */
 } zb_syscall_profile;
+
+/* One syscall number's share of the profile (zb_sandbox_profile_syscalls). Numbers of
+ * ZB_PROFILE_NRS - 1 and above (not x86-64 syscalls) share the last row. */
+#define ZB_PROFILE_NRS 512
+typedef struct zb_syscall_nr_profile {
+    uint64_t nr;
+    uint64_t calls;         /* trapped while profiling (a blocked syscall served again counts once) */
+    uint64_t exit_ns;       /* the KVM_RUN that ended in its exit + the exit decode */
+    uint64_t dispatch_ns;   /* its handler, all in */
+    uint64_t host_calls;    /* host system calls the file layer made for it */
+    uint64_t return_ns;     /* signals + return to user mode */
+} zb_syscall_nr_profile;
 
 /* ---- engine ---- */
 zb_engine *zb_engine_open(char *err);
@@ -178,6 +191,11 @@ void zb_sandbox_set_trace_fd(zb_sandbox *sb, int fd);
 /* Profile syscalls per phase (on != 0; switching it on also clears the counts); read them. */
 void zb_sandbox_set_profile(zb_sandbox *sb, int on);
 void zb_sandbox_profile(zb_sandbox *sb, zb_syscall_profile *out);
+/* The per-number rows of the profile with calls > 0, ascending by number: up to max of them
+ * copied to out; returns how many there are (0 if profiling was never on). */
+int zb_sandbox_profile_syscalls(zb_sandbox *sb, zb_syscall_nr_profile *out, int max);
+/* The Linux name of x86-64 syscall nr ("unknown" if it has none). */
+const char *zb_sandbox_syscall_name(uint64_t nr);
 
 /* ---- running ---- */
 /* Run until something needs the caller (see ZB_EVENT_*). deadline_ns is CLOCK_MONOTONIC, 0 = none.

@@ -70,3 +70,34 @@ def test_syscall_profile_accounts_for_each_phase(template, tmp_path) -> None:
         assert prof["path_ns"] <= prof["dispatch_ns"]
         run(sb, "os.getpid()")  # profiling off: nothing more is counted
         assert sb.guest.syscall_profile() == prof
+
+
+def test_per_syscall_profile_counts_by_number_and_is_off_by_default(template, tmp_path) -> None:
+    (tmp_path / "f").write_text("x")
+    f = str(tmp_path / "f")
+    with template.fork() as sb:
+        sb.guest.mount_project(str(tmp_path), "overlay")
+        run(sb, f"[os.getpid() for _ in range(5)] + [os.stat({f!r}).st_size]")
+        assert sb.guest.syscall_profile_by_number() == {}  # never switched on: nothing collected
+        sb.guest.set_profile(True)  # the cell's own syscalls (the agent's), to subtract
+        run(sb, f"[os.getpid() for _ in range(0)] + [os.stat({f!r}).st_size for _ in range(0)]")
+        sb.guest.set_profile(False)
+        base = sb.guest.syscall_profile_by_number().get("getpid", {"calls": 0})["calls"]
+        sb.guest.set_profile(True)
+        run(sb, f"[os.getpid() for _ in range(37)] + [os.stat({f!r}).st_size for _ in range(11)]")
+        sb.guest.set_profile(False)
+        rows = sb.guest.syscall_profile_by_number()
+        assert rows["getpid"]["calls"] == 37 + base and rows["getpid"]["nr"] == 39
+        assert rows["getpid"]["host_calls"] == 0  # answered from the engine's own state
+        assert rows["newfstatat"]["calls"] >= 11
+        assert rows["newfstatat"]["host_calls"] >= 11  # a host file: at least its lstat each time
+        for v in rows.values():
+            assert v["exit_ns"] > 0 and v["return_ns"] > 0
+        total = sb.guest.syscall_profile()
+        assert sum(v["calls"] for v in rows.values()) == total["syscalls"]
+        assert sum(v["host_calls"] for v in rows.values()) == total["host_calls"]
+        run(sb, "os.getpid()")  # off again: the rows stay as they were
+        assert sb.guest.syscall_profile_by_number() == rows
+        sb.guest.set_profile(True)  # switching it on starts from zero
+        sb.guest.set_profile(False)
+        assert sb.guest.syscall_profile_by_number() == {}

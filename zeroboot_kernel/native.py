@@ -210,6 +210,19 @@ class Guest:
         lib.zb_sandbox_profile(self.handle, p)
         return {name: getattr(p, name) for name in dir(p)}
 
+    def syscall_profile_by_number(self) -> dict[str, dict[str, int]]:
+        """The profile per syscall (by Linux name; numbers 511 and above share one row): calls,
+        exit_ns (KVM_RUN to the handler), dispatch_ns, host_calls, return_ns."""
+        rows = ffi.new("zb_syscall_nr_profile[]", lib.ZB_PROFILE_NRS)
+        n = min(int(lib.zb_sandbox_profile_syscalls(self.handle, rows, lib.ZB_PROFILE_NRS)), lib.ZB_PROFILE_NRS)
+        out: dict[str, dict[str, int]] = {}
+        for r in rows[0:n]:
+            name = ffi.string(lib.zb_sandbox_syscall_name(r.nr)).decode()
+            out[name if name != "unknown" else f"syscall {r.nr}"] = {
+                "nr": r.nr, "calls": r.calls, "exit_ns": r.exit_ns, "dispatch_ns": r.dispatch_ns,
+                "host_calls": r.host_calls, "return_ns": r.return_ns}
+        return out
+
     def _drain_log(self) -> None:
         buf = ffi.new("char[]", 8192)
         n = lib.zb_sandbox_take_log(self._handle, buf, 8192)

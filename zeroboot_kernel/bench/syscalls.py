@@ -163,6 +163,53 @@ def breakdown(sb: Any, path: str, n: int) -> dict[str, dict[str, float]]:
     return out
 
 
+# the operations whose syscalls `per_syscall` profiles, one at a time (n: repetitions)
+PROFILED = {"getpid": "os.getpid()", "os.stat": "os.stat({small!r})",
+            "open+read+close 4 KiB": "open({small!r}, 'rb').read()",
+            "os.walk": "sum(len(f) for _, _, f in os.walk({tree!r}))"}
+
+
+def per_syscall(sb: Any, paths: dict[str, str], n: int) -> dict[str, Any]:
+    """For each operation of PROFILED: per syscall number, the calls one operation makes and the
+    host time of each phase (us per call), from the engine's per-number profile
+    (`Guest.syscall_profile_by_number`), and the guest-measured time per operation."""
+    out: dict[str, Any] = {}
+    for name, template in PROFILED.items():
+        code = template.format(**paths)
+        reps = 1 if name == "os.walk" else n
+        sb.execute(f"import os\nfor _ in range(3): {code}")  # warm
+        sb.guest.set_profile(True)
+        r = sb.execute(f"import os, time\nt = time.perf_counter()\nfor _ in range({reps}): {code}\n"
+                       f"print((time.perf_counter() - t) / {reps})")
+        sb.guest.set_profile(False)
+        if r.error:
+            raise RuntimeError(f"bench syscalls: profiling {name} failed in the guest: {r.error}")
+        rows = {}
+        for sc, v in sb.guest.syscall_profile_by_number().items():
+            calls = max(1, v["calls"])
+            per_op = v["calls"] / reps
+            if per_op < 0.5 and name != "os.walk":
+                continue  # the timing code's own syscalls
+            rows[sc] = {"per_op": round(per_op, 2), "exit_us": round(v["exit_ns"] / calls / 1e3, 2),
+                        "dispatch_us": round(v["dispatch_ns"] / calls / 1e3, 2),
+                        "host_calls": round(v["host_calls"] / calls, 2),
+                        "return_us": round(v["return_ns"] / calls / 1e3, 2)}
+        out[name] = {"guest_us_per_op": round(float(r.stdout.split()[-1]) * 1e6, 2), "syscalls": rows}
+    return out
+
+
+def per_syscall_markdown(p: dict[str, Any]) -> str:
+    rows = []
+    for op, v in p.items():
+        for i, (sc, x) in enumerate(sorted(v["syscalls"].items(), key=lambda kv: -kv[1]["per_op"])):
+            rows.append([op if i == 0 else "", f"{v['guest_us_per_op']:,.1f}" if i == 0 else "", sc, x["per_op"],
+                         x["exit_us"], x["dispatch_us"], x["host_calls"], x["return_us"]])
+    return ("\nPer syscall (`Guest.syscall_profile_by_number`; us per call; exit = KVM_RUN that ended in the "
+            "syscall's exit + decode, host calls = host system calls the file layer made per call):\n\n" +
+            markdown_table(["operation", "guest us/op", "syscall", "calls/op", "exit us", "handler us",
+                            "host calls", "return us"], rows))
+
+
 def measure(quick: bool = False) -> dict[str, Any]:
     size = dict(QUICK if quick else FULL)
     reps = size["reps"]
@@ -196,6 +243,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
                 guest["reps"] = reps
                 res["rows"][name] = _row(name, ops, guest, host)
             res["breakdown"] = breakdown(sb, paths["small"], 200 if quick else 2000)
+            res["per_syscall"] = per_syscall(sb, paths, 100 if quick else 500)
     try:
         import pandas  # noqa: F401
         res["csv_reader"] = "pandas"
@@ -211,7 +259,8 @@ def markdown(res: dict[str, Any]) -> str:
             f"whole-folder cases). CSVs read with {res.get('csv_reader', 'pandas')}.\n")
     table = markdown_table(["operation", "guest us/op", "host us/op", "guest/host", "guest syscalls/op",
                             "guest exits/op"], rows) + note
-    return table + (breakdown_markdown(res["breakdown"]) if "breakdown" in res else "")
+    return table + (breakdown_markdown(res["breakdown"]) if "breakdown" in res else "") + \
+        (per_syscall_markdown(res["per_syscall"]) if "per_syscall" in res else "")
 
 
 PHASES = [("kvm_run_us", "KVM_RUN: guest entry, #PF at LSTAR, CPL0 stub, exit"),
