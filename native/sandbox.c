@@ -199,7 +199,7 @@ int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err) {
 }
 
 int zb_sandbox_test_break_in_trap(zb_sandbox *sb, int vector, char *err) {
-    if (vector < 0 || vector > 31) { zb_seterr(err, "no exception vector %d", vector); return -1; }
+    if (vector < 0 || vector > ZB_BREAK_SYSCALL_ENTRY) { zb_seterr(err, "no exception vector %d", vector); return -1; }
     sb->test_break_vector = vector + 1;
     return 0;
 }

@@ -101,3 +101,24 @@ def test_per_syscall_profile_counts_by_number_and_is_off_by_default(template, tm
         sb.guest.set_profile(True)  # switching it on starts from zero
         sb.guest.set_profile(False)
         assert sb.guest.syscall_profile_by_number() == {}
+
+
+def test_a_jump_to_the_syscall_entry_is_only_a_syscall(template) -> None:
+    """LSTAR's page (guest_abi.h ZB_SYSCALL_ENTRY) is user-executable: user code jumping there with
+    registers of its choice gets what the `syscall` instruction would give it (here getpid, back
+    at the address in rcx), and can read the page but not write it."""
+    code = r'''
+import ctypes, mmap, os
+# mov eax, 39 (getpid); lea rcx, [rip + 13] (the ret below); movabs r11, 0xe000; jmp r11; ret
+prog = bytes([0xb8, 39, 0, 0, 0, 0x48, 0x8d, 0x0d, 13, 0, 0, 0, 0x49, 0xbb]) + (0xe000).to_bytes(8, "little") + \
+    bytes([0x41, 0xff, 0xe3, 0xc3])
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(prog)
+f = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+print([f(), os.getpid(), ctypes.string_at(0xe000, 2).hex()])
+'''
+    with template.fork() as sb:
+        r = sb.execute(code)
+        assert not r.error, r.error
+        got, pid, entry = json.loads(r.stdout.strip().splitlines()[-1].replace("'", '"'))
+        assert got == pid and entry == "e6e0"  # `out %al, $0xe0`
