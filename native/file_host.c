@@ -38,6 +38,8 @@ static long host_write(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, i
 
 static long host_seek(zb_sandbox *sb, zb_file *f, int64_t off, int whence) {
     (void)sb;
+    /* only SEEK_END/DATA/HOLE need the size (CPython's lseek(fd, 0, SEEK_CUR) on every open does not) */
+    if (whence == SEEK_SET || whence == SEEK_CUR) return zb_file_seek_sized(f, off, whence, 0);
     struct stat st;
     if (ZB_HOSTCALL(fstat(f->host->fd, &st)) < 0) return -errno;
     return zb_file_seek_sized(f, off, whence, st.st_size);

@@ -117,7 +117,7 @@ int zb_host_fd_ordinary(int fd) {
 int zb_host_open_ro(const char *path, int dir) {
     if (zb_host_fd_room() < 0) return -EMFILE;
     struct stat st; /* before opening: opening a socket file fails with ENXIO, which would say too little */
-    if (ZB_HOSTCALL(lstat(path, &st)) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return S_ISLNK(st.st_mode) ? -ELOOP : -EACCES;
+    if ((zb_walk_stat_get(path, &st) == 0 || ZB_HOSTCALL(lstat(path, &st)) == 0) && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return S_ISLNK(st.st_mode) ? -ELOOP : -EACCES;
     int fd = ZB_HOSTCALL(open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | (dir ? O_DIRECTORY : 0)));
     return fd < 0 ? -errno : zb_host_fd_ordinary(fd); /* the file could have been swapped since the lstat */
 }

@@ -286,6 +286,7 @@ int zb_proj_lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const ch
         return 0;
     }
     if (!dir_lower || ZB_HOSTCALL(lstat(hp, &st)) < 0) return -ENOENT;
+    zb_walk_stat_put(hp, &st);
     out->kind = LOC_HOST;
     out->lower = 1;
     out->is_dir = out->host_is_dir = S_ISDIR(st.st_mode);

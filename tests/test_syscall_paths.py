@@ -122,3 +122,37 @@ print([f(), os.getpid(), ctypes.string_at(0xe000, 2).hex()])
         assert not r.error, r.error
         got, pid, entry = json.loads(r.stdout.strip().splitlines()[-1].replace("'", '"'))
         assert got == pid and entry == "e6e0"  # `out %al, $0xe0`
+
+
+@pytest.mark.parametrize("mode", ["overlay", "readwrite"])
+def test_stat_reuses_the_walk_only_within_one_syscall(template, tmp_path, mode) -> None:
+    """os.stat reuses its path walk's host lstat (one host call, not two); what it returns must
+    still be the host's state at that syscall: symlinks followed or not as asked, files changed on
+    the host or by the guest between two calls, an open file's fstat and lseek(SEEK_END)."""
+    a = tmp_path / "a"
+    a.write_bytes(b"0123456789")
+    (tmp_path / "l").symlink_to("a")
+    (tmp_path / "d").mkdir()
+    A, L, D = str(a), str(tmp_path / "l"), str(tmp_path / "d")
+    with template.fork() as sb:
+        sb.guest.mount_project(str(tmp_path), mode)
+        sb.guest.set_profile(True)
+        first = run(sb, f"[os.stat({A!r}).st_size, os.stat({L!r}).st_size, os.lstat({L!r}).st_size, "
+                        f"__import__('stat').S_ISLNK(os.lstat({L!r}).st_mode), __import__('stat').S_ISDIR(os.stat({D!r}).st_mode)]")
+        sb.guest.set_profile(False)
+        assert first == [10, 10, 1, True, True]
+        assert sb.guest.syscall_profile_by_number()["newfstatat"]["host_calls"] >= 1
+        run(sb, f"globals().setdefault('f', open({A!r}, 'rb')).fileno()")  # kept open across cells
+        a.write_bytes(b"0123456789abcdefghij")  # the host changes it
+        assert run(sb, f"[os.stat({A!r}).st_size, os.stat({L!r}).st_size, os.fstat(f.fileno()).st_size, "
+                       f"os.lseek(f.fileno(), 0, os.SEEK_END), os.lseek(f.fileno(), 3, os.SEEK_SET), "
+                       f"os.lseek(f.fileno(), 2, os.SEEK_CUR), f.read(2).decode()]") == [20, 20, 20, 20, 3, 5, "56"]
+        # the guest changes it (overlay: in its upper layer; readwrite: on the host)
+        assert run(sb, f"[open({A!r}, 'w').write('xyz'), os.stat({A!r}).st_size, os.rename({A!r}, {A!r} + '2'), "
+                       f"os.path.exists({A!r}), os.stat({A!r} + '2').st_size, os.path.exists({L!r})]") == \
+            [3, 3, None, False, 3, False]
+        a2 = tmp_path / "a2"
+        if mode == "readwrite":
+            assert a2.read_bytes() == b"xyz" and not a.exists()
+        else:
+            assert a.read_bytes() == b"0123456789abcdefghij" and not a2.exists()
