@@ -104,8 +104,12 @@ static void write_gdt_idt_tss(zb_memory *m) {
         memcpy(g + 6, &(uint16_t){(h >> 16) & 0xffff}, 2);
         memcpy(g + 8, &(uint32_t){h >> 32}, 4);
     }
-    memcpy(m->host + ZB_STUBS_GPA, zb_cpl0_stubs, ZB_SYSCALL_ENTRY_OFFSET);
-    memcpy(m->host + ZB_SYSCALL_ENTRY, zb_cpl0_stubs + ZB_SYSCALL_ENTRY_OFFSET, zb_cpl0_stubs_len - ZB_SYSCALL_ENTRY_OFFSET);
+    /* the stubs, then the syscall entry on its own page (bounded by the blob: the fuzzers link a
+     * one-byte stand-in) */
+    unsigned long n = zb_cpl0_stubs_len;
+    memcpy(m->host + ZB_STUBS_GPA, zb_cpl0_stubs, ZB_MIN(n, (unsigned long)ZB_SYSCALL_ENTRY_OFFSET));
+    if (n > ZB_SYSCALL_ENTRY_OFFSET)
+        memcpy(m->host + ZB_SYSCALL_ENTRY, zb_cpl0_stubs + ZB_SYSCALL_ENTRY_OFFSET, ZB_MIN(n - ZB_SYSCALL_ENTRY_OFFSET, ZB_PAGE));
 }
 
 void zb_layout_write(zb_memory *m) {
