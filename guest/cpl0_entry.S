@@ -8,9 +8,9 @@
  * Entry for exception vector v sits at offset ZB_STUB_SIZE * v and does
  * `out %al, $(ZB_PORT_EXCEPTION + v)`: the port tells the host the vector without touching any
  * register, and the IDT gate's IST stack holds the hardware exception frame. `syscall` reaches the
- * host the same way: LSTAR points at an address that is never mapped (ZB_SYSCALL_TRAP), so the
- * instruction fetch page-faults into vector 14 with the frame's RIP equal to LSTAR (see
- * native/run_loop.c). The numbers are the guest ABI's (guest_abi.h); the assembler checks that
+ * host through the entry after the stubs, which the host copies to its own page ZB_SYSCALL_ENTRY
+ * (LSTAR; see guest_abi.h): `out %al, $ZB_PORT_SYSCALL`, run at CPL3 on PVM and at CPL0 on VMX.
+ * The numbers are the guest ABI's (guest_abi.h); the assembler checks that
  * the code fits them (a stub longer than ZB_STUB_SIZE makes the next `.org` move backwards: an
  * error).
  *
@@ -33,4 +33,10 @@ zb_cpl0_entry:
     .endif
     .set vector, vector + 1
     .endr
-    .org zb_cpl0_entry + ZB_STUB_VECTORS * ZB_STUB_SIZE
+    .org zb_cpl0_entry + ZB_SYSCALL_ENTRY_OFFSET
+1:  outb %al, $ZB_PORT_SYSCALL
+2:  hlt
+    jmp . - 1
+    .if 2b - 1b - ZB_STUB_OUT_LEN
+    .error "the syscall entry's out instruction is not ZB_STUB_OUT_LEN bytes long"
+    .endif

@@ -11,15 +11,27 @@
 #define ZB_GUEST_ABI_H
 
 /* ---- syscalls and exceptions ----
- * LSTAR points at ZB_SYSCALL_TRAP, which is never mapped: `syscall` page-faults into vector 14
- * with the frame's RIP equal to it. Every exception vector v < ZB_STUB_VECTORS enters the CPL0
- * stub at ZB_STUBS_GPA + v * ZB_STUB_SIZE, whose first instruction is `out %al, $(ZB_PORT_EXCEPTION
- * + v)` (ZB_STUB_OUT_LEN bytes long): the port tells the host the vector, and the host finds the
- * vCPU's RIP just after that `out`. */
-#define ZB_SYSCALL_TRAP 0x7f0000000000 /* LSTAR */
+ * Every exception vector v < ZB_STUB_VECTORS enters the CPL0 stub at ZB_STUBS_GPA + v *
+ * ZB_STUB_SIZE, whose first instruction is `out %al, $(ZB_PORT_EXCEPTION + v)` (ZB_STUB_OUT_LEN
+ * bytes long): the port tells the host the vector, and the host finds the vCPU's RIP just after
+ * that `out`.
+ *
+ * `syscall` enters ZB_SYSCALL_ENTRY (LSTAR): a page of its own in the low 2 MiB that user code may
+ * read and execute but nobody can write (user, read-only, CR0.WP), holding `out %al,
+ * $ZB_PORT_SYSCALL` (the entry code's offset in the stub blob is ZB_SYSCALL_ENTRY_OFFSET). On PVM
+ * `syscall` reaches LSTAR still at CPL3 (a fetch there is a user-mode fetch), so that `out` - the
+ * TSS I/O bitmap lets user code use this one port - exits straight to the host: no page fault, no
+ * IDT/IST delivery, no emulated CPL0 instruction. On VMX it runs at CPL0 (no SMEP) to the same
+ * effect. The host takes an exit on ZB_PORT_SYSCALL with RIP == ZB_SYSCALL_ENTRY +
+ * ZB_STUB_OUT_LEN as a syscall (rcx = the return address); user code that jumps there itself has
+ * made a syscall by other means, nothing more, and any other use of the port ends the sandbox. */
+#define ZB_SYSCALL_ENTRY 0xe000        /* LSTAR */
+#define ZB_PORT_SYSCALL 0xe0           /* above the exception ports */
+#define ZB_SYSCALL_TRAP 0x7f0000000000 /* never mapped (the LSTAR of earlier engines; the fuzzer's wild pointer) */
 #define ZB_STUBS_GPA 0x8000            /* the CPL0 stubs, in the supervisor-only low 2 MiB */
 #define ZB_STUB_VECTORS 32             /* one stub per CPU exception vector */
 #define ZB_STUB_SIZE 8                 /* bytes from one stub to the next */
+#define ZB_SYSCALL_ENTRY_OFFSET (ZB_STUB_VECTORS * ZB_STUB_SIZE) /* in the stub blob */
 #define ZB_STUB_OUT_LEN 2              /* `outb %al, $imm8`: e6 ib */
 #define ZB_PORT_EXCEPTION 0xc0         /* ports 0xc0 .. 0xc0 + ZB_STUB_VECTORS - 1 */
 

@@ -33,7 +33,7 @@ zb_hostfd *zb_hostfd_new(int fd) {
 
 void zb_hostfd_unref(zb_hostfd *h) {
     if (h && atomic_fetch_sub(&h->refs, 1) == 1) {
-        close(h->fd);
+        ZB_HOSTCALL(close(h->fd));
         atomic_fetch_sub(&host_fds_held, 1);
         free(h);
     }

@@ -16,7 +16,7 @@
 static long host_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t off) {
     (void)sb;
     uint64_t pos = off < 0 ? f->offset : (uint64_t)off;
-    long r = pread(f->host->fd, p, n, (off_t)pos);
+    long r = ZB_HOSTCALL(pread(f->host->fd, p, n, (off_t)pos));
     if (r < 0) return -errno;
     if (r > 0 && off < 0) f->offset += (uint64_t)r;
     return r;
@@ -29,8 +29,8 @@ static long host_write(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, i
     if (denied) return denied;
     struct stat st;
     uint64_t pos = off >= 0 ? (uint64_t)off : f->offset;
-    if (off < 0 && (f->flags & O_APPEND)) pos = fstat(f->host->fd, &st) == 0 ? (uint64_t)st.st_size : pos;
-    long r = pwrite(f->host->fd, p, n, (off_t)pos);
+    if (off < 0 && (f->flags & O_APPEND)) pos = ZB_HOSTCALL(fstat(f->host->fd, &st)) == 0 ? (uint64_t)st.st_size : pos;
+    long r = ZB_HOSTCALL(pwrite(f->host->fd, p, n, (off_t)pos));
     if (r < 0) return -errno;
     if (off < 0) f->offset = pos + (uint64_t)r;
     return r;
@@ -38,21 +38,23 @@ static long host_write(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, i
 
 static long host_seek(zb_sandbox *sb, zb_file *f, int64_t off, int whence) {
     (void)sb;
+    /* only SEEK_END/DATA/HOLE need the size (CPython's lseek(fd, 0, SEEK_CUR) on every open does not) */
+    if (whence == SEEK_SET || whence == SEEK_CUR) return zb_file_seek_sized(f, off, whence, 0);
     struct stat st;
-    if (fstat(f->host->fd, &st) < 0) return -errno;
+    if (ZB_HOSTCALL(fstat(f->host->fd, &st)) < 0) return -errno;
     return zb_file_seek_sized(f, off, whence, st.st_size);
 }
 
 static long host_truncate(zb_sandbox *sb, zb_file *f, uint64_t size) {
     (void)sb;
-    return ftruncate(f->host->fd, (off_t)size) < 0 ? -errno : 0; /* a read-write project's file */
+    return ZB_HOSTCALL(ftruncate(f->host->fd, (off_t)size)) < 0 ? -errno : 0; /* a read-write project's file */
 }
 
 /* Copy up to len bytes of a host file at off into guest memory (the rest stays zero). */
 static long copy_host_file(zb_memory *m, int fd, uint64_t addr, uint64_t len, uint64_t off) {
     uint64_t done = 0;
     while (done < len) {
-        ssize_t n = pread(fd, m->host + addr + done, len - done, (off_t)(off + done));
+        ssize_t n = ZB_HOSTCALL(pread(fd, m->host + addr + done, len - done, (off_t)(off + done)));
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) return -errno;
         if (n == 0) break;
@@ -72,7 +74,7 @@ static int host_file_may_shrink(const zb_file *f) {
 static long host_mmap_fill(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len, uint64_t off) {
     zb_memory *m = &sb->mem;
     struct stat st;
-    if (fstat(f->host->fd, &st) < 0) return -errno;
+    if (ZB_HOSTCALL(fstat(f->host->fd, &st)) < 0) return -errno;
     uint64_t size = (uint64_t)st.st_size;
     if (off >= size) return 0;
     uint64_t n = ZB_MIN(len, ZB_PAGE_UP(size - off));
@@ -87,7 +89,7 @@ static long host_mmap_fill(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t l
 static long host_stat(zb_sandbox *sb, zb_file *f, struct stat *st) {
     (void)sb;
     memset(st, 0, sizeof *st);
-    if (fstat(f->host->fd, st) < 0) return -errno;
+    if (ZB_HOSTCALL(fstat(f->host->fd, st)) < 0) return -errno;
     if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;
     return 0;
 }

@@ -165,6 +165,12 @@ int zb_fs_put_file(zb_fs *fs, const char *guest_path, const void *data, size_t l
  * a missing last component is not an error (out->exists == 0) but a missing parent is. */
 int zb_fs_resolve(zb_sandbox *sb, const char *base, const char *path, int flags, zb_resolved *out);
 int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st);
+/* The path walk's last host lstat, reused by the stat or open that follows it in the same syscall
+ * (os.stat costs one host lstat, not two): valid only while the same guest syscall is being served
+ * (util.h zb_syscall_serial) and no host call has been made since (so never after a change the
+ * syscall itself made). get: 0 and *st if host_path is the one lstat'ed, else -1. */
+void zb_walk_stat_put(const char *host_path, const struct stat *st);
+int zb_walk_stat_get(const char *host_path, struct stat *st);
 void zb_dev_stat(int dev, struct stat *st);
 /* Directory listing as name/type/ino triples, for getdents64. Names are unique: a hash index
  * (index, index_cap slots holding entry number + 1) finds duplicates in O(1), so a listing of

@@ -104,8 +104,8 @@ static int hidden(const zb_listing *hide, const char *name) { return zb_listing_
  * again at once. */
 int zb_host_fd_ordinary(int fd) {
     struct stat st;
-    if (fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) return fd;
-    close(fd);
+    if (ZB_HOSTCALL(fstat(fd, &st)) == 0 && (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))) return fd;
+    ZB_HOSTCALL(close(fd));
     return -EACCES;
 }
 
@@ -117,8 +117,8 @@ int zb_host_fd_ordinary(int fd) {
 int zb_host_open_ro(const char *path, int dir) {
     if (zb_host_fd_room() < 0) return -EMFILE;
     struct stat st; /* before opening: opening a socket file fails with ENXIO, which would say too little */
-    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return S_ISLNK(st.st_mode) ? -ELOOP : -EACCES;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | (dir ? O_DIRECTORY : 0));
+    if ((zb_walk_stat_get(path, &st) == 0 || ZB_HOSTCALL(lstat(path, &st)) == 0) && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) return S_ISLNK(st.st_mode) ? -ELOOP : -EACCES;
+    int fd = ZB_HOSTCALL(open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | (dir ? O_DIRECTORY : 0)));
     return fd < 0 ? -errno : zb_host_fd_ordinary(fd); /* the file could have been swapped since the lstat */
 }
 
@@ -129,7 +129,7 @@ int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, cons
     int ret = 0;
     for (;;) {
         if (sb && zb_should_stop(sb)) { ret = ZB_DEADLINE_PASSED; break; }
-        long n = syscall(SYS_getdents64, fd, buf, sizeof buf);
+        long n = ZB_HOSTCALL(syscall(SYS_getdents64, fd, buf, sizeof buf));
         if (n < 0) { ret = -errno; break; }
         if (n == 0) break;
         for (long off = 0; off < n;) {
@@ -141,6 +141,6 @@ int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, cons
         }
     }
 out:
-    close(fd);
+    ZB_HOSTCALL(close(fd));
     return ret;
 }

@@ -224,6 +224,30 @@ static int loc_from_mnode(zb_sandbox *sb, zb_mnode *m, zb_loc *loc) {
     return 0;
 }
 
+static __thread struct {
+    uint64_t serial, host_calls;
+    struct stat st;
+    char path[PATH_MAX];
+} walk_st;
+
+void zb_walk_stat_put(const char *host_path, const struct stat *st) {
+    size_t n = strlen(host_path);
+    walk_st.serial = 0;
+    if (!(zb_syscall_serial & 1) || n >= sizeof walk_st.path) return; /* outside a syscall: never kept */
+    memcpy(walk_st.path, host_path, n + 1);
+    walk_st.st = *st;
+    walk_st.serial = zb_syscall_serial;
+    walk_st.host_calls = zb_host_calls;
+}
+
+int zb_walk_stat_get(const char *host_path, struct stat *st) {
+    if (!(zb_syscall_serial & 1) || walk_st.serial != zb_syscall_serial || walk_st.host_calls != zb_host_calls ||
+        strcmp(walk_st.path, host_path))
+        return -1;
+    *st = walk_st.st;
+    return 0;
+}
+
 /* Look `name` up in directory `dir` (whose canonical path is `path`). If it is a symlink, its
  * target is copied to `link` and 1 is returned. */
 static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const char *name, zb_loc *out, char *link) {
@@ -246,14 +270,15 @@ static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const cha
         struct stat st;
         if (join_path(hp, sizeof hp, path, name) < 0) return -ENAMETOOLONG;
         if (dir->proj && zb_proj_hidden(dir->proj_root, hp)) return -ENOENT; /* fs_project.c */
-        if (lstat(hp, &st) < 0) return -ENOENT;
+        if (ZB_HOSTCALL(lstat(hp, &st)) < 0) return -ENOENT;
+        zb_walk_stat_put(hp, &st);
         out->kind = LOC_HOST;
         out->proj = dir->proj;
         out->proj_root = dir->proj_root;
         out->lower = 1;
         out->is_dir = out->host_is_dir = S_ISDIR(st.st_mode);
         if (S_ISLNK(st.st_mode)) {
-            ssize_t n = readlink(hp, link, PATH_MAX - 1);
+            ssize_t n = ZB_HOSTCALL(readlink(hp, link, PATH_MAX - 1));
             if (n < 0) return -ENOENT;
             link[n] = 0;
             return 1;
@@ -392,7 +417,7 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
     switch (l->kind) {
     case LOC_HOST: {
         ZB_PROF_BEGIN(sb, t);
-        int rc = lstat(r->path, st) < 0 ? -errno : 0;
+        int rc = zb_walk_stat_get(r->path, st) == 0 ? 0 : ZB_HOSTCALL(lstat(r->path, st)) < 0 ? -errno : 0;
         ZB_PROF_END(sb, t, host_ns);
         if (rc < 0) return rc;
         if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;

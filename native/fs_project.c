@@ -241,7 +241,7 @@ int zb_proj_host_parent(const zb_resolved *r, char *name, size_t cap) {
     snprintf(name, cap, "%s", slash ? slash + 1 : rel);
     if (slash) *slash = 0;
     struct open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC, .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
-    int fd = (int)syscall(SYS_openat2, root, slash ? rel : ".", &how, sizeof how);
+    int fd = (int)ZB_HOSTCALL(syscall(SYS_openat2, root, slash ? rel : ".", &how, sizeof how));
     return fd < 0 ? -errno : fd;
 }
 
@@ -256,7 +256,7 @@ int zb_proj_host_open(const zb_resolved *r, int flags, unsigned mode) {
     struct open_how how = {.flags = (uint64_t)(flags | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY),
                            .mode = (flags & O_CREAT) ? (mode & ZB_HOST_MODE_BITS) : 0,
                            .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
-    int fd = (int)syscall(SYS_openat2, root, rel, &how, sizeof how);
+    int fd = (int)ZB_HOSTCALL(syscall(SYS_openat2, root, rel, &how, sizeof how));
     return fd < 0 ? -errno : zb_host_fd_ordinary(fd);
 }
 
@@ -281,16 +281,17 @@ int zb_proj_lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const ch
         if (in->type == INO_SYMLINK) { snprintf(link, PATH_MAX, "%s", in->target); return 1; }
         if (in->type == INO_DIR) {
             out->is_dir = 1;
-            out->lower = dir_lower && !in->opaque && lstat(hp, &st) == 0 && S_ISDIR(st.st_mode);
+            out->lower = dir_lower && !in->opaque && ZB_HOSTCALL(lstat(hp, &st)) == 0 && S_ISDIR(st.st_mode);
         }
         return 0;
     }
-    if (!dir_lower || lstat(hp, &st) < 0) return -ENOENT;
+    if (!dir_lower || ZB_HOSTCALL(lstat(hp, &st)) < 0) return -ENOENT;
+    zb_walk_stat_put(hp, &st);
     out->kind = LOC_HOST;
     out->lower = 1;
     out->is_dir = out->host_is_dir = S_ISDIR(st.st_mode);
     if (S_ISLNK(st.st_mode)) {
-        ssize_t k = readlink(hp, link, PATH_MAX - 1);
+        ssize_t k = ZB_HOSTCALL(readlink(hp, link, PATH_MAX - 1));
         if (k < 0) return -ENOENT;
         link[k] = 0;
         return 1;
@@ -393,13 +394,13 @@ int zb_proj_copy_up(zb_sandbox *sb, zb_resolved *r, int create) {
     }
     if (r->loc.kind == LOC_OVERLAY) return 0; /* already in the upper layer */
     struct stat st;
-    if (lstat(r->path, &st) < 0) return -errno;
+    if (ZB_HOSTCALL(lstat(r->path, &st)) < 0) return -errno;
     uint32_t ino;
     if (S_ISDIR(st.st_mode)) {
         ino = zb_ovl_new_inode(sb->fs, INO_DIR, st.st_mode & 07777);
     } else if (S_ISLNK(st.st_mode)) {
         char target[PATH_MAX];
-        ssize_t n = readlink(r->path, target, sizeof target - 1);
+        ssize_t n = ZB_HOSTCALL(readlink(r->path, target, sizeof target - 1));
         if (n < 0) return -errno;
         target[n] = 0;
         ino = zb_ovl_new_inode(sb->fs, INO_SYMLINK, 0777);
@@ -439,7 +440,7 @@ int zb_proj_remove(zb_sandbox *sb, zb_resolved *r, int dir) {
     int had_lower = r->loc.kind == LOC_HOST || r->loc.lower;
     if (!had_lower && r->loc.kind == LOC_OVERLAY) {
         struct stat st; /* an upper file can shadow a host file of the same name */
-        had_lower = lstat(r->path, &st) == 0;
+        had_lower = ZB_HOSTCALL(lstat(r->path, &st)) == 0;
     }
     uint32_t up = zb_ovl_lookup(sb->fs, parent, r->name);
     if (up) {

@@ -1,9 +1,11 @@
 /* guest_layout.c - the guest's low 2 MiB: page tables, GDT, IDT, TSS and the CPL0 entry stubs.
  *
- * Guest virtual == guest physical. The page tables map all guest memory with 2 MiB leaves and are
- * written once, before the first run, and never edited: a shadow-paged KVM (PVM) does not see host
- * edits of present entries. The first 2 MiB leaf is supervisor-only, so user code cannot read or
- * write these structures (and a NULL dereference faults).
+ * Guest virtual == guest physical. The page tables map all guest memory with 2 MiB leaves (the
+ * first 2 MiB with 4 KiB pages) and are written once, before the first run, and never edited: a
+ * shadow-paged KVM (PVM) does not see host edits of present entries. The first 2 MiB are
+ * supervisor-only, so user code cannot read or write these structures (and a NULL dereference
+ * faults), except the syscall entry page (ZB_SYSCALL_ENTRY), which user code may read and execute
+ * but nobody may write.
  */
 #include "util.h"
 #include "memory.h"
@@ -18,7 +20,10 @@
 #define TSS_SIZE 0x68ul
 #define IOMAP_BYTES (8192ul + 1) /* one bit per port, then the mandatory 0xff byte */
 #define XSTACK_TOP 0xc000ul    /* exception stack (IST1 and RSP0): 0x9000-0xc000 */
+#define LOWPT_GPA 0xd000ul     /* the page table of the low 2 MiB (4 KiB pages) */
 #define PD_GPA 0x10000ul       /* one page directory per GiB, up to ZB_MEM_MAX */
+_Static_assert(ZB_SYSCALL_ENTRY % 4096 == 0 && ZB_SYSCALL_ENTRY > XSTACK_TOP && ZB_SYSCALL_ENTRY < PD_GPA &&
+               ZB_SYSCALL_ENTRY != LOWPT_GPA, "the syscall entry page must be a free page of its own");
 
 #define PTE_P 0x1ull
 #define PTE_RW 0x2ull
@@ -51,6 +56,12 @@ static void write_page_tables(zb_memory *m) {
             pd[i] = gpa | PTE_P | PTE_RW | PTE_PS | (gpa < ZB_LOW_REGION ? 0 : PTE_US);
         }
     }
+    /* the low 2 MiB in 4 KiB pages: supervisor read-write, but the syscall entry page */
+    _Static_assert(ZB_LOW_REGION == 2ul << 20, "the low region is the first 2 MiB leaf");
+    uint64_t *pt = (uint64_t *)(m->host + LOWPT_GPA);
+    for (uint64_t i = 0; i < 512; i++) pt[i] = (i << 12) | PTE_P | PTE_RW;
+    pt[ZB_SYSCALL_ENTRY >> 12] = ZB_SYSCALL_ENTRY | PTE_P | PTE_US; /* user read/execute, no write (CR0.WP) */
+    ((uint64_t *)(m->host + PD_GPA))[0] = LOWPT_GPA | PTE_P | PTE_RW | PTE_US;
 }
 
 static uint64_t seg_desc(uint32_t flags_access) {
@@ -78,6 +89,7 @@ static void write_gdt_idt_tss(zb_memory *m) {
     memset(iomap, 0xff, IOMAP_BYTES);                  /* every port denied at CPL3 ... */
     for (unsigned p = ZB_UART_BASE; p < ZB_UART_BASE + ZB_UART_PORTS; p++)
         iomap[p / 8] &= ~(1u << (p % 8));              /* ... except COM1 */
+    iomap[ZB_PORT_SYSCALL / 8] &= ~(1u << (ZB_PORT_SYSCALL % 8)); /* and the syscall entry's (PVM runs it at CPL3) */
 
     uint8_t *idt = m->host + IDT_GPA;
     for (int v = 0; v < ZB_STUB_VECTORS; v++) {
@@ -92,7 +104,12 @@ static void write_gdt_idt_tss(zb_memory *m) {
         memcpy(g + 6, &(uint16_t){(h >> 16) & 0xffff}, 2);
         memcpy(g + 8, &(uint32_t){h >> 32}, 4);
     }
-    memcpy(m->host + ZB_STUBS_GPA, zb_cpl0_stubs, zb_cpl0_stubs_len);
+    /* the stubs, then the syscall entry on its own page (bounded by the blob: the fuzzers link a
+     * one-byte stand-in) */
+    unsigned long n = zb_cpl0_stubs_len;
+    memcpy(m->host + ZB_STUBS_GPA, zb_cpl0_stubs, ZB_MIN(n, (unsigned long)ZB_SYSCALL_ENTRY_OFFSET));
+    if (n > ZB_SYSCALL_ENTRY_OFFSET)
+        memcpy(m->host + ZB_SYSCALL_ENTRY, zb_cpl0_stubs + ZB_SYSCALL_ENTRY_OFFSET, ZB_MIN(n - ZB_SYSCALL_ENTRY_OFFSET, ZB_PAGE));
 }
 
 void zb_layout_write(zb_memory *m) {

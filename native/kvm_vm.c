@@ -146,7 +146,7 @@ int zb_engine_lockdown(zb_engine *e, int phase, char *err) {
     return zb_seccomp_lockdown(phase, e->net != NULL, err);
 }
 
-static int set_msrs(zb_vm *vm, char *err) {
+static int set_msrs(zb_vm *vm, uint64_t lstar, char *err) {
     struct {
         struct kvm_msrs h;
         struct kvm_msr_entry e[3];
@@ -154,7 +154,7 @@ static int set_msrs(zb_vm *vm, char *err) {
     memset(&m, 0, sizeof m);
     m.h.nmsrs = 3;
     m.e[0].index = MSR_STAR; m.e[0].data = STAR_VALUE;
-    m.e[1].index = MSR_LSTAR; m.e[1].data = ZB_SYSCALL_TRAP;
+    m.e[1].index = MSR_LSTAR; m.e[1].data = lstar;
     m.e[2].index = MSR_SFMASK; m.e[2].data = SFMASK_VALUE;
     int n = ioctl(vm->vcpu_fd, KVM_SET_MSRS, &m);
     if (n != 3) {
@@ -204,7 +204,7 @@ int zb_vm_create(zb_engine *e, zb_vm **out, char *err) {
             }
         }
     }
-    if (set_msrs(vm, err) < 0) goto fail;
+    if (zb_vm_apply_syscall_path(vm, e, err) < 0) goto fail;
     long khz = ioctl(vm->vcpu_fd, KVM_GET_TSC_KHZ, 0);
     vm->tsc_khz = khz > 0 ? (uint64_t)khz : 0;
     *out = vm;
@@ -268,9 +268,59 @@ int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err) {
     return 0;
 }
 
+static int sync_regs_supported(zb_engine *e) {
+    const int want = KVM_SYNC_X86_REGS | KVM_SYNC_X86_SREGS;
+    int have = ioctl(e->kvm_fd, KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS);
+    return have > 0 && (have & want) == want;
+}
+
+int zb_vm_apply_syscall_path(zb_vm *vm, zb_engine *e, char *err) {
+    if (zb_vm_flush_user_state(vm) < 0) { zb_seterr(err, "KVM_SET_SREGS/REGS: %s", strerror(errno)); return -1; }
+    vm->sync_regs = !(e->syscall_path_off & ZB_SYSCALLS_SYNC_REGS) && sync_regs_supported(e);
+    vm->run->kvm_valid_regs = vm->sync_regs ? KVM_SYNC_X86_REGS : 0; /* the exit copies regs only: sregs cost more */
+    return set_msrs(vm, (e->syscall_path_off & ZB_SYSCALLS_DIRECT_ENTRY) ? ZB_SYSCALL_TRAP : ZB_SYSCALL_ENTRY, err);
+}
+
+int zb_engine_set_syscall_path(zb_engine *e, int flags) {
+    char err[ZB_ERRLEN];
+    e->syscall_path_off = (ZB_SYSCALLS_SYNC_REGS | ZB_SYSCALLS_DIRECT_ENTRY) & ~flags;
+    if (e->vm && zb_vm_apply_syscall_path(e->vm, e, err) < 0) return -1;
+    int sync = e->vm ? e->vm->sync_regs : sync_regs_supported(e) && (flags & ZB_SYSCALLS_SYNC_REGS);
+    return (sync ? ZB_SYSCALLS_SYNC_REGS : 0) | (flags & ZB_SYSCALLS_DIRECT_ENTRY);
+}
+
+int zb_vm_exit_regs(zb_vm *vm, struct kvm_regs *out) {
+    if (vm->sync_regs) {
+        *out = vm->run->s.regs.regs;
+        return 0;
+    }
+    return ioctl(vm->vcpu_fd, KVM_GET_REGS, out) < 0 ? -1 : 0;
+}
+
+int zb_vm_set_user_state(zb_vm *vm, const struct kvm_regs *regs, const struct kvm_sregs *sregs) {
+    if (vm->sync_regs) {
+        vm->run->s.regs.regs = *regs;
+        vm->run->s.regs.sregs = *sregs;
+        vm->run->kvm_dirty_regs = KVM_SYNC_X86_REGS | KVM_SYNC_X86_SREGS;
+        return 0;
+    }
+    if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, sregs) < 0 || ioctl(vm->vcpu_fd, KVM_SET_REGS, regs) < 0) return -1;
+    return 0;
+}
+
+int zb_vm_flush_user_state(zb_vm *vm) {
+    if (!vm->run || !vm->run->kvm_dirty_regs) return 0; /* KVM_RUN clears the bits it applied */
+    uint64_t dirty = vm->run->kvm_dirty_regs;
+    vm->run->kvm_dirty_regs = 0;
+    if ((dirty & KVM_SYNC_X86_SREGS) && ioctl(vm->vcpu_fd, KVM_SET_SREGS, &vm->run->s.regs.sregs) < 0) return -1;
+    if ((dirty & KVM_SYNC_X86_REGS) && ioctl(vm->vcpu_fd, KVM_SET_REGS, &vm->run->s.regs.regs) < 0) return -1;
+    return 0;
+}
+
 int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err) {
     struct kvm_sregs s;
     vm->user_sregs_valid = 0;
+    vm->run->kvm_dirty_regs = 0; /* whatever the previous sandbox left for the next entry is replaced */
     if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &s) < 0) { zb_seterr(err, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
     zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
     if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, &s) < 0) { zb_seterr(err, "KVM_SET_SREGS: %s", strerror(errno)); return -1; }

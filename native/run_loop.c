@@ -2,9 +2,10 @@
  *
  * Every guest->host transition is an I/O exit:
  *   - ports 0x3f8-0x3ff from user code: the UART registers (uart16550.c);
- *   - port 0xc0+v from the CPL0 stub of exception vector v (guest/cpl0_entry.S). Vector 14 with
- *     the frame's RIP == LSTAR is a `syscall` (LSTAR is never mapped); any other is a CPU fault.
- * After a syscall the host returns to user mode itself (KVM_SET_REGS + KVM_SET_SREGS).
+ *   - port ZB_PORT_SYSCALL from the syscall entry at LSTAR (guest_abi.h): a `syscall`;
+ *   - port 0xc0+v from the CPL0 stub of exception vector v (guest/cpl0_entry.S): a CPU fault.
+ * After a syscall the host returns to user mode itself (registers and special registers, through
+ * kvm_run where KVM has KVM_CAP_SYNC_REGS: zb_vm_set_user_state).
  * A run stops on an event for the caller, the deadline (POSIX timer -> kick signal) or a kick.
  */
 #include "util.h"
@@ -80,7 +81,7 @@ static int set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     }
     struct kvm_sregs s = vm->user_sregs;
     zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
-    if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, &s) < 0 || ioctl(vm->vcpu_fd, KVM_SET_REGS, &sb->cpu.regs) < 0) {
+    if (zb_vm_set_user_state(vm, &sb->cpu.regs, &s) < 0) { /* with sync_regs: applied by the next KVM_RUN */
         error_event(sb, ev, "KVM_SET_SREGS/REGS: %s", strerror(errno));
         return -1;
     }
@@ -88,13 +89,15 @@ static int set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
 }
 
 /* 1 if these vCPU registers are inside a trap to the host rather than user state: `syscall` has
- * moved RIP to LSTAR but the page fault there is not taken yet, or an exception has entered its
- * CPL0 stub but the stub's `out` has not run yet. KVM_RUN returns there when a host signal (the
- * kick, the run's wake timer, the caller's) lands mid-trap, which a loaded host makes common: under
- * PVM every CPL0 step is emulated. Neither RIP can be user code's (LSTAR is never mapped, the stubs
- * are supervisor-only), so the test needs no CPL, which PVM does not report. */
+ * moved RIP to LSTAR but the entry's `out` has not run yet, or an exception has entered its CPL0
+ * stub but the stub's `out` has not run yet. KVM_RUN returns there when a host signal (the kick,
+ * the run's wake timer, the caller's) lands mid-trap, which a loaded host makes common: under PVM
+ * every CPL0 step is emulated. No user code runs at these RIPs (the stubs are supervisor-only; the
+ * entry page holds nothing but the entry; ZB_SYSCALL_TRAP, the LSTAR without
+ * ZB_SYSCALLS_DIRECT_ENTRY, is never mapped), so the test needs no CPL, which PVM does not report. */
 static int in_host_trap(const struct kvm_regs *r) {
-    return r->rip == ZB_SYSCALL_TRAP || (r->rip >= zb_layout_stub_addr(0) && r->rip < zb_layout_stub_addr(ZB_STUB_VECTORS));
+    return r->rip == ZB_SYSCALL_ENTRY || r->rip == ZB_SYSCALL_TRAP ||
+           (r->rip >= zb_layout_stub_addr(0) && r->rip < zb_layout_stub_addr(ZB_STUB_VECTORS));
 }
 
 /* Make sb->cpu.regs the vCPU's current user state (completing any pending port I/O first).
@@ -103,6 +106,7 @@ static int in_host_trap(const struct kvm_regs *r) {
  * delivers pending signals after it, as Linux does on the way back to user mode); -1 on error. */
 static int sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     struct kvm_regs r;
+    if (zb_vm_flush_user_state(vm) < 0) { error_event(sb, ev, "KVM_SET_SREGS/REGS: %s", strerror(errno)); return -1; }
     /* With immediate_exit set, KVM_RUN does not enter the guest: it completes the port I/O of the
      * last exit (so the registers read next are final) and returns EINTR at once. EINTR (or EAGAIN,
      * as the run loop also accepts) is that expected answer, not an error. */
@@ -160,10 +164,16 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     uint64_t nr = sb->cpu.pending_syscall ? sb->cpu.pending_nr : r->rax;
     const uint64_t a[6] = {r->rdi, r->rsi, r->rdx, r->r10, r->r8, r->r9};
     int64_t t0 = zb_now_ns();
+    zb_syscall_nr_profile *row = sb->profile && sb->prof_nr ? &sb->prof_nr[ZB_MIN(nr, ZB_PROFILE_NRS - 1)] : NULL;
+    uint64_t host_calls0 = zb_host_calls;
     if (sb->profile && trapped) {
         sb->prof.syscalls++;
         sb->prof.kvm_run_ns += (uint64_t)sb->prof_run_ns;
         sb->prof.decode_ns += (uint64_t)(t0 - sb->prof_exit_ns);
+        if (row) {
+            row->calls++;
+            row->exit_ns += (uint64_t)(t0 - sb->prof_exit_ns + sb->prof_run_ns);
+        }
     }
     sb->has_stop = 0;
     sb->stop_retry = 0;
@@ -173,7 +183,14 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     sb->stats.syscalls++;
     sb->stats.syscall_ns += (uint64_t)dt;
     sb->proc.sys_ns += (uint64_t)dt;
-    if (sb->profile) sb->prof.dispatch_ns += (uint64_t)dt;
+    if (sb->profile) {
+        sb->prof.dispatch_ns += (uint64_t)dt;
+        sb->prof.host_calls += zb_host_calls - host_calls0;
+        if (row) {
+            row->dispatch_ns += (uint64_t)dt;
+            row->host_calls += zb_host_calls - host_calls0;
+        }
+    }
     if (sb->trace_fd >= 0) trace_syscall(sb, nr, a, ret, dt);
     if (sb->cpu.context_restored) { /* rt_sigreturn: rax is the interrupted code's, not a result */
         sb->cpu.context_restored = 0;
@@ -190,7 +207,11 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     ZB_PROF_BEGIN(sb, t_ret);
     if (deliver_signals(sb, ev)) return 1;
     if (set_user_state(sb, vm, ev) < 0) return 1;
-    ZB_PROF_END(sb, t_ret, return_ns);
+    if (sb->profile) {
+        uint64_t ret_ns = (uint64_t)(zb_now_ns() - t_ret);
+        sb->prof.return_ns += ret_ns;
+        if (row) row->return_ns += ret_ns;
+    }
     if (sb->has_stop) {
         *ev = sb->stop_ev;
         return 1;
@@ -224,7 +245,20 @@ static void describe_gp(zb_sandbox *sb, uint64_t rip, char *buf, size_t len, int
     }
 }
 
-/* vr: the registers handle_io just read (one KVM_GET_REGS per exit: ~3 us each here). */
+/* A `syscall` ran the entry at LSTAR (or faulted there, into vector 14, when LSTAR is
+ * ZB_SYSCALL_TRAP): vr is user state but for RIP (rcx holds the return address) and RFLAGS (r11;
+ * PVM reports r11 = 0x202, VMX the real flags). */
+static int handle_syscall_entry(zb_sandbox *sb, zb_vm *vm, const struct kvm_regs *vr, zb_event *ev) {
+    uint64_t uflags = (vr->r11 & 0x0dd5) | 0x202;
+    sb->cpu.regs = *vr;
+    sb->cpu.regs.rip = vr->rcx;
+    sb->cpu.regs.rflags = uflags;
+    sb->cpu.regs.r11 = uflags;
+    sb->cpu.pending_syscall = 0;
+    return serve_syscall(sb, vm, ev);
+}
+
+/* vr: the registers handle_io just read (kvm_run's copy, or one KVM_GET_REGS). */
 static int handle_exception(zb_sandbox *sb, zb_vm *vm, int vector, const struct kvm_regs *vrp, zb_event *ev) {
     struct kvm_regs vr = *vrp;
     /* the hardware frame on the IST stack: [error code,] rip, cs, rflags, rsp, ss */
@@ -234,16 +268,12 @@ static int handle_exception(zb_sandbox *sb, zb_vm *vm, int vector, const struct 
     if (vr.rsp < ZB_PAGE || vr.rsp + words * 8 > top) { error_event(sb, ev, "corrupt exception frame (rsp 0x%llx)", (unsigned long long)vr.rsp); return 1; }
     memcpy(frame, sb->mem.host + vr.rsp, words * 8);
     uint64_t err = ec ? frame[0] : 0, rip = frame[ec], rflags = frame[ec + 2], rsp = frame[ec + 3];
+    if (vector == 14 && rip == ZB_SYSCALL_TRAP) { /* LSTAR unmapped (ZB_SYSCALLS_DIRECT_ENTRY off) */
+        vr.rsp = rsp;
+        return handle_syscall_entry(sb, vm, &vr, ev);
+    }
     sb->cpu.regs = vr;
     sb->cpu.regs.rsp = rsp;
-    if (vector == 14 && rip == ZB_SYSCALL_TRAP) { /* `syscall`: rcx holds the return address */
-        uint64_t uflags = (vr.r11 & 0x0dd5) | 0x202; /* PVM reports r11 = 0x202; VMX the real flags */
-        sb->cpu.regs.rip = vr.rcx;
-        sb->cpu.regs.rflags = uflags;
-        sb->cpu.regs.r11 = uflags;
-        sb->cpu.pending_syscall = 0;
-        return serve_syscall(sb, vm, ev);
-    }
     sb->cpu.regs.rip = rip;
     sb->cpu.regs.rflags = rflags;
     int sig = vector_signal(vector);
@@ -303,10 +333,26 @@ static int handle_io(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         }
         return 0;
     }
+    if (port == ZB_PORT_SYSCALL) {
+        struct kvm_regs vr;
+        if (zb_vm_exit_regs(vm, &vr) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return 1; }
+        if (run->io.direction == KVM_EXIT_IO_OUT && vr.rip == ZB_SYSCALL_ENTRY + ZB_STUB_OUT_LEN) return handle_syscall_entry(sb, vm, &vr, ev);
+        /* user code can reach the port (the bitmap allows it: PVM runs the entry at CPL3), not use it.
+         * An `in` left pending would be completed by the next KVM_RUN, into the registers of the
+         * next sandbox on this VM: complete it now, into this dead one's. */
+        if (run->io.direction == KVM_EXIT_IO_IN) {
+            run->immediate_exit = 1;
+            (void)ioctl(vm->vcpu_fd, KVM_RUN, 0); /* EINTR is the expected answer */
+            run->immediate_exit = 0;
+        }
+        error_event(sb, ev, "the guest accessed I/O port 0x%x; only the UART (0x%x-0x%x) is allowed (rip 0x%llx)", port, ZB_UART_BASE,
+                    ZB_UART_BASE + ZB_UART_PORTS - 1, (unsigned long long)vr.rip);
+        return 1;
+    }
     if (port >= ZB_PORT_EXCEPTION && port < ZB_PORT_EXCEPTION + ZB_STUB_VECTORS && run->io.direction == KVM_EXIT_IO_OUT) {
         int vector = (int)(port - ZB_PORT_EXCEPTION);
         struct kvm_regs vr;
-        if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &vr) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return 1; }
+        if (zb_vm_exit_regs(vm, &vr) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return 1; }
         if (vr.rip == zb_layout_stub_addr(vector) + ZB_STUB_OUT_LEN) return handle_exception(sb, vm, vector, &vr, ev);
     }
     error_event(sb, ev, "unexpected I/O exit on port 0x%x", port);
@@ -319,7 +365,8 @@ static int set_test_break(zb_sandbox *sb, zb_vm *vm, int on) {
     memset(&dbg, 0, sizeof dbg);
     if (on) {
         dbg.control = KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP;
-        dbg.arch.debugreg[0] = zb_layout_stub_addr(sb->test_break_vector - 1);
+        int v = sb->test_break_vector - 1;
+        dbg.arch.debugreg[0] = v == ZB_BREAK_SYSCALL_ENTRY ? ZB_SYSCALL_ENTRY : zb_layout_stub_addr(v);
         dbg.arch.debugreg[7] = 0x1; /* L0: execute, length 1 */
     }
     return ioctl(vm->vcpu_fd, KVM_SET_GUEST_DEBUG, &dbg);
@@ -331,7 +378,7 @@ static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     case KVM_EXIT_IO: return handle_io(sb, vm, ev);
     case KVM_EXIT_DEBUG:
         if (!sb->test_break_vector) { error_event(sb, ev, "unexpected debug exit"); return 1; }
-        sb->test_break_vector = 0; /* stopped mid-trap: the vCPU is at the stub, its `out` not run */
+        sb->test_break_vector = 0; /* stopped mid-trap: the vCPU is at the stub or entry, its `out` not run */
         if (set_test_break(sb, vm, 0) < 0) { error_event(sb, ev, "KVM_SET_GUEST_DEBUG: %s", strerror(errno)); return 1; }
         memset(ev, 0, sizeof *ev);
         ev->kind = ZB_EVENT_KICK;
@@ -465,6 +512,8 @@ int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     zb_alarm_check(sb, t0); /* an alarm that expired while the sandbox was idle goes off now */
     zb_vdso_refresh(sb, vm);
     run_guest(sb, vm, ev);
+    if (zb_vm_flush_user_state(vm) < 0 && ev->kind != ZB_EVENT_ERROR) /* the vCPU holds the state snapshots read */
+        error_event(sb, ev, "KVM_SET_SREGS/REGS: %s", strerror(errno));
     zb_vdso_note_stop(sb, vm);
 out:
     if (sb->test_break_vector) { /* not hit: the next sandbox on this VM must not stop there */

@@ -148,11 +148,27 @@ void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes) {
 void zb_sandbox_set_trace_fd(zb_sandbox *sb, int fd) { sb->trace_fd = fd; }
 
 void zb_sandbox_set_profile(zb_sandbox *sb, int on) {
-    if (on) memset(&sb->prof, 0, sizeof sb->prof);
+    if (on) {
+        memset(&sb->prof, 0, sizeof sb->prof);
+        if (!sb->prof_nr) sb->prof_nr = calloc(ZB_PROFILE_NRS, sizeof *sb->prof_nr); /* NULL: no per-number rows */
+        else memset(sb->prof_nr, 0, ZB_PROFILE_NRS * sizeof *sb->prof_nr);
+    }
     sb->profile = on != 0;
 }
 
 void zb_sandbox_profile(zb_sandbox *sb, zb_syscall_profile *out) { *out = sb->prof; }
+
+const char *zb_sandbox_syscall_name(uint64_t nr) { return zb_syscall_name(nr); }
+
+int zb_sandbox_profile_syscalls(zb_sandbox *sb, zb_syscall_nr_profile *out, int max) {
+    int n = 0;
+    for (int i = 0; sb->prof_nr && i < ZB_PROFILE_NRS; i++) {
+        if (!sb->prof_nr[i].calls) continue;
+        if (n < max) { out[n] = sb->prof_nr[i]; out[n].nr = (uint64_t)i; }
+        n++;
+    }
+    return n;
+}
 
 int zb_sandbox_exec(zb_sandbox *sb, const char *exe, const char *cwd, const char *const *argv,
                     const char *const *envp, char *err) {
@@ -183,7 +199,7 @@ int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err) {
 }
 
 int zb_sandbox_test_break_in_trap(zb_sandbox *sb, int vector, char *err) {
-    if (vector < 0 || vector > 31) { zb_seterr(err, "no exception vector %d", vector); return -1; }
+    if (vector < 0 || vector > ZB_BREAK_SYSCALL_ENTRY) { zb_seterr(err, "no exception vector %d", vector); return -1; }
     sb->test_break_vector = vector + 1;
     return 0;
 }
@@ -226,5 +242,6 @@ void zb_sandbox_destroy(zb_sandbox *sb) {
     zb_uart_destroy(&sb->uart);
     free(sb->cpu.xsave);
     free(sb->out_buf);
+    free(sb->prof_nr);
     free(sb);
 }

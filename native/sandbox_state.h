@@ -45,6 +45,7 @@ struct zb_sandbox {
     int trace_fd;
     int profile;             /* syscall phases are stamped (zb_sandbox_set_profile) */
     zb_syscall_profile prof;
+    zb_syscall_nr_profile *prof_nr; /* ZB_PROFILE_NRS rows, allocated when profiling is first switched on */
     int64_t prof_exit_ns;    /* profiling: when the last KVM_RUN returned, and how long it took */
     int64_t prof_run_ns;
     int test_break_vector;   /* zb_sandbox_test_break_in_trap: the stub's vector + 1, 0 = off */

@@ -28,8 +28,10 @@
  * the sections: it is part of the template key (template.py, zb_snapshot_format), so templates of
  * another format are rebuilt, and a state.bin of another format is refused, never misread.
  *   3: raw struct dumps of the vCPU registers and the signal state, no sections.
- *   4: one section per component, written and read by the component (explicit little-endian fields). */
-#define STATE_FORMAT 5
+ *   4: one section per component, written and read by the component (explicit little-endian fields).
+ *   6: the guest memory's low 2 MiB hold the syscall entry page (guest_layout.c, LSTAR), which
+ *      images of earlier engines lack: they are refused, not run. */
+#define STATE_FORMAT 6
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

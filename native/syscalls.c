@@ -32,7 +32,12 @@ const char *zb_syscall_name(uint64_t nr) {
 
 long zb_syscall_dispatch(zb_sandbox *sb, uint64_t nr, const uint64_t a[6]) {
     pthread_once(&table_once, fill_table);
-    if (nr < ZB_SYSCALL_MAX && table[nr]) return table[nr](sb, a);
+    if (nr < ZB_SYSCALL_MAX && table[nr]) {
+        zb_syscall_serial++; /* odd: inside this syscall (util.h) */
+        long rc = table[nr](sb, a);
+        zb_syscall_serial++;
+        return rc;
+    }
     sb->stats.unknown_syscalls++;
     uint64_t bit = nr < ZB_SYSCALL_MAX ? nr : ZB_SYSCALL_MAX - 1;
     if (!(sb->logged_unknown[bit / 64] & (1ull << (bit % 64)))) {

@@ -12,6 +12,9 @@ void zb_seterr(char *err, const char *fmt, ...) {
     va_end(ap);
 }
 
+__thread uint64_t zb_host_calls;
+__thread uint64_t zb_syscall_serial;
+
 int64_t zb_now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

@@ -36,4 +36,14 @@ int64_t zb_now_ns(void);
  * network policy needs when `network` is set (zb_engine_lockdown in kvm_vm.c decides). */
 int zb_seccomp_lockdown(int phase, int network, char *err);
 
+/* Host system calls made on the guest's behalf, counted per thread for the syscall profile
+ * (zb_syscall_nr_profile.host_calls): the file layer wraps each call it makes while serving a
+ * guest syscall in ZB_HOSTCALL. A thread-local increment: free whether profiling is on or not. */
+extern __thread uint64_t zb_host_calls;
+#define ZB_HOSTCALL(call) (zb_host_calls++, (call))
+/* Odd while this thread serves a guest syscall (zb_syscall_dispatch bumps it on entry and on
+ * return): what one syscall learned from the host (a path walk's lstat, fs.h zb_walk_stat_get)
+ * is reused within that syscall only, never by a later one. */
+extern __thread uint64_t zb_syscall_serial;
+
 #endif

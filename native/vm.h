@@ -31,6 +31,11 @@ typedef struct zb_vm {
      * Read again on every zb_vm_load_cpu. */
     struct kvm_sregs user_sregs;
     int user_sregs_valid;
+    /* KVM_CAP_SYNC_REGS is in use (zb_vm_set_user_state): kvm_run carries the registers out of
+     * every exit and the registers to enter with, so that a syscall round trip is one ioctl
+     * (KVM_RUN) instead of four (KVM_GET_REGS, KVM_SET_SREGS, KVM_SET_REGS, KVM_RUN): under PVM
+     * each vCPU ioctl costs a vcpu load/put (MSR reads, CR4 writes). */
+    int sync_regs;
 } zb_vm;
 
 /* Set by the handler of ZB_KICK_SIGNAL on this thread (kvm_vm.c); the run loop clears it before KVM_RUN. */
@@ -48,6 +53,7 @@ struct zb_engine {
     uint64_t xcr0;
     zb_vm *vm;               /* the executor; created on first run */
     struct zb_net *net;      /* the network policy (net.h), NULL: no network */
+    int syscall_path_off;    /* ZB_SYSCALLS_* bits switched off (zb_engine_set_syscall_path) */
 };
 
 int zb_vm_create(zb_engine *e, zb_vm **out, char *err);
@@ -68,6 +74,17 @@ int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err);
 int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err);
 /* The sandbox's memory goes away: unmap it from the executor if attached. */
 int zb_vm_forget(zb_vm *vm, zb_sandbox *sb, char *err);
+/* The vCPU's registers at the last exit of KVM_RUN (kvm_run's copy with sync_regs, else
+ * KVM_GET_REGS). -1 with errno on failure. */
+int zb_vm_exit_regs(zb_vm *vm, struct kvm_regs *out);
+/* Enter user mode with these registers: with sync_regs they are applied by the next KVM_RUN,
+ * else at once (KVM_SET_SREGS + KVM_SET_REGS). -1 with errno on failure. */
+int zb_vm_set_user_state(zb_vm *vm, const struct kvm_regs *regs, const struct kvm_sregs *sregs);
+/* Apply registers zb_vm_set_user_state left for the next KVM_RUN now (before anything reads or
+ * writes the vCPU by other means, and when a run ends). -1 with errno on failure. */
+int zb_vm_flush_user_state(zb_vm *vm);
+/* Apply the engine's syscall path (zb_engine_set_syscall_path): LSTAR, KVM_CAP_SYNC_REGS. */
+int zb_vm_apply_syscall_path(zb_vm *vm, zb_engine *e, char *err);
 
 /* ---- guest low memory: page tables, descriptors, CPL0 stubs (guest_layout.c) ---- */
 void zb_layout_write(zb_memory *m);

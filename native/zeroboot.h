@@ -93,7 +93,20 @@ typedef struct zb_syscall_profile {
     uint64_t path_walks;
     uint64_t host_ns;       /* of which: host metadata calls of stat on host files */
     uint64_t return_ns;     /* signals + return to user mode (KVM_SET_SREGS, KVM_SET_REGS) */
+    uint64_t host_calls;    /* host system calls the file layer made for these syscalls */
 } zb_syscall_profile;
+
+/* One syscall number's share of the profile (zb_sandbox_profile_syscalls). Numbers of
+ * ZB_PROFILE_NRS - 1 and above (not x86-64 syscalls) share the last row. */
+#define ZB_PROFILE_NRS 512
+typedef struct zb_syscall_nr_profile {
+    uint64_t nr;
+    uint64_t calls;         /* trapped while profiling (a blocked syscall served again counts once) */
+    uint64_t exit_ns;       /* the KVM_RUN that ended in its exit + the exit decode */
+    uint64_t dispatch_ns;   /* its handler, all in */
+    uint64_t host_calls;    /* host system calls the file layer made for it */
+    uint64_t return_ns;     /* signals + return to user mode */
+} zb_syscall_nr_profile;
 
 /* ---- engine ---- */
 zb_engine *zb_engine_open(char *err);
@@ -101,6 +114,15 @@ void zb_engine_close(zb_engine *engine);
 /* A hash of what a snapshot depends on in this host's KVM: CPUID, XSAVE layout, XCR0.
  * A template made under another fingerprint must be rebuilt. */
 uint64_t zb_engine_fingerprint(zb_engine *engine);
+/* How syscalls reach the host and return to user mode; both on by default, off for measurements:
+ *   ZB_SYSCALLS_SYNC_REGS: registers through kvm_run (KVM_CAP_SYNC_REGS, where KVM has it), not
+ *     the KVM_GET_REGS, KVM_SET_SREGS and KVM_SET_REGS ioctls;
+ *   ZB_SYSCALLS_DIRECT_ENTRY: LSTAR at the syscall entry page (guest_abi.h), not at an unmapped
+ *     address whose page fault enters the CPL0 stub of vector 14 (the path of earlier engines).
+ * Returns the flags in effect. Call between runs. */
+#define ZB_SYSCALLS_SYNC_REGS 1
+#define ZB_SYSCALLS_DIRECT_ENTRY 2
+int zb_engine_set_syscall_path(zb_engine *engine, int flags);
 
 /* Lock the engine process down with seccomp (native/seccomp.c): SETUP allows what starting,
  * building templates and running guests needs; RUN, stacked on it, also forbids changing host
@@ -216,6 +238,11 @@ void zb_sandbox_set_trace_fd(zb_sandbox *sb, int fd);
 /* Profile syscalls per phase (on != 0; switching it on also clears the counts); read them. */
 void zb_sandbox_set_profile(zb_sandbox *sb, int on);
 void zb_sandbox_profile(zb_sandbox *sb, zb_syscall_profile *out);
+/* The per-number rows of the profile with calls > 0, ascending by number: up to max of them
+ * copied to out; returns how many there are (0 if profiling was never on). */
+int zb_sandbox_profile_syscalls(zb_sandbox *sb, zb_syscall_nr_profile *out, int max);
+/* The Linux name of x86-64 syscall nr ("unknown" if it has none). */
+const char *zb_sandbox_syscall_name(uint64_t nr);
 
 /* ---- running ---- */
 /* Run until something needs the caller (see ZB_EVENT_*). deadline_ns is CLOCK_MONOTONIC, 0 = none.
@@ -228,10 +255,12 @@ void zb_sandbox_kick(zb_sandbox *sb);
 /* Deliver a signal (e.g. SIGINT = 2) to the guest's handler when it next runs. Returns -1 with err
  * when the guest has no handler for it (the default action would kill it). */
 int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err);
-/* Test hook: in the next run, stop with ZB_EVENT_KICK when exception `vector` (14 also carries
- * every `syscall`) has entered its CPL0 stub, before the stub hands it to the host: the point a
- * host signal can interrupt a trap. A hardware breakpoint (KVM_SET_GUEST_DEBUG) does it exactly;
- * the run returns an ERROR event if KVM refuses it. */
+/* Test hook: in the next run, stop with ZB_EVENT_KICK when exception `vector` (0-31) has entered
+ * its CPL0 stub, or (ZB_BREAK_SYSCALL_ENTRY) a `syscall` has reached the entry at LSTAR, before
+ * the stub or the entry hands it to the host: the point a host signal can interrupt a trap. A
+ * hardware breakpoint (KVM_SET_GUEST_DEBUG) does it exactly; the run returns an ERROR event if
+ * KVM refuses it. */
+#define ZB_BREAK_SYSCALL_ENTRY 32
 int zb_sandbox_test_break_in_trap(zb_sandbox *sb, int vector, char *err);
 /* Disarm the guest's alarm()/setitimer(ITIMER_REAL) timer; 1 if one was armed. A cell's alarm must
  * not go off in the agent after the cell ended. */

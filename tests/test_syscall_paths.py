@@ -70,3 +70,89 @@ def test_syscall_profile_accounts_for_each_phase(template, tmp_path) -> None:
         assert prof["path_ns"] <= prof["dispatch_ns"]
         run(sb, "os.getpid()")  # profiling off: nothing more is counted
         assert sb.guest.syscall_profile() == prof
+
+
+def test_per_syscall_profile_counts_by_number_and_is_off_by_default(template, tmp_path) -> None:
+    (tmp_path / "f").write_text("x")
+    f = str(tmp_path / "f")
+    with template.fork() as sb:
+        sb.guest.mount_project(str(tmp_path), "overlay")
+        run(sb, f"[os.getpid() for _ in range(5)] + [os.stat({f!r}).st_size]")
+        assert sb.guest.syscall_profile_by_number() == {}  # never switched on: nothing collected
+        sb.guest.set_profile(True)  # the cell's own syscalls (the agent's), to subtract
+        run(sb, f"[os.getpid() for _ in range(0)] + [os.stat({f!r}).st_size for _ in range(0)]")
+        sb.guest.set_profile(False)
+        base = sb.guest.syscall_profile_by_number().get("getpid", {"calls": 0})["calls"]
+        sb.guest.set_profile(True)
+        run(sb, f"[os.getpid() for _ in range(37)] + [os.stat({f!r}).st_size for _ in range(11)]")
+        sb.guest.set_profile(False)
+        rows = sb.guest.syscall_profile_by_number()
+        assert rows["getpid"]["calls"] == 37 + base and rows["getpid"]["nr"] == 39
+        assert rows["getpid"]["host_calls"] == 0  # answered from the engine's own state
+        assert rows["newfstatat"]["calls"] >= 11
+        assert rows["newfstatat"]["host_calls"] >= 11  # a host file: at least its lstat each time
+        for v in rows.values():
+            assert v["exit_ns"] > 0 and v["return_ns"] > 0
+        total = sb.guest.syscall_profile()
+        assert sum(v["calls"] for v in rows.values()) == total["syscalls"]
+        assert sum(v["host_calls"] for v in rows.values()) == total["host_calls"]
+        run(sb, "os.getpid()")  # off again: the rows stay as they were
+        assert sb.guest.syscall_profile_by_number() == rows
+        sb.guest.set_profile(True)  # switching it on starts from zero
+        sb.guest.set_profile(False)
+        assert sb.guest.syscall_profile_by_number() == {}
+
+
+def test_a_jump_to_the_syscall_entry_is_only_a_syscall(template) -> None:
+    """LSTAR's page (guest_abi.h ZB_SYSCALL_ENTRY) is user-executable: user code jumping there with
+    registers of its choice gets what the `syscall` instruction would give it (here getpid, back
+    at the address in rcx), and can read the page but not write it."""
+    code = r'''
+import ctypes, mmap, os
+# mov eax, 39 (getpid); lea rcx, [rip + 13] (the ret below); movabs r11, 0xe000; jmp r11; ret
+prog = bytes([0xb8, 39, 0, 0, 0, 0x48, 0x8d, 0x0d, 13, 0, 0, 0, 0x49, 0xbb]) + (0xe000).to_bytes(8, "little") + \
+    bytes([0x41, 0xff, 0xe3, 0xc3])
+m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(prog)
+f = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+print([f(), os.getpid(), ctypes.string_at(0xe000, 2).hex()])
+'''
+    with template.fork() as sb:
+        r = sb.execute(code)
+        assert not r.error, r.error
+        got, pid, entry = json.loads(r.stdout.strip().splitlines()[-1].replace("'", '"'))
+        assert got == pid and entry == "e6e0"  # `out %al, $0xe0`
+
+
+@pytest.mark.parametrize("mode", ["overlay", "readwrite"])
+def test_stat_reuses_the_walk_only_within_one_syscall(template, tmp_path, mode) -> None:
+    """os.stat reuses its path walk's host lstat (one host call, not two); what it returns must
+    still be the host's state at that syscall: symlinks followed or not as asked, files changed on
+    the host or by the guest between two calls, an open file's fstat and lseek(SEEK_END)."""
+    a = tmp_path / "a"
+    a.write_bytes(b"0123456789")
+    (tmp_path / "l").symlink_to("a")
+    (tmp_path / "d").mkdir()
+    A, L, D = str(a), str(tmp_path / "l"), str(tmp_path / "d")
+    with template.fork() as sb:
+        sb.guest.mount_project(str(tmp_path), mode)
+        sb.guest.set_profile(True)
+        first = run(sb, f"[os.stat({A!r}).st_size, os.stat({L!r}).st_size, os.lstat({L!r}).st_size, "
+                        f"__import__('stat').S_ISLNK(os.lstat({L!r}).st_mode), __import__('stat').S_ISDIR(os.stat({D!r}).st_mode)]")
+        sb.guest.set_profile(False)
+        assert first == [10, 10, 1, True, True]
+        assert sb.guest.syscall_profile_by_number()["newfstatat"]["host_calls"] >= 1
+        run(sb, f"globals().setdefault('f', open({A!r}, 'rb')).fileno()")  # kept open across cells
+        a.write_bytes(b"0123456789abcdefghij")  # the host changes it
+        assert run(sb, f"[os.stat({A!r}).st_size, os.stat({L!r}).st_size, os.fstat(f.fileno()).st_size, "
+                       f"os.lseek(f.fileno(), 0, os.SEEK_END), os.lseek(f.fileno(), 3, os.SEEK_SET), "
+                       f"os.lseek(f.fileno(), 2, os.SEEK_CUR), f.read(2).decode()]") == [20, 20, 20, 20, 3, 5, "56"]
+        # the guest changes it (overlay: in its upper layer; readwrite: on the host)
+        assert run(sb, f"[open({A!r}, 'w').write('xyz'), os.stat({A!r}).st_size, os.rename({A!r}, {A!r} + '2'), "
+                       f"os.path.exists({A!r}), os.stat({A!r} + '2').st_size, os.path.exists({L!r})]") == \
+            [3, 3, None, False, 3, False]
+        a2 = tmp_path / "a2"
+        if mode == "readwrite":
+            assert a2.read_bytes() == b"xyz" and not a.exists()
+        else:
+            assert a.read_bytes() == b"0123456789abcdefghij" and not a2.exists()

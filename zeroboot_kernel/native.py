@@ -97,6 +97,16 @@ class Engine:
     def handle(self) -> Any:
         return self._handle
 
+    def set_syscall_path(self, sync_regs: bool = True, direct_entry: bool = True) -> tuple[bool, bool]:
+        """How syscalls reach the host and return (zb_engine_set_syscall_path; both on by default,
+        off for measurements): registers through kvm_run rather than ioctls, and LSTAR at the
+        syscall entry page rather than a page fault into the CPL0 stub. Returns what is in effect."""
+        flags = (lib.ZB_SYSCALLS_SYNC_REGS if sync_regs else 0) | (lib.ZB_SYSCALLS_DIRECT_ENTRY if direct_entry else 0)
+        got = int(lib.zb_engine_set_syscall_path(self._handle, flags))
+        if got < 0:
+            raise SandboxError("cannot change the syscall path of the executor VM (KVM_SET_MSRS or KVM_SET_REGS failed)")
+        return bool(got & lib.ZB_SYSCALLS_SYNC_REGS), bool(got & lib.ZB_SYSCALLS_DIRECT_ENTRY)
+
     def lockdown(self, phase: str) -> None:
         """seccomp on this whole process (native/seccomp.c), irreversibly: "setup" (no exec, no
         network, no new processes) or "run" (also no host file writes)."""
@@ -227,8 +237,9 @@ class Guest:
             raise SandboxError(_text(err))
 
     def test_break_in_trap(self, vector: int) -> None:
-        """Test hook: stop the next run (KICK) when exception `vector` (14: also every syscall)
-        has entered its CPL0 stub, before the host has seen it."""
+        """Test hook: stop the next run (KICK) when exception `vector` (0-31) has entered its CPL0
+        stub, or (SYSCALL_ENTRY_BREAK = 32) a syscall has reached the entry at LSTAR, before the
+        host has seen it."""
         err = _err()
         if lib.zb_sandbox_test_break_in_trap(self.handle, vector, err) < 0:
             raise SandboxError(_text(err))
@@ -255,6 +266,19 @@ class Guest:
         p = ffi.new("zb_syscall_profile *")
         lib.zb_sandbox_profile(self.handle, p)
         return {name: getattr(p, name) for name in dir(p)}
+
+    def syscall_profile_by_number(self) -> dict[str, dict[str, int]]:
+        """The profile per syscall (by Linux name; numbers 511 and above share one row): calls,
+        exit_ns (KVM_RUN to the handler), dispatch_ns, host_calls, return_ns."""
+        rows = ffi.new("zb_syscall_nr_profile[]", lib.ZB_PROFILE_NRS)
+        n = min(int(lib.zb_sandbox_profile_syscalls(self.handle, rows, lib.ZB_PROFILE_NRS)), lib.ZB_PROFILE_NRS)
+        out: dict[str, dict[str, int]] = {}
+        for r in rows[0:n]:
+            name = ffi.string(lib.zb_sandbox_syscall_name(r.nr)).decode()
+            out[name if name != "unknown" else f"syscall {r.nr}"] = {
+                "nr": r.nr, "calls": r.calls, "exit_ns": r.exit_ns, "dispatch_ns": r.dispatch_ns,
+                "host_calls": r.host_calls, "return_ns": r.return_ns}
+        return out
 
     def _drain_log(self) -> None:
         buf = ffi.new("char[]", 8192)

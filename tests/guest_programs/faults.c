@@ -82,6 +82,32 @@ static void test_in_dx(int argc, char **argv) {
     __asm__ volatile("inb %%dx, %%al" : "=a"(v) : "d"(0x3fa0));
 }
 
+/* the syscall entry's port (guest_abi.h ZB_PORT_SYSCALL) from anywhere but the entry page */
+static void test_out_syscall_port(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    announce("write the syscall entry's port outside the entry");
+    __asm__ volatile("outb %%al, $0xe0" ::"a"(0));
+}
+
+static void test_in_syscall_port(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    announce("read the syscall entry's port");
+    unsigned char v;
+    __asm__ volatile("inb $0xe0, %%al" : "=a"(v));
+}
+
+/* the syscall entry page (guest_abi.h ZB_SYSCALL_ENTRY) is readable by user code, never writable */
+static void test_write_syscall_entry(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    volatile unsigned char *entry = (volatile unsigned char *)0xe000;
+    announce("read then write the syscall entry page");
+    if (entry[0] != 0xe6) fprintf(stderr, "the entry does not start with out (0x%x)\n", entry[0]);
+    entry[0] = 0x90;
+}
+
 static void test_abort(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -113,6 +139,9 @@ static const zb_test tests[] = {
     {"cli", test_cli},
     {"out80", test_out80},
     {"in_dx", test_in_dx},
+    {"out_syscall_port", test_out_syscall_port},
+    {"in_syscall_port", test_in_syscall_port},
+    {"write_syscall_entry", test_write_syscall_entry},
     {"abort", test_abort},
     {"stack_overflow", test_stack_overflow},
     {NULL, NULL},

@@ -1,8 +1,9 @@
 """A host signal (the kick, the deadline timer, the caller's) can stop KVM_RUN while a `syscall` is
-still on its way to the host: the vCPU sits at LSTAR or in the CPL0 stub of vector 14, not in user
-code. A signal raised then must not be delivered over that CPL0 state (the handler's sigreturn
-would resume at LSTAR or in the stub and the guest died with SIGSEGV at 0x7f0000000000, as the
-syscall walk did under host load); the engine finishes the trap, serves the syscall, then delivers.
+still on its way to the host: the vCPU sits at the syscall entry (LSTAR) before its `out`, not in
+user code. A signal raised then must not be delivered over that state (with the earlier
+page-fault trap the handler's sigreturn resumed at LSTAR or in the stub and the guest died with
+SIGSEGV at 0x7f0000000000, as the syscall walk did under host load); the engine finishes the trap,
+serves the syscall, then delivers.
 The stop is forced at that exact point with a hardware breakpoint on the stub (a test hook), so
 the test does not depend on timing."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 import battery
 from zeroboot_kernel.native import EventKind
 
-PAGE_FAULT = 14  # the vector every `syscall` arrives on
+SYSCALL_ENTRY = 32  # ZB_BREAK_SYSCALL_ENTRY: the entry every `syscall` arrives at
 SIGUSR1 = 10
 
 
@@ -23,7 +24,7 @@ def test_signal_raised_while_a_syscall_trap_is_under_way():
             ev = sb.run(time.monotonic() + 60)
             assert ev.kind is EventKind.OUTPUT, ev
             out += ev.data
-        sb.test_break_in_trap(PAGE_FAULT)
+        sb.test_break_in_trap(SYSCALL_ENTRY)
         ev = sb.run(time.monotonic() + 60)
         assert ev.kind is EventKind.KICK, ev  # stopped inside getpid's trap
         sb.raise_signal(SIGUSR1)

@@ -5,8 +5,10 @@ as a project in overlay mode) and on the host, and reports time per operation on
 ratio and, for the guest, the syscalls and VM exits one operation cost (from the engine's stats):
 a trivial syscall (getpid), `os.stat`, open+read+close of a 4 KiB file, `os.listdir` of a big
 folder (in the notebook's folder and in the guest's private /tmp, which lives in the overlay),
-`os.walk` of a tree, and reading many small CSV files (pandas when the template has it, else the
-csv module).
+`os.walk` of a tree, reading many small CSV files (pandas when the template has it, else the
+csv module) and `import scipy` when scipy is installed (`pip install -e .[bench]`): a package the
+template has not preloaded, so every import reads and stats its files. The per-syscall profile
+(`Guest.syscall_profile_by_number`) of getpid, os.stat, open+read+close and os.walk follows.
 """
 from __future__ import annotations
 
@@ -163,6 +165,126 @@ def breakdown(sb: Any, path: str, n: int) -> dict[str, dict[str, float]]:
     return out
 
 
+# the operations whose syscalls `per_syscall` profiles, one at a time (n: repetitions)
+PROFILED = {"getpid": "os.getpid()", "os.stat": "os.stat({small!r})",
+            "open+read+close 4 KiB": "open({small!r}, 'rb').read()",
+            "os.walk": "sum(len(f) for _, _, f in os.walk({tree!r}))"}
+
+
+def per_syscall(sb: Any, paths: dict[str, str], n: int) -> dict[str, Any]:
+    """For each operation of PROFILED: per syscall number, the calls one operation makes and the
+    host time of each phase (us per call), from the engine's per-number profile
+    (`Guest.syscall_profile_by_number`), and the guest-measured time per operation."""
+    out: dict[str, Any] = {}
+    for name, template in PROFILED.items():
+        code = template.format(**paths)
+        reps = 1 if name == "os.walk" else n
+        sb.execute(f"import os\nfor _ in range(3): {code}")  # warm
+        sb.guest.set_profile(True)
+        r = sb.execute(f"import os, time\nt = time.perf_counter()\nfor _ in range({reps}): {code}\n"
+                       f"print((time.perf_counter() - t) / {reps})")
+        sb.guest.set_profile(False)
+        if r.error:
+            raise RuntimeError(f"bench syscalls: profiling {name} failed in the guest: {r.error}")
+        rows = {}
+        for sc, v in sb.guest.syscall_profile_by_number().items():
+            calls = max(1, v["calls"])
+            per_op = v["calls"] / reps
+            if per_op < 0.5 and name != "os.walk":
+                continue  # the timing code's own syscalls
+            rows[sc] = {"per_op": round(per_op, 2), "exit_us": round(v["exit_ns"] / calls / 1e3, 2),
+                        "dispatch_us": round(v["dispatch_ns"] / calls / 1e3, 2),
+                        "host_calls": round(v["host_calls"] / calls, 2),
+                        "return_us": round(v["return_ns"] / calls / 1e3, 2)}
+        out[name] = {"guest_us_per_op": round(float(r.stdout.split()[-1]) * 1e6, 2), "syscalls": rows}
+    return out
+
+
+def per_syscall_markdown(p: dict[str, Any]) -> str:
+    rows = []
+    for op, v in p.items():
+        for i, (sc, x) in enumerate(sorted(v["syscalls"].items(), key=lambda kv: -kv[1]["per_op"])):
+            rows.append([op if i == 0 else "", f"{v['guest_us_per_op']:,.1f}" if i == 0 else "", sc, x["per_op"],
+                         x["exit_us"], x["dispatch_us"], x["host_calls"], x["return_us"]])
+    return ("\nPer syscall (`Guest.syscall_profile_by_number`; us per call; exit = KVM_RUN that ended in the "
+            "syscall's exit + decode, host calls = host system calls the file layer made per call):\n\n" +
+            markdown_table(["operation", "guest us/op", "syscall", "calls/op", "exit us", "handler us",
+                            "host calls", "return us"], rows))
+
+
+# a bare I/O exit from CPL3: `in al, dx` on the UART's scratch register (0x3ff), then `ret`
+_IN_EXIT = r"""
+import ctypes, mmap
+_m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+_m.write(bytes([0x66, 0xba, 0xff, 0x03, 0xec, 0xc3]))
+in_exit = ctypes.CFUNCTYPE(None)(ctypes.addressof(ctypes.c_char.from_buffer(_m)))
+"""
+PATHS = [("ioctls, page-fault entry (before)", False, False), ("kvm_run registers, page-fault entry", True, False),
+         ("kvm_run registers, entry at LSTAR (now)", True, True)]
+
+
+def path_variants(sb: Any, small: str, rounds: int, n: int) -> dict[str, dict[str, float]]:
+    """The syscall path's variants (Engine.set_syscall_path) interleaved in one sandbox, `rounds`
+    times: best us per getpid, os.stat, open+read+close, and per bare `in` exit (the floor)."""
+    from ..native import Engine
+
+    engine = Engine.default()
+    sb.execute(_IN_EXIT)
+    ops = {"in exit (floor)": "in_exit()", "getpid": "os.getpid()", "os.stat": f"os.stat({small!r})",
+           "open+read+close 4 KiB": f"open({small!r}, 'rb').read()"}
+    out: dict[str, dict[str, float]] = {name: {} for name, _, _ in PATHS}
+    try:
+        for _ in range(rounds):
+            for name, sync_regs, entry in PATHS:
+                engine.set_syscall_path(sync_regs, entry)
+                for op, code in ops.items():
+                    k = n // 4 if op.startswith("open") else n
+                    r = sb.execute(f"import os, time\nt = time.perf_counter()\nfor _ in range({k}): {code}\n"
+                                   f"print((time.perf_counter() - t) / {k} * 1e6)")
+                    us = float(r.stdout.split()[-1])
+                    out[name][op] = round(min(out[name].get(op, us), us), 1)
+    finally:
+        engine.set_syscall_path()
+    return out
+
+
+def path_markdown(v: dict[str, dict[str, float]]) -> str:
+    ops = list(next(iter(v.values())))
+    return ("\nThe syscall path, variants interleaved in one sandbox (`Engine.set_syscall_path`; best us per "
+            "operation):\n\n" + markdown_table(["path", *ops], [[name, *[x[o] for o in ops]] for name, x in v.items()]))
+
+
+IMPORTS = ("scipy", "scipy.stats")  # `import X` in a fresh fork / a fresh host process
+
+
+def import_times(template: Any, runs: int) -> dict[str, Any]:
+    """Best of `runs` of `import X` (not preloaded) in a fresh fork of the template and in a fresh
+    host Python that has imported what the template preloads (numpy at least), interleaved."""
+    import subprocess
+    import sys
+
+    try:
+        import scipy  # noqa: F401
+    except ImportError:
+        return {"skipped": "scipy is not installed (pip install -e .[bench])"}
+    out: dict[str, Any] = {}
+    pre = "import numpy"
+    for mod in IMPORTS:
+        code = f"{pre}\nimport time\nt = time.perf_counter()\nimport {mod}\nprint(time.perf_counter() - t)"
+        g, h = [], []
+        for _ in range(runs):
+            with template.fork() as sb:
+                r = sb.execute(code)
+                if r.error:
+                    raise RuntimeError(f"bench syscalls: import {mod} failed in the guest: {r.error}")
+                g.append(float(r.stdout.split()[-1]))
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            h.append(float(p.stdout.split()[-1]))
+        out[f"import {mod}"] = {"guest_s": round(min(g), 4), "host_s": round(min(h), 4),
+                                "ratio": round(min(g) / min(h), 2)}
+    return out
+
+
 def measure(quick: bool = False) -> dict[str, Any]:
     size = dict(QUICK if quick else FULL)
     reps = size["reps"]
@@ -196,6 +318,9 @@ def measure(quick: bool = False) -> dict[str, Any]:
                 guest["reps"] = reps
                 res["rows"][name] = _row(name, ops, guest, host)
             res["breakdown"] = breakdown(sb, paths["small"], 200 if quick else 2000)
+            res["per_syscall"] = per_syscall(sb, paths, 100 if quick else 500)
+            res["paths"] = path_variants(sb, paths["small"], 1 if quick else 3, 200 if quick else 1000)
+        res["imports"] = import_times(template, 1 if quick else 3)
     try:
         import pandas  # noqa: F401
         res["csv_reader"] = "pandas"
@@ -211,14 +336,24 @@ def markdown(res: dict[str, Any]) -> str:
             f"whole-folder cases). CSVs read with {res.get('csv_reader', 'pandas')}.\n")
     table = markdown_table(["operation", "guest us/op", "host us/op", "guest/host", "guest syscalls/op",
                             "guest exits/op"], rows) + note
-    return table + (breakdown_markdown(res["breakdown"]) if "breakdown" in res else "")
+    imports = res.get("imports", {})
+    if imports.get("skipped"):
+        table += f"\n`import scipy`: not measured, {imports['skipped']}.\n"
+    elif imports:
+        table += "\nImports not preloaded by the template (best of the runs, a fresh fork / a fresh host " \
+                 "process with numpy imported):\n\n" + markdown_table(
+                     ["import", "guest s", "host s", "guest/host"],
+                     [[k, v["guest_s"], v["host_s"], v["ratio"]] for k, v in imports.items()])
+    return table + (breakdown_markdown(res["breakdown"]) if "breakdown" in res else "") + \
+        (per_syscall_markdown(res["per_syscall"]) if "per_syscall" in res else "") + \
+        (path_markdown(res["paths"]) if "paths" in res else "")
 
 
-PHASES = [("kvm_run_us", "KVM_RUN: guest entry, #PF at LSTAR, CPL0 stub, exit"),
-          ("decode_us", "exit decode: KVM_GET_REGS, exception frame"),
+PHASES = [("kvm_run_us", "KVM_RUN: return registers applied, guest entry, the entry's out, exit"),
+          ("decode_us", "exit decode (registers from kvm_run)"),
           ("dispatch_us", "handler (all in)"), ("path_us", "  of which path copy + namespace walk"),
           ("host_us", "  of which host stat calls"),
-          ("return_us", "return to user: KVM_SET_SREGS + KVM_SET_REGS")]
+          ("return_us", "return to user: registers left in kvm_run for the next KVM_RUN")]
 
 
 def breakdown_markdown(b: dict[str, dict[str, float]]) -> str:

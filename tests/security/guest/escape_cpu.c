@@ -20,7 +20,7 @@
 #define LOW_TSS 0x5000ul
 #define LOW_STUBS 0x8000ul
 #define LOW_XSTACK 0x9000ul
-#define LSTAR 0x7f0000000000ul
+#define LSTAR 0xe000ul /* guest_abi.h ZB_SYSCALL_ENTRY: user-executable, read-only */
 #define NONCANONICAL 0x8000000000000000ul
 
 static void announce(const char *what) { fprintf(stderr, "about to %s\n", what); }

@@ -1,6 +1,6 @@
 /* trap_signal.c - a host signal that arrives while a syscall is on its way to the host.
- * The test stops the run inside the syscall's trap (the CPL0 stub has the page fault at LSTAR,
- * the host has not seen it yet), raises SIGUSR1 and resumes: getpid must still return 1 and the
+ * The test stops the run inside the syscall's trap (at the entry LSTAR points at, before its
+ * `out`: the host has not seen it yet), raises SIGUSR1 and resumes: getpid must still return 1 and the
  * handler must run exactly once, after it. */
 #include <signal.h>
 #include <stdio.h>
