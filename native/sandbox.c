@@ -42,6 +42,12 @@ zb_sandbox *zb_sandbox_alloc(zb_engine *e, char *err) {
         zb_seterr(err, "out of memory");
         return NULL;
     }
+    if (zb_threads_init(&sb->threads, e->xsave_size) < 0) {
+        free(sb->cpu.xsave);
+        free(sb);
+        zb_seterr(err, "out of memory");
+        return NULL;
+    }
     sb->engine = e;
     sb->trace_fd = -1;
     zb_uart_init(&sb->uart);
@@ -224,6 +230,7 @@ void zb_sandbox_destroy(zb_sandbox *sb) {
     zb_sandbox_free_state(sb);
     zb_mem_destroy(&sb->mem);
     zb_uart_destroy(&sb->uart);
+    zb_threads_free(&sb->threads);
     free(sb->cpu.xsave);
     free(sb->out_buf);
     free(sb);
