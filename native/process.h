@@ -158,6 +158,8 @@ int zb_take_kick(zb_sandbox *sb);
 /* Arm the run's POSIX timer (the kick signal to this thread) at the earlier of the run deadline and
  * the guest's alarm, or disarm it. */
 int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm);
+/* Take a kick signal queued while blocked (zb_kick_signal_seen, zb_outside_kick as its handler). */
+void zb_take_blocked_kick(void);
 /* The guest changed its alarm: re-arm the running sandbox's wake-up timer. */
 void zb_run_timer_update(zb_sandbox *sb);
 

@@ -401,7 +401,10 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
             continue;
         }
         /* a waiter's timeout, a signal for another thread, the time slice (run_threads.c) */
-        if (sb->threads.count > 1 && zb_run_threads_tick(sb, vm, ev)) return;
+        if (sb->threads.count > 1) {
+            if (zb_run_threads_tick(sb, vm, ev)) return;
+            if (sb->cpu.pending_syscall) continue; /* switched to a yielded syscall: served first */
+        }
         if (zb_take_kick(sb)) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_KICK; return; }
         if (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_TIMEOUT; return; }
         if (sb->sig.alarm_ns && zb_alarm_check(sb, zb_now_ns())) {
@@ -421,6 +424,7 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         }
         if (run_rc < 0) {
             if (errno == EINTR || errno == EAGAIN) {
+                zb_take_blocked_kick();
                 if (sb->sig.alarm_ns && zb_now_ns() >= sb->sig.alarm_ns) continue; /* the wake timer: the alarm */
                 if (!atomic_load(&sb->kick_requested) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {
                     /* our own signal with nothing to do: the wake-up timer of an alarm that the loop

@@ -60,8 +60,7 @@ static long new_thread(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t 
 
 static long sys_clone(zb_sandbox *sb, const uint64_t a[6]) {
     /* x86-64 order: flags, stack, parent_tid, child_tid, tls; the low byte of flags is the exit
-     * signal, which a thread must not have */
-    if ((a[0] & CSIGNAL) && (a[0] & CLONE_THREAD)) return -EINVAL;
+     * signal, which Linux ignores for a thread (clone3 refuses it) */
     return new_thread(sb, a[0] & ~(uint64_t)CSIGNAL, a[1], a[2], a[3], a[4]);
 }
 
