@@ -100,6 +100,7 @@ typedef struct zb_threads {
     int need_xsave_for;     /* a thread cloned by the syscall under way: copy the vCPU's XSAVE into it (-1 none) */
     int switch_request;     /* the syscall under way: 1 = sched_yield, 2 = the running thread exits */
     int preempt;            /* a waiter's timeout passed or a signal needs another thread: switch now */
+    int64_t armed_horizon;  /* the zb_threads_timer_horizon the run's wake-up timer was last armed for */
     uint64_t switches;      /* statistics */
 } zb_threads;
 /* One thread (tid 1), the running one. -1: out of memory. */

@@ -136,6 +136,7 @@ int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
     int64_t at = zb_run_deadline_ns;
     if (sb->sig.alarm_ns && (!at || sb->sig.alarm_ns < at)) at = sb->sig.alarm_ns;
     int64_t threads_at = zb_threads_timer_horizon(&sb->threads); /* a waiter's timeout, a time slice's end */
+    sb->threads.armed_horizon = threads_at;
     if (threads_at != INT64_MAX && (!at || threads_at < at)) at = ZB_MAX(threads_at, 1);
     if (!at && !vm->wake_timer_live) return 0;
     if (vm->wake_timer_live) zb_take_blocked_kick();

@@ -249,6 +249,9 @@ int zb_run_threads_start(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
 
 int zb_run_threads_tick(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     zb_threads *ts = &sb->threads;
+    /* a syscall woke or cloned a thread (or a waiter began a timed wait): the time slice of the
+     * running thread, or that timeout, must stop it */
+    if (zb_threads_timer_horizon(ts) != ts->armed_horizon) zb_run_timer_update(sb);
     int64_t now = zb_now_ns();
     if (expire(ts, now)) ts->preempt = 1;
     int target = sb->sig.pending ? route_signals(sb) : -1;

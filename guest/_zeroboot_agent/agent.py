@@ -5,7 +5,7 @@ the host in frames over the UART (docs/PROTOCOL.md).
 
 Start-up: open the UART, build the shell, import the preload modules, run a silent warm-up,
 send READY (the host snapshots the template there), then serve EXECUTE / COMPLETE / INSPECT
-requests one at a time. There are no threads in the VM, so everything here is synchronous.
+requests one at a time, synchronously (threads that user code starts run beside it: agent_io.py).
 
 For tests on the host, ZEROBOOT_UART_FD=<fd> makes the agent use an inherited descriptor (e.g.
 one end of a socketpair) instead of /dev/ttyS0.
