@@ -153,6 +153,12 @@ void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes) {
 }
 void zb_sandbox_set_trace_fd(zb_sandbox *sb, int fd) { sb->trace_fd = fd; }
 
+int zb_sandbox_set_max_threads(zb_sandbox *sb, int n) {
+    if (n < 1 || n > ZB_THREADS_MAX) return -1;
+    sb->threads.max_threads = n;
+    return 0;
+}
+
 void zb_sandbox_set_profile(zb_sandbox *sb, int on) {
     if (on) memset(&sb->prof, 0, sizeof sb->prof);
     sb->profile = on != 0;

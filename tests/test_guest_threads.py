@@ -49,3 +49,13 @@ def test_deadlock_of_all_threads_is_the_cell_blocking_not_an_engine_hang() -> No
 
 def test_threads_survive_snapshots_saves_and_forks(tmp_path) -> None:
     guest_c.check_state_survives_snapshots("threads", tmp_path)
+
+
+def test_thread_limit_is_eagain_past_the_setting() -> None:
+    with guest_c.boot("threads", "limit", "5") as sb:
+        sb.set_max_threads(5)
+        with pytest.raises(ValueError):
+            sb.set_max_threads(0)
+        result = guest_c.drive(sb)
+    assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
+    assert "PASS limit" in result.out

@@ -344,7 +344,25 @@ static void test_snapshot_state(int argc, char **argv) {
     }
 }
 
+/* ---- the thread limit: argv[2] threads alive at most (main included), EAGAIN past it ---- */
+
+static void test_limit(int argc, char **argv) {
+    int limit = argc > 2 ? atoi(argv[2]) : 0;
+    static atomic_uint hold = 0;
+    pthread_t t[64];
+    int made = 0;
+    while (made < 64 && pthread_create(&t[made], NULL, blocker, &hold) == 0) made++;
+    CHECK_EQ(made, limit - 1);
+    CHECK_EQ(pthread_create(&t[63], NULL, blocker, &hold), EAGAIN);
+    atomic_store(&hold, 1);
+    futex(&hold, FUTEX_WAKE, 64, NULL, NULL, 0);
+    for (int i = 0; i < made; i++) CHECK_EQ(pthread_join(t[i], NULL), 0);
+    CHECK_EQ(pthread_create(&t[0], NULL, blocker, &hold), 0); /* room again once they ended */
+    CHECK_EQ(pthread_join(t[0], NULL), 0);
+}
+
 static const zb_test tests[] = {
+    {"limit", test_limit},
     {"create_join", test_create_join},
     {"cleartid", test_cleartid},
     {"refusals", test_refusals},
