@@ -23,6 +23,13 @@ void zb_sys_socket_register(zb_syscall_fn *t);
 void zb_sys_inet_register(zb_syscall_fn *t);  /* wraps the socket handlers: after zb_sys_socket_register */
 void zb_sys_epoll_register(zb_syscall_fn *t);
 void zb_sys_eventfd_register(zb_syscall_fn *t); /* file_eventfd.c */
+void zb_sys_threads_register(zb_syscall_fn *t);
+
+/* Linux's TASK_SIZE_MAX: the highest user address + 1 (47-bit canonical user half, minus the guard
+ * page). An FS/GS base at or above it is refused with EPERM, as Linux does: a non-canonical base
+ * cannot be loaded into the vCPU (KVM_SET_SREGS or the VM entry fails), so the guest would die of
+ * a confusing fault on its next instruction instead of getting an error. */
+#define ZB_USER_ADDR_LIMIT 0x7ffffffff000ull
 
 /* ---- ELF loading (elf_loader.c) ---- */
 int zb_elf_exec(zb_sandbox *sb, const char *exe_guest_path, const char *const *argv,

@@ -57,6 +57,78 @@ void zb_process_clone(zb_process *dst, const zb_process *src);
 void zb_process_save(const zb_process *p, struct zb_out *o);
 int zb_process_load(zb_process *p, struct zb_in *in, char *err);
 
+/* ---- guest threads (threads.c; their syscalls: sys_threads.c; switching them on the vCPU:
+ * run_threads.c) ----
+ * M:1: every guest thread is a saved register set multiplexed by the engine on the sandbox's one
+ * vCPU. The running thread's state is the sandbox's own (sb->cpu, sb->sig.blocked, the alternate
+ * stack); the table keeps every thread's identity and wait state, and for the others their saved
+ * vCPU state and signal mask. Slot `current` is the running thread: its `cpu` is unused (sb->cpu
+ * holds it). */
+#define ZB_THREADS_MAX 1024       /* the highest per-sandbox limit (zb_sandbox_set_max_threads) */
+#define ZB_THREADS_DEFAULT 256    /* the default limit (EAGAIN past it, as RLIMIT_NPROC) */
+#define ZB_THREAD_SLICE_NS 10000000 /* a thread that runs without blocking is preempted after this */
+enum {
+    ZB_THREAD_RUNNABLE = 1,
+    ZB_THREAD_FUTEX = 2,    /* waiting on futex_addr (bitset), until wake_ns (INT64_MAX: forever) */
+    ZB_THREAD_RETRY = 3,    /* a blocking syscall (sleep, poll, ...) yielded: served again when picked */
+};
+typedef struct zb_thread {
+    int32_t tid;            /* 0: a free slot */
+    int state;
+    zb_cpu cpu;             /* saved vCPU state; for the running thread (slot `current` while it is
+                               RUNNABLE) sb->cpu is the live one and this copy is stale */
+    uint64_t blocked;       /* signal mask (not for the running thread) */
+    uint64_t pending;       /* signals sent to this thread (tgkill), moved to sb->sig.pending when it runs */
+    uint64_t altstack_sp, altstack_size;
+    int altstack_flags;
+    uint64_t clear_child_tid; /* CLONE_CHILD_CLEARTID / set_tid_address: 0 written + futex wake at exit */
+    uint64_t robust_list, robust_len;
+    uint64_t futex_addr;
+    uint32_t futex_bitset;
+    uint64_t wait_seq;      /* order of futex waits: wakes take the oldest waiter first */
+    int64_t wake_ns;        /* FUTEX/RETRY: host CLOCK_MONOTONIC wake time, INT64_MAX = none */
+} zb_thread;
+typedef struct zb_threads {
+    zb_thread *t;           /* cap slots */
+    int cap;
+    int count;              /* live threads */
+    int current;            /* slot of the running thread */
+    int32_t next_tid;
+    int max_threads;        /* the limit (a setting, not saved) */
+    uint64_t wait_seq;
+    int64_t slice_start_ns; /* when the running thread was switched in */
+    int need_xsave_for;     /* a thread cloned by the syscall under way: copy the vCPU's XSAVE into it (-1 none) */
+    int switch_request;     /* the syscall under way: 1 = sched_yield, 2 = the running thread exits */
+    int preempt;            /* a waiter's timeout passed or a signal needs another thread: switch now */
+    int64_t armed_horizon;  /* the zb_threads_timer_horizon the run's wake-up timer was last armed for */
+    uint64_t switches;      /* statistics */
+} zb_threads;
+/* One thread (tid 1), the running one. -1: out of memory. */
+int zb_threads_init(zb_threads *ts, size_t xsave_size);
+void zb_threads_free(zb_threads *ts);
+int zb_threads_clone(zb_threads *dst, const zb_threads *src, size_t xsave_size);
+void zb_threads_save(const zb_threads *ts, size_t xsave_size, struct zb_out *o);
+int zb_threads_load(zb_threads *ts, size_t xsave_size, struct zb_in *in, char *err);
+/* The slot of thread `tid`, or -1. */
+int zb_threads_find(const zb_threads *ts, int32_t tid);
+/* A free slot for a new thread (cap grown as needed), or -1 past the limit / out of memory. */
+int zb_threads_new_slot(zb_threads *ts, size_t xsave_size);
+/* Remove a thread that is not running (its slot becomes free). */
+void zb_threads_remove(zb_threads *ts, int slot);
+/* Wake up to n futex waiters on addr whose bitset intersects bitset (oldest first); the number woken. */
+int zb_threads_futex_wake(zb_threads *ts, uint64_t addr, uint32_t bitset, int n);
+/* Move up to n waiters of addr to addr2 (FUTEX_REQUEUE); the number moved. */
+int zb_threads_futex_requeue(zb_threads *ts, uint64_t addr, uint64_t addr2, int n);
+/* Make a waiting (not running) thread runnable with this syscall result. */
+void zb_threads_resume(zb_threads *ts, int slot, long result);
+/* The earliest wake time of a waiting thread other than the running one (INT64_MAX: none). */
+int64_t zb_threads_next_wake(const zb_threads *ts);
+/* Another thread than the running one can run (RUNNABLE, or RETRY when with_retry). */
+int zb_threads_others_runnable(const zb_threads *ts, int with_retry);
+/* The guest's stop/timer horizon for the run's wake-up timer: the next wake of a waiting thread,
+ * and the end of the running thread's time slice if another thread is runnable (INT64_MAX: none). */
+int64_t zb_threads_timer_horizon(const zb_threads *ts);
+
 /* ---- what a syscall handler asks of the run loop (run_events.c) ----
  * A handler that cannot finish now calls zb_stop_event(sb, kind, 1) and returns ZB_SYSCALL_STOP;
  * the syscall is served again when the sandbox resumes. A handler that finished but needs the
@@ -65,6 +137,9 @@ int zb_process_load(zb_process *p, struct zb_in *in, char *err);
 /* A long engine operation (a listing of a huge directory) gave up because the run's deadline
  * passed or a kick came: the handler turns it into zb_stop_for_deadline (never seen by the guest). */
 #define ZB_DEADLINE_PASSED (-100001)
+/* A blocking syscall of the running thread cannot complete now and other threads can run: the
+ * thread waits (sb->threads: its state says for what) and the run loop switches to another. */
+#define ZB_SYSCALL_BLOCK (-100002)
 zb_event *zb_stop_event(zb_sandbox *sb, int kind, int retry);
 /* Append guest output to the pending OUTPUT event (one event per syscall). */
 int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len);
@@ -84,6 +159,8 @@ int zb_take_kick(zb_sandbox *sb);
 /* Arm the run's POSIX timer (the kick signal to this thread) at the earlier of the run deadline and
  * the guest's alarm, or disarm it. */
 int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm);
+/* Take a kick signal queued while blocked (zb_kick_signal_seen, zb_outside_kick as its handler). */
+void zb_take_blocked_kick(void);
 /* The guest changed its alarm: re-arm the running sandbox's wake-up timer. */
 void zb_run_timer_update(zb_sandbox *sb);
 
@@ -96,6 +173,8 @@ int zb_signal_deliver(zb_sandbox *sb, int *killed_by);
 int zb_signal_has_handler(const zb_sandbox *sb, int sig);
 /* 1 if `sig` arriving now would interrupt a blocked syscall (unblocked, and handled or fatal). */
 int zb_signal_interrupts(const zb_sandbox *sb, int sig);
+/* The same for a thread whose signal mask is `blocked` (a thread that is not running). */
+int zb_signal_interrupts_mask(const zb_sandbox *sb, int sig, uint64_t blocked);
 /* rt_sigreturn: restore the interrupted context into sb->cpu.regs and set context_restored;
  * or -errno (regs untouched) for a frame that cannot be read. */
 long zb_signals_sigreturn(zb_sandbox *sb);

@@ -2,9 +2,28 @@
 #ifndef ZB_RUN_H
 #define ZB_RUN_H
 #include "util.h"
+#include "vm.h"
 
 /* ---- run loop helpers (run_loop.c) ---- */
 void zb_fault_event(zb_sandbox *sb, zb_event *ev, int signo, uint64_t rip, uint64_t addr,
                     const char *what);
+/* For run_threads.c: an ERROR event that finishes the sandbox; delivering pending signals (1 if an
+ * event ends the run); entering user mode with sb->cpu.regs; making sb->cpu.regs the vCPU's user
+ * state (1: mid-trap, there is none yet; -1 error). */
+void zb_run_error(zb_sandbox *sb, zb_event *ev, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int zb_run_deliver_signals(zb_sandbox *sb, zb_event *ev);
+int zb_run_set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
+int zb_run_sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
+
+/* ---- guest threads on the one vCPU (run_threads.c) ---- */
+/* The running thread's syscall returned ZB_SYSCALL_BLOCK (it waits or exits): switch. syscall
+ * number nr is served again later for a yielded one. 0, or 1 if an event ends the run. */
+int zb_run_threads_block(zb_sandbox *sb, zb_vm *vm, uint64_t nr, zb_event *ev);
+/* After any syscall of a sandbox with threads: a clone's XSAVE copy, a sched_yield's switch. */
+int zb_run_threads_after_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
+/* At the start of a run: route signals raised meanwhile, resume waiting threads. */
+int zb_run_threads_start(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
+/* At every turn of the run loop with several threads: timeouts, signals, the time slice. */
+int zb_run_threads_tick(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
 
 #endif

@@ -60,10 +60,27 @@ int zb_take_kick(zb_sandbox *sb) {
     return atomic_exchange(&sb->kick_requested, 0) || outside;
 }
 
+/* With other guest threads, a sleep of the running thread yields to them instead when one can run
+ * now, or as soon as a waiting one's timeout passes: the thread then waits in state RETRY and its
+ * syscall is served again when it is switched back in (with the same wake time). Another thread
+ * that waits in a yielded syscall (RETRY) does not stop this sleep: nothing it waits for can
+ * change while no thread runs, except by time. */
+static int yield_sleep(zb_sandbox *sb, int64_t wake_ns, int64_t now) {
+    zb_threads *ts = &sb->threads;
+    if (ts->count <= 1) return 0;
+    if (!zb_threads_others_runnable(ts, 0) && zb_threads_next_wake(ts) > now) return 0;
+    zb_thread *me = &ts->t[ts->current];
+    me->state = ZB_THREAD_RETRY;
+    me->wake_ns = wake_ns;
+    sb->cpu.pending_wake_ns = wake_ns;
+    return 1;
+}
+
 long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
     for (;;) {
         int64_t now = zb_now_ns();
         if (now >= wake_ns) return 0;
+        if (yield_sleep(sb, wake_ns, now)) return ZB_SYSCALL_BLOCK;
         int kind = 0;
         if (zb_take_kick(sb)) kind = ZB_EVENT_KICK;
         else if (zb_run_deadline_ns && now >= zb_run_deadline_ns) kind = ZB_EVENT_TIMEOUT;
@@ -75,6 +92,7 @@ long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
         if (zb_alarm_check(sb, now) && zb_signal_interrupts(sb, SIGALRM)) return -EINTR;
         int64_t until = zb_run_deadline_ns ? ZB_MIN(wake_ns, zb_run_deadline_ns) : wake_ns;
         if (sb->sig.alarm_ns) until = ZB_MIN(until, sb->sig.alarm_ns);
+        if (sb->threads.count > 1) until = ZB_MIN(until, zb_threads_next_wake(&sb->threads));
         int64_t ns = ZB_MIN(until - now, (int64_t)3600 * 1000000000);
         struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
         ppoll(NULL, 0, &ts, &zb_run_wait_sigmask); /* returns early on the kick signal */
@@ -93,12 +111,35 @@ long zb_stop_for_deadline(zb_sandbox *sb) {
 
 /* ---- the run's wake-up timer ---- */
 
+/* A kick signal that arrived while this thread blocked it (between two KVM_RUNs) is still
+ * queued: take it and classify it as its handler does. Done before the wake-up timer is set
+ * again, since Linux drops a POSIX timer's queued signal once the timer is re-armed, yet that
+ * signal still makes the next KVM_RUN return EINTR with no handler run: an EINTR nobody could
+ * tell from the caller's own signal. */
+void zb_take_blocked_kick(void) {
+    sigset_t kick;
+    sigemptyset(&kick);
+    sigaddset(&kick, ZB_KICK_SIGNAL);
+    siginfo_t si;
+    struct timespec zero = {0, 0};
+    int saved = errno;
+    if (sigtimedwait(&kick, &si, &zero) > 0) {
+        zb_kick_signal_seen = 1;
+        if (si.si_code != SI_TIMER) zb_outside_kick = 1;
+    }
+    errno = saved;
+}
+
 /* The run's POSIX timer sends the kick signal to this thread at the earlier of the run deadline and
  * the guest's alarm, so that KVM_RUN or a sleep returns in time for either. */
 int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
     int64_t at = zb_run_deadline_ns;
     if (sb->sig.alarm_ns && (!at || sb->sig.alarm_ns < at)) at = sb->sig.alarm_ns;
+    int64_t threads_at = zb_threads_timer_horizon(&sb->threads); /* a waiter's timeout, a time slice's end */
+    sb->threads.armed_horizon = threads_at;
+    if (threads_at != INT64_MAX && (!at || threads_at < at)) at = ZB_MAX(threads_at, 1);
     if (!at && !vm->wake_timer_live) return 0;
+    if (vm->wake_timer_live) zb_take_blocked_kick();
     if (!vm->wake_timer_live) {
         struct sigevent sev;
         memset(&sev, 0, sizeof sev);

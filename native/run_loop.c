@@ -136,6 +136,19 @@ static int deliver_signals(zb_sandbox *sb, zb_event *ev) {
     return 0;
 }
 
+/* What run_threads.c uses of the run loop (run.h). */
+void zb_run_error(zb_sandbox *sb, zb_event *ev, const char *fmt, ...) {
+    char msg[sizeof ev->message];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    error_event(sb, ev, "%s", msg);
+}
+int zb_run_deliver_signals(zb_sandbox *sb, zb_event *ev) { return deliver_signals(sb, ev); }
+int zb_run_set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev) { return set_user_state(sb, vm, ev); }
+int zb_run_sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev) { return sync_regs(sb, vm, ev); }
+
 static void trace_syscall(zb_sandbox *sb, uint64_t nr, const uint64_t a[6], long ret, int64_t ns) {
     char line[768], path[256] = "";
     switch (nr) {
@@ -192,9 +205,12 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         }
     }
     if (sb->trace_fd >= 0) trace_syscall(sb, nr, a, ret, dt);
+    if (sb->threads.need_xsave_for >= 0 && zb_run_threads_after_syscall(sb, vm, ev)) return 1; /* clone */
     if (sb->cpu.context_restored) { /* rt_sigreturn: rax is the interrupted code's, not a result */
         sb->cpu.context_restored = 0;
         ret = (long)r->rax;
+    } else if (ret == ZB_SYSCALL_BLOCK) { /* the thread waits or exits: another runs (run_threads.c) */
+        return zb_run_threads_block(sb, vm, nr, ev);
     } else if (ret == ZB_SYSCALL_STOP) {
         sb->cpu.pending_syscall = !sb->finished;
         sb->cpu.pending_nr = nr;
@@ -212,6 +228,7 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         sb->prof.return_ns += ret_ns;
         if (row) row->return_ns += ret_ns;
     }
+    if (sb->threads.switch_request && zb_run_threads_after_syscall(sb, vm, ev)) return 1; /* sched_yield */
     if (sb->has_stop) {
         *ev = sb->stop_ev;
         return 1;
@@ -408,6 +425,10 @@ static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
 static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     if (sb->uart.frame_ready) zb_uart_consume_frame(&sb->uart); /* the caller has seen it */
     sb->has_stop = 0;
+    /* several threads, or the only one waits: signals raised meanwhile and who runs (run_threads.c) */
+    if ((sb->threads.count > 1 || sb->threads.t[sb->threads.current].state != ZB_THREAD_RUNNABLE) &&
+        zb_run_threads_start(sb, vm, ev))
+        return;
     if (sb->sig.pending & ~sb->sig.blocked) {
         int mid_trap = 0;
         if (sb->cpu.pending_syscall) { /* interrupted while blocked: the syscall fails with EINTR */
@@ -422,6 +443,15 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     }
     if (sb->cpu.pending_syscall && serve_syscall(sb, vm, ev)) return;
     for (;;) {
+        if (sb->cpu.pending_syscall) { /* switched to a thread whose syscall yielded: serve it again */
+            if (serve_syscall(sb, vm, ev)) return;
+            continue;
+        }
+        /* a waiter's timeout, a signal for another thread, the time slice (run_threads.c) */
+        if (sb->threads.count > 1) {
+            if (zb_run_threads_tick(sb, vm, ev)) return;
+            if (sb->cpu.pending_syscall) continue; /* switched to a yielded syscall: served first */
+        }
         if (zb_take_kick(sb)) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_KICK; return; }
         if (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_TIMEOUT; return; }
         if (sb->sig.alarm_ns && zb_alarm_check(sb, zb_now_ns())) {
@@ -441,6 +471,7 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         }
         if (run_rc < 0) {
             if (errno == EINTR || errno == EAGAIN) {
+                zb_take_blocked_kick();
                 if (sb->sig.alarm_ns && zb_now_ns() >= sb->sig.alarm_ns) continue; /* the wake timer: the alarm */
                 if (!atomic_load(&sb->kick_requested) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {
                     /* our own signal with nothing to do: the wake-up timer of an alarm that the loop

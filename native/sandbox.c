@@ -42,6 +42,12 @@ zb_sandbox *zb_sandbox_alloc(zb_engine *e, char *err) {
         zb_seterr(err, "out of memory");
         return NULL;
     }
+    if (zb_threads_init(&sb->threads, e->xsave_size) < 0) {
+        free(sb->cpu.xsave);
+        free(sb);
+        zb_seterr(err, "out of memory");
+        return NULL;
+    }
     sb->engine = e;
     sb->trace_fd = -1;
     zb_uart_init(&sb->uart);
@@ -147,6 +153,12 @@ void zb_sandbox_set_memory_limit(zb_sandbox *sb, uint64_t bytes) {
 }
 void zb_sandbox_set_trace_fd(zb_sandbox *sb, int fd) { sb->trace_fd = fd; }
 
+int zb_sandbox_set_max_threads(zb_sandbox *sb, int n) {
+    if (n < 1 || n > ZB_THREADS_MAX) return -1;
+    sb->threads.max_threads = n;
+    return 0;
+}
+
 void zb_sandbox_set_profile(zb_sandbox *sb, int on) {
     if (on) {
         memset(&sb->prof, 0, sizeof sb->prof);
@@ -240,6 +252,7 @@ void zb_sandbox_destroy(zb_sandbox *sb) {
     zb_sandbox_free_state(sb);
     zb_mem_destroy(&sb->mem);
     zb_uart_destroy(&sb->uart);
+    zb_threads_free(&sb->threads);
     free(sb->cpu.xsave);
     free(sb->out_buf);
     free(sb->prof_nr);

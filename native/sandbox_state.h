@@ -30,6 +30,7 @@ struct zb_sandbox {
     zb_fs *fs;
     zb_fdtable *fds;
     zb_signals sig;
+    zb_threads threads;      /* the guest's threads (threads.c); the running one's state is cpu/sig */
     zb_uart uart;
     zb_process proc;
     uint64_t vdso_data;      /* guest address of the vDSO data page, 0 if none */

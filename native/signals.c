@@ -65,8 +65,10 @@ int zb_signal_has_handler(const zb_sandbox *sb, int sig) {
     return h != (uint64_t)(uintptr_t)SIG_DFL && h != (uint64_t)(uintptr_t)SIG_IGN;
 }
 
-int zb_signal_interrupts(const zb_sandbox *sb, int sig) {
-    if (sb->sig.blocked & ZB_SIG_BIT(sig)) return 0;
+int zb_signal_interrupts(const zb_sandbox *sb, int sig) { return zb_signal_interrupts_mask(sb, sig, sb->sig.blocked); }
+
+int zb_signal_interrupts_mask(const zb_sandbox *sb, int sig, uint64_t blocked) {
+    if (blocked & ZB_SIG_BIT(sig)) return 0;
     uint64_t h = sb->sig.action[sig].handler;
     if (h == (uint64_t)(uintptr_t)SIG_IGN) return 0;
     return h != (uint64_t)(uintptr_t)SIG_DFL || !default_ignored(sig);

@@ -267,6 +267,7 @@ static int unchanged_again(uint8_t *runs, uint64_t pfn) {
 
 void zb_guest_state_free(zb_guest_state *st) {
     zb_cpu_free(&st->cpu);
+    zb_threads_free(&st->threads);
     zb_uart_destroy(&st->uart);
     zb_fdtable_free(st->fds, NULL); /* the fs goes too: no open counts to keep */
     zb_fs_free(st->fs);
@@ -275,14 +276,15 @@ void zb_guest_state_free(zb_guest_state *st) {
 }
 
 /* Copy a sandbox's (or a snapshot's) non-memory state: each component clones its own. */
-static int state_copy(zb_guest_state *dst, const zb_cpu *cpu, const zb_signals *sig, const zb_process *proc,
-                      const zb_uart *uart, uint64_t vdso_data, const zb_fs *fs, const zb_fdtable *fds,
-                      size_t xsave_size) {
+static int state_copy(zb_guest_state *dst, const zb_cpu *cpu, const zb_signals *sig, const zb_threads *threads,
+                      const zb_process *proc, const zb_uart *uart, uint64_t vdso_data, const zb_fs *fs,
+                      const zb_fdtable *fds, size_t xsave_size) {
     memset(dst, 0, sizeof *dst);
     zb_signals_clone(&dst->sig, sig);
     zb_process_clone(&dst->proc, proc);
     dst->vdso_data = vdso_data;
-    if (zb_cpu_clone(&dst->cpu, cpu, xsave_size) < 0 || zb_uart_clone(&dst->uart, uart) < 0 ||
+    if (zb_cpu_clone(&dst->cpu, cpu, xsave_size) < 0 || zb_threads_clone(&dst->threads, threads, xsave_size) < 0 ||
+        zb_uart_clone(&dst->uart, uart) < 0 ||
         !(dst->fs = zb_fs_clone(fs)) || !(dst->fds = zb_fdtable_clone(fds))) {
         zb_guest_state_free(dst);
         return -1;
@@ -293,7 +295,7 @@ static int state_copy(zb_guest_state *dst, const zb_cpu *cpu, const zb_signals *
 /* Replace the sandbox's non-memory state with a copy of the snapshot's. */
 static int state_apply(zb_sandbox *sb, const zb_guest_state *st, char *err) {
     zb_guest_state fresh;
-    if (state_copy(&fresh, &st->cpu, &st->sig, &st->proc, &st->uart, st->vdso_data, st->fs, st->fds,
+    if (state_copy(&fresh, &st->cpu, &st->sig, &st->threads, &st->proc, &st->uart, st->vdso_data, st->fs, st->fds,
                    sb->engine->xsave_size) < 0) {
         zb_seterr(err, "out of memory restoring sandbox state");
         return -1;
@@ -306,8 +308,11 @@ static int state_apply(zb_sandbox *sb, const zb_guest_state *st, char *err) {
     zb_sandbox_free_state(sb);
     zb_cpu_free(&sb->cpu);
     zb_uart_destroy(&sb->uart);
+    fresh.threads.max_threads = sb->threads.max_threads; /* a setting of this sandbox, not captured state */
+    zb_threads_free(&sb->threads);
     sb->cpu = fresh.cpu;
     sb->sig = fresh.sig;
+    sb->threads = fresh.threads;
     sb->proc = fresh.proc;
     sb->uart = fresh.uart;
     sb->vdso_data = fresh.vdso_data;
@@ -651,7 +656,7 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     free(copied);
     free(take);
     if (out.error) { free(fresh); zb_seterr(err, "cannot write the snapshot's pages: %s", strerror(out.error)); goto fail; }
-    if (state_copy(&s->st, &sb->cpu, &sb->sig, &sb->proc, &sb->uart, sb->vdso_data, sb->fs, sb->fds,
+    if (state_copy(&s->st, &sb->cpu, &sb->sig, &sb->threads, &sb->proc, &sb->uart, sb->vdso_data, sb->fs, sb->fds,
                    sb->engine->xsave_size) < 0 ||
         zb_mem_meta_capture(&sb->mem, &s->st.mem) < 0) {
         free(fresh);

@@ -37,6 +37,7 @@ typedef struct zb_chunk {
 typedef struct zb_guest_state {
     zb_cpu cpu;
     zb_signals sig;
+    zb_threads threads;
     zb_process proc;
     zb_uart uart;
     uint64_t vdso_data;

@@ -6,7 +6,7 @@
  * state.bin is read with a bounds-checked reader (serial.h): a truncated or corrupt file gives an
  * error that tells the caller to rebuild the template, never a crash. This file only frames it: the
  * header, then one section per component in a fixed order, each saved and loaded by the component's
- * own zb_*_save / zb_*_load (cpu_state.c, signals.c, sys_process.c, uart16550.c, guest_memory.c,
+ * own zb_*_save / zb_*_load (cpu_state.c, signals.c, threads.c, sys_process.c, uart16550.c, guest_memory.c,
  * fs_snapshot.c), each loader bounded to its section and required to read all of it.
  */
 #define _GNU_SOURCE
@@ -30,13 +30,15 @@
  *   3: raw struct dumps of the vCPU registers and the signal state, no sections.
  *   4: one section per component, written and read by the component (explicit little-endian fields).
  *   6: the guest memory's low 2 MiB hold the syscall entry page (guest_layout.c, LSTAR), which
- *      images of earlier engines lack: they are refused, not run. */
-#define STATE_FORMAT 6
+ *      images of earlier engines lack: they are refused, not run.
+ *   7: the thread table (THRD, threads.c) after the signal state. */
+#define STATE_FORMAT 7
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
 #define SECTION_CPU TAG('C', 'P', 'U', ' ')
 #define SECTION_SIGNALS TAG('S', 'I', 'G', ' ')
+#define SECTION_THREADS TAG('T', 'H', 'R', 'D')
 #define SECTION_PROCESS TAG('P', 'R', 'O', 'C')
 #define SECTION_UART TAG('U', 'A', 'R', 'T')
 #define SECTION_MEMORY TAG('M', 'E', 'M', ' ')
@@ -93,6 +95,9 @@ static void save_state(const zb_snapshot *s, zb_out *o) {
     out_section_end(o, at);
     at = out_section_begin(o, SECTION_SIGNALS);
     zb_signals_save(&st->sig, o);
+    out_section_end(o, at);
+    at = out_section_begin(o, SECTION_THREADS);
+    zb_threads_save(&st->threads, s->engine->xsave_size, o);
     out_section_end(o, at);
     at = out_section_begin(o, SECTION_PROCESS);
     zb_process_save(&st->proc, o);
@@ -178,6 +183,9 @@ static int load_state(zb_engine *e, zb_in *in, zb_guest_state *st, uint64_t *mem
         return -1;
     if (section(in, SECTION_SIGNALS, "signal", &sec, err) < 0 ||
         section_done(&sec, zb_signals_load(&st->sig, &sec, err), "signal", err) < 0)
+        return -1;
+    if (section(in, SECTION_THREADS, "thread table", &sec, err) < 0 ||
+        section_done(&sec, zb_threads_load(&st->threads, e->xsave_size, &sec, err), "thread table", err) < 0)
         return -1;
     if (section(in, SECTION_PROCESS, "process", &sec, err) < 0 ||
         section_done(&sec, zb_process_load(&st->proc, &sec, err), "process", err) < 0)

@@ -1,8 +1,8 @@
-/* sys_process.c - the guest's process: identity, limits, exit, TLS, futex, scheduling, entropy.
+/* sys_process.c - the guest's process: identity, limits, exit_group, TLS, scheduling, entropy.
  *
  * Identity is fixed and documented (docs/ARCHITECTURE.md): pid 1, uid/gid 1000 ("sandbox"),
- * hostname "zeroboot", one CPU. The guest is one thread; creating threads or processes fails
- * cleanly with EAGAIN.
+ * hostname "zeroboot", one CPU. Threads are sys_threads.c's; creating processes fails cleanly
+ * with EAGAIN.
  */
 #include "util.h"
 #include "memory.h"
@@ -14,7 +14,6 @@
 #include "serial.h"
 
 #include <asm/prctl.h>
-#include <linux/futex.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
@@ -168,60 +167,14 @@ static long sys_exit_group(zb_sandbox *sb, const uint64_t a[6]) {
     return ZB_SYSCALL_STOP;
 }
 
-/* Linux's TASK_SIZE_MAX: the highest user address + 1 (47-bit canonical user half, minus the guard
- * page). A base at or above it is refused with EPERM, as Linux does: a non-canonical FS/GS base
- * cannot be loaded into the vCPU (KVM_SET_SREGS or the VM entry fails), so the guest would die of
- * a confusing fault on its next instruction instead of getting an error. */
-#define USER_ADDR_LIMIT 0x7ffffffff000ull
-
+/* FS/GS bases at or above ZB_USER_ADDR_LIMIT are refused (linux.h says why). */
 static long sys_arch_prctl(zb_sandbox *sb, const uint64_t a[6]) {
     switch (a[0]) {
-    case ARCH_SET_FS: if (a[1] >= USER_ADDR_LIMIT) return -EPERM; sb->cpu.fs_base = a[1]; return 0;
-    case ARCH_SET_GS: if (a[1] >= USER_ADDR_LIMIT) return -EPERM; sb->cpu.gs_base = a[1]; return 0;
+    case ARCH_SET_FS: if (a[1] >= ZB_USER_ADDR_LIMIT) return -EPERM; sb->cpu.fs_base = a[1]; return 0;
+    case ARCH_SET_GS: if (a[1] >= ZB_USER_ADDR_LIMIT) return -EPERM; sb->cpu.gs_base = a[1]; return 0;
     case ARCH_GET_FS: return zb_copy_to_guest(sb, a[1], &sb->cpu.fs_base, 8);
     case ARCH_GET_GS: return zb_copy_to_guest(sb, a[1], &sb->cpu.gs_base, 8);
     default: return -EINVAL; /* CET, AMX permission requests, ... */
-    }
-}
-
-static long sys_set_tid_address(zb_sandbox *sb, const uint64_t a[6]) {
-    sb->proc.tid_address = a[0];
-    return GUEST_PID;
-}
-
-static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
-    int op = (int)a[1] & FUTEX_CMD_MASK;
-    if (a[0] & 3) return -EINVAL;
-    uint32_t *word = zb_guest_ptr(sb, a[0], 4, 0);
-    if (!word) return -EFAULT;
-    switch (op) {
-    case FUTEX_WAKE: case FUTEX_WAKE_BITSET: case FUTEX_REQUEUE: case FUTEX_CMP_REQUEUE: case FUTEX_WAKE_OP:
-        return 0; /* one thread: nobody is waiting */
-    case FUTEX_WAIT: case FUTEX_WAIT_BITSET: {
-        if (*word != (uint32_t)a[2] && !sb->cpu.pending_wake_ns) return -EAGAIN;
-        /* nobody else can ever wake us: sleep until the timeout, like Linux would */
-        int64_t wake = INT64_MAX;
-        if (a[3]) {
-            struct timespec ts;
-            if (zb_copy_from_guest(sb, &ts, a[3], sizeof ts) < 0) return -EFAULT;
-            if (ts.tv_sec < 0 || ts.tv_nsec < 0 || ts.tv_nsec >= 1000000000) return -EINVAL; /* as Linux */
-            /* in ns, with seconds clamped (to the year 2116) so that neither this product nor the
-             * sums below overflow: a timeout that far away never ends anyway */
-            const int64_t max_sec = INT64_MAX / 1000000000 / 2;
-            int64_t ns = (ts.tv_sec > max_sec ? max_sec : (int64_t)ts.tv_sec) * 1000000000 + ts.tv_nsec;
-            if (op == FUTEX_WAIT) wake = zb_now_ns() + ns;
-            else {
-                struct timespec now;
-                clock_gettime((a[1] & FUTEX_CLOCK_REALTIME) ? CLOCK_REALTIME : CLOCK_MONOTONIC, &now);
-                wake = zb_now_ns() + (ns - ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec));
-            }
-        }
-        if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
-        long r = zb_sleep_until(sb, wake);
-        return r == 0 ? -ETIMEDOUT : r;
-    }
-    default:
-        return -ENOSYS;
     }
 }
 
@@ -309,7 +262,6 @@ int zb_process_load(zb_process *p, struct zb_in *in, char *err) {
 
 void zb_sys_process_register(zb_syscall_fn *t) {
     t[SYS_getpid] = sys_getpid;
-    t[SYS_gettid] = sys_getpid;
     t[SYS_getppid] = sys_getppid;
     t[SYS_getpgrp] = sys_getpid;
     t[SYS_getpgid] = sys_getpid;
@@ -337,13 +289,9 @@ void zb_sys_process_register(zb_syscall_fn *t) {
     t[SYS_setrlimit] = sys_setrlimit;
     t[SYS_getrusage] = sys_getrusage;
     t[SYS_times] = sys_times;
-    t[SYS_exit] = sys_exit_group;
     t[SYS_exit_group] = sys_exit_group;
     t[SYS_arch_prctl] = sys_arch_prctl;
-    t[SYS_set_tid_address] = sys_set_tid_address;
-    t[SYS_set_robust_list] = sys_zero;
     t[SYS_rseq] = sys_enosys;
-    t[SYS_futex] = sys_futex;
     t[SYS_sched_getaffinity] = sys_sched_getaffinity;
     t[SYS_sched_setaffinity] = sys_sched_pid_only; /* accepted, but one CPU it stays */
     t[SYS_sched_getscheduler] = sys_sched_pid_only; /* 0: SCHED_OTHER */
@@ -352,9 +300,7 @@ void zb_sys_process_register(zb_syscall_fn *t) {
     t[SYS_getrandom] = sys_getrandom;
     t[SYS_prctl] = sys_prctl;
     t[SYS_personality] = sys_zero;
-    t[SYS_clone] = sys_eagain;   /* threads and processes: not in this sandbox */
-    t[SYS_clone3] = sys_eagain;
-    t[SYS_fork] = sys_eagain;
+    t[SYS_fork] = sys_eagain; /* processes: not in this sandbox (threads: sys_threads.c) */
     t[SYS_vfork] = sys_eagain;
     t[SYS_wait4] = sys_echild;
     t[SYS_waitid] = sys_echild;

@@ -71,7 +71,7 @@ static long sys_sigaltstack(zb_sandbox *sb, const uint64_t a[6]) {
     return 0;
 }
 
-/* kill/tkill/tgkill aimed at the guest itself queue the signal; it is delivered when the syscall
+/* kill aimed at the guest itself queues the signal (tkill/tgkill: sys_threads.c); it is delivered when the syscall
  * returns. There is no other process to signal. */
 static long queue_self(zb_sandbox *sb, int64_t pid, int sig) {
     if (pid != 0 && pid != 1 && pid != -1) return -ESRCH;
@@ -80,11 +80,6 @@ static long queue_self(zb_sandbox *sb, int64_t pid, int sig) {
     return 0;
 }
 static long sys_kill(zb_sandbox *sb, const uint64_t a[6]) { return queue_self(sb, (int64_t)a[0], (int)a[1]); }
-static long sys_tkill(zb_sandbox *sb, const uint64_t a[6]) { return queue_self(sb, (int64_t)a[0], (int)a[1]); }
-static long sys_tgkill(zb_sandbox *sb, const uint64_t a[6]) {
-    if ((int64_t)a[1] != 1) return -ESRCH;
-    return queue_self(sb, (int64_t)a[0], (int)a[2]);
-}
 
 /* Waiting for a signal: only the host can send one, so sleep until it does (or a kick/deadline). */
 static long sys_rt_sigsuspend(zb_sandbox *sb, const uint64_t a[6]) {
@@ -107,6 +102,4 @@ void zb_sys_signals_register(zb_syscall_fn *t) {
     t[SYS_rt_sigsuspend] = sys_rt_sigsuspend;
     t[SYS_pause] = sys_rt_sigsuspend;
     t[SYS_kill] = sys_kill;
-    t[SYS_tkill] = sys_tkill;
-    t[SYS_tgkill] = sys_tgkill;
 }

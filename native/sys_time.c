@@ -91,7 +91,7 @@ static int read_timespec(zb_sandbox *sb, uint64_t addr, int64_t *ns) {
 static long sleep_syscall(zb_sandbox *sb, int64_t wake, uint64_t rem) {
     if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
     long r = zb_sleep_until(sb, wake);
-    if ((r == ZB_SYSCALL_STOP || r == -EINTR) && rem) { /* -EINTR: the guest's alarm went off */
+    if ((r == ZB_SYSCALL_STOP || r == ZB_SYSCALL_BLOCK || r == -EINTR) && rem) { /* -EINTR: the guest's alarm went off */
         int64_t left = ZB_MAX(wake - zb_now_ns(), 0);
         struct timespec ts = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
         zb_copy_to_guest(sb, rem, &ts, sizeof ts); /* validated when the syscall started */
@@ -124,7 +124,6 @@ static long sys_clock_nanosleep(zb_sandbox *sb, const uint64_t a[6]) {
     return sleep_syscall(sb, wake, rem);
 }
 
-static long sys_sched_yield(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
 
 /* Setting the host's clocks needs CAP_SYS_TIME, which the guest does not have. */
 static long sys_eperm(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -EPERM; }
@@ -136,7 +135,6 @@ void zb_sys_time_register(zb_syscall_fn *t) {
     t[SYS_time] = sys_time;
     t[SYS_nanosleep] = sys_nanosleep;
     t[SYS_clock_nanosleep] = sys_clock_nanosleep;
-    t[SYS_sched_yield] = sys_sched_yield;
     t[SYS_clock_settime] = sys_eperm;
     t[SYS_settimeofday] = sys_eperm;
     t[SYS_adjtimex] = sys_eperm;

@@ -237,6 +237,9 @@ int zb_sandbox_exec(zb_sandbox *sb, const char *exe_path, const char *cwd,
 void zb_sandbox_set_trace_fd(zb_sandbox *sb, int fd);
 /* Profile syscalls per phase (on != 0; switching it on also clears the counts); read them. */
 void zb_sandbox_set_profile(zb_sandbox *sb, int on);
+/* The most guest threads alive at once (1..1024, default 256): clone past it fails with EAGAIN.
+ * -1 for a value out of range. A setting of the sandbox: restores keep it, forks start at 256. */
+int zb_sandbox_set_max_threads(zb_sandbox *sb, int n);
 void zb_sandbox_profile(zb_sandbox *sb, zb_syscall_profile *out);
 /* The per-number rows of the profile with calls > 0, ascending by number: up to max of them
  * copied to out; returns how many there are (0 if profiling was never on). */

@@ -187,12 +187,3 @@ def test_an_interrupt_stops_a_looping_callback(agent: AgentProcess) -> None:
         frames.append(agent.recv())
     assert frames[-1].payload["status"] == "error" and frames[-1].payload["ename"] == "KeyboardInterrupt", frames
 
-
-def test_tqdm_gets_no_monitor_thread(agent: AgentProcess) -> None:
-    """The sandbox cannot start threads: tqdm's monitor is off from its import (agent_fixups.py),
-    so no TqdmMonitorWarning under the first bar."""
-    code = ("import warnings\nwarnings.simplefilter('error')\nfrom tqdm.notebook import tqdm as ntqdm\n"
-            "import tqdm\nprint(sum(ntqdm(range(3))), tqdm.tqdm.monitor_interval, tqdm.tqdm.monitor)")
-    frames = agent.execute(code)
-    assert done(frames)["status"] == "ok", frames
-    assert stdout_text(frames) == "3 0 None\n"

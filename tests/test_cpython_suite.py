@@ -2,8 +2,9 @@
 
 The stdlib test package comes from the base installation in the read-only view. FULLY_PASSING
 modules pass as they are. The modules in NEEDS_EXCLUSIONS pass once the listed test cases are left
-out: every one of those starts a thread or a subprocess (multiprocessing, subprocess, fork), which
-this sandbox refuses by design (clone/fork fail with EAGAIN; see native/sys_process.c).
+out: every one of those starts a subprocess (multiprocessing, subprocess, fork), which this sandbox
+refuses (fork/clone of a process fail with EAGAIN; see native/sys_process.c), or was left out when
+the sandbox had no threads (issue 14 made threads work: THREAD_MODULES below run in the guest).
 """
 from __future__ import annotations
 
@@ -48,6 +49,31 @@ def test_cpython_regression_tests_pass_in_the_guest():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-m", "zeroboot_kernel", "run", "--timeout", "600", "-m", "test",
+                           *modules, *ignores], capture_output=True, text=True, timeout=900, env=env,
+                          stdin=subprocess.DEVNULL, cwd=ROOT)
+    report = proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, report
+    assert "Result: SUCCESS" in proc.stdout, report
+    assert f"All {len(modules)} tests OK." in proc.stdout, report
+
+
+# CPython's thread suites (issue 14), with the cases that fork a process left out. Measured
+# (`zeroboot-kernel run -m test test_thread test_threading_local test_queue`): 100 tests run in the
+# guest as on the host, the only failure test_forkinthread (os.fork). test_threading and
+# test_concurrent_futures are not in this list yet (not measured).
+THREAD_MODULES = {
+    "test_thread": ["test_forkinthread"],
+    "test_threading_local": [],
+    "test_queue": [],
+}
+
+
+def test_cpython_thread_suites_pass_in_the_guest():
+    modules = list(THREAD_MODULES)
+    ignores = [arg for patterns in THREAD_MODULES.values() for pattern in patterns for arg in ("-i", pattern)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run([sys.executable, "-m", "zeroboot_kernel", "run", "--timeout", "800", "-m", "test",
                            *modules, *ignores], capture_output=True, text=True, timeout=900, env=env,
                           stdin=subprocess.DEVNULL, cwd=ROOT)
     report = proc.stdout[-6000:] + proc.stderr[-3000:]

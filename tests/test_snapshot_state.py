@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "tests" / "host_c" / "snapshot_state_test.c"
 FLAGS = ["-O1", "-g", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fno-strict-aliasing",
          "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
-COMPONENTS = ["cpu", "signals", "process", "uart", "memory"]
+COMPONENTS = ["cpu", "signals", "threads", "process", "uart", "memory"]
 
 
 @pytest.fixture(scope="module")

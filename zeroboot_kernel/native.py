@@ -261,6 +261,11 @@ class Guest:
         """Stamp every syscall's phases (switching it on clears the counts); off costs nothing."""
         lib.zb_sandbox_set_profile(self.handle, 1 if on else 0)
 
+    def set_max_threads(self, n: int) -> None:
+        """The most guest threads alive at once (1..1024; clone past it fails with EAGAIN)."""
+        if lib.zb_sandbox_set_max_threads(self.handle, n) < 0:
+            raise ValueError(f"a thread limit must be between 1 and 1024, not {n}")
+
     def syscall_profile(self) -> dict[str, int]:
         """Cumulative ns per phase of the syscalls served while profiling (see zb_syscall_profile)."""
         p = ffi.new("zb_syscall_profile *")

@@ -5,7 +5,7 @@ the host in frames over the UART (docs/PROTOCOL.md).
 
 Start-up: open the UART, build the shell, import the preload modules, run a silent warm-up,
 send READY (the host snapshots the template there), then serve EXECUTE / COMPLETE / INSPECT
-requests one at a time. There are no threads in the VM, so everything here is synchronous.
+requests one at a time, synchronously (threads that user code starts run beside it: agent_io.py).
 
 For tests on the host, ZEROBOOT_UART_FD=<fd> makes the agent use an inherited descriptor (e.g.
 one end of a socketpair) instead of /dev/ttyS0.
@@ -26,7 +26,6 @@ from typing import Any, NoReturn
 # so the builtins it uses are bound as this module's globals.
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
-from . import agent_fixups
 from . import agent_io as aio
 from .agent_io import log
 from .frame_protocol import FrameType
@@ -474,7 +473,6 @@ def main(argv: list[str] | None = None) -> int:
     channel.quiet = True
     channel.quiet_stream = lambda name, text: log(f"start-up {name}: {text}")
     aio.install_streams(channel)
-    agent_fixups.install()  # library settings applied on import (tqdm's monitor thread)
 
     try:
         from .agent_shell import make_shell

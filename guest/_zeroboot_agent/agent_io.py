@@ -1,8 +1,10 @@
 """The guest agent's side of the cell channel (docs/PROTOCOL.md): frames over the UART, batched
 stdout/stderr, and the SIGINT gate that keeps an interrupt from tearing a frame in half.
 
-Only the standard library is used here: this module is imported before IPython, and the agent
-runs inside the VM with no threads, so everything is synchronous.
+Only the standard library is used here: this module is imported before IPython. The agent itself
+is synchronous, but user code may start threads (the engine runs them on the VM's one CPU), so the
+channel's writes take a lock, and only the main thread, where Python runs signal handlers, guards
+its channel updates against the interrupt.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numbers
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -160,11 +163,39 @@ class InterruptGate:
             raise KeyboardInterrupt
 
 
+class _ChannelUpdate:
+    """A channel update: under the channel's lock (threads of user code write too), and, in the
+    main thread, marked critical for the interrupt gate (a KeyboardInterrupt is raised only in the
+    main thread, so another thread's update cannot be torn by one)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.main = False
+
+    def __enter__(self) -> None:
+        self.channel.lock.acquire()
+        self.main = threading.current_thread() is _MAIN_THREAD
+        if self.main:
+            self.channel.gate.critical += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self.main:
+            self.channel.gate.critical -= 1
+        self.channel.lock.release()
+        if self.main:
+            self.channel.gate.release()
+
+
+_MAIN_THREAD = threading.main_thread()
+
+
 class Channel:
     """Frames to and from the host over one file descriptor, plus the stream batching.
 
     All output goes through send(), which first flushes pending stream text, so the host sees
-    output in the order the cell produced it.
+    output in the order the cell produced it. Output that a background thread writes while no
+    request runs (between the reply and the next request) is kept and goes out with the next
+    request, as ipykernel sends it with the cell that runs then.
     """
 
     def __init__(self, fd: int, gate: InterruptGate) -> None:
@@ -188,6 +219,8 @@ class Channel:
         # send() drop frames, and `quiet_stream` (if set) receives stream text instead.
         self.quiet = False
         self.quiet_stream: Callable[[str, str], None] | None = None
+        self.lock = threading.RLock()
+        self._in_request = False
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -195,8 +228,7 @@ class Channel:
         """Send one frame (after any pending stream text). An interrupt that arrives meanwhile
         is raised once the frame is out (InterruptGate), never half-way through it. `buffers`
         (raw bytes) go with the frames of BINARY_TYPES (comm messages)."""
-        self.gate.critical += 1
-        try:
+        with _ChannelUpdate(self):
             if ftype != FrameType.STREAM:
                 self.flush_stream()
             if self.quiet:
@@ -220,9 +252,8 @@ class Channel:
                 body = pack_binary(body, list(buffers or ()))
             self._write_all(pack_header(ftype, len(body)) + body)
             self._seq += 1
-        finally:
-            self.gate.critical -= 1
-        self.gate.release()
+            if ftype in REPLY_TYPES:
+                self._in_request = False
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -241,8 +272,7 @@ class Channel:
     def stream_write(self, name: str, text: str) -> None:
         if not text:
             return
-        self.gate.critical += 1  # the buffer and its counters change together or not at all
-        try:
+        with _ChannelUpdate(self):  # the buffer and its counters change together or not at all
             if self._pending and name != self._pending_name:
                 self.flush_stream()
             self._pending_name = name
@@ -252,28 +282,31 @@ class Channel:
                 self._stream_chars += len(text)
             if "\n" in text or "\r" in text:
                 self._pending_eol = True
+            if not self._in_request and not self.quiet:
+                return  # a background thread between requests: kept for the next one
             if self._pending_len >= STREAM_MAX_BUFFER:
                 self.flush_stream()
             elif self._pending_eol and time.monotonic() - self._last_stream >= STREAM_INTERVAL:
                 self.flush_stream()
-        finally:
-            self.gate.critical -= 1
-        self.gate.release()
 
     def new_request(self) -> None:
         """A request starts: its frames are numbered from 0, its stream characters counted from
         0, and its first line of output goes out at once, however recently the previous
-        request's last STREAM frame was sent."""
-        self._seq = 0
-        self._stream_chars = 0
-        self._last_stream = float("-inf")
+        request's last STREAM frame was sent. Text a background thread wrote since the last
+        reply is this request's first output (and counted in its stream characters)."""
+        with self.lock:
+            self._seq = 0
+            self._stream_chars = self._pending_len
+            self._last_stream = float("-inf")
+            self._in_request = True
 
     def flush_stream(self) -> None:
-        """Send all pending stream text now."""
+        """Send all pending stream text now (between requests: kept for the next one)."""
         if not self._pending:
             return
-        self.gate.critical += 1  # taken out of the buffer means sent: no interrupt in between
-        try:
+        with _ChannelUpdate(self):  # taken out of the buffer means sent: no interrupt in between
+            if not self._pending or (not self._in_request and not self.quiet):
+                return
             text = "".join(self._pending)
             name = self._pending_name
             self._pending.clear()
@@ -286,9 +319,6 @@ class Channel:
             for start in range(0, len(text), STREAM_MAX_CHUNK):
                 self.send(FrameType.STREAM, {"name": name, "text": text[start:start + STREAM_MAX_CHUNK]})
             self._last_stream = time.monotonic()
-        finally:
-            self.gate.critical -= 1
-        self.gate.release()
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -412,9 +442,9 @@ class FrameStream(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
-        # An explicit flush is honoured at once (as in ipykernel): without threads or timers in
-        # the VM it is the only way a cell can push out a line that the 50 ms rule held back
-        # before it goes on computing.
+        # An explicit flush is honoured at once (as in ipykernel): the agent has no flushing
+        # timer thread, so it is the only way a cell can push out a line that the 50 ms rule held
+        # back before it goes on computing.
         self._channel.flush_stream()
 
 

@@ -60,8 +60,10 @@ def _without_agent_frames(tb: TracebackType | None) -> TracebackType | None:
     return kept[0]
 
 
-SANDBOX_NOTE = ("zeroboot: cells run as one thread in a VM sandbox; starting threads or processes "
-                "(threading, concurrent.futures, subprocess, multiprocessing) is not supported here.")
+SANDBOX_NOTE = ("zeroboot: the VM sandbox cannot start processes yet (subprocess, multiprocessing, os.fork, "
+                "ProcessPoolExecutor); threads work (threading, ThreadPoolExecutor), on one CPU.")
+THREAD_LIMIT_NOTE = ("zeroboot: the sandbox's limit of threads is reached (threads that have not ended count); "
+                     "join finished threads, or use a ThreadPoolExecutor with fewer workers.")
 SHARED_MAPPING_NOTE = ("zeroboot: writable shared file mappings are not supported in the sandbox for the "
                        "notebook folder's files in readwrite mode (np.memmap mode 'w+'/'r+', mmap.mmap with "
                        "write access, sqlite's WAL journal), nor for a second shared mapping of a file range "
@@ -141,9 +143,9 @@ def _is_shared_mapping_refusal(value: BaseException) -> bool:
 
 
 def _explain_sandbox_refusal(value: BaseException | None) -> None:
-    """Add a note saying why, to the error of a thread or process the sandbox refused to start:
-    the messages Python gives ("can't start new thread", "Resource temporarily unavailable")
-    do not say that it will never work here."""
+    """Add a note saying why, to the error of a process the sandbox refused to start or a thread
+    past its limit: the messages Python gives ("Resource temporarily unavailable", "can't start
+    new thread") do not say that the sandbox is the reason."""
     if value is None or not hasattr(value, "add_note") or SANDBOX_NOTE in getattr(value, "__notes__", ()):
         return
     if isinstance(value, MemoryError):
@@ -156,9 +158,11 @@ def _explain_sandbox_refusal(value: BaseException | None) -> None:
     if NETWORK_NOTE not in getattr(value, "__notes__", ()) and _network_refusal(value):
         value.add_note(NETWORK_NOTE)
         return
-    thread = isinstance(value, RuntimeError) and str(value) == "can't start new thread"
-    process = isinstance(value, OSError) and _starts_a_process(value.__traceback__)
-    if thread or process:
+    if isinstance(value, RuntimeError) and str(value) == "can't start new thread":
+        if THREAD_LIMIT_NOTE not in getattr(value, "__notes__", ()):
+            value.add_note(THREAD_LIMIT_NOTE)
+        return
+    if isinstance(value, OSError) and _starts_a_process(value.__traceback__):
         value.add_note(SANDBOX_NOTE)
 
 
@@ -371,7 +375,8 @@ def make_shell(channel: aio.Channel) -> ZMQInteractiveShell:
     global _agent_files
     _agent_files = _find_agent_files()
     config = Config()
-    # An on-disk history needs a saving thread, and the VM cannot start threads.
+    # No on-disk history: its saving thread would write a database into the sandbox's home after
+    # every cell, and the session's checkpoints are the history that matters here.
     config.HistoryManager.hist_file = ":memory:"
     # As ipykernel's kernel app: cells are compiled under ipykernel's file names
     # (<tmp>/ipykernel_<pid>/<hash>.py), which tracebacks, warnings and linecache show.

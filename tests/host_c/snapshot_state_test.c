@@ -356,9 +356,78 @@ static void mem_corrupt(const uint8_t *bytes, size_t len) {
     refuse_u32_at(bytes, len, shmap_at + 8 + 24, 0, "a shared mapping of inode 0");
 }
 
+/* ---- threads ---- */
+
+static void thr_fill(void *p) {
+    zb_threads *ts = p;
+    memset(ts, 0, sizeof *ts);
+    ts->cap = ts->count = 3;
+    ts->t = calloc(3, sizeof *ts->t);
+    ts->current = 1;
+    ts->next_tid = 10;
+    const int states[3] = {ZB_THREAD_FUTEX, ZB_THREAD_RUNNABLE, ZB_THREAD_RETRY};
+    for (int i = 0; i < 3; i++) {
+        zb_thread *t = &ts->t[i];
+        t->tid = 1 + 3 * i;
+        t->state = states[i];
+        t->blocked = next() & ~ZB_SIG_UNBLOCKABLE;
+        t->pending = next();
+        t->altstack_sp = next();
+        t->altstack_size = next();
+        t->altstack_flags = i;
+        t->clear_child_tid = next();
+        t->robust_list = next();
+        t->robust_len = 24;
+        t->futex_addr = next() & ~3ull;
+        t->futex_bitset = (uint32_t)next();
+        t->wake_ns = i == 0 ? INT64_MAX : 1234; /* saved as "has a timeout" only */
+        cpu_fill(&t->cpu);
+        t->cpu.pending_syscall = i == 2;
+    }
+}
+static void thr_save(const void *p, zb_out *o) { zb_threads_save(p, XSAVE_SIZE, o); }
+static int thr_load(void *p, zb_in *in, char *err) { return zb_threads_load(p, XSAVE_SIZE, in, err); }
+static int thr_clone(void *d, const void *s) { return zb_threads_clone(d, s, XSAVE_SIZE); }
+static int thr_same(const void *pa, const void *pb) {
+    const zb_threads *a = pa, *b = pb;
+    if (a->count != b->count || a->next_tid != b->next_tid || a->t[a->current].tid != b->t[b->current].tid) return 0;
+    for (int i = 0; i < a->cap; i++) {
+        const zb_thread *x = &a->t[i];
+        if (!x->tid) continue;
+        int j = zb_threads_find(b, x->tid);
+        if (j < 0) return 0;
+        const zb_thread *y = &b->t[j];
+        if (x->state != y->state || x->blocked != y->blocked || x->pending != y->pending || x->altstack_sp != y->altstack_sp ||
+            x->altstack_size != y->altstack_size || x->altstack_flags != y->altstack_flags ||
+            x->clear_child_tid != y->clear_child_tid || x->robust_list != y->robust_list || x->robust_len != y->robust_len ||
+            x->futex_addr != y->futex_addr || x->futex_bitset != y->futex_bitset ||
+            (x->wake_ns == INT64_MAX) != (y->wake_ns == INT64_MAX) || !cpu_same(&x->cpu, &y->cpu))
+            return 0;
+    }
+    return 1;
+}
+static void thr_free(void *p) { zb_threads_free(p); }
+static void thr_corrupt(const uint8_t *bytes, size_t len) {
+    const size_t thread0 = 12, cpu_bytes = 18 * 8 + 16 + 8 + XSAVE_SIZE + 4 + 8, per = 84 + cpu_bytes;
+    refuse_u32_at(bytes, len, 0, 0, "no thread at all");
+    refuse_u32_at(bytes, len, 0, ZB_THREADS_MAX + 1, "more threads than the limit");
+    refuse_u32_at(bytes, len, 4, 3, "a running thread beyond the count");
+    refuse_u32_at(bytes, len, 8, 0x7fffffff, "a next tid past the bound");
+    refuse_u32_at(bytes, len, thread0, 0, "a thread of tid 0");
+    refuse_u32_at(bytes, len, thread0, 10, "a tid not below the next tid");
+    refuse_u32_at(bytes, len, thread0 + per, 1, "two threads of one tid");
+    refuse_u32_at(bytes, len, thread0 + 4, 9, "an unknown thread state");
+    refuse_u32_at(bytes, len, thread0 + per + 4, ZB_THREAD_RETRY, "a running thread in a yielded syscall");
+    refuse_u64_at(bytes, len, thread0 + 8, ZB_SIG_BIT(SIGKILL), "SIGKILL blocked in a thread");
+    refuse_u64_at(bytes, len, thread0 + 68, 0x1001, "an unaligned futex address");
+    refuse_u32_at(bytes, len, thread0 + 80, 2, "a timeout flag of 2");
+    refuse_u64_at(bytes, len, thread0 + 84 + 18 * 8 + 16, XSAVE_SIZE * 2, "a thread's XSAVE image of another size");
+}
+
 static const component components[] = {
     {"cpu", sizeof(zb_cpu), cpu_fill, cpu_save, cpu_load, cpu_clone, cpu_same, cpu_free, cpu_corrupt},
     {"signals", sizeof(zb_signals), sig_fill, sig_save, sig_load, sig_clone, sig_same, sig_free, sig_corrupt},
+    {"threads", sizeof(zb_threads), thr_fill, thr_save, thr_load, thr_clone, thr_same, thr_free, thr_corrupt},
     {"process", sizeof(zb_process), proc_fill, proc_save, proc_load, proc_clone, proc_same, proc_free, proc_corrupt},
     {"uart", sizeof(zb_uart), uart_fill, uart_save, uart_load, uart_clone, uart_same, uart_free, uart_corrupt},
     {"memory", sizeof(zb_mem_meta), mem_fill, mem_save, mem_load, mem_clone, mem_same, mem_free, mem_corrupt},

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "scaling": "scaling",  # forks and memory as live forks grow; cells/s with 1 and 2 workers
     "memory": "memory",    # data-heavy notebooks vs ipykernel: host memory, time per cell, big fills
     "batch": "batch",      # many small notebooks: zeroboot-kernel execute vs papermill vs nbconvert
+    "threads": "threads",  # thread create+join, GIL ping-pong, ThreadPoolExecutor, 1+1 with idle threads
     "soak": "soak",        # one kernel, thousands of mixed cells: memory, fds and failures over time
     "all": "suite",        # every section above but soak, and docs/PERFORMANCE.md with charts
     "report": "report",    # re-render docs/PERFORMANCE.md from bench/results/ without measuring

@@ -1,0 +1,266 @@
+/* run_threads.c - switching guest threads on the sandbox's one vCPU (M:1), for the run loop.
+ *
+ * The running thread's state is the sandbox's (sb->cpu, sb->sig.blocked and alternate stack; the
+ * vCPU holds its registers and XSAVE image while attached). A switch parks it (XSAVE read back
+ * from the vCPU, everything copied into its table slot) and loads another slot into sb->cpu and
+ * the vCPU. Switches happen when the running thread blocks (futex wait, a sleep or poll that
+ * yielded: ZB_SYSCALL_BLOCK), exits, calls sched_yield, at the end of its time slice
+ * (ZB_THREAD_SLICE_NS, when another thread can run), and at once when a waiting thread's timeout
+ * passes (CPython's GIL hand-off relies on a 5 ms timed wait of the waiting thread). The run's
+ * wake-up timer (run_events.c) fires at the next of those times, so a thread spinning without
+ * syscalls is preempted like any guest code is stopped at a deadline.
+ *
+ * When no thread can run, the run loop waits here (idle_wait) until a timeout passes, a signal
+ * makes a waiter runnable, or the run's deadline or a kick comes: a deadlock of the guest's
+ * threads is the cell blocking, never an engine hang.
+ *
+ * Process-directed signals (the kernel's SIGINT, kill) go to the main thread when it does not
+ * block them, as Linux picks the thread group leader first, else to the running thread, else to
+ * any thread that does not block them; a waiting thread that takes one fails its wait with EINTR.
+ */
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "process.h"
+#include "sandbox_state.h"
+#include "run.h"
+
+#include <poll.h>
+
+/* Copy a thread's vCPU state without replacing dst's XSAVE buffer (both are xsave_size bytes). */
+static void cpu_copy(zb_cpu *dst, const zb_cpu *src, size_t xsave_size) {
+    uint8_t *keep = dst->xsave;
+    *dst = *src;
+    dst->xsave = keep;
+    memcpy(dst->xsave, src->xsave, xsave_size);
+}
+
+/* The running thread (slot current, loaded) goes into its slot. */
+static int park(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    zb_threads *ts = &sb->threads;
+    zb_thread *t = &ts->t[ts->current];
+    char err[ZB_ERRLEN];
+    if (zb_vm_save_xsave(vm, sb, err) < 0) { zb_run_error(sb, ev, "thread switch: %s", err); return -1; }
+    cpu_copy(&t->cpu, &sb->cpu, sb->engine->xsave_size);
+    t->blocked = sb->sig.blocked;
+    t->altstack_sp = sb->sig.altstack_sp;
+    t->altstack_size = sb->sig.altstack_size;
+    t->altstack_flags = sb->sig.altstack_flags;
+    return 0;
+}
+
+/* Load a parked slot into the sandbox and the vCPU. 0, or 1 if an event ends the run. */
+static int load(zb_sandbox *sb, zb_vm *vm, int slot, zb_event *ev) {
+    zb_threads *ts = &sb->threads;
+    zb_thread *t = &ts->t[slot];
+    cpu_copy(&sb->cpu, &t->cpu, sb->engine->xsave_size);
+    sb->sig.blocked = t->blocked;
+    sb->sig.altstack_sp = t->altstack_sp;
+    sb->sig.altstack_size = t->altstack_size;
+    sb->sig.altstack_flags = t->altstack_flags;
+    sb->sig.pending |= t->pending; /* its own signals: delivered now that it runs */
+    t->pending = 0;
+    t->state = ZB_THREAD_RUNNABLE; /* a RETRY thread keeps its pending syscall: served again next */
+    t->wake_ns = INT64_MAX;
+    ts->current = slot;
+    ts->slice_start_ns = zb_now_ns();
+    ts->preempt = 0;
+    ts->switches++;
+    if (sb->cpu.pending_syscall) { /* a yielded sleep or poll: a signal it takes interrupts it */
+        uint64_t ready = sb->sig.pending & ~sb->sig.blocked;
+        for (int sig = 1; sig <= 64 && ready; sig++)
+            if ((ready & ZB_SIG_BIT(sig)) && zb_signal_interrupts(sb, sig)) {
+                sb->cpu.pending_syscall = 0;
+                sb->cpu.pending_wake_ns = 0;
+                sb->cpu.regs.rax = (uint64_t)-EINTR;
+                break;
+            }
+    }
+    char err[ZB_ERRLEN];
+    if (zb_vm_load_cpu(vm, sb, err) < 0) { zb_run_error(sb, ev, "thread switch: %s", err); return 1; }
+    if (!sb->cpu.pending_syscall && (sb->sig.pending & ~sb->sig.blocked) &&
+        (zb_run_deliver_signals(sb, ev) || zb_run_set_user_state(sb, vm, ev) < 0))
+        return 1;
+    zb_run_timer_update(sb);
+    return 0;
+}
+
+/* Waiters whose timeout passed become runnable (a futex wait fails with ETIMEDOUT; a yielded
+ * syscall is served again and finds its time up). 1 if any did. */
+static int expire(zb_threads *ts, int64_t now) {
+    int any = 0;
+    for (int i = 0; i < ts->cap; i++) {
+        zb_thread *t = &ts->t[i];
+        if (!t->tid || t->state == ZB_THREAD_RUNNABLE || t->wake_ns > now) continue;
+        if (t->state == ZB_THREAD_FUTEX) zb_threads_resume(ts, i, -ETIMEDOUT);
+        else { t->state = ZB_THREAD_RUNNABLE; t->wake_ns = INT64_MAX; } /* RETRY: served again */
+        any = 1;
+    }
+    return any;
+}
+
+static int takes_signal(const zb_sandbox *sb, int slot, int sig) {
+    const zb_threads *ts = &sb->threads;
+    int loaded = slot == ts->current && ts->t[slot].state == ZB_THREAD_RUNNABLE;
+    return !((loaded ? sb->sig.blocked : ts->t[slot].blocked) & ZB_SIG_BIT(sig));
+}
+
+/* Which thread the lowest routable pending process signal goes to, when that is not the loaded
+ * running thread: it is made runnable (EINTR, if it waits and the signal interrupts it) and its
+ * slot returned; -1 when the running thread takes it (or nobody can). */
+static int route_signals(zb_sandbox *sb) {
+    zb_threads *ts = &sb->threads;
+    uint64_t p = sb->sig.pending;
+    int cur_loaded = ts->t[ts->current].state == ZB_THREAD_RUNNABLE;
+    int main_slot = zb_threads_find(ts, 1);
+    for (int sig = 1; sig <= 64 && p; sig++) {
+        if (!(p & ZB_SIG_BIT(sig))) continue;
+        p &= ~ZB_SIG_BIT(sig);
+        int target = -1;
+        if (main_slot >= 0 && takes_signal(sb, main_slot, sig)) target = main_slot;
+        else if (cur_loaded && takes_signal(sb, ts->current, sig)) target = ts->current;
+        else
+            for (int i = 0; i < ts->cap && target < 0; i++)
+                if (ts->t[i].tid && takes_signal(sb, i, sig)) target = i;
+        if (target < 0) continue; /* blocked everywhere: stays pending */
+        if (target == ts->current && cur_loaded) return -1;
+        zb_thread *t = &ts->t[target];
+        if (t->state != ZB_THREAD_RUNNABLE) {
+            if (!zb_signal_interrupts_mask(sb, sig, t->blocked)) continue; /* ignored: discarded when delivered */
+            zb_threads_resume(ts, target, -EINTR);
+        }
+        return target;
+    }
+    return -1;
+}
+
+/* The next thread to run after `from` in round-robin order (RUNNABLE or RETRY), `from` itself
+ * last if allowed; -1 if none. */
+static int pick(const zb_threads *ts, int from, int allow_from) {
+    for (int k = 1; k <= ts->cap; k++) {
+        int i = (from + k) % ts->cap;
+        if (i == from && !allow_from) break;
+        const zb_thread *t = &ts->t[i];
+        if (t->tid && (t->state == ZB_THREAD_RUNNABLE || t->state == ZB_THREAD_RETRY)) return i;
+    }
+    return -1;
+}
+
+/* Nothing can run: wait for a timeout, a signal, the deadline or a kick (as zb_sleep_until). Then
+ * load the thread that can run. 0, or 1 with an event (the threads stay as they are). */
+static int idle_wait(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    zb_threads *ts = &sb->threads;
+    for (;;) {
+        int64_t now = zb_now_ns();
+        expire(ts, now);
+        int slot = route_signals(sb);
+        if (slot < 0) slot = pick(ts, ts->current, 1);
+        if (slot >= 0) return load(sb, vm, slot, ev);
+        int kind = 0;
+        if (zb_take_kick(sb)) kind = ZB_EVENT_KICK;
+        else if (zb_run_deadline_ns && now >= zb_run_deadline_ns) kind = ZB_EVENT_TIMEOUT;
+        if (kind) {
+            memset(ev, 0, sizeof *ev);
+            ev->kind = kind;
+            return 1;
+        }
+        if (sb->sig.alarm_ns && zb_alarm_check(sb, now)) { zb_run_timer_update(sb); continue; } /* SIGALRM: routed next */
+        int64_t until = INT64_MAX;
+        for (int i = 0; i < ts->cap; i++)
+            if (ts->t[i].tid && ts->t[i].state != ZB_THREAD_RUNNABLE) until = ZB_MIN(until, ts->t[i].wake_ns);
+        if (zb_run_deadline_ns) until = ZB_MIN(until, zb_run_deadline_ns);
+        if (sb->sig.alarm_ns) until = ZB_MIN(until, sb->sig.alarm_ns);
+        int64_t ns = ZB_MIN(ZB_MAX(until - now, 0), (int64_t)3600 * 1000000000);
+        struct timespec tsp = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+        ppoll(NULL, 0, &tsp, &zb_run_wait_sigmask); /* returns early on the kick signal */
+    }
+}
+
+/* Switch from the running thread (loaded: runnable, or just blocked) to `target` or the next one. */
+static int switch_away(zb_sandbox *sb, zb_vm *vm, int target, zb_event *ev) {
+    zb_threads *ts = &sb->threads;
+    if (park(sb, vm, ev) < 0) return 1;
+    if (target < 0) target = route_signals(sb);
+    if (target < 0) target = pick(ts, ts->current, ts->t[ts->current].state == ZB_THREAD_RUNNABLE);
+    if (target < 0) return idle_wait(sb, vm, ev);
+    return load(sb, vm, target, ev);
+}
+
+int zb_run_threads_block(zb_sandbox *sb, zb_vm *vm, uint64_t nr, zb_event *ev) {
+    zb_threads *ts = &sb->threads;
+    if (ts->switch_request == 2) { /* exit of this thread: nothing to park */
+        ts->switch_request = 0;
+        int gone = ts->current;
+        zb_threads_remove(ts, gone);
+        int next = pick(ts, gone, 0);
+        if (next < 0) { /* everyone waits: idle on any of them */
+            for (int i = 0; i < ts->cap && next < 0; i++)
+                if (ts->t[i].tid) next = i;
+            ts->current = next;
+            return idle_wait(sb, vm, ev);
+        }
+        ts->current = next; /* parked already: load it without parking */
+        return load(sb, vm, next, ev);
+    }
+    zb_thread *me = &ts->t[ts->current];
+    if (me->state == ZB_THREAD_RETRY) { /* the syscall is served again when the thread runs */
+        sb->cpu.pending_syscall = 1;
+        sb->cpu.pending_nr = nr;
+    } else {
+        sb->cpu.pending_syscall = 0;
+        sb->cpu.pending_wake_ns = 0;
+    }
+    return switch_away(sb, vm, -1, ev);
+}
+
+int zb_run_threads_after_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    zb_threads *ts = &sb->threads;
+    if (ts->need_xsave_for >= 0) { /* clone: the new thread starts with the caller's FPU/SSE/AVX state */
+        char err[ZB_ERRLEN];
+        int slot = ts->need_xsave_for;
+        ts->need_xsave_for = -1;
+        if (zb_vm_save_xsave(vm, sb, err) < 0) { zb_run_error(sb, ev, "clone: %s", err); return 1; }
+        memcpy(ts->t[slot].cpu.xsave, sb->cpu.xsave, sb->engine->xsave_size);
+        zb_run_timer_update(sb);
+    }
+    if (ts->switch_request == 1) { /* sched_yield */
+        ts->switch_request = 0;
+        return switch_away(sb, vm, -1, ev);
+    }
+    return 0;
+}
+
+int zb_run_threads_start(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    zb_threads *ts = &sb->threads;
+    int64_t now = zb_now_ns();
+    ts->slice_start_ns = now;
+    expire(ts, now);
+    int target = route_signals(sb);
+    if (ts->t[ts->current].state != ZB_THREAD_RUNNABLE) { /* it waits (a kick or deadline stopped the idle wait) */
+        if (target < 0) target = pick(ts, ts->current, 1);
+        if (target < 0) return idle_wait(sb, vm, ev);
+        return load(sb, vm, target, ev);
+    }
+    if (target < 0) { zb_run_timer_update(sb); return 0; }
+    /* the signal is the main thread's: switch to it (the running thread is at a user-mode or
+     * syscall boundary here: its registers are sb->cpu's) */
+    return switch_away(sb, vm, target, ev);
+}
+
+int zb_run_threads_tick(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
+    zb_threads *ts = &sb->threads;
+    /* a syscall woke or cloned a thread (or a waiter began a timed wait): the time slice of the
+     * running thread, or that timeout, must stop it */
+    if (zb_threads_timer_horizon(ts) != ts->armed_horizon) zb_run_timer_update(sb);
+    int64_t now = zb_now_ns();
+    if (expire(ts, now)) ts->preempt = 1;
+    int target = sb->sig.pending ? route_signals(sb) : -1;
+    if (target >= 0) ts->preempt = 1; /* switched to at once, or at the next tick if mid-trap */
+    int slice_over = now - ts->slice_start_ns >= ZB_THREAD_SLICE_NS && zb_threads_others_runnable(ts, 1);
+    if (target < 0 && !ts->preempt && !slice_over) return 0;
+    int r = zb_run_sync_regs(sb, vm, ev);
+    if (r < 0) return 1;
+    if (r > 0) return 0; /* mid-trap: after the trap's syscall, the next tick switches */
+    if (target < 0 && !zb_threads_others_runnable(ts, 1)) { ts->preempt = 0; ts->slice_start_ns = now; zb_run_timer_update(sb); return 0; }
+    return switch_away(sb, vm, target, ev);
+}

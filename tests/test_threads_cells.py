@@ -1,0 +1,137 @@
+"""Threads in notebook cells (issue 14): threading, ThreadPoolExecutor, Timer, queue workers and
+tqdm's monitor thread work; output of a background thread goes to the running cell; a crash in a
+thread rolls the cell back; an interrupt reaches the main thread with threads alive; a timeout
+stops every thread; %rewind, isolated mode and Sandbox.fork carry (or clear) the threads."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from session_helpers import cell
+from zeroboot_kernel.session import Session
+
+
+@pytest.fixture
+def s(template):
+    session = Session(template)
+    yield session
+    session.close()
+
+
+def ok(reply: dict) -> str:
+    assert reply["status"] == "ok", reply
+    return reply["stdout"]
+
+
+def test_thread_start_join_pool_timer_and_queue(s: Session) -> None:
+    out = ok(cell(s, "import threading, queue\n"
+                     "from concurrent.futures import ThreadPoolExecutor\n"
+                     "r = []\n"
+                     "t = threading.Thread(target=lambda: r.append(threading.get_native_id()))\n"
+                     "t.start(); t.join()\n"
+                     "print(len(r), r[0] != threading.get_native_id() or 'same tid')\n"
+                     "with ThreadPoolExecutor(4) as ex:\n"
+                     "    print(sum(ex.map(lambda x: x * x, range(1000))))\n"
+                     "ev = threading.Event()\n"
+                     "threading.Timer(0.05, ev.set).start()\n"
+                     "print(ev.wait(10))\n"
+                     "q, got = queue.Queue(), []\n"
+                     "def worker():\n"
+                     "    while (x := q.get()) is not None:\n"
+                     "        got.append(x * 2)\n"
+                     "w = threading.Thread(target=worker); w.start()\n"
+                     "for i in range(5): q.put(i)\n"
+                     "q.put(None); w.join()\n"
+                     "print(got, threading.active_count())", 1))
+    assert out == "1 True\n332833500\nTrue\n[0, 2, 4, 6, 8] 1\n", out
+
+
+def test_tqdm_starts_its_monitor_without_a_warning(s: Session) -> None:
+    out = ok(cell(s, "import warnings\nwarnings.simplefilter('error')\n"
+                     "from tqdm import tqdm\n"
+                     "for _ in tqdm(range(3)): pass\n"
+                     "print('monitor', tqdm.monitor is not None and tqdm.monitor.is_alive())", 1))
+    assert "monitor True" in out and "TqdmMonitorWarning" not in out, out
+
+
+def test_background_thread_output_goes_to_the_running_cell(s: Session) -> None:
+    ok(cell(s, "import threading, time\n"
+               "go = threading.Event()\n"
+               "def later():\n"
+               "    go.wait()\n"
+               "    print('from the thread')\n"
+               "t = threading.Thread(target=later); t.start()", 1))
+    out = ok(cell(s, "go.set(); t.join(); print('main')", 2))
+    assert out == "from the thread\nmain\n", out
+
+
+def test_background_thread_runs_while_later_cells_run(s: Session) -> None:
+    ok(cell(s, "import threading, time\n"
+               "ticks, stop = [], threading.Event()\n"
+               "def tick():\n"
+               "    while not stop.is_set():\n"
+               "        ticks.append(1); time.sleep(0.01)\n"
+               "threading.Thread(target=tick, daemon=True).start()", 1))
+    out = ok(cell(s, "n = len(ticks); time.sleep(0.3); print(len(ticks) > n + 5)", 2))
+    assert out == "True\n", out
+    ok(cell(s, "stop.set()", 3))
+
+
+def test_crash_in_a_thread_rolls_the_cell_back(s: Session) -> None:
+    ok(cell(s, "import threading, ctypes, time\nx = 1", 1))
+    r = cell(s, "x = 2\nthreading.Thread(target=ctypes.string_at, args=(0,)).start()\ntime.sleep(5)", 2)
+    assert r["status"] == "error" and r["ename"] == "SandboxCrashed", r
+    assert ok(cell(s, "print(x, threading.active_count())", 3)) == "1 1\n"
+
+
+def test_interrupt_with_threads_alive_raises_in_the_main_thread(s: Session) -> None:
+    ok(cell(s, "import threading, time\n"
+               "stop = threading.Event()\n"
+               "def spin():\n"
+               "    while not stop.is_set(): pass\n"
+               "th = threading.Thread(target=spin); th.start()", 1))
+    threading.Timer(0.5, s.sandbox.interrupt).start()
+    r = cell(s, "time.sleep(30)", 2)
+    assert r["status"] == "error" and r["ename"] == "KeyboardInterrupt", r
+    assert ok(cell(s, "stop.set(); th.join(); print('joined')", 3)) == "joined\n"
+
+
+def test_timeout_stops_every_thread(template) -> None:
+    s = Session(template, timeout=1.0)
+    try:
+        ok(cell(s, "import threading", 1))
+        r = cell(s, "t = threading.Thread(target=lambda: [0 for _ in iter(int, 1)]); t.start(); t.join()", 2)
+        assert r["status"] == "error" and r["ename"] == "SandboxTimeout", r
+        assert ok(cell(s, "print(threading.active_count(), 't' in globals())", 3)) == "1 False\n"
+    finally:
+        s.close()
+
+
+def test_rewind_restores_threads(s: Session) -> None:
+    ok(cell(s, "import threading\ngo = threading.Event()\nt = threading.Thread(target=go.wait); t.start()", 1))
+    ok(cell(s, "go.set(); t.join(); print(t.is_alive())", 2))
+    s.rewind(1)  # the state before cell 2: the thread waits again
+    assert ok(cell(s, "print(t.is_alive()); go.set(); t.join(); print(t.is_alive())", 3)) == "True\nFalse\n"
+
+
+def test_isolated_cells_start_with_no_user_threads(template) -> None:
+    s = Session(template, mode="isolated")
+    try:
+        ok(cell(s, "import threading\nthreading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+                   "print(threading.active_count())", 1))
+        assert ok(cell(s, "import threading\nprint(threading.active_count())", 2)) == "1\n"
+    finally:
+        s.close()
+
+
+def test_sandbox_fork_carries_threads(template) -> None:
+    with template.fork() as sb:
+        r = sb.execute("import threading\ngo = threading.Event()\nres = []\n"
+                       "t = threading.Thread(target=lambda: (go.wait(), res.append('ran'))); t.start()")
+        assert r.status == "ok", r
+        with sb.fork() as child:
+            r = child.execute("go.set(); t.join(); print(res)")
+            assert r.status == "ok" and r.stdout == "['ran']\n", r
+        r = sb.execute("print(t.is_alive(), res)")
+        assert r.stdout == "True []\n", r  # the parent's thread still waits
