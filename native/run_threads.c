@@ -242,8 +242,16 @@ int zb_run_threads_start(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         return load(sb, vm, target, ev);
     }
     if (target < 0) { zb_run_timer_update(sb); return 0; }
-    /* the signal is the main thread's: switch to it (the running thread is at a user-mode or
-     * syscall boundary here: its registers are sb->cpu's) */
+    /* the signal is another thread's (the main thread's, usually): switch to it. A run that ended on
+     * a kick or the deadline stopped the running thread anywhere in user code without reading its
+     * registers, so sb->cpu holds those of its last syscall: read them before parking it. Mid-trap,
+     * the trap's syscall is served first and the next tick switches. (A thread stopped inside a
+     * syscall, pending_syscall, is described by sb->cpu already.) */
+    if (!sb->cpu.pending_syscall) {
+        int r = zb_run_sync_regs(sb, vm, ev);
+        if (r < 0) return 1;
+        if (r > 0) { ts->preempt = 1; zb_run_timer_update(sb); return 0; }
+    }
     return switch_away(sb, vm, target, ev);
 }
 
