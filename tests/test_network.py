@@ -250,11 +250,13 @@ s.close()
     assert "peer True name 127.0.0.1" in out and "got True" in out, out
 
 
-def test_asyncio_open_connection(net_session, server) -> None:
+@pytest.mark.parametrize("host", ["127.0.0.1", "data.test"])
+def test_asyncio_open_connection(net_session, server, host) -> None:
+    """By address, and by a name: asyncio resolves names with getaddrinfo in a worker thread."""
     out = ok(net_session, f"""
 import asyncio
 async def fetch():
-    reader, writer = await asyncio.open_connection("127.0.0.1", {server})
+    reader, writer = await asyncio.open_connection({host!r}, {server})
     writer.write(b"GET /aio HTTP/1.0\\r\\n\\r\\n")
     await writer.drain()
     body = await reader.read()
