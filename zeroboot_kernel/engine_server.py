@@ -24,6 +24,7 @@ from . import checkpoint_budget
 from . import engine_requests as req
 from . import engine_wire as wire
 from . import export
+from . import session_save
 from .errors import ZerobootError
 from .native import Engine
 from .guest_view import python_view
@@ -57,7 +58,9 @@ class EngineServer:
             req.EXPORT_CHUNK: self._export_chunk, req.LOCKDOWN_CHECK: self._lockdown_check,
             req.CHECKPOINTS: self._checkpoints, req.CHECKPOINT_BUDGET: self._checkpoint_budget,
             req.STATS: self._stats, req.RESTART: self._restart, req.SHUTDOWN: self._shutdown,
+            req.SAVE: self._save, req.SAVE_CHUNK: self._save_chunk, req.RESUME: self._resume,
         }
+        self.held_save = b""  # the save being fetched by the kernel (save_chunk)
 
     def send(self, msg: dict[str, Any]) -> None:
         wire.send(self.sock, msg)
@@ -196,6 +199,27 @@ class EngineServer:
         self.session.restart()
         return {"status": "ok"}
 
+    # session saves: the engine builds the file in memory, the kernel fetches it in chunks and
+    # writes it (this process creates no host files); resume opens the kernel's path read-only
+    def _save(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.held_save = b""
+        data, manifest = session_save.capture(self.session, _key(msg), str(msg["notebook"]))
+        self.held_save = data
+        return {"status": "ok", "size": len(data), "manifest": manifest}
+
+    def _save_chunk(self, msg: dict[str, Any]) -> dict[str, Any]:
+        offset, size = msg.get("offset"), msg.get("size")
+        if type(offset) is not int or type(size) is not int or offset < 0 or not 0 < size <= export.CHUNK:
+            raise ValueError(f"save_chunk needs an offset >= 0 and a size of 1 to {export.CHUNK} bytes")
+        data = self.held_save[offset:offset + size]
+        if offset + size >= len(self.held_save):
+            self.held_save = b""
+        return {"status": "ok", "data": base64.b64encode(data).decode()}
+
+    def _resume(self, msg: dict[str, Any]) -> dict[str, Any]:
+        manifest = session_save.resume(self.session, str(msg["path"]), _key(msg))
+        return {"status": "ok", "manifest": manifest}
+
     def _shutdown(self, msg: dict[str, Any]) -> NoReturn:
         raise SystemExit(0)
 
@@ -222,6 +246,16 @@ class EngineServer:
             if msg.get("op") == req.EXECUTE:
                 # the next cell's checkpoint, taken while the kernel sends this reply on
                 self.session.prepare_next_cell()
+
+
+def _key(msg: dict[str, Any]) -> bytes:
+    try:
+        key = bytes.fromhex(str(msg["key"]))
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ValueError("a save request needs the 32-byte save key in hex")
+    return key
 
 
 def lockdown_check() -> dict[str, str]:
