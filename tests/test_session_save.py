@@ -208,3 +208,40 @@ def test_save_names_and_paths(tmp_path, monkeypatch) -> None:
             ss.resolve(bad)
     key = ss.save_key()
     assert ss.save_key() == key and (tmp_path / ss.KEY_FILE).stat().st_mode & 0o777 == 0o600
+
+
+# ---- through the kernel: magics, a kernel restart, ZEROBOOT_RESUME, autosave ------------------
+
+def test_save_restart_the_kernel_and_resume(tmp_path) -> None:
+    from kernel_helpers import execute, kernel, stream_text, value_of
+    env = {"ZEROBOOT_SAVE_DIR": str(tmp_path)}
+    with kernel(**env) as (_, kc):
+        reply, _ = execute(kc, "import numpy as np\nv = np.arange(10) * 3\nopen('/tmp/k.txt', 'w').write('hi')")
+        assert reply["status"] == "ok"
+        reply, msgs = execute(kc, "%sandbox save mine")
+        assert reply["status"] == "ok" and "saved the session" in stream_text(msgs), msgs
+        reply, msgs = execute(kc, "%sandbox saves")
+        assert "mine" in stream_text(msgs) and "MiB" in stream_text(msgs)
+    assert (tmp_path / "mine.zbsave").is_file()
+    with kernel(**env) as (_, kc):  # a new kernel process: a fresh session until the resume
+        assert value_of(kc, "'v' in globals()") == "False"
+        reply, msgs = execute(kc, "%sandbox resume mine")
+        assert reply["status"] == "ok" and "resumed the session" in stream_text(msgs), msgs
+        assert value_of(kc, "(int(v.sum()), open('/tmp/k.txt').read())") == "(135, 'hi')"
+        reply, _ = execute(kc, "%sandbox resume nosuch")
+        assert reply["status"] == "error" and "no save" in reply["evalue"]
+    with kernel(ZEROBOOT_RESUME="mine", **env) as (_, kc):
+        reply, msgs = execute(kc, "int(v.sum())")
+        assert reply["status"] == "ok" and "135" in str(msgs) and "resumed the session" in stream_text(msgs, "stderr")
+
+
+def test_autosave_on_shutdown_and_resume_at_the_next_start(tmp_path) -> None:
+    from kernel_helpers import execute, kernel, value_of
+    env = {"ZEROBOOT_SAVE_DIR": str(tmp_path), "ZEROBOOT_AUTOSAVE": "on"}
+    with kernel(**env) as (_, kc):
+        assert execute(kc, "w = 'before the culler'")[0]["status"] == "ok"
+    # leaving kernel() sent a shutdown_request, as JupyterHub's culler does
+    saves = list(tmp_path.glob("autosave-*.zbsave"))
+    assert len(saves) == 1
+    with kernel(**env) as (_, kc):
+        assert value_of(kc, "w") == "'before the culler'"
