@@ -161,7 +161,10 @@ def test_hostile_lengths_are_refused_even_with_a_valid_checksum(template, saved,
     _, data = saved
     n = struct.unpack_from("<I", data, 8)[0]
     blob = 12 + n  # the state blob's header: codec, raw length, stored length
-    for patch in (struct.pack("<BQQ", 1, 1 << 62, 100), struct.pack("<BQQ", 1, 100, 1 << 62),
+    codec, raw_len, stored_len = struct.unpack_from("<BQQ", data, blob)
+    for patch in (struct.pack("<BQQ", codec, raw_len - 1, stored_len),  # decompresses past what it says
+                  struct.pack("<BQQ", codec, raw_len + 1, stored_len),
+                  struct.pack("<BQQ", 1, 1 << 62, 100), struct.pack("<BQQ", 1, 100, 1 << 62),
                   struct.pack("<BQQ", 7, 100, 100), struct.pack("<BQQ", 0, 10, 20)):
         hostile = bytearray(data)
         hostile[blob:blob + 17] = patch
