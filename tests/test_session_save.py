@@ -50,7 +50,8 @@ def saved(template, tmp_path_factory):
                     "df = pd.DataFrame({'a': range(1000), 'b': [str(i) for i in range(1000)]})\n"
                     "plt.rcParams['lines.linewidth'] = 7.5\nfig = plt.figure(); plt.plot([1, 2, 3])\n"
                     "open('/tmp/note.txt', 'w').write('kept in the overlay')\n"
-                    "fh = open('/tmp/open.txt', 'w+'); fh.write('still open'); fh.flush()\n", 1)
+                    "fh = open('/tmp/open.txt', 'w+'); fh.write('still open'); fh.flush()\n"
+                    "import os\npr, pw = os.pipe(); os.write(pw, b'piped')\n", 1)
         assert r["status"] == "ok", r
         path = tmp_path_factory.mktemp("saves") / "s1.zbsave"
         data = save_file(s, path)
@@ -60,8 +61,8 @@ def saved(template, tmp_path_factory):
 
 
 CHECK = ("(x, name, float(arr.sum()), df.shape, df['b'][999], plt.rcParams['lines.linewidth'], "
-         "len(plt.get_fignums()), open('/tmp/note.txt').read(), fh.tell(), (fh.seek(0), fh.read())[1])")
-EXPECTED = "(41, 'zeroboot', 999999000000.0, (1000, 2), '999', 7.5, 1, 'kept in the overlay', 10, 'still open')"
+         "len(plt.get_fignums()), open('/tmp/note.txt').read(), fh.tell(), (fh.seek(0), fh.read())[1], os.read(pr, 5))")
+EXPECTED = "(41, 'zeroboot', 999999000000.0, (1000, 2), '999', 7.5, 1, 'kept in the overlay', 10, 'still open', b'piped')"
 
 
 def test_resume_in_a_new_session_has_the_saved_state(template, saved) -> None:
@@ -219,7 +220,8 @@ def test_save_restart_the_kernel_and_resume(tmp_path) -> None:
     from kernel_helpers import execute, kernel, stream_text, value_of
     env = {"ZEROBOOT_SAVE_DIR": str(tmp_path)}
     with kernel(**env) as (_, kc):
-        reply, _ = execute(kc, "import numpy as np\nv = np.arange(10) * 3\nopen('/tmp/k.txt', 'w').write('hi')")
+        reply, _ = execute(kc, "import numpy as np\nv = np.arange(10) * 3\nopen('/tmp/k.txt', 'w').write('hi')\n"
+                               "open('zb_save_probe.txt', 'w').write('in the overlay')")
         assert reply["status"] == "ok"
         reply, msgs = execute(kc, "%sandbox save mine")
         assert reply["status"] == "ok" and "saved the session" in stream_text(msgs), msgs
@@ -230,7 +232,9 @@ def test_save_restart_the_kernel_and_resume(tmp_path) -> None:
         assert value_of(kc, "'v' in globals()") == "False"
         reply, msgs = execute(kc, "%sandbox resume mine")
         assert reply["status"] == "ok" and "resumed the session" in stream_text(msgs), msgs
-        assert value_of(kc, "(int(v.sum()), open('/tmp/k.txt').read())") == "(135, 'hi')"
+        assert value_of(kc, "(int(v.sum()), open('/tmp/k.txt').read(), open('zb_save_probe.txt').read())") == \
+            "(135, 'hi', 'in the overlay')"
+        assert not Path("zb_save_probe.txt").exists()  # the notebook folder's overlay, never the host
         reply, _ = execute(kc, "%sandbox resume nosuch")
         assert reply["status"] == "error" and "no save" in reply["evalue"]
     with kernel(ZEROBOOT_RESUME="mine", **env) as (_, kc):

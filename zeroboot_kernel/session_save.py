@@ -59,11 +59,14 @@ CODEC_RAW, CODEC_ZLIB, CODEC_ZSTD = 0, 1, 2  # written: raw or zstd; zlib is rea
 SUFFIX = ".zbsave"
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 KEY_FILE = ".save-key"
-# What a save cannot hold, and how the resumed session sees it (docs/COMPATIBILITY.md).
+# What a save cannot hold, and how the resumed session sees it (docs/COMPATIBILITY.md). Pipes and
+# socketpairs are in-memory files: they are saved with their buffered bytes. A guest network
+# connection (none exist on this build: socket() is EACCES) must be added here when one can exist.
 NOT_SAVED = [
-    "open network connections: reset (reads and writes fail with ECONNRESET) in the resumed session",
-    "%rewind checkpoints: not saved; %rewind starts again from the resumed state",
-    "host files the notebook folder shows: read again from the host at resume (overlay changes are saved)",
+    "%rewind checkpoints: %rewind history from before the resume is gone; it starts again from the resumed state",
+    "files of the notebook's folder on the host: read again from the host at resume (the sandbox's own "
+    "changes there, in the overlay, are saved); a file the session had open that is gone on the host makes "
+    "the resume fail with an error naming it",
 ]
 
 
