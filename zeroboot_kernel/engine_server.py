@@ -24,6 +24,7 @@ from . import checkpoint_budget
 from . import engine_requests as req
 from . import engine_wire as wire
 from . import export
+from . import fanout
 from . import session_save
 from .errors import ZerobootError
 from .native import Engine
@@ -120,6 +121,10 @@ class EngineServer:
         s = self.session
         self.running = msg.get("id")
         try:
+            if fanout.is_fanout(str(msg["code"])):  # the user's %%fanout cell (fanout.py)
+                return fanout.run(s, str(msg["code"]), execution_count=int(msg["execution_count"]),
+                                  on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
+                                  on_message=lambda mtype, content: self.event({"event": mtype, "content": content}))
             return s.execute(
                 msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
                 store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
