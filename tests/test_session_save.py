@@ -175,6 +175,14 @@ def test_hostile_lengths_are_refused_even_with_a_valid_checksum(template, saved,
     assert "corrupt" in resume_error(template, tmp_path, resign(bytes(huge_manifest)))
 
 
+def test_a_deeply_nested_manifest_is_refused(template, tmp_path) -> None:
+    head = b"[" * 200_000 + b"]" * 200_000
+    data = ss.MAGIC + struct.pack("<I", len(head)) + head + bytes(100)
+    with pytest.raises(ss.SaveError, match="corrupt"):
+        ss.read_manifest(data)
+    assert "corrupt" in resume_error(template, tmp_path, resign(data + bytes(ss.MAC_BYTES)))
+
+
 def test_hostile_pages_and_state_are_refused_by_the_validators(template, saved, tmp_path) -> None:
     _, data = saved
     size = ss.read_manifest(data)["memory_size"]

@@ -148,8 +148,8 @@ def read_manifest(data: bytes | memoryview) -> dict[str, Any]:
         raise SaveError(f"the save file is corrupt (a manifest of {n} bytes)")
     try:
         manifest = json.loads(bytes(r.take(n, "manifest")))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SaveError(f"the save file is corrupt (its manifest: {exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # nesting deeper than json's limit
+        raise SaveError(f"the save file is corrupt (its manifest: {str(exc)[:200]})") from None
     if not isinstance(manifest, dict):
         raise SaveError("the save file is corrupt (its manifest is not an object)")
     return manifest
