@@ -1,16 +1,15 @@
 """`python -m zeroboot_kernel.bench save`: saving and resuming a session holding ~100 MB of arrays.
 
-A session (the kernel's Session, in this process) makes the arrays; it is saved to a file
-(session_save.capture: only the pages not the template's, zlib when it pays) and resumed in a
-new session (session_save.resume). The same variables are pickled to a file and loaded again by a
-plain host CPython, which is what a stock ipykernel does with pickle or dill (same run, same disk).
+Three rows, same run, same disk: a Session in this process saved (session_save.capture: only the
+pages not the template's, zstd when it pays) and resumed in a new session (session_save.resume);
+the zeroboot kernel's `%sandbox save`, a Jupyter restart, `%sandbox resume` (round trips through
+jupyter_client, with the engine channel's chunked transfer); and the stock ipykernel (`python3`)
+pickling the same arrays to a file, a restart, and loading them.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,14 +30,30 @@ def _setup_code(size_mb: int) -> str:
             f"ramp = np.arange({n}, dtype=np.float64)\ncheck = float(noise.sum() + ramp.sum())\n")
 
 
-def _pickle_seconds(size_mb: int, path: str) -> tuple[float, float, int]:
-    code = (_setup_code(size_mb) + "import pickle, time\n"
-            f"t = time.perf_counter()\nwith open({path!r}, 'wb') as f: pickle.dump({{'noise': noise, 'ramp': ramp}}, f)\n"
-            "save = time.perf_counter() - t\n"
-            f"t = time.perf_counter()\nwith open({path!r}, 'rb') as f: d = pickle.load(f)\nload = time.perf_counter() - t\n"
-            "assert float(d['noise'].sum() + d['ramp'].sum()) == check\nprint(save, load)\n")
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
-    return float(out[0]), float(out[1]), os.path.getsize(path)
+def _kernel_rows(size_mb: int, d: str) -> dict[str, Any]:
+    from .kernel import OURS, STOCK, BenchKernel, _ensure_our_kernelspec
+
+    _ensure_our_kernelspec()
+    os.environ["ZEROBOOT_SAVE_DIR"] = d  # the kernels inherit it (BenchKernel passes os.environ)
+    pkl = os.path.join(d, "ipykernel.pkl")
+    steps = {OURS: ("%sandbox save bench", "%sandbox resume bench", os.path.join(d, "bench.zbsave")),
+             STOCK: (f"import pickle\nwith open({pkl!r}, 'wb') as f: pickle.dump({{'noise': noise, 'ramp': ramp}}, f)",
+                     f"import pickle\nwith open({pkl!r}, 'rb') as f: globals().update(pickle.load(f))", pkl)}
+    rows = {}
+    for name, (save, load, path) in steps.items():
+        k = BenchKernel(name, timeout=600)
+        try:
+            k.round_trip(_setup_code(size_mb))
+            save_s = k.round_trip(save)
+            k.restart()
+            resume_s = k.round_trip(load)
+            k.round_trip("assert float(noise.sum() + ramp.sum()) > 0")
+        finally:
+            k.close()
+        label = "zeroboot kernel: %sandbox save / resume" if name == OURS else "ipykernel: pickle.dump / load"
+        rows[label] = {"save_s": round(save_s, 3), "resume_s": round(resume_s, 3),
+                       "file_mb": round(os.path.getsize(path) / 1e6, 1), "pages": None}
+    return rows
 
 
 def measure(size_mb: int = SIZE_MB) -> dict[str, Any]:
@@ -68,12 +83,10 @@ def measure(size_mb: int = SIZE_MB) -> dict[str, Any]:
             assert "".join(out).strip() == "True", (r, out)
         finally:
             s.close()
-        pickle_save, pickle_load, pickle_size = _pickle_seconds(size_mb, str(Path(d) / "vars.pkl"))
         res["rows"] = {
-            "zeroboot session save": {"save_s": round(save_s, 3), "resume_s": round(resume_s, 3),
-                                      "file_mb": round(path.stat().st_size / 1e6, 1), "pages": manifest["pages"]},
-            "pickle (host CPython, as ipykernel)": {"save_s": round(pickle_save, 3), "resume_s": round(pickle_load, 3),
-                                                    "file_mb": round(pickle_size / 1e6, 1), "pages": None},
+            "zeroboot Session (in process)": {"save_s": round(save_s, 3), "resume_s": round(resume_s, 3),
+                                              "file_mb": round(path.stat().st_size / 1e6, 1), "pages": manifest["pages"]},
+            **_kernel_rows(size_mb, d),
         }
     return res
 
