@@ -68,3 +68,24 @@ def test_fanout_through_the_kernel() -> None:
         assert "lr = 1" in stream_text(msgs) and "lr = 2" in stream_text(msgs)
         assert [m["content"]["data"]["text/plain"] for m in msgs if m["msg_type"] == "execute_result"] == ["3", "6"]
         assert value_of(kc, "(_fanout, 'lr' in globals())") == "([3, 6], False)"
+
+
+def test_an_interrupt_reaches_the_running_fork_and_ends_the_fanout() -> None:
+    import time
+
+    from kernel_helpers import collect, kernel, shell_reply, stream_text, value_of
+    with kernel() as (km, kc):
+        msg_id = kc.execute("%%fanout v in [1, 2, 3]\nimport time\nprint('started', v, flush=True)\ntime.sleep(60)")
+        deadline = time.monotonic() + 60
+        seen: list = []
+        while "started 1" not in stream_text(seen):
+            assert time.monotonic() < deadline, "the first run did not start"
+            msg = kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") == msg_id:
+                seen.append(msg)
+        km.interrupt_kernel()
+        msgs = seen + collect(kc, msg_id)
+        assert shell_reply(kc, msg_id)["content"]["status"] == "ok"
+        assert "interrupted; the values after it were not run" in stream_text(msgs, "stderr")
+        assert "started 2" not in stream_text(msgs)
+        assert value_of(kc, "_fanout") == "[None]"

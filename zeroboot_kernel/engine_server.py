@@ -88,7 +88,7 @@ class EngineServer:
         if self.running is None or msg.get("target") != self.running:
             log.debug("interrupt for request %r dropped (running: %r)", msg.get("target"), self.running)
             return False
-        self.session.sandbox.interrupt()
+        (self.session.running_fork or self.session.sandbox).interrupt()  # a %%fanout run, else the cell
         return True
 
     def ask_input(self, prompt: str, password: bool) -> str | None:
@@ -124,7 +124,8 @@ class EngineServer:
             if fanout.is_fanout(str(msg["code"])):  # the user's %%fanout cell (fanout.py)
                 return fanout.run(s, str(msg["code"]), execution_count=int(msg["execution_count"]),
                                   on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
-                                  on_message=lambda mtype, content: self.event({"event": mtype, "content": content}))
+                                  on_message=lambda mtype, content: self.event({"event": mtype, "content": content}),
+                                  poll=self.poll)
             return s.execute(
                 msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
                 store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},

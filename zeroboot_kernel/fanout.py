@@ -7,8 +7,9 @@ with NAME bound, so no run sees another's changes and the live state is not chan
 run's output goes out as the cell's, after a label line; an error, crash or timeout of one run is
 reported for that value and the others go on. The runs' results (the value of the body's last
 expression, pickled in the fork) become `_fanout` in the live state, through one ordinary cell, so
-that `%rewind` undoes it like any cell. Runs go one after another: the engine process has one vCPU
-(issue 19 asks for `--jobs`; it is not implemented and is refused).
+that `%rewind` undoes it like any cell. An interrupt reaches the running fork and ends the fan-out.
+Runs go one after another: the engine process has one vCPU (issue 19 asks for `--jobs`; it is not
+implemented and is refused).
 """
 from __future__ import annotations
 
@@ -54,8 +55,11 @@ def _quiet(sb: Sandbox, code: str, timeout: float | None) -> tuple[str, Any]:
 
 
 def run(session: Any, code: str, *, execution_count: int, on_stream: Callable[[str, str], None] | None,
-        on_message: Callable[[str, dict[str, Any]], None] | None) -> dict[str, Any]:
-    """Run the %%fanout cell; the execute_reply content."""
+        on_message: Callable[[str, dict[str, Any]], None] | None,
+        poll: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run the %%fanout cell; the execute_reply content. While a run goes on, session.running_fork
+    is its Sandbox, which an interrupt reaches (engine_server.interrupt); an interrupted run
+    ends the fan-out (the values after it are not run)."""
     def say(name: str, text: str) -> None:
         if on_stream:
             on_stream(name, text)
@@ -70,6 +74,7 @@ def run(session: Any, code: str, *, execution_count: int, on_stream: Callable[[s
     finally:
         if owned:
             base.release()
+    session.running_fork = values_fork
     try:
         text, r = _quiet(values_fork, f"{VALUES} = list({expr})\nprint(len({VALUES}))", session.timeout)
         if r.status != "ok":
@@ -84,18 +89,24 @@ def run(session: Any, code: str, *, execution_count: int, on_stream: Callable[[s
     except SandboxError as exc:
         return _error(execution_count, type(exc).__name__, f"%%fanout: EXPR failed: {exc}", on_message)
     finally:
+        session.running_fork = None
         values_fork.close()
     results: list[str | None] = []
     total = 0
     try:
         for i in range(count):
             child = Sandbox(values.fork(), session.template, fresh=False)
+            session.running_fork = child
             try:
                 label, r = _quiet(child, f"{name} = {VALUES}[{i}]\ndel {VALUES}\n"
                                   f"print(f'[{i}] {name} = {{{name}!r:.100}}')", session.timeout)
                 say("stdout", f"── {label.strip()[:200]} ──\n")
                 r = child.execute(body, on_stream=on_stream, on_message=on_message, timeout=session.timeout,
-                                  execution_count=execution_count)
+                                  execution_count=execution_count, poll=poll)
+                if r.interrupted:
+                    say("stderr", f"[{i}] {name}: interrupted; the values after it were not run\n")
+                    results.append(None)
+                    break
                 if r.status != "ok" or r.result is None:
                     results.append(None)
                     continue
@@ -113,6 +124,7 @@ def run(session: Any, code: str, *, execution_count: int, on_stream: Callable[[s
                 say("stderr", f"[{i}] {name}: {type(exc).__name__}: {exc}\n")
                 results.append(None)
             finally:
+                session.running_fork = None
                 child.close()
     finally:
         values.release()

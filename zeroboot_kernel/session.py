@@ -102,6 +102,7 @@ class Session:
         # isolated mode: the sandbox was reset to the template after the last cell (prepare_next_cell)
         self.reset_done = False
         self.head: Snapshot | None = None   # chained state while isolated cells run
+        self.running_fork: Sandbox | None = None  # the %%fanout run going on (fanout.py): interrupts go there
         self.timings: deque[dict[str, float]] = deque(maxlen=200)
         self.cells_run = 0
         self.rollbacks = 0
