@@ -89,3 +89,16 @@ def test_an_interrupt_reaches_the_running_fork_and_ends_the_fanout() -> None:
         assert "interrupted; the values after it were not run" in stream_text(msgs, "stderr")
         assert "started 2" not in stream_text(msgs)
         assert value_of(kc, "_fanout") == "[None]"
+
+
+def test_the_python_api(template) -> None:
+    with template.fork() as sb:
+        sb.execute("base = 10")
+        runs = sb.fanout("print(base * lr)\nbase * lr", [{"lr": 0.5}, {"lr": 2}, {"lr": 3}])
+        assert [r.stdout.strip() for r in runs] == ["5.0", "20", "30"]
+        assert [r.result["text/plain"] for r in runs] == ["5.0", "20", "30"]
+        crashed = sb.fanout("import ctypes\nctypes.string_at(0)", [{}])
+        assert type(crashed[0]).__name__ == "SandboxCrashed"
+        assert sb.execute("'lr' in globals(), base").result["text/plain"] == "(False, 10)"
+        with pytest.raises(ValueError):
+            sb.fanout("x", [{"not a name": 1}])

@@ -141,3 +141,29 @@ def _error(count: int, ename: str, evalue: str, on_message: Callable[[str, dict[
     if on_message:
         on_message("error", content)
     return {"status": "error", "execution_count": count, "user_expressions": {}, "payload": [], **content}
+
+
+def fanout_sandbox(sb: Sandbox, code: str, bindings: list[dict[str, Any]],
+                   timeout: float | None = None) -> list[Any]:
+    """The Python API (Sandbox.fanout): run code once per dict of bindings, each in a fork of sb's
+    current state with those names bound (pickled here, unpickled in the fork); sb is unchanged.
+    Each item of the result is the run's ExecuteResult, or the SandboxError that ended it."""
+    import base64
+    import pickle
+    out: list[Any] = []
+    for binding in bindings:
+        if not all(isinstance(k, str) and k.isidentifier() for k in binding):
+            raise ValueError(f"fanout bindings are dicts of variable names: {list(binding)!r}")
+        payload = base64.b64encode(pickle.dumps(dict(binding))).decode()
+        child = sb.fork()
+        try:
+            r = child.execute(f"import pickle as _zp, base64 as _zb\nglobals().update(_zp.loads(_zb.b64decode("
+                              f"{payload!r})))\ndel _zp, _zb", silent=True, store_history=False, timeout=timeout)
+            if r.status != "ok":
+                raise SandboxError(f"the bindings could not be set in the fork: {(r.error or {}).get('evalue')}")
+            out.append(child.execute(code, timeout=timeout))
+        except SandboxError as exc:
+            out.append(exc)
+        finally:
+            child.close()
+    return out
