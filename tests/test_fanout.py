@@ -102,3 +102,9 @@ def test_the_python_api(template) -> None:
         assert sb.execute("'lr' in globals(), base").result["text/plain"] == "(False, 10)"
         with pytest.raises(ValueError):
             sb.fanout("x", [{"not a name": 1}])
+
+
+def test_an_unpicklable_result_is_none_with_a_note(session) -> None:
+    reply, out, err, msgs = fan(session, "%%fanout v in [1, 2]\n(lambda: v) if v == 1 else v")
+    assert reply["status"] == "ok" and "[0]: the result cannot be kept in _fanout" in err, err
+    assert cell(session, "_fanout", 3)["result"] == "[None, 2]"

@@ -27,6 +27,19 @@ MAX_VALUES = 1000
 MAX_RESULT_BYTES = 64 << 20      # of pickled results, all runs together
 B64 = re.compile(r"[A-Za-z0-9+/=]*")
 VALUES = "__zeroboot_fanout_values"
+# the run's result (IPython's `_`, the body's last expression), pickled, as base64 text
+PICKLED = "__import__('base64').b64encode(__import__('pickle').dumps(_)).decode()"
+
+
+def _pickled_text(user_expressions: Any) -> str | None:
+    """The base64 text of the PICKLED user expression's reply (guest output: checked), or None."""
+    got = user_expressions.get("r") if isinstance(user_expressions, dict) else None
+    data = got.get("data") if isinstance(got, dict) and got.get("status") == "ok" else None
+    text = data.get("text/plain") if isinstance(data, dict) else None
+    if not isinstance(text, str) or len(text) < 2 or text[0] != text[-1] or text[0] not in "'\"":
+        return None
+    text = text[1:-1]
+    return text if B64.fullmatch(text) else None
 
 
 def is_fanout(code: str) -> bool:
@@ -101,8 +114,10 @@ def run(session: Any, code: str, *, execution_count: int, on_stream: Callable[[s
                 label, r = _quiet(child, f"{name} = {VALUES}[{i}]\ndel {VALUES}\n"
                                   f"print(f'[{i}] {name} = {{{name}!r:.100}}')", session.timeout)
                 say("stdout", f"── {label.strip()[:200]} ──\n")
+                # the result comes back with the body's own reply (a user expression, evaluated
+                # after the cell), not by another round trip
                 r = child.execute(body, on_stream=on_stream, on_message=on_message, timeout=session.timeout,
-                                  execution_count=execution_count, poll=poll)
+                                  execution_count=execution_count, poll=poll, user_expressions={"r": PICKLED})
                 if r.interrupted:
                     say("stderr", f"[{i}] {name}: interrupted; the values after it were not run\n")
                     results.append(None)
@@ -110,16 +125,13 @@ def run(session: Any, code: str, *, execution_count: int, on_stream: Callable[[s
                 if r.status != "ok" or r.result is None:
                     results.append(None)
                     continue
-                text, r = _quiet(child, "import pickle as _zp, base64 as _zb\n"
-                                 "try:\n    print(_zb.b64encode(_zp.dumps(_)).decode())\n"
-                                 "except Exception as _ze:\n    print('!' + type(_ze).__name__)\n", session.timeout)
-                text = text.strip()
-                if text.startswith("!") or not B64.fullmatch(text) or total + len(text) > MAX_RESULT_BYTES:
-                    say("stderr", f"[{i}]: the result cannot be kept in _fanout ({text[1:40] or 'too large'}): None\n")
+                pickled = _pickled_text(r.reply.get("user_expressions"))
+                if pickled is None or total + len(pickled) > MAX_RESULT_BYTES:
+                    say("stderr", f"[{i}]: the result cannot be kept in _fanout (not picklable, or too large): None\n")
                     results.append(None)
                     continue
-                total += len(text)
-                results.append(text)
+                total += len(pickled)
+                results.append(pickled)
             except SandboxError as exc:  # a crash, timeout or memory error of this run only
                 say("stderr", f"[{i}] {name}: {type(exc).__name__}: {exc}\n")
                 results.append(None)

@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "peers": "peers",      # the same cells in a fork, a subprocess, a bubblewrap sandbox
     "scaling": "scaling",  # forks and memory as live forks grow; cells/s with 1 and 2 workers
     "memory": "memory",    # data-heavy notebooks vs ipykernel: host memory, time per cell, big fills
+    "fanout": "fanout",    # a 50-value %%fanout sweep of a 10 ms cell vs a loop in one cell
     "save": "save",        # session save/resume of 100 MB of arrays vs pickling them on the host
     "soak": "soak",        # one kernel, thousands of mixed cells: memory, fds and failures over time
     "all": "suite",        # every section above but soak, and docs/PERFORMANCE.md with charts
