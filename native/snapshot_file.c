@@ -137,6 +137,39 @@ int zb_snapshot_save(zb_snapshot *s, const char *dir, char *err) {
     return 0;
 }
 
+/* A session save (zeroboot_kernel/session_save.py): state.bin's bytes to state_fd, and to pages_fd
+ * only the pages that differ from the snapshot's image (the template it was forked from), each as a
+ * u64 (page index << 1 | 1 if it is a zero page) followed by its 4 KiB unless it is a zero page.
+ * Both fds are the caller's (memfds: the locked-down engine process creates no host files). */
+int zb_snapshot_save_delta(zb_snapshot *s, int state_fd, int pages_fd, char *err) {
+    if (!s->image) { zb_seterr(err, "this snapshot has no memory image to save the differences from"); return -1; }
+    int sfd = dup(state_fd), pfd = sfd < 0 ? -1 : dup(pages_fd);
+    zb_out so = {sfd < 0 ? NULL : fdopen(sfd, "wb"), 0};
+    if (!so.f) { if (sfd >= 0) close(sfd); if (pfd >= 0) close(pfd); zb_seterr(err, "cannot open the save's state stream: %s", strerror(errno)); return -1; }
+    zb_out po = {pfd < 0 ? NULL : fdopen(pfd, "wb"), 0};
+    if (!po.f) { fclose(so.f); if (pfd >= 0) close(pfd); zb_seterr(err, "cannot open the save's page stream: %s", strerror(errno)); return -1; }
+    save_state(s, &so);
+    for (uint64_t c = 0; c < s->nchunks; c++) {
+        const zb_chunk *ch = s->chunks[c];
+        if (!ch) continue;
+        for (uint64_t i = 0; i < CHUNK_PAGES; i++) {
+            const zb_page *p = &ch->page[i];
+            uint64_t index = c * CHUNK_PAGES + i;
+            if (p->kind == PAGE_STORED) {
+                out_u64(&po, index << 1);
+                out_bytes(&po, p->store->map + (uint64_t)p->index * ZB_PAGE, ZB_PAGE);
+            } else if (p->kind == PAGE_ZERO) {
+                out_u64(&po, index << 1 | 1);
+            }
+        }
+    }
+    int bad = so.err || po.err;
+    bad |= fclose(so.f) != 0;
+    bad |= fclose(po.f) != 0;
+    if (bad) { zb_seterr(err, "writing the session save failed: %s", strerror(errno)); return -1; }
+    return 0;
+}
+
 /* Open the section `tag` of `in` as *sec; on a missing or short section say which one. */
 static int section(zb_in *in, uint32_t tag, const char *what, zb_in *sec, char *err) {
     if (in_section(in, tag, sec) == 0) return 0;
@@ -236,26 +269,18 @@ static uint8_t *read_file(const char *path, size_t *len, char *err) {
     return buf;
 }
 
-zb_snapshot *zb_snapshot_load(zb_engine *e, const char *dir, char *err) {
-    char path[PATH_MAX];
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/state.bin", dir);
-    uint8_t *data = read_file(path, &len, err);
-    if (!data) return NULL;
+/* The snapshot of state.bin's bytes and a memory image (fd, taken over; its size must match). */
+static zb_snapshot *load_parts(zb_engine *e, const uint8_t *data, size_t len, int fd, const char *what, char *err) {
     zb_snapshot *s = calloc(1, sizeof *s);
-    if (!s) { free(data); zb_seterr(err, "out of memory"); return NULL; }
+    if (!s) { close(fd); zb_seterr(err, "out of memory"); return NULL; }
     atomic_init(&s->refs, 1);
     s->engine = e;
     zb_in in = {data, len, 0, 0};
-    int rc = load_state(e, &in, &s->st, &s->mem_size, &s->ws, err);
-    free(data);
-    if (rc < 0) goto fail;
-    snprintf(path, sizeof path, "%s/memory.img", dir);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (load_state(e, &in, &s->st, &s->mem_size, &s->ws, err) < 0) { close(fd); goto fail; }
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) < 0 || (uint64_t)st.st_size != s->mem_size) {
-        zb_seterr(err, "%s is missing or has the wrong size", path);
-        if (fd >= 0) close(fd);
+    if (fstat(fd, &st) < 0 || (uint64_t)st.st_size != s->mem_size) {
+        zb_seterr(err, "%s has the wrong size", what);
+        close(fd);
         goto fail;
     }
     if (!(s->image = zb_image_new(fd, s->mem_size))) { close(fd); zb_seterr(err, "out of memory"); goto fail; }
@@ -269,4 +294,25 @@ fail:
     free(s->chunks);
     free(s);
     return NULL;
+}
+
+zb_snapshot *zb_snapshot_load(zb_engine *e, const char *dir, char *err) {
+    char path[PATH_MAX];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/state.bin", dir);
+    uint8_t *data = read_file(path, &len, err);
+    if (!data) return NULL;
+    snprintf(path, sizeof path, "%s/memory.img", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) { free(data); zb_seterr(err, "%s is missing: %s", path, strerror(errno)); return NULL; }
+    zb_snapshot *s = load_parts(e, data, len, fd, path, err);
+    free(data);
+    return s;
+}
+
+zb_snapshot *zb_snapshot_load_bytes(zb_engine *e, const uint8_t *state, size_t state_len, int mem_fd, char *err) {
+    if (state_len > STATE_MAX_BYTES) { zb_seterr(err, "the saved state is implausibly large"); return NULL; }
+    int fd = fcntl(mem_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) { zb_seterr(err, "cannot use the memory image: %s", strerror(errno)); return NULL; }
+    return load_parts(e, state, state_len, fd, "the saved memory image", err);
 }

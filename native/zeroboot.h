@@ -288,6 +288,11 @@ zb_snapshot *zb_snapshot_load(zb_engine *engine, const char *dir, char *err);
 /* The layout version of the state file zb_snapshot_save writes (and the only one zb_snapshot_load
  * reads): part of a template's key, so that templates of another layout are rebuilt. */
 uint32_t zb_snapshot_format(void);
+/* Session saves (zeroboot_kernel/session_save.py): the state and only the pages that differ from
+ * the snapshot's memory image, written to two fds; and a snapshot of a state (validated like
+ * state.bin) over a memory image fd (duplicated; e.g. a memfd rebuilt from the template's image). */
+int zb_snapshot_save_delta(zb_snapshot *snap, int state_fd, int pages_fd, char *err);
+zb_snapshot *zb_snapshot_load_bytes(zb_engine *engine, const uint8_t *state, size_t state_len, int mem_fd, char *err);
 void zb_snapshot_release(zb_snapshot *snap);
 /* Learn a snapshot's working set: the pages present in sb's memory after sb, forked from snap,
  * ran representative requests. Forks of snap can then prefault them (zb_sandbox_prefault). */

@@ -60,6 +60,9 @@ CHECKPOINT_BUDGET = "checkpoint_budget"
 STATS = "stats"
 RESTART = "restart"
 NEW_SESSION = "new_session"
+SAVE = "save"
+SAVE_CHUNK = "save_chunk"
+RESUME = "resume"
 SHUTDOWN = "shutdown"
 COMM = "comm"
 COMM_INFO = "comm_info"
@@ -114,6 +117,14 @@ REQUESTS: dict[str, Request] = {r.op: r for r in (
             TEXT_REPLY + "; a bad SIZE is a `UsageError`", "`%sandbox checkpoints budget [SIZE]`"),
     Request(STATS, (), '`stats`: {...} (Session.stats)',
             "`%sandbox stats`, `%sandbox memory`, `%sandbox files`"),
+    Request(SAVE, (Field("notebook", "str"), Field("key", "hex str: the user's save key")),
+            '`size`: int, the bytes of the save (held by the engine for `save_chunk`); `manifest`: {...}',
+            "`%sandbox save`, autosave on shutdown"),
+    Request(SAVE_CHUNK, (Field("offset", "int"), Field("size", "int")),
+            '`data`: base64 of at most 1 MiB of the held save; the last chunk frees it', "`%sandbox save`"),
+    Request(RESUME, (Field("path", "str: the save file, chosen by the kernel"), Field("key", "hex str")),
+            '`manifest`: {...}; the session now continues from the save, every checkpoint dropped',
+            "`%sandbox resume`, ZEROBOOT_RESUME, autosave at start"),
     Request(RESTART, (), 'nothing more: the sandbox is back to its clean state, every checkpoint dropped',
             "`%sandbox reset`"),
     Request(NEW_SESSION, (_opt("project", "str: the notebook's folder (null: none)"), Field("mode", '"chained" or "isolated"'),

@@ -24,6 +24,8 @@ from . import checkpoint_budget
 from . import engine_requests as req
 from . import engine_wire as wire
 from . import export
+from . import fanout
+from . import session_save
 from .errors import ZerobootError
 from .native import Engine
 from .network_policy import NetworkPolicy
@@ -60,7 +62,9 @@ class EngineServer:
             req.CHECKPOINTS: self._checkpoints, req.CHECKPOINT_BUDGET: self._checkpoint_budget,
             req.STATS: self._stats, req.RESTART: self._restart, req.NEW_SESSION: self._new_session,
             req.SHUTDOWN: self._shutdown, req.COMM: self._comm, req.COMM_INFO: self._comm_info,
+            req.SAVE: self._save, req.SAVE_CHUNK: self._save_chunk, req.RESUME: self._resume,
         }
+        self.held_save = b""  # the save being fetched by the kernel (save_chunk)
 
     def send(self, msg: dict[str, Any]) -> None:
         wire.send(self.sock, msg)
@@ -87,7 +91,7 @@ class EngineServer:
         if self.running is None or msg.get("target") != self.running:
             log.debug("interrupt for request %r dropped (running: %r)", msg.get("target"), self.running)
             return False
-        self.session.sandbox.interrupt()
+        (self.session.running_fork or self.session.sandbox).interrupt()  # a %%fanout run, else the cell
         return True
 
     def ask_input(self, prompt: str, password: bool) -> str | None:
@@ -131,12 +135,17 @@ class EngineServer:
         self.running = msg.get("id")
         parent = msg.get("parent_header")
         try:
-            reply = s.execute(
-                msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
-                store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
-                on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
-                on_message=self.on_message, on_input=self.ask_input if msg.get("allow_stdin") else None,
-                poll=self.poll, parent_header=parent if isinstance(parent, dict) else None)
+            if fanout.is_fanout(str(msg["code"])):  # the user's %%fanout cell (fanout.py)
+                reply = fanout.run(s, str(msg["code"]), execution_count=int(msg["execution_count"]),
+                                   on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
+                                   on_message=self.on_message, poll=self.poll)
+            else:
+                reply = s.execute(
+                    msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
+                    store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
+                    on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
+                    on_message=self.on_message, on_input=self.ask_input if msg.get("allow_stdin") else None,
+                    poll=self.poll, parent_header=parent if isinstance(parent, dict) else None)
         finally:
             self.running = None
         # an isolated session resets after the reply (prepare_next_cell): its comms end with the cell
@@ -261,6 +270,27 @@ class EngineServer:
         old.close()
         return {"status": "ok"}
 
+    # session saves: the engine builds the file in memory, the kernel fetches it in chunks and
+    # writes it (this process creates no host files); resume opens the kernel's path read-only
+    def _save(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.held_save = b""
+        data, manifest = session_save.capture(self.session, _key(msg), str(msg["notebook"]))
+        self.held_save = data
+        return {"status": "ok", "size": len(data), "manifest": manifest}
+
+    def _save_chunk(self, msg: dict[str, Any]) -> dict[str, Any]:
+        offset, size = msg.get("offset"), msg.get("size")
+        if type(offset) is not int or type(size) is not int or offset < 0 or not 0 < size <= export.CHUNK:
+            raise ValueError(f"save_chunk needs an offset >= 0 and a size of 1 to {export.CHUNK} bytes")
+        data = self.held_save[offset:offset + size]
+        if offset + size >= len(self.held_save):
+            self.held_save = b""
+        return {"status": "ok", "data": base64.b64encode(data).decode()}
+
+    def _resume(self, msg: dict[str, Any]) -> dict[str, Any]:
+        manifest = session_save.resume(self.session, str(msg["path"]), _key(msg))
+        return {"status": "ok", "manifest": manifest}
+
     def _shutdown(self, msg: dict[str, Any]) -> NoReturn:
         raise SystemExit(0)
 
@@ -287,6 +317,16 @@ class EngineServer:
             if msg.get("op") in (req.EXECUTE, req.COMM, req.COMM_INFO):
                 # the next cell's checkpoint, taken while the kernel sends this reply on
                 self.session.prepare_next_cell()
+
+
+def _key(msg: dict[str, Any]) -> bytes:
+    try:
+        key = bytes.fromhex(str(msg["key"]))
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ValueError("a save request needs the 32-byte save key in hex")
+    return key
 
 
 def lockdown_check() -> dict[str, str]:

@@ -36,6 +36,7 @@ from traitlets import List
 from . import __version__
 from . import engine_requests as req
 from . import export
+from . import session_save
 from . import listing
 from . import magics as mg
 from . import outputs
@@ -88,6 +89,7 @@ class EngineOwner(threading.Thread):
         self.on_exit = on_exit
         self.future: concurrent.futures.Future[EngineClient] = concurrent.futures.Future()
         self.closing = threading.Event()
+        self.startup_note: str | None = None  # ZEROBOOT_RESUME / autosave: said with the first output
 
     def run(self) -> None:
         t0 = time.monotonic()
@@ -99,6 +101,7 @@ class EngineOwner(threading.Thread):
             return
         self.log.info("zeroboot: sandbox engine ready in %.2f s (pid %d, template %s)",
                       time.monotonic() - t0, client.proc.pid, client.info.get("template"))
+        self.startup_note = session_save.startup_resume(_checked_call(client), self.notebook_dir)
         self.future.set_result(client)
         self._watch(client)
 
@@ -140,6 +143,17 @@ class EngineOwner(threading.Thread):
             else:
                 status = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
             self.on_exit(f"the sandbox engine process (pid {client.proc.pid}) exited ({status})")
+
+
+def _checked_call(client: EngineClient) -> Any:
+    """client.call that raises the engine's error reply (for session_save's kernel side)."""
+    def call(op: str, **fields: Any) -> dict[str, Any]:
+        content = client.call(op, **fields)
+        if content.get("status") != "ok":
+            raise _MagicFailed(str(content.get("ename") or "SandboxError"),
+                               str(content.get("evalue") or f"the engine could not do {op!r}"))
+        return content
+    return call
 
 
 class ZerobootKernel(Kernel):
@@ -314,11 +328,14 @@ class ZerobootKernel(Kernel):
             if self._home_note and not silent:
                 self._publish(parent, "stream", {"name": "stderr", "text": self._home_note})
                 self._home_note = None
+            if self._owner.startup_note and not silent:
+                self._publish(parent, "stream", {"name": "stderr", "text": self._owner.startup_note})
+                self._owner.startup_note = None
             for magic in plan.magics:
                 text = await asyncio.to_thread(self._run_magic, client, magic)
                 if text and not silent:
                     self._publish(parent, "stream", {"name": "stdout", "text": text})
-                if isinstance(magic, mg.Rewind) or getattr(magic, "sub", None) in ("mode", "reset"):
+                if isinstance(magic, mg.Rewind) or getattr(magic, "sub", None) in ("mode", "reset", "resume"):
                     await asyncio.to_thread(self._resync_comms, client, parent)
             if not plan.touches_guest and not user_expressions:
                 return {"status": "ok", "execution_count": count, "user_expressions": {}, "payload": []}
@@ -597,6 +614,52 @@ class ZerobootKernel(Kernel):
         return {"trusted": "outputs: trusted (HTML and JavaScript from cells reach the browser as they are)\n",
                 "safe": "outputs: safe (JavaScript dropped; HTML and Markdown sanitised)\n"}[self.outputs]
 
+    def _magic_save(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        # the path is the user's (the magic's argument), never from the engine or the guest
+        path = self._save_path(magic.arg or session_save.default_name())
+        t0 = time.monotonic()
+        try:
+            size, manifest = session_save.save_to(_checked_call(client), path, self._notebook(), session_save.save_key())
+        except (OSError, ZerobootError) as exc:
+            raise _MagicFailed(type(exc).__name__, f"could not save the session to {path}: {exc}") from None
+        return (f"saved the session to {path} ({size / 1048576:.1f} MiB, {manifest.get('pages')} pages not the "
+                f"template's, {time.monotonic() - t0:.2f} s); resume it with `%sandbox resume "
+                f"{magic.arg or path.name[:-len(session_save.SUFFIX)]}` or ZEROBOOT_RESUME. Not saved: "
+                + "; ".join(str(x) for x in manifest.get("not_saved", [])) + "\n")
+
+    def _magic_resume(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        path = self._save_path(magic.arg or "")
+        try:
+            manifest = session_save.resume_from(_checked_call(client), path, session_save.save_key())
+        except (OSError, ZerobootError) as exc:
+            raise _MagicFailed(type(exc).__name__, str(exc)) from None
+        self.mode = str(manifest.get("mode") or self.mode) if manifest.get("mode") in mg.MODES else self.mode
+        return session_save.resumed_text(path, manifest) + "\n"
+
+    def _magic_saves(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
+        return session_save.format_saves(session_save.list_saves()) + "\n"
+
+    def _save_path(self, name: str) -> Any:
+        try:
+            return session_save.resolve(name)
+        except session_save.SaveError as exc:
+            raise _MagicFailed("SaveError", str(exc)) from None
+
+    def _notebook(self) -> str:
+        return session_save.notebook_id(self.notebook_dir)
+
+    def _autosave(self) -> None:
+        client = self._client_if_ready()
+        if client is None or self.fatal:
+            return
+        path = session_save.resolve(session_save.autosave_name(self._notebook()))
+        try:
+            with self._engine_lock:
+                size, _ = session_save.save_to(_checked_call(client), path, self._notebook(), session_save.save_key())
+            self.log.info("zeroboot: autosaved the session to %s (%d bytes)", path, size)
+        except Exception as exc:  # noqa: BLE001 - the shutdown goes on
+            self.log.error("zeroboot: autosave to %s failed: %s", path, exc)
+
     def _magic_reset(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
         self._call(client, req.RESTART)
         return ("the sandbox is back to the clean template state; every checkpoint was dropped "
@@ -606,6 +669,8 @@ class ZerobootKernel(Kernel):
         "mode": _magic_mode, "checkpoints": _magic_checkpoints, "stats": _magic_stats, "timeout": _magic_timeout,
         "memory": _magic_memory, "reset": _magic_reset, "files": _magic_files, "diff": _magic_diff,
         "export": _magic_export, "outputs": _magic_outputs, "network": _magic_network, "help": _magic_help,
+        "export": _magic_export, "outputs": _magic_outputs, "help": _magic_help,
+        "save": _magic_save, "resume": _magic_resume, "saves": _magic_saves,
     }
 
     @staticmethod
@@ -740,6 +805,10 @@ class ZerobootKernel(Kernel):
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         # A restart is a new kernel process (the client starts it); here everything just stops.
+        # ZEROBOOT_AUTOSAVE=on: a shutdown (JupyterHub's culler, closing the notebook) saves the
+        # session first, for the next kernel of this notebook; a restart asks for a fresh one.
+        if not restart and session_save.autosave_on():
+            await asyncio.to_thread(self._autosave)
         self.close_engine(timeout=0.5)
         return {"status": "ok", "restart": restart}
 

@@ -17,6 +17,9 @@ the cell (if any) goes to the guest. A cell that is only magics never touches th
     %sandbox export PATH [DEST]          copy a file or folder from the sandbox to the host folder
     %sandbox outputs [trusted|safe]      show or set what rich outputs may do in the browser
     %sandbox network                     the network egress allow list (read-only: ZEROBOOT_NETWORK)
+    %sandbox save [NAME|PATH]            save the session to a file (session_save.py)
+    %sandbox resume NAME|PATH            replace the session by a save
+    %sandbox saves                       list the saves
     %sandbox help                        this text
 """
 from __future__ import annotations
@@ -68,7 +71,14 @@ zeroboot kernel magics (run by the kernel, before the rest of the cell goes to t
   %sandbox network                   what the sandbox may connect to (ZEROBOOT_NETWORK in the
                                      kernelspec's env; read-only here) and the connections made
                                      and refused
+  %sandbox save [NAME|PATH]          save the live session (variables, files of the overlay) to a
+                                     file, NAME in the saves folder or a PATH with a '/'
+  %sandbox resume NAME|PATH          replace the session by a save (checkpoints start again there)
+  %sandbox saves                     list the saves with size, age and template
   %sandbox help                      this text
+
+  %%fanout NAME in EXPR              run the cell once per value of EXPR, each in a fork of the
+                                     live state; results in _fanout, the state itself unchanged
 
 A cell that crashes, runs past its time limit or ignores an interrupt is rolled back: it costs
 that cell, never the session. Magics must come before any code in a cell.
@@ -247,6 +257,14 @@ def _parse_export(sub: str, params: list[str]) -> SandboxCommand:
     return SandboxCommand(sub, params[0], params[1] if len(params) == 2 else None)
 
 
+def _parse_save(sub: str, params: list[str]) -> SandboxCommand:
+    if sub == "save" and len(params) <= 1:
+        return SandboxCommand(sub, params[0] if params else None)
+    if sub == "resume" and len(params) == 1:
+        return SandboxCommand(sub, params[0])
+    raise MagicUsageError("usage: %sandbox save [NAME|PATH], %sandbox resume NAME|PATH")
+
+
 # The %sandbox subcommands, in the order `%sandbox help` and the usage errors name them, each with
 # the parser of its arguments. The kernel has one handler per entry (ZerobootKernel.SANDBOX_MAGICS,
 # checked against this table by tests/test_wire_contracts.py).
@@ -262,6 +280,9 @@ SANDBOX_PARSERS: dict[str, Callable[[str, list[str]], SandboxCommand]] = {
     "export": _parse_export,
     "outputs": lambda sub, params: _parse_choice(sub, params, OUTPUT_POLICIES),
     "network": _parse_network,
+    "save": _parse_save,
+    "resume": _parse_save,
+    "saves": _parse_no_args,
     "help": _parse_no_args,
 }
 SUBCOMMANDS = tuple(SANDBOX_PARSERS)

@@ -451,6 +451,22 @@ class Snapshot:
         if lib.zb_snapshot_save(self.handle, directory.encode(), err) < 0:
             raise SandboxError(_text(err))
 
+    def save_delta(self, state_fd: int, pages_fd: int) -> None:
+        """The state and the pages that differ from the memory image, to two fds (session_save.py)."""
+        err = _err()
+        if lib.zb_snapshot_save_delta(self.handle, state_fd, pages_fd, err) < 0:
+            raise SandboxError(_text(err))
+
+    @classmethod
+    def load_bytes(cls, state: bytes, mem_fd: int, engine: Engine | None = None) -> Snapshot:
+        """A snapshot of saved state bytes (validated by the engine) over a memory image fd."""
+        engine = engine or Engine.default()
+        err = _err()
+        handle = lib.zb_snapshot_load_bytes(engine.handle, state, len(state), mem_fd, err)
+        if handle == ffi.NULL:
+            raise SandboxError(_text(err))
+        return cls(engine, handle)
+
     def fork(self) -> Guest:
         err = _err()
         handle = lib.zb_snapshot_fork(self.handle, err)

@@ -80,6 +80,12 @@ class Sandbox:
         child.execution_count = self.execution_count
         return child
 
+    def fanout(self, code: str, bindings: list[dict[str, Any]], timeout: float | None = None) -> list[Any]:
+        """Run code once per dict of bindings, each in its own fork of this sandbox's state (this
+        one is unchanged): a list of ExecuteResult, or the SandboxError that ended a run (fanout.py)."""
+        from .fanout import fanout_sandbox
+        return fanout_sandbox(self, code, bindings, timeout)
+
     def snapshot(self) -> Snapshot:
         self._check_usable()
         return self.guest.snapshot()

@@ -26,7 +26,7 @@ from .guest_environ import session_environment
 from .guest_memory_size import describe
 from .project_root import find_project_root
 from .native import Snapshot, keep_spare_pages, snapshots_memory
-from .sandbox import InputCallback, MessageCallback, StreamCallback
+from .sandbox import InputCallback, MessageCallback, Sandbox, StreamCallback
 from .template import Template
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class Session:
         # isolated mode: the sandbox was reset to the template after the last cell (prepare_next_cell)
         self.reset_done = False
         self.head: Snapshot | None = None   # chained state while isolated cells run
+        self.running_fork: Sandbox | None = None  # the %%fanout run going on (fanout.py): interrupts go there
         self.timings: deque[dict[str, float]] = deque(maxlen=200)
         self.cells_run = 0
         self.rollbacks = 0
@@ -326,6 +327,39 @@ class Session:
     def take_restored(self) -> bool:
         restored, self.restored = self.restored, False
         return restored
+
+    # ---- session saves (session_save.py) ----
+    def snapshot_for_save(self) -> tuple[Snapshot, bool]:
+        """The session's current state, to save, and whether the caller owns (releases) it: in
+        isolated mode the chained state kept aside, else a snapshot of the live sandbox."""
+        if self.mode == "isolated":
+            return (self.head if self.head is not None else self.clean), False
+        return self.sandbox.snapshot(), True
+
+    def replace_with(self, snap: Snapshot) -> None:
+        """Continue from snap (a resumed save, of its own memory image): every checkpoint goes, and
+        snap becomes the clean state `%sandbox reset` and isolated cells return to. Takes snap."""
+        try:
+            new = Sandbox(snap.fork(), self.template, fresh=False)
+        except BaseException:
+            snap.release()
+            raise
+        self._state_changes()
+        for cp in self.checkpoints:
+            cp.snapshot.release()
+        self.checkpoints.clear()
+        self.budget_reason = ""
+        self._over = False
+        if self.head is not None:
+            self.head.release()
+            self.head = None
+        new.memory_limit = self.sandbox.memory_limit
+        if new.memory_limit:
+            new.guest.set_memory_limit(new.memory_limit)
+        new.execution_count = self.sandbox.execution_count
+        self.sandbox.close()
+        self.clean.release()
+        self.sandbox, self.clean = new, snap  # isolated mode: head None, so chained mode returns to snap
 
     # ---- requests that must not change the state ----
     def _throwaway(self, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
