@@ -93,6 +93,11 @@ class BatchMagics:
         if sub == "export":
             raise mg.MagicUsageError("%sandbox export writes host files, which `zeroboot-kernel execute` does not: "
                                      "run the notebook in the kernel to export, or write results as outputs")
+        if sub in ("save", "resume", "saves"):
+            raise mg.MagicUsageError(f"%sandbox {sub}: session saves belong to a kernel's session; `zeroboot-kernel "
+                                     "execute` runs every notebook in a fresh sandbox and keeps no saves")
+        if sub == "network":  # batch engines start without a policy (engine_server --network)
+            return "network: none (`zeroboot-kernel execute` runs notebooks without network egress)\n"
         raise mg.MagicUsageError(f"unhandled %sandbox subcommand {magic!r}")
 
     def _call(self, op: str, **fields: Any) -> dict[str, Any]:

@@ -669,7 +669,6 @@ class ZerobootKernel(Kernel):
         "mode": _magic_mode, "checkpoints": _magic_checkpoints, "stats": _magic_stats, "timeout": _magic_timeout,
         "memory": _magic_memory, "reset": _magic_reset, "files": _magic_files, "diff": _magic_diff,
         "export": _magic_export, "outputs": _magic_outputs, "network": _magic_network, "help": _magic_help,
-        "export": _magic_export, "outputs": _magic_outputs, "help": _magic_help,
         "save": _magic_save, "resume": _magic_resume, "saves": _magic_saves,
     }
 
