@@ -45,7 +45,8 @@ IDENTITY_FILES = {
     "/etc/resolv.conf": b"nameserver 192.0.2.53\noptions single-request attempts:1 timeout:2\n",
 }
 
-# One CPU and no threads in the guest: keep numeric libraries from trying to start any.
+# One CPU in the guest (its threads share the one vCPU): thread pools of numeric libraries would only
+# add switches, so they stay at one thread.
 THREAD_ENV = {k: "1" for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")}
 

@@ -85,7 +85,7 @@ class BenchKernel:
         self.timeout = timeout
         self.km = KernelManager(kernel_name=name)
         t0 = time.perf_counter()
-        # Single-threaded BLAS for the stock kernel too: the guest has one vCPU and no threads.
+        # Single-threaded BLAS for the stock kernel too: the guest has one vCPU, so its BLAS runs one thread.
         self.km.start_kernel(env={**os.environ, **_thread_env()})
         self.kc = self.km.client()
         self.kc.start_channels()
