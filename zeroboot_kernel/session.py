@@ -256,8 +256,8 @@ class Session:
         return f"{mode} mode: " + ("every cell runs in a fresh sandbox forked from the template"
                                    if mode == "isolated" else "each cell continues from the previous one")
 
-    def restart(self) -> None:
-        """Back to the clean template, dropping all checkpoints (instant: a restore)."""
+    def _drop_history(self) -> None:
+        """Forget every checkpoint and the head (restart, replace_with): the state changes wholesale."""
         self._state_changes()
         for cp in self.checkpoints:
             cp.snapshot.release()
@@ -267,6 +267,10 @@ class Session:
         if self.head is not None:
             self.head.release()
             self.head = None
+
+    def restart(self) -> None:
+        """Back to the clean template, dropping all checkpoints (instant: a restore)."""
+        self._drop_history()
         self.sandbox.restore(self.clean, fresh=True)
         self.restored = True
 
@@ -344,15 +348,7 @@ class Session:
         except BaseException:
             snap.release()
             raise
-        self._state_changes()
-        for cp in self.checkpoints:
-            cp.snapshot.release()
-        self.checkpoints.clear()
-        self.budget_reason = ""
-        self._over = False
-        if self.head is not None:
-            self.head.release()
-            self.head = None
+        self._drop_history()
         new.memory_limit = self.sandbox.memory_limit
         if new.memory_limit:
             new.guest.set_memory_limit(new.memory_limit)
