@@ -209,48 +209,39 @@ static long ready_to_transfer(zb_sandbox *sb, zb_file *f, int flags, int sending
     }
 }
 
-long zb_inet_send(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, int flags) {
+/* One send or recv on a connected stream: the state and shutdown checks, the rate limit, then the
+ * host call, waiting (blocking sockets) while nothing was transferred, so a call served again after
+ * a stop never repeats bytes. */
+static long transfer(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, int flags, int sending) {
     zb_inet *s = zb_inet_of(f);
-    long r = ready_to_transfer(sb, f, flags, 1);
+    long r = ready_to_transfer(sb, f, flags, sending);
     if (r < 0) return r;
-    if (s->shut_wr) return -EPIPE;
+    if (sending && s->shut_wr) return -EPIPE;
+    if (!sending && s->shut_rd) return 0;
     size_t allow;
     if ((r = throttle(sb, iov_total(iov, n), &allow)) < 0) return r;
     struct iovec part[1024];
     n = trim_iov(iov, ZB_MIN(n, 1024), allow, part);
     for (;;) {
         struct msghdr m = {.msg_iov = part, .msg_iovlen = (size_t)n};
-        ssize_t got = sendmsg(s->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL | (flags & MSG_MORE));
+        ssize_t got = sending ? sendmsg(s->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL | (flags & MSG_MORE))
+                              : recvmsg(s->fd, &m, MSG_DONTWAIT | (flags & (MSG_PEEK | MSG_TRUNC)));
         if (got >= 0) {
-            spend(sb, got, 1);
+            if (sending || !(flags & MSG_PEEK)) spend(sb, got, sending);
             return got;
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
         if (nonblocking(f, flags)) return -EAGAIN;
-        if ((r = wait_for(sb, s->fd, POLLOUT)) < 0) return r;
+        if ((r = wait_for(sb, s->fd, sending ? POLLOUT : POLLIN)) < 0) return r;
     }
 }
 
+long zb_inet_send(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, int flags) {
+    return transfer(sb, f, iov, n, flags, 1);
+}
+
 long zb_inet_recv(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, int flags) {
-    zb_inet *s = zb_inet_of(f);
-    long r = ready_to_transfer(sb, f, flags, 0);
-    if (r < 0) return r;
-    if (s->shut_rd) return 0;
-    size_t allow;
-    if ((r = throttle(sb, iov_total(iov, n), &allow)) < 0) return r;
-    struct iovec part[1024];
-    n = trim_iov(iov, ZB_MIN(n, 1024), allow, part);
-    for (;;) {
-        struct msghdr m = {.msg_iov = part, .msg_iovlen = (size_t)n};
-        ssize_t got = recvmsg(s->fd, &m, MSG_DONTWAIT | (flags & (MSG_PEEK | MSG_TRUNC)));
-        if (got >= 0) {
-            if (!(flags & MSG_PEEK)) spend(sb, got, 0);
-            return got;
-        }
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
-        if (nonblocking(f, flags)) return -EAGAIN;
-        if ((r = wait_for(sb, s->fd, POLLIN)) < 0) return r;
-    }
+    return transfer(sb, f, iov, n, flags, 0);
 }
 
 /* A datagram from the guest to the sandbox's resolver: answered at once, the answer queued. */
