@@ -11,6 +11,7 @@
 #include "serial.h"
 #include "shared_map_state.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -87,6 +88,42 @@ void zb_image_unref(zb_image *img) {
     }
 }
 
+/* The guest's host mapping, 2 MiB aligned: the guest maps its memory with 2 MiB pages, and KVM can
+ * map a guest 2 MiB page with one host huge page only where host and guest addresses agree modulo
+ * 2 MiB. Reserve 2 MiB more, map over the aligned part, give back the ends. */
+static void *map_aligned(uint64_t size, const zb_image *image) {
+    uint8_t *r = mmap(NULL, size + ZB_HUGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return MAP_FAILED;
+    uint8_t *at = (uint8_t *)(((uintptr_t)r + ZB_HUGE - 1) & ~(uintptr_t)(ZB_HUGE - 1));
+    void *host = image ? mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE | MAP_FIXED, image->fd, 0)
+                       : mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (host == MAP_FAILED) {
+        int e = errno;
+        munmap(r, size + ZB_HUGE);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (at > r) munmap(r, (size_t)(at - r));
+    if (at + size < r + size + ZB_HUGE) munmap(at + size, (size_t)(r + size + ZB_HUGE - (at + size)));
+    return host;
+}
+
+static atomic_int unlogged_window_on = 1;
+
+int zb_mem_unlogged_window(int on) { return atomic_exchange(&unlogged_window_on, on ? 1 : 0); }
+
+/* Where the unlogged window lies in a guest of `size` bytes: above the first 256 MiB (the ELF and
+ * the brk heap grow there) and below the top eighth, at least 640 MiB (the stack, and the template's
+ * libraries and interpreter heap, ~450 MiB with numpy, pandas and matplotlib, allocated top-down).
+ * Only where that leaves at least 256 MiB. What lies where is a matter of speed only: tracking
+ * changes in the window is correct for any page. */
+static void place_unlogged_window(zb_memory *m) {
+    const uint64_t lo = 256ul << 20, top = ZB_MAX(m->size / 8, 640ul << 20) & ~(ZB_HUGE - 1);
+    if (!atomic_load(&unlogged_window_on) || m->size < lo + top + (256ul << 20)) return;
+    m->unlogged_lo = lo;
+    m->unlogged_hi = m->size - top;
+}
+
 int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     memset(m, 0, sizeof *m);
     if (size < ZB_MEM_MIN || size > ZB_MEM_MAX || size % ZB_HUGE) {
@@ -101,8 +138,7 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
                   (unsigned long long)size);
         return -1;
     }
-    void *host = image ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, image->fd, 0)
-                       : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *host = map_aligned(size, image);
     if (host == MAP_FAILED) {
         zb_seterr(err, "cannot reserve %llu MiB of host address space for guest memory: %s",
                   (unsigned long long)(size >> 20), strerror(errno));
@@ -128,6 +164,7 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     zb_bits_set_range(m->allocated, 0, ZB_LOW_REGION / ZB_PAGE, 1); /* never handed to the guest */
     m->pages_limit = m->npages;
     m->mmap_top = size - ZB_STACK_SIZE;
+    place_unlogged_window(m);
     return 0;
 }
 
@@ -299,16 +336,53 @@ void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated) {
     }
 }
 
-uint64_t zb_mem_alloc(zb_memory *m, uint64_t len) {
-    uint64_t n = ZB_PAGE_UP(len) / ZB_PAGE, run = 0;
-    if (!n || m->pages_allocated + n > m->pages_limit) return 0;
-    uint64_t low = ZB_LOW_REGION / ZB_PAGE;
-    for (uint64_t p = m->mmap_top / ZB_PAGE; p-- > low;) {
-        if (!(p & 63) && p + 64 <= m->npages && m->allocated[p >> 6] == ~0ull) { run = 0; continue; }
+/* The highest free run of n pages in pages [lo, hi) whose first page is a multiple of align
+ * (pages); 0 if none. */
+static uint64_t alloc_in(const zb_memory *m, uint64_t n, uint64_t lo, uint64_t hi, uint64_t align) {
+    uint64_t run = 0; /* free pages from p up */
+    for (uint64_t p = hi; p-- > lo;) {
+        if (!(p & 63) && p + 64 <= hi && m->allocated[p >> 6] == ~0ull) { run = 0; continue; }
         if (zb_bit(m->allocated, p)) { run = 0; continue; }
-        if (++run == n) return p * ZB_PAGE;
+        if (++run >= n && !(p % align)) return p * ZB_PAGE;
     }
     return 0;
+}
+
+/* Top-down below mmap_top. A big mapping goes into the unlogged window first (2 MiB aligned); the
+ * others go around it, and into it only when nothing else is left. */
+uint64_t zb_mem_alloc(zb_memory *m, uint64_t len) {
+    uint64_t n = ZB_PAGE_UP(len) / ZB_PAGE, at = 0;
+    if (!n || m->pages_allocated + n > m->pages_limit) return 0;
+    uint64_t low = ZB_LOW_REGION / ZB_PAGE, top = m->mmap_top / ZB_PAGE;
+    uint64_t wlo = ZB_MIN(m->unlogged_lo / ZB_PAGE, top), whi = ZB_MIN(m->unlogged_hi / ZB_PAGE, top);
+    if (wlo >= whi) return alloc_in(m, n, low, top, 1);
+    if (len >= ZB_UNLOGGED_MIN_BYTES && (at = alloc_in(m, n, wlo, whi, ZB_HUGE / ZB_PAGE))) return at;
+    if ((at = alloc_in(m, n, whi, top, 1)) || (at = alloc_in(m, n, low, wlo, 1))) return at;
+    return alloc_in(m, n, low, top, 1);
+}
+
+void zb_mem_unlogged_changes(const zb_memory *m, uint64_t *dirty) {
+    if (m->unlogged_lo >= m->unlogged_hi) return;
+    uint64_t first = m->unlogged_lo / ZB_PAGE, n = (m->unlogged_hi - m->unlogged_lo) / ZB_PAGE;
+    /* /proc/self/pagemap: 8 bytes per page, bit 63 present, bit 62 swapped. Opened each time: it
+     * is bound to the process that opens it. */
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    enum { BATCH = 4096 };
+    uint64_t *e = fd >= 0 ? malloc(BATCH * sizeof *e) : NULL;
+    uint64_t done = 0;
+    while (e && done < n) {
+        uint64_t k = ZB_MIN((uint64_t)BATCH, n - done);
+        off_t at = (off_t)(((uintptr_t)m->host / ZB_PAGE + first + done) * 8);
+        ssize_t got = pread(fd, e, k * 8, at);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0 || got % 8) break;
+        for (uint64_t i = 0; i < (uint64_t)got / 8; i++)
+            if (e[i] >> 62) zb_bit_set(dirty, first + done + i);
+        done += (uint64_t)got / 8;
+    }
+    if (done < n) zb_bits_set_range(dirty, first + done, n - done, 1); /* cannot tell: all of it */
+    free(e);
+    if (fd >= 0) close(fd);
 }
 
 int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {

@@ -16,9 +16,14 @@ typedef struct zb_vm {
     int vm_fd, vcpu_fd;
     struct kvm_run *run;
     size_t run_size;
-    zb_sandbox *attached;    /* whose memory is in slot 0 and whose vCPU state is loaded */
-    uint64_t slot_hva, slot_size;
-    int slot_present;
+    zb_sandbox *attached;    /* whose memory is in the memslots and whose vCPU state is loaded */
+    /* The attached sandbox's memory as KVM memslots: the guest-physical ranges below, above and
+     * (without dirty logging) in its unlogged window (memory.h); one slot when it has none. */
+    struct zb_memslot {
+        uint64_t first_pfn, npages;
+        int logged;
+    } slot[3];
+    int nslots;
     uint64_t tsc_khz;
     timer_t wake_timer;      /* during a run: sends the kick signal at the deadline or the guest's alarm */
     int wake_timer_live;
@@ -58,7 +63,7 @@ struct zb_engine {
 
 int zb_vm_create(zb_engine *e, zb_vm **out, char *err);
 void zb_vm_destroy(zb_vm *vm);
-/* Point slot 0 at the sandbox's memory and load its vCPU state (no-op if already attached). */
+/* Point the memslots at the sandbox's memory and load its vCPU state (no-op if already attached). */
 int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err);
 /* Save the attached sandbox's vCPU state and dirty log back into it and detach. */
 int zb_vm_detach(zb_vm *vm, char *err);

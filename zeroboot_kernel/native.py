@@ -495,6 +495,13 @@ def snapshots_memory(snapshots: list[Snapshot]) -> int:
     return int(lib.zb_snapshots_memory(ffi.new("zb_snapshot *[]", handles), len(handles)))
 
 
+def unlogged_window(on: bool) -> bool:
+    """Whether guest memory made from now on gets an unlogged window, a KVM memslot without dirty
+    logging where big anonymous mappings go (zb_mem_unlogged_window; on by default). Off is for
+    measurements. Returns the previous setting."""
+    return bool(lib.zb_mem_unlogged_window(1 if on else 0))
+
+
 def keep_spare_pages(on: bool) -> None:
     """While on, snapshot store pages that die are kept for the next snapshot to write into
     (zb_snapshot_keep_spare); off gives back what is left."""
