@@ -118,11 +118,60 @@ int zb_mem_unlogged_window(int on) { return atomic_exchange(&unlogged_window_on,
  * libraries and interpreter heap, ~450 MiB with numpy, pandas and matplotlib, allocated top-down).
  * Only where that leaves at least 256 MiB. What lies where is a matter of speed only: tracking
  * changes in the window is correct for any page. */
-static void place_unlogged_window(zb_memory *m) {
+static int place_unlogged_window(zb_memory *m) {
     const uint64_t lo = 256ul << 20, top = ZB_MAX(m->size / 8, 640ul << 20) & ~(ZB_HUGE - 1);
-    if (!atomic_load(&unlogged_window_on) || m->size < lo + top + (256ul << 20)) return;
+    if (!atomic_load(&unlogged_window_on) || m->size < lo + top + (256ul << 20)) return 0;
+    /* parts of 256 MiB, or a sixteenth of the window: at most 16 memslots */
+    uint64_t bytes = m->size - top - lo, part = ZB_MAX(256ul << 20, (bytes / 16 + ZB_HUGE - 1) & ~(ZB_HUGE - 1));
+    uint32_t parts = (uint32_t)((bytes + part - 1) / part);
+    m->window_logged = calloc(parts, 1);
+    m->window_still = calloc(parts, 1);
+    if (!m->window_logged || !m->window_still) return -1;
     m->unlogged_lo = lo;
     m->unlogged_hi = m->size - top;
+    m->window_part_pages = part / ZB_PAGE;
+    m->window_parts = parts;
+    return 0;
+}
+
+int zb_mem_window_part(const zb_memory *m, uint64_t pfn) {
+    uint64_t a = pfn * ZB_PAGE;
+    if (a < m->unlogged_lo || a >= m->unlogged_hi) return -1;
+    return (int)((pfn - m->unlogged_lo / ZB_PAGE) / m->window_part_pages);
+}
+
+/* A big mapping is made at [addr, addr+len): the parts it touches are to be unlogged (fast first
+ * touch), and their stillness starts over. */
+static void window_unlog(zb_memory *m, uint64_t addr, uint64_t len) {
+    uint64_t lo = ZB_MAX(addr, m->unlogged_lo), hi = ZB_MIN(addr + len, m->unlogged_hi);
+    if (!m->window_parts || lo >= hi) return;
+    for (int k = zb_mem_window_part(m, lo / ZB_PAGE); k <= zb_mem_window_part(m, (hi - 1) / ZB_PAGE); k++) {
+        m->window_logged[k] = 0;
+        m->window_still[k] = 0;
+    }
+}
+
+/* Snapshots in a row that must find a part unchanged before it is logged; how much of a logged
+ * part a snapshot must find rewritten to unlog it again (a fraction: 1/REWRITTEN_SHARE). */
+#define STILL_SNAPSHOTS 2
+#define REWRITTEN_SHARE 4
+
+void zb_mem_window_observe(zb_memory *m) {
+    for (uint32_t k = 0; k < m->window_parts; k++) {
+        uint64_t first = m->unlogged_lo / ZB_PAGE + (uint64_t)k * m->window_part_pages;
+        uint64_t end = ZB_MIN(first + m->window_part_pages, m->unlogged_hi / ZB_PAGE), changed = 0, held = 0;
+        for (uint64_t w = first / 64; w < end / 64; w++) {
+            changed += (uint64_t)__builtin_popcountll(m->host_dirty[w] & m->allocated[w]);
+            held += (uint64_t)__builtin_popcountll(m->allocated[w]);
+        }
+        if (m->window_logged[k]) {
+            if (changed * REWRITTEN_SHARE >= end - first) { m->window_logged[k] = 0; m->window_still[k] = 0; }
+        } else if (held && !changed) {
+            if (++m->window_still[k] >= STILL_SNAPSHOTS) m->window_logged[k] = 1;
+        } else {
+            m->window_still[k] = 0;
+        }
+    }
 }
 
 int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
@@ -165,7 +214,11 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     zb_bits_set_range(m->allocated, 0, ZB_LOW_REGION / ZB_PAGE, 1); /* never handed to the guest */
     m->pages_limit = m->npages;
     m->mmap_top = size - ZB_STACK_SIZE;
-    place_unlogged_window(m);
+    if (place_unlogged_window(m) < 0) {
+        zb_seterr(err, "out of memory for the guest's window bookkeeping");
+        zb_mem_destroy(m);
+        return -1;
+    }
     return 0;
 }
 
@@ -176,6 +229,8 @@ void zb_mem_destroy(zb_memory *m) {
     free(m->file_backed);
     free(m->from_image);
     free(m->stale);
+    free(m->window_logged);
+    free(m->window_still);
     free(m->unchanged_runs);
     free(m->regions);
     zb_shmap_free(m->shmap);
@@ -402,9 +457,8 @@ static int scan_populated(const zb_memory *m, int fd, uint64_t first, uint64_t n
     return 0;
 }
 
-void zb_mem_unlogged_changes(const zb_memory *m, uint64_t *dirty) {
-    if (m->unlogged_lo >= m->unlogged_hi) return;
-    uint64_t first = m->unlogged_lo / ZB_PAGE, n = (m->unlogged_hi - m->unlogged_lo) / ZB_PAGE;
+void zb_mem_populated(const zb_memory *m, uint64_t first, uint64_t n, uint64_t *dirty) {
+    if (!n || first + n > m->npages) return;
     /* /proc/self/pagemap. Opened each time: it is bound to the process that opens it. */
     int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
     if (fd >= 0 && scan_populated(m, fd, first, n, dirty) == 0) { close(fd); return; }
@@ -488,6 +542,7 @@ void zb_mem_prefault_anonymous(zb_memory *m, uint64_t addr, uint64_t len) {
     len = ZB_PAGE_UP(len);
     if (len < PREFAULT_MIN_BYTES) return;
     uint64_t first = addr / ZB_PAGE, n = len / ZB_PAGE;
+    if (len >= ZB_UNLOGGED_MIN_BYTES) window_unlog(m, addr, len); /* zb_vm_sync_window applies it */
     /* a fork's free memory is a private view of the image file, which gets no huge pages and
      * whose first write is a copy: map fresh anonymous memory there first (it is zeros either way) */
     if (!bits_all(m->file_backed, first, n, 0) && zb_mem_zero(m, addr, len) < 0) return;
@@ -636,4 +691,14 @@ const zb_region *zb_region_find(const zb_memory *m, uint64_t addr) {
     }
     if (lo < m->nregions && m->regions[lo].start <= addr && addr < m->regions[lo].end) return &m->regions[lo];
     return NULL;
+}
+
+uint64_t zb_sandbox_window_logged_bytes(zb_sandbox *sb) {
+    const zb_memory *m = &sb->mem;
+    uint64_t pages = 0;
+    for (uint32_t k = 0; k < m->window_parts; k++) {
+        uint64_t first = m->unlogged_lo / ZB_PAGE + (uint64_t)k * m->window_part_pages;
+        if (m->window_logged[k]) pages += ZB_MIN(first + m->window_part_pages, m->unlogged_hi / ZB_PAGE) - first;
+    }
+    return pages * ZB_PAGE;
 }

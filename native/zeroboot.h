@@ -324,6 +324,8 @@ uint64_t zb_snapshot_spare_reused_bytes(void);
  * KVM dirty logging where big anonymous mappings go (memory.h); 0: none (one dirty-logged slot,
  * for measurements). Returns the previous setting. */
 int zb_mem_unlogged_window(int on);
+/* Bytes of sb's unlogged window that should be dirty-logged now, because they held still (memory.h). */
+uint64_t zb_sandbox_window_logged_bytes(zb_sandbox *sb);
 /* CFFI-END */
 
 #endif

@@ -310,6 +310,11 @@ class Guest:
             raise SandboxError(_text(err))
         return n
 
+    def window_logged_bytes(self) -> int:
+        """Bytes of the unlogged window that are dirty-logged now because they held still
+        (zb_sandbox_window_logged_bytes; docs/ARCHITECTURE.md section 4)."""
+        return int(lib.zb_sandbox_window_logged_bytes(self.handle))
+
     def restore(self, snap: Snapshot) -> None:
         """Make this guest equal to the snapshot again (memory and state), in place."""
         err = _err()
