@@ -168,3 +168,33 @@ def test_a_window_part_that_holds_still_is_logged_and_restores_exactly(template)
         assert out(sb, "print(state(), c.sum())") == with_c
         for s in [*snaps, after, s_c]:
             s.release()
+
+
+def test_mappings_across_the_window_edges_restore_exactly(template) -> None:
+    """A guest picks its own addresses (MAP_FIXED_NOREPLACE): mappings straddling each edge of the
+    window span a dirty-logged memslot and an unlogged one; both halves must come back exactly."""
+    lo, hi = window_of(template)
+    with template.fork() as sb:
+        prelude = SETUP.split("MIB = 1 << 20")[0] + "MIB = 1 << 20\n"   # before SETUP's arrays take the window's top
+        code = prelude + "\n".join([
+            "spots = []",
+            f"for at in ({lo - 4 * MIB}, {hi - 4 * MIB}):",
+            "    p = libc.mmap(at, 8 * MIB, mmap.PROT_READ | mmap.PROT_WRITE,"
+            " mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x100000, -1, 0)",   # MAP_FIXED_NOREPLACE
+            "    if p == at:",
+            "        ctypes.memmove(p, bytes(range(256)) * (8 * MIB // 256), 8 * MIB)",
+            "        spots.append(p)",
+            "edges = lambda: [digest(p, 8 * MIB) for p in spots]",
+            "print(len(spots))",
+        ])
+        assert int(out(sb, code)) >= 1, "neither edge of the window was free"   # the upper one may be taken
+        out(sb, SETUP)
+        before = out(sb, "print(edges(), state())")
+        snap = sb.snapshot()
+        out(sb, "for p in spots: ctypes.memset(p + 3 * MIB, 0xee, 2 * MIB)")
+        assert out(sb, "print(edges(), state())") != before
+        sb.restore(snap)
+        assert out(sb, "print(edges(), state())") == before
+        with Sandbox(snap.fork(), template, False) as child:
+            assert out(child, "print(edges(), state())") == before
+        snap.release()
