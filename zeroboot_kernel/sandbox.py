@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import frames
+from . import latency_trace
 from .errors import ChannelError, SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
 from .frames import FrameType
 from .native import Event, EventKind, Guest, Snapshot, monotonic_deadline
@@ -119,8 +120,10 @@ class Sandbox:
                 store_history: bool = True, user_expressions: dict[str, str] | None = None,
                 execution_count: int | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
                 interrupt_grace: float = INTERRUPT_GRACE, poll: Callable[[], None] | None = None,
-                parent_header: dict[str, Any] | None = None) -> ExecuteResult:
-        """Run one cell. `parent_header`: the header of the kernel's execute_request, which the
+                parent_header: dict[str, Any] | None = None, trace: dict[str, int] | None = None) -> ExecuteResult:
+        """Run one cell. `trace`: a dict that receives the cell's latency stamps, the agent's
+        included (latency_trace.py); None: no stamps, and none asked of the agent.
+        `parent_header`: the header of the kernel's execute_request, which the
         guest gives `get_ipython().kernel.get_parent()` (the Output widget captures by it). Streams go to on_stream(name, text) while the cell runs; display_data,
         update_display_data, execute_result, error and clear_output messages to on_message.
         `poll` is called after every event (the engine server reads its control messages there,
@@ -139,10 +142,21 @@ class Sandbox:
         self.fresh = False
         self._interrupt.clear()
         run = _CellRun(on_stream, on_message, on_input, output_limit, expect=(FrameType.DONE, self._request_id))
+        before: dict[str, int] = {}
+        if trace is not None:
+            request["trace"] = True
+            before = self.guest.stats()
+            run.trace = trace
+            trace["e_push"] = latency_trace.now()
         self.guest.push_input(frames.encode(FrameType.EXECUTE, request))
         reply = dict(self._serve(run, monotonic_deadline(timeout), interrupt_grace, poll))
         for name in CHECK_FIELDS:
             reply.pop(name, None)
+        stamps = reply.pop("trace", None)  # the agent's, when asked for (frames.decode checked them)
+        if trace is not None:
+            trace.update(stamps if isinstance(stamps, dict) else {})
+            after = self.guest.stats()
+            trace.update({k: after[k] - before[k] for k in latency_trace.ENGINE_COUNTERS})
         if not self.guest.finished and self.guest.cancel_alarm():
             # an alarm belongs to its cell: going off later it would hit the agent between cells
             log.info("cell %d left an alarm armed; it was cancelled when the cell ended", execution_count)
@@ -238,7 +252,11 @@ class Sandbox:
                 except ChannelError as exc:
                     raise self._break(exc)
                 if done is not None:
+                    if run.trace is not None:
+                        run.trace["e_done"] = latency_trace.now()
                     self._settle()  # an interrupt that came with the reply is dropped there
+                    if run.trace is not None:
+                        run.trace["e_settled"] = latency_trace.now()
                     return done
             elif ev.kind is EventKind.OUTPUT:
                 run.stream("stdout" if ev.stream == 1 else "stderr", ev.data.decode(errors="replace"))
@@ -336,6 +354,7 @@ class _CellRun:
         self.seq = 0               # the number the next frame from the agent must carry
         self.stream_chars = 0      # characters received in STREAM frames (before any truncation)
         self.asked: tuple[str, bool] | None = None  # an INPUT_REQUEST not answered yet
+        self.trace: dict[str, int] | None = None     # latency stamps (Sandbox.execute's trace)
 
     def _within_limit(self, size: int) -> bool:
         if self.truncated:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from . import checkpoint_budget as budget
 from . import export
+from . import latency_trace
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
 from .guest_view import GUEST_HOME
 from .guest_environ import session_environment
@@ -99,6 +100,7 @@ class Session:
         # has changed since, or nothing was prepared
         self.ready: Snapshot | None = None
         self.ready_ms = 0.0
+        self.prepared_ns: tuple[int, int] | None = None  # when the last prepare_next_cell ran (tracing on only)
         # isolated mode: the sandbox was reset to the template after the last cell (prepare_next_cell)
         self.reset_done = False
         self.head: Snapshot | None = None   # chained state while isolated cells run
@@ -123,8 +125,14 @@ class Session:
     def execute(self, code: str, *, execution_count: int, silent: bool = False, store_history: bool = True,
                 user_expressions: dict[str, str] | None = None, on_stream: StreamCallback | None = None,
                 on_message: MessageCallback | None = None, on_input: InputCallback | None = None,
-                poll: Callable[[], None] | None = None, parent_header: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Run one cell; returns the execute_reply content. Never raises for what the guest does."""
+                poll: Callable[[], None] | None = None, parent_header: dict[str, Any] | None = None,
+                trace: dict[str, int] | None = None) -> dict[str, Any]:
+        """Run one cell; returns the execute_reply content. Never raises for what the guest does.
+        `trace` receives the cell's latency stamps (latency_trace.py), with those of the
+        checkpoint taken after the previous cell's reply."""
+        if trace is not None and self.prepared_ns is not None:
+            trace["e_ckpt_start"], trace["e_ckpt_end"] = self.prepared_ns
+        self.prepared_ns = None
         t0 = time.perf_counter()
         checkpoint, checkpoint_ms = self._before_cell(code, execution_count)
         if self._budget_notices and on_stream and not silent:
@@ -135,7 +143,8 @@ class Session:
             r = self.sandbox.execute(code, on_stream=on_stream, on_message=on_message, on_input=on_input,
                                      timeout=self.timeout, silent=silent, store_history=store_history,
                                      user_expressions=user_expressions, execution_count=execution_count,
-                                     interrupt_grace=self.interrupt_grace, poll=poll, parent_header=parent_header)
+                                     interrupt_grace=self.interrupt_grace, poll=poll, parent_header=parent_header,
+                                     trace=trace)
             reply = dict(r.reply)
             reply.setdefault("status", r.status)
             reply["execution_count"] = execution_count
@@ -178,6 +187,7 @@ class Session:
         publishes the reply and the frontend sends the next request, not on the next cell's round
         trip. Everything else that changes the sandbox undoes it (_state_changes)."""
         t0 = time.perf_counter()
+        started_ns = latency_trace.now() if latency_trace.ENABLED else 0
         try:
             if self.mode == "isolated" and not self.reset_done:
                 self.sandbox.restore(self.clean, fresh=True)
@@ -192,6 +202,8 @@ class Session:
             log.warning("could not prepare the next cell: %s", exc)
             return
         self.ready_ms = (time.perf_counter() - t0) * 1e3
+        if latency_trace.ENABLED:
+            self.prepared_ns = (started_ns, latency_trace.now())
 
     def _state_changes(self) -> None:
         """The sandbox is about to change outside a cell: what prepare_next_cell did no longer holds."""

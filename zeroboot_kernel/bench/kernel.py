@@ -27,11 +27,12 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
-from . import common
+from . import common, latency
 
 RESTARTS = 3        # Jupyter restarts per kernel (the median is reported)
 STOCK = "python3"
 OURS = "zeroboot"
+TRACED = "zeroboot (ZEROBOOT_TRACE=1)"  # a third kernel, for the latency breakdown (bench/latency.py)
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,16 @@ def _ensure_our_kernelspec() -> str | None:
 class BenchKernel:
     """One kernel and a blocking client that measures round trips."""
 
-    def __init__(self, name: str, timeout: float) -> None:
+    def __init__(self, name: str, timeout: float, env: dict[str, str] | None = None) -> None:
         from jupyter_client.manager import KernelManager
 
         self.name = name
         self.timeout = timeout
         self.km = KernelManager(kernel_name=name)
+        self.last_stamps: dict[str, int] = {}  # the last round trip's (bench/latency.py)
         t0 = time.perf_counter()
         # Single-threaded BLAS for the stock kernel too: the guest has one vCPU, so its BLAS runs one thread.
-        self.km.start_kernel(env={**os.environ, **_thread_env()})
+        self.km.start_kernel(env={**os.environ, **_thread_env(), **(env or {})})
         self.kc = self.km.client()
         self.kc.start_channels()
         self._until_first_reply()
@@ -106,15 +108,27 @@ class BenchKernel:
     def round_trip(self, code: str) -> float:
         """Seconds until both the reply and the idle status are in (blocking waits, no spinning:
         each returns as soon as its message is there, so the time is that of the later one)."""
+        seen: dict[str, Any] = {}
+
+        def idle(m: dict[str, Any]) -> bool:
+            if m["msg_type"] == "status" and m["content"]["execution_state"] == "busy":
+                seen["busy"] = m["header"].get("date")
+            return bool(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle")
+
+        offset = latency.wall_offset_ns()
+        c_send = time.monotonic_ns()
         t0 = time.perf_counter()
         msg_id = self.kc.execute(code, store_history=False)
         deadline = time.monotonic() + self.timeout
-        status = self._wait(self.kc.get_shell_msg, msg_id, deadline, lambda m: True)["content"]["status"]
-        self._wait(self.kc.get_iopub_msg, msg_id, deadline,
-                   lambda m: m["msg_type"] == "status" and m["content"]["execution_state"] == "idle")
+        reply = self._wait(self.kc.get_shell_msg, msg_id, deadline, lambda m: True)
+        idle_msg = self._wait(self.kc.get_iopub_msg, msg_id, deadline, idle)
         elapsed = time.perf_counter() - t0
+        c_idle = time.monotonic_ns()
+        status = reply["content"]["status"]
         if status != "ok":
             raise RuntimeError(f"{self.name}: {code!r} failed ({status})")
+        self.last_stamps = latency.stamps_of(c_send, c_idle, seen.get("busy"), reply, idle_msg["header"].get("date"),
+                                             offset)
         return elapsed
 
     def _wait(self, get: Any, msg_id: str, deadline: float, wanted: Any) -> dict[str, Any]:
@@ -135,13 +149,18 @@ class BenchKernel:
 
 
 def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: str = STOCK,
-            timeout: float = 120.0) -> dict[str, Any]:
-    """Measure every case on both kernels; returns the results (times in milliseconds)."""
+            timeout: float = 120.0, breakdown: bool = True) -> dict[str, Any]:
+    """Measure every case on both kernels; returns the results (times in milliseconds). With
+    `breakdown`, a third kernel, ours with ZEROBOOT_TRACE=1, runs interleaved with them, and
+    the round trips of it and of the stock kernel are cut into phases (bench/latency.py)."""
     _ensure_our_kernelspec()
     names = [kernel, stock]
     kernels = {name: BenchKernel(name, timeout) for name in names}
+    if breakdown:
+        kernels[TRACED] = BenchKernel(kernel, timeout, env={"ZEROBOOT_TRACE": "1"})
     try:
-        samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+        samples: dict[str, dict[str, list[float]]] = {name: {} for name in kernels}
+        stamps: dict[str, dict[str, list[dict[str, int]]]] = {name: {} for name in kernels}
         for case in CASES:
             for k in kernels.values():
                 if case.setup:
@@ -151,13 +170,14 @@ def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: s
             for _ in range(iterations):
                 for name, k in kernels.items():  # interleaved
                     samples[name].setdefault(case.name, []).append(k.round_trip(case.code) * 1e3)
-        startup = {name: round(k.startup * 1e3, 1) for name, k in kernels.items()}
+                    stamps[name].setdefault(case.name, []).append(k.last_stamps)
+        startup = {name: round(kernels[name].startup * 1e3, 1) for name in names}
         sandbox_reset = [kernels[kernel].round_trip("%sandbox reset") * 1e3 for _ in range(max(3, iterations // 10))]
         # a restart replaces the kernel process: a few of them, interleaved, and their median
         restarts: dict[str, list[float]] = {name: [] for name in names}
         for _ in range(RESTARTS):
-            for name, k in kernels.items():
-                restarts[name].append(k.restart() * 1e3)
+            for name in names:
+                restarts[name].append(kernels[name].restart() * 1e3)
         restart = {name: round(common.percentile(xs, 50), 1) for name, xs in restarts.items()}
     finally:
         for k in kernels.values():
@@ -173,7 +193,16 @@ def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: s
                          "min_ms": round(min(xs), 3), "n": len(xs)}
         row["ratio_p50"] = round(row[kernel]["p50_ms"] / row[stock]["p50_ms"], 2)
         row["ratio_p99"] = round(row[kernel]["p99_ms"] / row[stock]["p99_ms"], 2)
+        if breakdown:  # what tracing costs: the traced kernel's round trips, same run
+            xs = samples[TRACED][case.name]
+            row[TRACED] = {"p50_ms": round(common.percentile(xs, 50), 3), "p99_ms": round(common.percentile(xs, 99), 3)}
         results["cases"][case.name] = row
+    if breakdown:
+        results["traced"] = TRACED
+        results["breakdown"] = {
+            "codes": {case.name: case.code for case in CASES},
+            "cases": {case.name: {name: latency.summarize(stamps[name][case.name]) for name in (TRACED, stock)}
+                      for case in CASES}}
     return results
 
 
@@ -188,9 +217,18 @@ def markdown(results: dict[str, Any]) -> str:
                  ""])
     table = common.markdown_table(["case", f"{ours} p50 ms", f"{ours} p99 ms", f"{stock} p50 ms",
                                    f"{stock} p99 ms", "ratio p50", "ratio p99"], rows)
-    return (f"{table}\nExecute round trip = request -> reply + idle, {results['iterations']} interleaved runs per "
+    text = (f"{table}\nExecute round trip = request -> reply + idle, {results['iterations']} interleaved runs per "
             f"case; {ours} in chained mode (every cell also has its checkpoint for `%rewind`, taken right "
             f"after the previous reply went out).\n")
+    if "breakdown" in results:
+        traced = results["traced"]
+        costs = ", ".join(f"{name} {r[traced]['p50_ms']} ms" for name, r in results["cases"].items())
+        text += (f"\n### Where the time of a round trip goes\n\nA third kernel, {traced}, ran interleaved with the "
+                 f"two above (its p50 round trips: {costs}); its stamps and the stock kernel's message dates cut "
+                 f"each round trip into phases (zeroboot_kernel/bench/latency.py). Waterfall bars start where the "
+                 f"p50s of the phases before them end, so they show proportions, not one real cell.\n\n")
+        text += latency.markdown(results["breakdown"], ours, stock, traced)
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel", default=OURS, help=f"the zeroboot kernelspec (default {OURS})")
     p.add_argument("--stock", default=STOCK, help=f"the kernelspec to compare with (default {STOCK})")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one kernel start or cell")
+    p.add_argument("--no-breakdown", action="store_true",
+                   help="skip the latency breakdown (a third, traced zeroboot kernel)")
     p.add_argument("--json", type=Path, default=common.results_dir() / "kernel.json",
                    help="where the results go (a .md summary is written next to it)")
     return p
@@ -208,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    results = measure(args.iterations, args.warmup, args.kernel, args.stock, args.timeout)
+    results = measure(args.iterations, args.warmup, args.kernel, args.stock, args.timeout, not args.no_breakdown)
     text = markdown(results)
     common.write_results(args.json, "kernel", results, text)
     print(text)
