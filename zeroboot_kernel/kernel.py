@@ -951,7 +951,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # capture_fd_output=False: the engine process shares the kernel's stderr for its log, which
     # belongs in the kernel log, not in whichever notebook cell happens to be running.
-    app = IPKernelApp.instance(kernel_class=ZerobootKernel, capture_fd_output=False)
+    # outstream_class=None: sys.stdout/stderr stay the process's own (the kernel log). Cells print
+    # in the guest, never here; ipykernel's OutStream would only cost every request four flushes,
+    # each a round trip to the IOPub thread and back (two wake-ups), for nothing to send
+    # (docs/PERFORMANCE.md, where a round trip's time goes).
+    app = IPKernelApp.instance(kernel_class=ZerobootKernel, capture_fd_output=False, outstream_class=None)
     app.initialize(argv)
     kernel: ZerobootKernel = app.kernel
     try:

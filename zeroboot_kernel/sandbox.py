@@ -68,12 +68,16 @@ class Sandbox:
         self._request_id = 0
         self._interrupt = threading.Event()  # interrupt() was called; _serve acts on it
         self.interrupts_signalled = 0        # SIGINTs raised in the guest (one per request at most)
+        # counts the snapshots and restores of this sandbox (each changes the state its memory
+        # shares pages with): Session keeps a bound of its checkpoints' memory while it is unchanged
+        self.generation = 0
 
     # ---- lifecycle ----
     def fork(self) -> Sandbox:
         """A new sandbox starting from this one's current state; this one is unchanged."""
         self._check_usable()
         snap = self.guest.snapshot()
+        self.generation += 1
         try:
             child = Sandbox(snap.fork(), self.template, self.fresh)
         finally:
@@ -89,10 +93,13 @@ class Sandbox:
 
     def snapshot(self) -> Snapshot:
         self._check_usable()
-        return self.guest.snapshot()
+        snap = self.guest.snapshot()
+        self.generation += 1
+        return snap
 
     def restore(self, snap: Snapshot, *, fresh: bool = False) -> None:
         """Return to a snapshot of this lineage (also revives a broken sandbox)."""
+        self.generation += 1
         self.guest.restore(snap)
         if self.memory_limit:
             self.guest.set_memory_limit(self.memory_limit)  # the session's setting, not the snapshot's

@@ -117,6 +117,9 @@ class Session:
         self._told_drop = self._told_over = False
         self._over = False                  # the last enforcement found the kept checkpoint alone over the budget
         self._predropped: list[int] = []    # checkpoints dropped just before the next one was taken (_checkpoint_now)
+        # (sandbox, its generation, bytes): an upper bound of checkpoint_memory(), valid while that
+        # sandbox has taken no snapshot and made no restore since (_held_upper)
+        self._held_bound: tuple[Sandbox, int, int] | None = None
         # the sandbox went back to an older state (rollback, %rewind, reset, mode, an isolated cell's
         # reset) since the kernel last asked (take_restored): its comms may differ from the frontend's
         self.restored = False
@@ -467,6 +470,16 @@ class Session:
         """Bytes of host memory the session's snapshots hold (checkpoints, the next cell's, the clean state)."""
         return snapshots_memory(self._held_snapshots())
 
+    def _held_upper(self) -> int:
+        """checkpoint_memory() or, when the last checkpoint recorded one that still holds, an upper
+        bound of it. The exact count walks every held snapshot's page tables (zb_snapshots_memory,
+        ~1-2.5 ms per call here with 20 checkpoints); the bound lets a chained cell whose checkpoints
+        are well within their budget skip both walks of its checkpoint (issue 20)."""
+        b = self._held_bound
+        if b is not None and b[0] is self.sandbox and b[1] == self.sandbox.generation:
+            return b[2]
+        return self.checkpoint_memory()
+
     def budget_bytes(self) -> int:
         if self.memory_budget is not None:
             return self.memory_budget
@@ -492,10 +505,20 @@ class Session:
         incoming = self.sandbox.guest.pending_bytes()
         keep_spare_pages(True)
         try:
-            self._predropped += self._drop_oldest(self.budget_bytes(), None, incoming)
-            return self.sandbox.snapshot()
+            limit, held = self.budget_bytes(), self._held_upper()
+            fits = held + incoming <= limit
+            if not fits:  # maybe over: decided on the exact count, as before
+                self._predropped += self._drop_oldest(limit, None, incoming)
+            snap = self.sandbox.snapshot()
         finally:
             keep_spare_pages(False)
+        # The new snapshot adds at most `incoming` bytes (the pages it copied) to what the held
+        # snapshots count, as long as the state it shares its other pages with is held too: the
+        # previous checkpoint, which this sandbox's memory is based on since nothing was snapshotted
+        # or restored in between (the bound was recorded at that snapshot, and the generation
+        # says), and which no drop released (none happened: `fits`; keep >= 1 keeps the newest).
+        self._held_bound = (self.sandbox, self.sandbox.generation, held + incoming) if fits and self.keep >= 1 else None
+        return snap
 
     def _drop_oldest(self, limit: int, protect: Snapshot | None, incoming: int = 0) -> list[int]:
         """Drop the oldest checkpoints while the snapshots held, plus `incoming` bytes about to be
@@ -522,8 +545,10 @@ class Session:
         is anything when the droppable checkpoints add almost nothing (they share their pages with
         the kept one: dropping them would cost %rewind depth and free no memory). Returns how many
         were dropped."""
-        limit, held = self.budget_bytes(), self.checkpoint_memory()
+        limit, held = self.budget_bytes(), self._held_upper()
         predropped, self._predropped = self._predropped, []  # dropped for this checkpoint just before it
+        if held > limit or predropped:
+            held = self.checkpoint_memory()  # decided on the exact count, as before
         if held <= limit and not predropped:
             if self._over:  # no longer over: what limits %rewind now is what was dropped, if anything
                 self._over = False
