@@ -120,6 +120,9 @@ class Session:
         # (sandbox, its generation, bytes): an upper bound of checkpoint_memory(), valid while that
         # sandbox has taken no snapshot and made no restore since (_held_upper)
         self._held_bound: tuple[Sandbox, int, int] | None = None
+        # checkpoints past `keep`, taken off the list before a cell and released after its reply
+        # (prepare_next_cell): a release costs ~1 ms (up to 13 ms here) that the cell need not wait for
+        self._retired: list[Snapshot] = []
         # the sandbox went back to an older state (rollback, %rewind, reset, mode, an isolated cell's
         # reset) since the kernel last asked (take_restored): its comms may differ from the frontend's
         self.restored = False
@@ -177,8 +180,9 @@ class Session:
         snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
         self.ready = None
         self.checkpoints.append(Checkpoint(execution_count, code, snap, time.time()))
+        self._release_retired()  # left from a cell after which prepare_next_cell did not run
         while len(self.checkpoints) > self.keep:
-            self.checkpoints.popleft().snapshot.release()
+            self._retired.append(self.checkpoints.popleft().snapshot)
         if taken_ms is None:  # taken now: prepare_next_cell did not enforce the budget with it
             self.enforce_budget(protect=snap)
         return snap, taken_ms
@@ -191,6 +195,7 @@ class Session:
         trip. Everything else that changes the sandbox undoes it (_state_changes)."""
         t0 = time.perf_counter()
         started_ns = latency_trace.now() if latency_trace.ENABLED else 0
+        self._release_retired()
         try:
             if self.mode == "isolated" and not self.reset_done:
                 self.sandbox.restore(self.clean, fresh=True)
@@ -207,6 +212,11 @@ class Session:
         self.ready_ms = (time.perf_counter() - t0) * 1e3
         if latency_trace.ENABLED:
             self.prepared_ns = (started_ns, latency_trace.now())
+
+    def _release_retired(self) -> None:
+        """Release the checkpoints _before_cell took off the list (past `keep`)."""
+        while self._retired:
+            self._retired.pop().release()
 
     def _state_changes(self) -> None:
         """The sandbox is about to change outside a cell: what prepare_next_cell did no longer holds."""
@@ -634,6 +644,7 @@ class Session:
 
     def close(self) -> None:
         self._state_changes()
+        self._release_retired()
         self.clean.release()
         for cp in self.checkpoints:
             cp.snapshot.release()

@@ -241,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one kernel start or cell")
     p.add_argument("--no-breakdown", action="store_true",
                    help="skip the latency breakdown (a third, traced zeroboot kernel)")
+    p.add_argument("--chart", type=Path, default=None,
+                   help="also draw the breakdown's waterfall as a PNG there (e.g. docs/img/latency.png)")
     p.add_argument("--json", type=Path, default=common.results_dir() / "kernel.json",
                    help="where the results go (a .md summary is written next to it)")
     return p
@@ -251,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     results = measure(args.iterations, args.warmup, args.kernel, args.stock, args.timeout, not args.no_breakdown)
     text = markdown(results)
     common.write_results(args.json, "kernel", results, text)
+    if args.chart is not None and "breakdown" in results:
+        latency.chart(results["breakdown"], results["kernels"][0], results["kernels"][1], results["traced"], args.chart)
     print(text)
     print(f"results: {args.json}")
     return 0

@@ -183,3 +183,43 @@ def markdown(breakdown: dict[str, Any], ours: str, stock: str, traced: str) -> s
                      f"guest DONE -> engine {clock['min_done_to_engine_us']} us.\n")
         parts.append(text)
     return "\n".join(parts)
+
+
+def chart(breakdown: dict[str, Any], ours: str, stock: str, traced: str, path: Any) -> None:
+    """A waterfall PNG: per case one bar per kernel, its phases' p50s laid end to end."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(breakdown["cases"])
+    fig, axes = plt.subplots(len(cases), 1, figsize=(11, 1.6 * len(cases) + 1.5), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    colours = {label: cmap(i % 20) for i, (label, *_rest) in enumerate(PHASES)}
+    labelled: set[str] = set()
+    for ax, case in zip(axes[:, 0], cases):
+        for row, (name, shown) in enumerate(((traced, ours), (stock, stock))):
+            got = breakdown["cases"][case].get(name, {}).get("phases", {})
+            start = 0.0
+            for label, _a, _b, _shared in PHASES:
+                if label == SUMMARY_PHASES[1] or label not in got:
+                    continue
+                if label == SUMMARY_PHASES[0] and name == traced:
+                    continue  # drawn as its parts
+                width = got[label]["p50"]
+                ax.barh(row, width, left=start, color=colours[label], edgecolor="white", linewidth=0.5,
+                        label=None if label in labelled else label)
+                labelled.add(label)
+                start += width
+        ax.set_yticks([0, 1], [ours, stock])
+        ax.set_title(f"{case} (p50 of each phase, ms)", fontsize=9, loc="left")
+        ax.invert_yaxis()
+    handles, labels = [], []
+    for ax in axes[:, 0]:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.32, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
