@@ -149,15 +149,19 @@ class BenchKernel:
 
 
 def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: str = STOCK,
-            timeout: float = 120.0, breakdown: bool = True) -> dict[str, Any]:
+            timeout: float = 120.0, breakdown: bool = True, baseline: str | None = None) -> dict[str, Any]:
     """Measure every case on both kernels; returns the results (times in milliseconds). With
     `breakdown`, a third kernel, ours with ZEROBOOT_TRACE=1, runs interleaved with them, and
-    the round trips of it and of the stock kernel are cut into phases (bench/latency.py)."""
+    the round trips of it and of the stock kernel are cut into phases (bench/latency.py).
+    `baseline`: the kernelspec of another build of the zeroboot kernel (one with tracing, e.g. the
+    commit before a change), run traced and interleaved too: its phases are the "before"."""
     _ensure_our_kernelspec()
     names = [kernel, stock]
     kernels = {name: BenchKernel(name, timeout) for name in names}
     if breakdown:
         kernels[TRACED] = BenchKernel(kernel, timeout, env={"ZEROBOOT_TRACE": "1"})
+        if baseline:
+            kernels[baseline] = BenchKernel(baseline, timeout, env={"ZEROBOOT_TRACE": "1"})
     try:
         samples: dict[str, dict[str, list[float]]] = {name: {} for name in kernels}
         stamps: dict[str, dict[str, list[dict[str, int]]]] = {name: {} for name in kernels}
@@ -193,16 +197,19 @@ def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: s
                          "min_ms": round(min(xs), 3), "n": len(xs)}
         row["ratio_p50"] = round(row[kernel]["p50_ms"] / row[stock]["p50_ms"], 2)
         row["ratio_p99"] = round(row[kernel]["p99_ms"] / row[stock]["p99_ms"], 2)
-        if breakdown:  # what tracing costs: the traced kernel's round trips, same run
-            xs = samples[TRACED][case.name]
-            row[TRACED] = {"p50_ms": round(common.percentile(xs, 50), 3), "p99_ms": round(common.percentile(xs, 99), 3)}
+        for extra in [n for n in kernels if n not in names]:  # the traced kernels' round trips, same run
+            xs = samples[extra][case.name]
+            row[extra] = {"p50_ms": round(common.percentile(xs, 50), 3), "p99_ms": round(common.percentile(xs, 99), 3)}
         results["cases"][case.name] = row
     if breakdown:
         results["traced"] = TRACED
         results["breakdown"] = {
             "codes": {case.name: case.code for case in CASES},
-            "cases": {case.name: {name: latency.summarize(stamps[name][case.name]) for name in (TRACED, stock)}
+            "cases": {case.name: {name: latency.summarize(stamps[name][case.name])
+                                  for name in (TRACED, stock) + ((baseline,) if baseline else ())}
                       for case in CASES}}
+        if baseline:
+            results["baseline"] = baseline
     return results
 
 
@@ -228,6 +235,8 @@ def markdown(results: dict[str, Any]) -> str:
                  f"each round trip into phases (zeroboot_kernel/bench/latency.py). Waterfall bars start where the "
                  f"p50s of the phases before them end, so they show proportions, not one real cell.\n\n")
         text += latency.markdown(results["breakdown"], ours, stock, traced)
+        if "baseline" in results:
+            text += "\n" + latency.before_after(results["breakdown"], results["baseline"], traced, stock)
     return text
 
 
@@ -241,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one kernel start or cell")
     p.add_argument("--no-breakdown", action="store_true",
                    help="skip the latency breakdown (a third, traced zeroboot kernel)")
+    p.add_argument("--baseline", default=None,
+                   help="the kernelspec of an older zeroboot build with tracing: its phases shown as 'before'")
     p.add_argument("--chart", type=Path, default=None,
                    help="also draw the breakdown's waterfall as a PNG there (e.g. docs/img/latency.png)")
     p.add_argument("--json", type=Path, default=common.results_dir() / "kernel.json",
@@ -250,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    results = measure(args.iterations, args.warmup, args.kernel, args.stock, args.timeout, not args.no_breakdown)
+    results = measure(args.iterations, args.warmup, args.kernel, args.stock, args.timeout, not args.no_breakdown,
+                      args.baseline)
     text = markdown(results)
     common.write_results(args.json, "kernel", results, text)
     if args.chart is not None and "breakdown" in results:

@@ -185,6 +185,28 @@ def markdown(breakdown: dict[str, Any], ours: str, stock: str, traced: str) -> s
     return "\n".join(parts)
 
 
+def before_after(breakdown: dict[str, Any], before: str, after: str, stock: str) -> str:
+    """Per case and phase: p50 of the baseline build, of this one, and of the stock kernel, all
+    from the same interleaved run."""
+    rows = []
+    for case, by_kernel in breakdown["cases"].items():
+        b, a, s = (by_kernel.get(k, {}).get("phases", {}) for k in (before, after, stock))
+        for label, *_rest in PHASES:
+            if label not in a and label not in b:
+                continue
+            pb, pa = b.get(label, {}).get("p50"), a.get(label, {}).get("p50")
+            ps = s.get(label, {}).get("p50", "")
+            change = f"{pa - pb:+.3g}" if pa is not None and pb is not None else ""
+            rows.append([case, label, "" if pb is None else pb, "" if pa is None else pa, change, ps])
+        eb, ea = by_kernel.get(before, {}).get("extras", {}), by_kernel.get(after, {}).get("extras", {})
+        for label in ea:
+            pb, pa = eb.get(label, {}).get("p50"), ea[label]["p50"]
+            rows.append([case, f"({label})", "" if pb is None else pb, pa,
+                         f"{pa - pb:+.3g}" if pb is not None else "", ""])
+    return common.markdown_table(["case", "phase (p50 ms)", f"before: {before}", f"after: {after}", "change",
+                                  stock], rows)
+
+
 def chart(breakdown: dict[str, Any], ours: str, stock: str, traced: str, path: Any) -> None:
     """A waterfall PNG: per case one bar per kernel, its phases' p50s laid end to end."""
     import matplotlib
