@@ -132,3 +132,25 @@ def test_kernel_reply_metadata_carries_the_trace() -> None:
     with kernel("zeroboot") as (_km, kc):
         msg_id = kc.execute("1+1")
         assert "zeroboot_trace" not in shell_reply(kc, msg_id)["metadata"]
+
+
+def test_cell_file_names_are_ipykernels() -> None:
+    from ipykernel.compiler import get_file_name
+
+    from zeroboot_guest._zeroboot_agent.agent_shell import CellCompiler
+
+    compiler = CellCompiler()
+    for code in ("1+1", "print('é')", "", "def f():\n    return 1\n"):
+        assert compiler.get_code_name(code, None, 0) == get_file_name(code)
+
+
+def test_a_cell_makes_no_getpid(traced: Any) -> None:
+    """ipykernel's compiler asks the pid for every cell's file name: a VM exit the agent saves."""
+    guest = traced.sandbox.guest
+    guest.set_profile(True)
+    try:
+        assert traced.execute("1+1", execution_count=6)["status"] == "ok"
+        calls = guest.syscall_profile_by_number()
+    finally:
+        guest.set_profile(False)
+    assert "getpid" not in calls, calls
