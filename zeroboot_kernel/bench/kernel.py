@@ -32,6 +32,8 @@ from . import common, latency
 RESTARTS = 3        # Jupyter restarts per kernel (the median is reported)
 STOCK = "python3"
 OURS = "zeroboot"
+QUEUED = 30         # cells sent at once in the Run All case
+QUEUED_REPEATS = 3
 TRACED = "zeroboot (ZEROBOOT_TRACE=1)"  # a third kernel, for the latency breakdown (bench/latency.py)
 
 
@@ -131,6 +133,29 @@ class BenchKernel:
                                              offset)
         return elapsed
 
+    def queued(self, code: str, n: int) -> float:
+        """Milliseconds per cell when n requests are sent at once (Run All): until the last idle.
+        The zeroboot kernel's checkpoint after each reply is then on the path of the next cell."""
+        t0 = time.perf_counter()
+        left = {self.kc.execute(code, store_history=False) for _ in range(n)}
+        deadline = time.monotonic() + self.timeout
+        while left:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{self.name}: {len(left)} queued cells without idle within {self.timeout} s")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=remaining)
+            except Empty:
+                continue
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                left.discard(msg["parent_header"].get("msg_id"))
+        while True:  # the replies too, so that the next measurement starts clean
+            try:
+                self.kc.get_shell_msg(timeout=0.2)
+            except Empty:
+                break
+        return (time.perf_counter() - t0) * 1e3 / n
+
     def _wait(self, get: Any, msg_id: str, deadline: float, wanted: Any) -> dict[str, Any]:
         while True:
             remaining = deadline - time.monotonic()
@@ -175,6 +200,10 @@ def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: s
                 for name, k in kernels.items():  # interleaved
                     samples[name].setdefault(case.name, []).append(k.round_trip(case.code) * 1e3)
                     stamps[name].setdefault(case.name, []).append(k.last_stamps)
+        queued: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(QUEUED_REPEATS):  # Run All: QUEUED cells sent at once, interleaved by batch
+            for name in names:
+                queued[name].append(kernels[name].queued("1+1", QUEUED))
         startup = {name: round(kernels[name].startup * 1e3, 1) for name in names}
         sandbox_reset = [kernels[kernel].round_trip("%sandbox reset") * 1e3 for _ in range(max(3, iterations // 10))]
         # a restart replaces the kernel process: a few of them, interleaved, and their median
@@ -188,7 +217,9 @@ def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: s
             k.close()
     results: dict[str, Any] = {"iterations": iterations, "warmup": warmup, "kernels": names,
                                "startup_ms": startup, "restart_ms": restart,
-                               "sandbox_reset_p50_ms": round(common.percentile(sandbox_reset, 50), 3), "cases": {}}
+                               "sandbox_reset_p50_ms": round(common.percentile(sandbox_reset, 50), 3), "cases": {},
+                               "queued_ms_per_cell": {name: round(common.percentile(xs, 50), 2)
+                                                      for name, xs in queued.items()}}
     for case in CASES:
         row: dict[str, Any] = {"code": case.code}
         for name in names:
@@ -222,6 +253,10 @@ def markdown(results: dict[str, Any]) -> str:
                      f"{results[key][ours] / results[key][stock]:.2f}x", ""])
     rows.append(["`%sandbox reset` (fresh fork, same kernel process)", results["sandbox_reset_p50_ms"], "", "", "", "",
                  ""])
+    if "queued_ms_per_cell" in results:
+        q = results["queued_ms_per_cell"]
+        rows.append([f"Run All: {QUEUED} `1+1` sent at once, ms per cell (median of {QUEUED_REPEATS})", q[ours], "",
+                     q[stock], "", f"{q[ours] / q[stock]:.2f}x", ""])
     table = common.markdown_table(["case", f"{ours} p50 ms", f"{ours} p99 ms", f"{stock} p50 ms",
                                    f"{stock} p99 ms", "ratio p50", "ratio p99"], rows)
     text = (f"{table}\nExecute round trip = request -> reply + idle, {results['iterations']} interleaved runs per "
