@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 
 import guest_c
+from zeroboot_kernel.errors import SandboxCrashed
+from zeroboot_kernel.guest_view import SystemViewError, system_view
 from zeroboot_kernel.native import EventKind
 
-# The system view as the kernel's sandboxes get it (guest_view.system_view), so that /bin/echo,
-# /bin/sh and their loader and libraries resolve in the guest.
-VIEW = ["/usr", "/bin", "/lib", "/lib64", "/etc/ld.so.cache"]
+# The system view as the kernel's sandboxes get it, so that /bin/echo, /bin/sh and their loader and
+# libraries resolve in the guest (plus ld.so's cache, which the Python view brings).
+VIEW = [*system_view(), "/etc/ld.so.cache"]
 
 # Tests whose program execs itself (or a script) and passes in the new image.
-IN_NEW_IMAGE = ["script_args", "cloexec", "signals", "image", "thread", "fexecve", "many_args"]
+IN_NEW_IMAGE = ["script_args", "cloexec", "signals", "image", "thread", "fexecve", "setuid", "many_args"]
 ERRORS = ["errors", "e2big", "efault"]
 
 
@@ -74,3 +76,63 @@ def test_same_program_passes_on_linux(test: str, tmp_path: Path) -> None:
     assert proc.returncode == want, proc.stderr
     if test not in ("echo", "script", "sh_c"):
         assert f"PASS {test}" in proc.stdout, proc.stderr
+
+
+# ---- the guest's CPython (a sandbox forked from the template, so with the kernel's view) ----
+
+def _exec_cell(template, code: str) -> tuple[str, SandboxCrashed]:
+    """Run a cell that replaces the agent by another program: its output, and how it ended (the
+    agent is gone, so the Sandbox reports its exit)."""
+    out: list[str] = []
+    with template.fork() as sb:
+        with pytest.raises(SandboxCrashed) as ended:
+            sb.execute(code, on_stream=lambda name, text: out.append(text))
+    return "".join(out), ended.value
+
+
+def test_cpython_os_execv_runs_echo_in_place_of_the_agent(template) -> None:
+    out, ended = _exec_cell(template, "import os, sys\nsys.stdout.flush()\n"
+                                      "os.execv('/bin/echo', ['echo', 'hello', 'from', 'echo'])")
+    assert "exited with status 0" in str(ended)
+    assert "hello from echo\n" in out
+
+
+def test_cpython_execs_sh_c_with_arithmetic(template) -> None:
+    out, ended = _exec_cell(template, "import os\nos.execv('/bin/sh', ['sh', '-c', 'echo $((6*7)); exit 42'])")
+    assert "exited with status 42" in str(ended)
+    assert "42\n" in out
+
+
+def test_cpython_exec_errors_are_oserrors_and_the_agent_goes_on(template) -> None:
+    with template.fork() as sb:
+        r = sb.execute("import os\nerrs = []\n"
+                       "for p in ('/nonexistent', '/tmp', '/etc/passwd'):\n"
+                       "    try:\n        os.execv(p, [p])\n    except OSError as e:\n        errs.append(e.errno)\n"
+                       "import errno\nerrs == [errno.ENOENT, errno.EACCES, errno.EACCES]")
+        assert r.status == "ok" and r.result and r.result["text/plain"] == "True", r
+
+
+# ---- the system view's policy (guest_view.py, docs/SECURITY.md "The system view") ----
+
+def test_system_view_shows_usr_but_not_usr_local_and_refuses_host_data() -> None:
+    view = system_view({})
+    assert "/usr/bin" in view and not any(p == "/usr/local" or p.startswith("/usr/local/") for p in view)
+    assert system_view({"ZEROBOOT_SYSTEM_VIEW": "none"}) == []
+    assert "/usr/local/bin" in system_view({"ZEROBOOT_SYSTEM_VIEW": "/usr/local/bin"})
+    for bad in ("/", "/etc", "/home", "/root/x", "/var/lib", "relative/dir"):
+        with pytest.raises(SystemViewError):
+            system_view({"ZEROBOOT_SYSTEM_VIEW": f"/usr:{bad}"})
+
+
+def test_the_guest_sees_the_system_view_read_only(template) -> None:
+    with template.fork() as sb:
+        r = sb.execute("import os, sys\n"
+                       "usr_local = sorted(os.listdir('/usr/local')) if os.path.isdir('/usr/local') else []\n"
+                       "python_there = os.path.realpath(sys.executable).startswith('/usr/local/')\n"
+                       "try:\n    open('/usr/bin/zb-write-test', 'w')\n    wrote = True\n"
+                       "except OSError:\n    wrote = False\n"
+                       "(os.access('/bin/sh', os.X_OK), os.path.isfile('/usr/bin/env'), wrote,\n"
+                       " python_there or usr_local == [], os.path.isfile('/etc/profile'),\n"
+                       " os.path.exists('/etc/shadow'), os.path.exists('/var'))")
+        assert r.status == "ok", r
+        assert r.result and r.result["text/plain"] == "(True, True, False, True, True, False, False)", r.result

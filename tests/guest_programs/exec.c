@@ -414,6 +414,40 @@ static void t_fexecve_child(int argc, char **argv) {
     CHECK(e && !strncmp(e, "/dev/fd/", 8), "AT_EXECFN is /dev/fd/N: %s", e ? e : "(null)");
 }
 
+/* A set-user-ID, set-group-ID copy of this program runs with the caller's identity: there is no
+ * privilege to gain (the guest has one identity, as on a nosuid mount). */
+static void t_setuid(int argc, char **argv) {
+    (void)argc; (void)argv;
+    char copy[PATH_MAX];
+    tmp_path(copy, "setuid-copy");
+    int in = OK(open(self, O_RDONLY));
+    int out = OK(open(copy, O_WRONLY | O_CREAT | O_TRUNC, 0755));
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0) CHECK_EQ(write(out, buf, (size_t)n), n);
+    close(in);
+    close(out);
+    OK(chmod(copy, 06755));
+    struct stat st;
+    OK(stat(copy, &st));
+    CHECK(st.st_mode & S_ISUID, "the bit is shown");
+    char uid[16];
+    snprintf(uid, sizeof uid, "%d", (int)getuid());
+    char *args[] = {copy, "setuid_child", uid, NULL};
+    if (zb_failures) exit(1);
+    fflush(stdout);
+    syscall(SYS_execve, copy, args, no_env);
+    FAIL("execve: %s", strerror(errno));
+}
+
+static void t_setuid_child(int argc, char **argv) {
+    CHECK_EQ(argc, 3);
+    CHECK_EQ(getauxval(AT_SECURE), 0);
+    CHECK_EQ(geteuid(), atoi(argv[2]));
+    CHECK_EQ(getuid(), atoi(argv[2]));
+    CHECK_EQ(getegid(), getgid());
+}
+
 /* 10,000 arguments arrive whole. */
 #define MANY_ARGS 10000
 static void t_many_args(int argc, char **argv) {
@@ -555,6 +589,8 @@ static const zb_test tests[] = {
     {"thread_child", t_thread_child},
     {"fexecve", t_fexecve},
     {"fexecve_child", t_fexecve_child},
+    {"setuid", t_setuid},
+    {"setuid_child", t_setuid_child},
     {"many_args", t_many_args},
     {"many_args_child", t_many_args_child},
     {"hostile_elf", t_hostile_elf},
