@@ -136,3 +136,12 @@ def test_the_guest_sees_the_system_view_read_only(template) -> None:
                        " os.path.exists('/etc/shadow'), os.path.exists('/var'))")
         assert r.status == "ok", r
         assert r.result and r.result["text/plain"] == "(True, True, False, True, True, False, False)", r.result
+
+
+def test_bench_execve_measures_every_row() -> None:
+    """`bench execve` end to end with two runs (no timing asserted: speed is the bench's business)."""
+    from zeroboot_kernel.bench import execve
+    res = execve.measure(runs=2)
+    assert len(res["rows"]) == 5
+    assert all(v["p50_ms"] > 0 and v["min_ms"] <= v["p90_ms"] for v in res["rows"].values()), res
+    assert "guest: execve" in execve.markdown(res)
