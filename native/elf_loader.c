@@ -271,7 +271,7 @@ static int claim(zb_sandbox *sb, uint64_t lo, uint64_t hi, const char *what, cha
 }
 
 static uint32_t cpuid_edx_leaf1(const zb_engine *e) {
-    for (unsigned i = 0; i < e->cpuid->nent; i++)
+    for (unsigned i = 0; e->cpuid && i < e->cpuid->nent; i++)
         if (e->cpuid->entries[i].function == 1) return e->cpuid->entries[i].edx;
     return 0;
 }
