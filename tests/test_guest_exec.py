@@ -4,6 +4,7 @@ exec from a thread, and hostile inputs (guest_programs/exec.c). The checks that 
 behaviour also run, with the same binary, on the host."""
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -37,6 +38,33 @@ def test_exec_of_a_dynamic_program_replaces_the_process_and_its_output_is_seen()
 def test_exit_status_of_the_new_program_is_the_process_status(program: str, status: int) -> None:
     result = run("true", program)
     assert result.kind is EventKind.EXIT and result.status == status, result.describe()
+
+
+# Programs of the system view the notebook idioms use, exec'ed by a static guest program, with what
+# they print (the guest's /etc is its own: passwd, shells, ...). awk is Debian's alternatives link.
+PROGRAMS = [
+    (["/bin/cat", "/etc/hostname"], "zeroboot\n"),
+    (["/bin/grep", "-c", "sandbox", "/etc/passwd"], "1\n"),
+    (["/bin/sed", "s/boot/BOOT/", "/etc/hostname"], "zeroBOOT\n"),
+    (["/usr/bin/awk", "BEGIN { print 6 * 7 }"], "42\n"),
+    (["/usr/bin/head", "-1", "/etc/shells"], "/bin/sh\n"),
+    (["/usr/bin/wc", "-l", "/etc/hostname"], "1 /etc/hostname\n"),
+    (["/usr/bin/env"], None),
+    (["/usr/bin/id", "-un"], "sandbox\n"),
+    (["/bin/bash", "-c", "echo $((2**10))"], "1024\n"),
+    (["/bin/sh", "-c", "command -v ls"], "/usr/bin/ls\n"),
+    (["/bin/ls", "-d", "/usr/bin"], "/usr/bin\n"),
+]
+
+
+@pytest.mark.parametrize("argv, want", PROGRAMS, ids=[" ".join(a[:2]) for a, _ in PROGRAMS])
+def test_programs_of_the_system_view_run(argv: list[str], want: str | None) -> None:
+    result = run("run", *argv)
+    assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
+    if want is not None:
+        assert result.out == want, result.describe()
+    else:
+        assert "PATH=/usr/bin:/bin" in result.out, result.describe()
 
 
 def test_shell_script_runs_through_its_interpreter() -> None:
@@ -117,6 +145,7 @@ def test_cpython_exec_errors_are_oserrors_and_the_agent_goes_on(template) -> Non
 def test_system_view_shows_usr_but_not_usr_local_and_refuses_host_data() -> None:
     view = system_view({})
     assert "/usr/bin" in view and not any(p == "/usr/local" or p.startswith("/usr/local/") for p in view)
+    assert ("/etc/alternatives" in view) == os.path.isdir("/etc/alternatives")  # Debian's awk, which, ...
     assert system_view({"ZEROBOOT_SYSTEM_VIEW": "none"}) == []
     assert "/usr/local/bin" in system_view({"ZEROBOOT_SYSTEM_VIEW": "/usr/local/bin"})
     for bad in ("/", "/etc", "/home", "/root/x", "/var/lib", "relative/dir"):

@@ -67,6 +67,11 @@ SYSTEM_VIEW_HIDDEN = ("/usr/local",)
 # Never shown whole, whatever the variable says: host data (homes, service data, spools, logs,
 # runtime state), the host's own configuration (/etc: the guest has its own synthetic files),
 # the kernel's interfaces (the guest has its own /proc and /dev) and the root itself.
+# Host /etc entries the system's programs need, shown with any system view: Debian's alternatives
+# (/usr/bin/awk -> /etc/alternatives/awk -> /usr/bin/mawk; also which, pager, editor, ...), which
+# are only symlinks to programs and resolve in the guest's namespace (an alternative pointing into
+# /usr/local leads nowhere, as /usr/local itself).
+SYSTEM_VIEW_ETC = ("/etc/alternatives",)
 SYSTEM_VIEW_REFUSED = ("/", "/etc", "/home", "/root", "/var", "/srv", "/run", "/tmp", "/mnt", "/media",
                        "/opt", "/proc", "/sys", "/dev", "/boot", "/snap", "/lost+found")
 
@@ -263,6 +268,8 @@ def system_view(env: dict[str, str] | None = None) -> list[str]:
             continue
         hidden = tuple(h for h in SYSTEM_VIEW_HIDDEN if not (d == h or d.startswith(h + "/")))
         paths.update(_expand(d, hidden))
+    if dirs:
+        paths.update(p for p in SYSTEM_VIEW_ETC if os.path.isdir(p))
     return sorted(paths)
 
 

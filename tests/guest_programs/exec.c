@@ -74,6 +74,14 @@ static void t_true(int argc, char **argv) {
     FAIL("execve %s: %s", argv[2], strerror(errno));
 }
 
+/* exec argv[2..] as given (the programs of the system view). */
+static void t_run(int argc, char **argv) {
+    if (argc < 3) { FAIL("usage: run PROGRAM [ARGS...]"); return; }
+    fflush(stdout);
+    syscall(SYS_execve, argv[2], argv + 2, no_env);
+    FAIL("execve %s: %s", argv[2], strerror(errno));
+}
+
 /* A shell script running builtins only (no fork): its output and exit status. */
 static void t_script(int argc, char **argv) {
     (void)argc; (void)argv;
@@ -572,6 +580,7 @@ static void t_hostile_elf(int argc, char **argv) {
 static const zb_test tests[] = {
     {"echo", t_echo},
     {"true", t_true},
+    {"run", t_run},
     {"script", t_script},
     {"script_args", t_script_args},
     {"script_args_child", t_script_args_child},
