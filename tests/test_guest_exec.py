@@ -174,3 +174,19 @@ def test_bench_execve_measures_every_row() -> None:
     assert len(res["rows"]) == 5
     assert all(v["p50_ms"] > 0 and v["min_ms"] <= v["p90_ms"] for v in res["rows"].values()), res
     assert "guest: execve" in execve.markdown(res)
+
+
+def test_execv_in_a_kernel_cell_streams_its_output_and_is_rolled_back() -> None:
+    """Through a real kernel (the engine process under its run-phase seccomp filter): the guest's
+    execve needs no new host rights; the program's output streams into the cell, its exit is the
+    cell's error, and the session rolls back to the state before the cell."""
+    from kernel_helpers import ensure_kernelspecs, execute, kernel, stream_text, value_of
+    ensure_kernelspecs()
+    with kernel() as (_km, kc):
+        reply, _ = execute(kc, "x = 5")
+        assert reply["status"] == "ok", reply
+        reply, msgs = execute(kc, "import os, sys\nsys.stdout.flush()\n"
+                                  "os.execv('/bin/sh', ['sh', '-c', 'echo from sh $((6*7)); exit 3'])")
+        assert reply["status"] == "error" and "exited with status 3" in reply["evalue"], reply
+        assert "from sh 42\n" in stream_text(msgs)
+        assert value_of(kc, "x") == "5"
