@@ -250,7 +250,7 @@ static int set_slot(zb_vm *vm, uint64_t hva, uint64_t size, char *err) {
     return 0;
 }
 
-static int load_xsave(zb_vm *vm, zb_sandbox *sb, char *err) {
+int zb_vm_load_xsave(zb_vm *vm, zb_sandbox *sb, char *err) {
     /* with KVM_CAP_XSAVE2, KVM_SET_XSAVE takes the larger buffer as is */
     if (ioctl(vm->vcpu_fd, KVM_SET_XSAVE, sb->cpu.xsave) < 0) {
         zb_seterr(err, "KVM_SET_XSAVE: %s", strerror(errno));
@@ -324,7 +324,7 @@ int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err) {
     if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &s) < 0) { zb_seterr(err, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
     zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
     if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, &s) < 0) { zb_seterr(err, "KVM_SET_SREGS: %s", strerror(errno)); return -1; }
-    if (load_xsave(vm, sb, err) < 0) return -1;
+    if (zb_vm_load_xsave(vm, sb, err) < 0) return -1;
     if (ioctl(vm->vcpu_fd, KVM_SET_REGS, &sb->cpu.regs) < 0) { zb_seterr(err, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
     return 0;
 }
