@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # fuzz/run.sh [SECONDS] [HARNESS...] - build the libFuzzer harnesses of fuzz/ with ASan and UBSan
 # and run each for SECONDS (default 60). Harnesses: uart (frame parser, assembler, 16550 model),
-# syscall (the syscall dispatcher over guest memory holding fuzzer bytes) and dns (the sandbox's
-# resolver's query parser). Needs clang and its
+# syscall (the syscall dispatcher over guest memory holding fuzzer bytes), dns (the sandbox's
+# resolver's query parser) and exec (execve of a program and loader made of fuzzer bytes). Needs clang and its
 # libFuzzer runtime (Debian: clang, libclang-rt-14-dev). The committed seeds in fuzz/corpus/NAME
 # are read; new inputs go to build/fuzz/corpus-NAME, crashes to build/fuzz/artifacts-NAME/
 # (FUZZ_OUT=DIR puts the build and both there instead).
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 secs="${1:-60}"
 [ $# -gt 0 ] && shift
 harnesses=("$@")
-[ ${#harnesses[@]} -eq 0 ] && harnesses=(uart syscall dns)
+[ ${#harnesses[@]} -eq 0 ] && harnesses=(uart syscall dns exec)
 
 cc="${CC:-}"
 if [ -z "$cc" ]; then

@@ -15,6 +15,14 @@
  * layout cannot be loaded here. Bounded so a corrupt size never reaches malloc. */
 #define XSAVE_MAX (1u << 20)
 
+void zb_cpu_init_fpu(uint8_t *x, size_t xsave_size) {
+    uint16_t fcw = 0x37f;
+    uint32_t mxcsr = 0x1f80;
+    memset(x, 0, xsave_size);
+    memcpy(x, &fcw, 2);
+    memcpy(x + 24, &mxcsr, 4);
+}
+
 int zb_cpu_clone(zb_cpu *dst, const zb_cpu *src, size_t xsave_size) {
     *dst = *src;
     if (!(dst->xsave = malloc(xsave_size))) return -1;

@@ -38,7 +38,13 @@ uint8_t zb_uart_port_in(zb_uart *u, unsigned offset);
 int zb_frame_check(const uint8_t *buf, size_t len, size_t *total, char *err);
 
 /* ---- the vDSO's placement and data page (vdso_page.c) ---- */
+/* Place the vDSO (data page + library) in free guest memory: the library's address, or 0. */
 uint64_t zb_vdso_load(zb_sandbox *sb, char *err);
+/* Bytes the data page and the library take. */
+uint64_t zb_vdso_size(void);
+/* exec: keep the vDSO where it is (its data page stays current) with a fresh copy of the library
+ * and its regions named again; the library's address, or 0 if the sandbox has none. */
+uint64_t zb_vdso_keep(zb_sandbox *sb);
 void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm);
 /* The run stopped: record the latest monotonic times the guest can have read (proc.clock_floor). */
 void zb_vdso_note_stop(zb_sandbox *sb, zb_vm *vm);

@@ -89,6 +89,22 @@ static int splice_link(char *out, size_t cap, const char *dir, const char *link,
     return (n < 0 || (size_t)n >= cap) ? -1 : 0;
 }
 
+/* A host directory tree was added at node n (canonical host path `path`): synthetic directories
+ * below it that earlier, narrower view entries made (the libraries of the Python view inside
+ * /usr/lib, say) are that host tree too, so they become host directories: every other entry of
+ * theirs must be visible, not only the ones named. Host-controlled depth, bounded by PATH_MAX. */
+static void host_tree_below(zb_mnode *n, const char *path, int depth) {
+    for (size_t i = 0; i < n->nchildren && depth < PATH_MAX / 2; i++) {
+        zb_mnode *c = n->children[i];
+        if (c->kind != MNT_SYNTH) continue;
+        char sub[PATH_MAX];
+        struct stat st;
+        if (join_path(sub, sizeof sub, path, c->name) < 0 || lstat(sub, &st) < 0 || !S_ISDIR(st.st_mode)) continue;
+        c->kind = MNT_HOST_DIR;
+        host_tree_below(c, sub, depth + 1);
+    }
+}
+
 /* Add host_path (absolute) to the trie, mirroring host symlinks as trie symlinks so that every
  * host file the guest can open has a symlink-free canonical path. */
 static int view_add(zb_fs *fs, const char *host_path, int depth, char *err) {
@@ -151,7 +167,10 @@ static int view_add(zb_fs *fs, const char *host_path, int depth, char *err) {
             if (child) child->kind = kind; /* a synthetic directory becomes the whole host tree */
             else if (!(child = zb_mnode_add(node, comp, kind))) { zb_seterr(err, "out of memory"); return -1; }
             node = child;
-            if (kind == MNT_HOST_DIR) inside_tree = 1;
+            if (kind == MNT_HOST_DIR) {
+                inside_tree = 1;
+                host_tree_below(child, next, 0);
+            }
         }
         memcpy(sofar, next, sizeof sofar);
     }

@@ -48,10 +48,7 @@ static void put(proc_buf *b, const char *fmt, ...) {
 
 static uint64_t kib(uint64_t pages) { return pages * (ZB_PAGE / 1024); }
 
-static const char *comm(zb_sandbox *sb) {
-    const char *slash = strrchr(sb->proc.exe, '/');
-    return slash ? slash + 1 : sb->proc.exe;
-}
+static const char *comm(zb_sandbox *sb) { return sb->proc.comm; }
 
 static uint64_t mapped_pages(zb_sandbox *sb) {
     uint64_t n = 0;

@@ -322,7 +322,7 @@ void zb_vm_sync_window(zb_vm *vm, zb_sandbox *sb, int just_snapshotted) {
     }
 }
 
-static int load_xsave(zb_vm *vm, zb_sandbox *sb, char *err) {
+int zb_vm_load_xsave(zb_vm *vm, zb_sandbox *sb, char *err) {
     /* with KVM_CAP_XSAVE2, KVM_SET_XSAVE takes the larger buffer as is */
     if (ioctl(vm->vcpu_fd, KVM_SET_XSAVE, sb->cpu.xsave) < 0) {
         zb_seterr(err, "KVM_SET_XSAVE: %s", strerror(errno));
@@ -396,7 +396,7 @@ int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err) {
     if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &s) < 0) { zb_seterr(err, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
     zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
     if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, &s) < 0) { zb_seterr(err, "KVM_SET_SREGS: %s", strerror(errno)); return -1; }
-    if (load_xsave(vm, sb, err) < 0) return -1;
+    if (zb_vm_load_xsave(vm, sb, err) < 0) return -1;
     if (ioctl(vm->vcpu_fd, KVM_SET_REGS, &sb->cpu.regs) < 0) { zb_seterr(err, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
     return 0;
 }

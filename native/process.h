@@ -37,6 +37,8 @@ int zb_signals_load(zb_signals *s, struct zb_in *in, char *err);
 /* ---- process-level state (its copy and on-disk form: sys_process.c) ---- */
 typedef struct zb_process {
     char exe[PATH_MAX];      /* guest path of the program, answer to readlink /proc/self/exe */
+    char comm[16];           /* the program's name (the last component of the path it was run by,
+                                PR_SET_NAME): prctl(PR_GET_NAME), /proc/self/status and stat */
     char cwd[PATH_MAX];
     uint64_t tid_address;
     unsigned umask;
@@ -53,7 +55,7 @@ typedef struct zb_process {
                                 next page never goes below */
 } zb_process;
 void zb_process_clone(zb_process *dst, const zb_process *src);
-/* On disk: the program, its working directory, tid address and umask (not the clocks). */
+/* On disk: the program, its name, working directory, tid address and umask (not the clocks). */
 void zb_process_save(const zb_process *p, struct zb_out *o);
 int zb_process_load(zb_process *p, struct zb_in *in, char *err);
 

@@ -12,15 +12,6 @@
 
 #include <fcntl.h>
 
-/* The FPU state of a new program: x87 control word and MXCSR at their reset values, every
- * extended component in its init state (XSTATE_BV = 0). */
-static void init_xsave(uint8_t *x) {
-    uint16_t fcw = 0x37f;
-    uint32_t mxcsr = 0x1f80;
-    memcpy(x, &fcw, 2);
-    memcpy(x + 24, &mxcsr, 4);
-}
-
 static int std_fds(zb_sandbox *sb) {
     zb_file *in = zb_file_new(FILE_DEV), *out = zb_file_new(FILE_CONSOLE), *err = zb_file_new(FILE_CONSOLE);
     if (!in || !out || !err) { free(in); free(out); free(err); return -1; }
@@ -59,7 +50,7 @@ zb_sandbox *zb_sandbox_new(zb_engine *e, uint64_t mem_bytes, char *err) {
     if (!sb) return NULL;
     if (zb_mem_init(&sb->mem, mem_bytes, NULL, err) < 0) goto fail;
     zb_layout_write(&sb->mem);
-    init_xsave(sb->cpu.xsave);
+    zb_cpu_init_fpu(sb->cpu.xsave, e->xsave_size);
     if (!(sb->fs = zb_fs_new(err))) goto fail;
     if (!(sb->fds = zb_fdtable_new()) || std_fds(sb) < 0) { zb_seterr(err, "out of memory"); goto fail; }
     strcpy(sb->proc.cwd, "/");

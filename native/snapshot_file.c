@@ -31,8 +31,9 @@
  *   4: one section per component, written and read by the component (explicit little-endian fields).
  *   6: the guest memory's low 2 MiB hold the syscall entry page (guest_layout.c, LSTAR), which
  *      images of earlier engines lack: they are refused, not run.
- *   7: the thread table (THRD, threads.c) after the signal state. */
-#define STATE_FORMAT 7
+ *   7: the thread table (THRD, threads.c) after the signal state.
+ *   8: the program's name (zb_process.comm, exec) in the process state. */
+#define STATE_FORMAT 8
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

@@ -222,10 +222,19 @@ static long sys_getrandom(zb_sandbox *sb, const uint64_t a[6]) {
 }
 
 static long sys_prctl(zb_sandbox *sb, const uint64_t a[6]) {
-    static const char name[16] = "python";
     switch (a[0]) {
-    case PR_SET_NAME: case PR_SET_PDEATHSIG: case PR_SET_DUMPABLE: case PR_SET_NO_NEW_PRIVS: return 0;
-    case PR_GET_NAME: return zb_copy_to_guest(sb, a[1], name, sizeof name);
+    case PR_SET_NAME: { /* at most 15 bytes are kept, as Linux keeps them */
+        char name[16];
+        for (size_t i = 0; i < sizeof name; i++) {
+            if (zb_copy_from_guest(sb, &name[i], a[1] + i, 1) < 0) return -EFAULT;
+            if (!name[i]) break;
+        }
+        name[15] = 0;
+        memcpy(sb->proc.comm, name, sizeof name);
+        return 0;
+    }
+    case PR_SET_PDEATHSIG: case PR_SET_DUMPABLE: case PR_SET_NO_NEW_PRIVS: return 0;
+    case PR_GET_NAME: return zb_copy_to_guest(sb, a[1], sb->proc.comm, sizeof sb->proc.comm);
     case PR_GET_DUMPABLE: return 0;
     default: return -EINVAL;
     }
@@ -240,6 +249,7 @@ void zb_process_clone(zb_process *dst, const zb_process *src) { *dst = *src; /* 
  * CLOCK_MONOTONIC values, meaningless in another boot; the next run publishes new ones). */
 void zb_process_save(const zb_process *p, struct zb_out *o) {
     out_str(o, p->exe);
+    out_str(o, p->comm);
     out_str(o, p->cwd);
     out_u64(o, p->tid_address);
     out_u32(o, p->umask);
@@ -248,6 +258,7 @@ void zb_process_save(const zb_process *p, struct zb_out *o) {
 int zb_process_load(zb_process *p, struct zb_in *in, char *err) {
     memset(p, 0, sizeof *p);
     in_str_into(in, p->exe, sizeof p->exe);
+    in_str_into(in, p->comm, sizeof p->comm);
     in_str_into(in, p->cwd, sizeof p->cwd);
     p->tid_address = in_u64(in);
     uint32_t umask = in_u32(in);

@@ -29,17 +29,30 @@ _Static_assert(ZB_VDSO_DATA_SIZE == ZB_PAGE, "the vDSO data is one guest page ([
 extern const unsigned char zb_vdso_image[];
 extern const unsigned long zb_vdso_image_len;
 
-uint64_t zb_vdso_load(zb_sandbox *sb, char *err) {
-    uint64_t len = ZB_VDSO_DATA_SIZE + ZB_PAGE_UP(zb_vdso_image_len);
-    uint64_t at = zb_mem_alloc(&sb->mem, len);
-    if (!at) { zb_seterr(err, "no guest memory left for the vDSO"); return 0; }
-    zb_mem_mark(&sb->mem, at, len, 1);
+uint64_t zb_vdso_size(void) { return ZB_VDSO_DATA_SIZE + ZB_PAGE_UP(zb_vdso_image_len); }
+
+/* The library's bytes and the two regions at `at` (allocated). */
+static uint64_t place(zb_sandbox *sb, uint64_t at) {
+    uint64_t len = zb_vdso_size();
     memcpy(sb->mem.host + at + ZB_VDSO_DATA_SIZE, zb_vdso_image, zb_vdso_image_len);
     zb_mem_dirty(&sb->mem, at, len);
     zb_region_add(&sb->mem, at, at + ZB_VDSO_DATA_SIZE, 1, "[vvar]");
     zb_region_add(&sb->mem, at + ZB_VDSO_DATA_SIZE, at + len, 5, "[vdso]");
     sb->vdso_data = at;
     return at + ZB_VDSO_DATA_SIZE;
+}
+
+uint64_t zb_vdso_load(zb_sandbox *sb, char *err) {
+    uint64_t len = zb_vdso_size();
+    uint64_t at = zb_mem_alloc(&sb->mem, len);
+    if (!at) { zb_seterr(err, "no guest memory left for the vDSO"); return 0; }
+    zb_mem_mark(&sb->mem, at, len, 1);
+    return place(sb, at);
+}
+
+uint64_t zb_vdso_keep(zb_sandbox *sb) {
+    if (!sb->vdso_data || !zb_mem_range_allocated(&sb->mem, sb->vdso_data, zb_vdso_size())) return 0;
+    return place(sb, sb->vdso_data);
 }
 
 #define SAMPLE_WINDOW_NS 20000 /* a TSC reading bracketed this tightly is taken as it is */

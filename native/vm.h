@@ -83,6 +83,8 @@ void zb_vm_sync_window(zb_vm *vm, zb_sandbox *sb, int just_snapshotted);
 /* Write-protect (and clear in the dirty log) the pages set in `pages` (one bit per guest page). */
 int zb_vm_protect_pages(zb_vm *vm, uint64_t *pages, char *err);
 int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err);
+/* Load sb->cpu.xsave into the vCPU (the attached sandbox's image changed: exec). */
+int zb_vm_load_xsave(zb_vm *vm, zb_sandbox *sb, char *err);
 /* Load the attached sandbox's registers, segments and XSAVE image into the vCPU. */
 int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err);
 /* The sandbox's memory goes away: unmap it from the executor if attached. */
@@ -119,6 +121,9 @@ typedef struct zb_cpu {
 } zb_cpu;
 /* A copy with its own XSAVE image (xsave_size bytes, the engine's); -1 out of memory. */
 int zb_cpu_clone(zb_cpu *dst, const zb_cpu *src, size_t xsave_size);
+/* The FPU state of a new program into an XSAVE image of xsave_size bytes: x87 control word and
+ * MXCSR at their reset values, every extended component in its init state (XSTATE_BV = 0). */
+void zb_cpu_init_fpu(uint8_t *xsave, size_t xsave_size);
 void zb_cpu_free(zb_cpu *c);
 /* On disk. A load refuses an XSAVE image of another size than xsave_size (another host's CPU). */
 void zb_cpu_save(const zb_cpu *c, size_t xsave_size, struct zb_out *o);

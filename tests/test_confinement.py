@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from zeroboot_kernel.guest_view import IDENTITY_FILES, python_spec, python_view
+from zeroboot_kernel.guest_view import IDENTITY_FILES, python_spec, python_view, system_view
 from zeroboot_kernel.runner import run_to_completion
 
 PRELUDE = '''
@@ -82,8 +82,9 @@ def test_host_secrets_are_invisible():
     assert r["root_listing"] == ["ok", sorted({p.split("/")[2] for p in python_view() if p.startswith("/root/")})]
     assert r["home_root"] == ["ok", ["sandbox"]]
     assert r["dev"] == ["ok", ["null", "random", "ttyS0", "urandom", "zero"]]
-    # the view's top-level directories, and those its host symlinks lead to (/lib -> usr/lib)
-    view = list(python_view())
+    # the view's top-level directories (the Python view's and the system view's), and those its
+    # host symlinks lead to (/lib -> usr/lib)
+    view = list(python_view()) + system_view()
     top = {p.split("/")[1] for p in view + [os.path.realpath(p) for p in view]} | {"dev", "proc", "tmp", "home", "etc"}
     assert r["top"] == ["ok", sorted(top)]
 

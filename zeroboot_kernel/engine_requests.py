@@ -79,7 +79,8 @@ REQUESTS: dict[str, Request] = {r.op: r for r in (
             "events `stream`, `display_data`, `update_display_data`, `execute_result`, `error`, "
             "`clear_output`, `input_request`, `comm`, then execute_reply's fields (`user_expressions`, `payload`; "
             "`ename`, `evalue`, `traceback` when `status` is error) and `restored`: bool (the sandbox went back "
-            "to an older state since the last request: the kernel resynchronises the comms)",
+            "to an older state since the last request: the kernel resynchronises the comms); with ZEROBOOT_TRACE=1, "
+            "`trace`: {stamp: ns} (latency_trace.py)",
             "a cell (do_execute)"),
     Request(COMM, (Field("kind", '"comm_open", "comm_msg" or "comm_close"'), Field("comm_id", "str"),
                    _opt("target_name", "str (comm_open)"), _opt("target_module", "str"), _opt("data", "{}"),

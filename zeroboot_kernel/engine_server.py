@@ -25,6 +25,7 @@ from . import engine_requests as req
 from . import engine_wire as wire
 from . import export
 from . import fanout
+from . import latency_trace
 from . import session_save
 from .errors import ZerobootError
 from .native import Engine
@@ -131,6 +132,7 @@ class EngineServer:
             self.event({"event": mtype, "content": content})
 
     def _execute(self, msg: dict[str, Any]) -> dict[str, Any]:
+        trace = {"e_recv": latency_trace.now()} if latency_trace.ENABLED else None
         s = self.session
         self.running = msg.get("id")
         parent = msg.get("parent_header")
@@ -145,11 +147,14 @@ class EngineServer:
                     store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
                     on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
                     on_message=self.on_message, on_input=self.ask_input if msg.get("allow_stdin") else None,
-                    poll=self.poll, parent_header=parent if isinstance(parent, dict) else None)
+                    poll=self.poll, parent_header=parent if isinstance(parent, dict) else None, trace=trace)
         finally:
             self.running = None
         # an isolated session resets after the reply (prepare_next_cell): its comms end with the cell
         reply["restored"] = s.take_restored() or s.mode == "isolated"
+        if trace is not None:
+            trace["e_reply"] = latency_trace.now()
+            reply["trace"] = trace
         return reply
 
     def _comm(self, msg: dict[str, Any]) -> dict[str, Any]:

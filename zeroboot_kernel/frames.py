@@ -15,6 +15,7 @@ from zeroboot_guest._zeroboot_agent.frame_protocol import (BINARY_TYPES, CHECK_F
                                                            MAX_PAYLOAD, REPLY_TYPES, VERSION, FrameType, pack_binary,
                                                            pack_header, unpack_binary)
 
+from . import latency_trace
 from . import schema
 
 __all__ = ["BINARY_TYPES", "CHECK_FIELDS", "CHECKS", "HEADER", "MAGIC", "MAX_BUFFERS", "MAX_PAYLOAD", "REPLY_TYPES",
@@ -78,6 +79,8 @@ def decode(ftype: int, data: bytes) -> dict[str, Any]:
         for name in CHECK_FIELDS:  # the channel's self-check numbers (sandbox._CellRun compares them)
             if name in payload:
                 checked[name] = schema.check_int(payload, name)
+        if ftype == FrameType.DONE and "trace" in payload:  # latency stamps (only asked for with tracing on)
+            checked["trace"] = latency_trace.guest_stamps(payload["trace"])
         return checked
     except schema.SchemaError as exc:
         name = FrameType(ftype).name

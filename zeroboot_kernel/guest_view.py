@@ -2,7 +2,8 @@
 
 The guest gets a read-only view of exactly what the interpreter needs (the venv's directory, the
 standard library, the site-packages directories, the guest agent, and the loader and host shared
-libraries that the interpreter and the extension modules load), a private in-memory /tmp and home
+libraries that the interpreter and the extension modules load), the system view (SYSTEM_VIEW_*:
+/usr less /usr/local, /bin, /lib*: programs to execve), a private in-memory /tmp and home
 directory, and a fixed identity (user "sandbox", uid 1000, host name "zeroboot").
 
 Paths go into the view as the interpreter and its loader spell them; the guest's namespace mirrors
@@ -27,6 +28,7 @@ from pathlib import Path
 import zeroboot_guest
 
 from . import elf_deps
+from .errors import ZerobootError
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,39 @@ IDENTITY_FILES = {
     # the sandbox's resolver, answered by the engine (native/net_dns.c) when the session has a
     # network policy; one query at a time (no sendmmsg), answers come at once
     "/etc/resolv.conf": b"nameserver 192.0.2.53\noptions single-request attempts:1 timeout:2\n",
+    # what shells read (measured with strace on Debian: dash, bash, coreutils' ls/env, grep, sed,
+    # awk and sort open /etc/ld.so.cache (in the view), passwd, group, nsswitch.conf, localtime;
+    # a login shell /etc/profile; /etc/shells names the valid login shells)
+    "/etc/profile": b"# the zeroboot sandbox: PATH and the rest of the environment come from the kernel\n",
+    "/etc/shells": b"/bin/sh\n/usr/bin/sh\n/bin/bash\n/usr/bin/bash\n/bin/dash\n/usr/bin/dash\n",
 }
+
+# The read-only system view (issue 15, docs/SECURITY.md "The system view"): host directories the
+# guest sees whole, at their own paths, so that there is something to execute: /bin/sh, bash,
+# coreutils, grep, sed, awk and the libraries they load. ZEROBOOT_SYSTEM_VIEW replaces the list
+# (':'-separated absolute host directories, "none" for no system view); it is part of the
+# template (the namespace is captured with it), so a change rebuilds the template.
+SYSTEM_VIEW_VARIABLE = "ZEROBOOT_SYSTEM_VIEW"
+SYSTEM_VIEW_DEFAULT = ("/usr", "/bin", "/sbin", "/lib", "/lib64")  # /bin, /sbin, /lib* are symlinks into /usr on merged-/usr systems
+# Left out of the default directories: /usr/local is the site's own software and configuration
+# (/usr/local/etc, admin scripts in /usr/local/bin, CUDA and vendor trees), not the distribution's,
+# and may hold credentials; what the Python view needs from it (an interpreter installed there)
+# is still shown, file by file. Naming a directory below it in ZEROBOOT_SYSTEM_VIEW shows it.
+SYSTEM_VIEW_HIDDEN = ("/usr/local",)
+# Never shown whole, whatever the variable says: host data (homes, service data, spools, logs,
+# runtime state), the host's own configuration (/etc: the guest has its own synthetic files),
+# the kernel's interfaces (the guest has its own /proc and /dev) and the root itself.
+# Host /etc entries the system's programs need, shown with any system view: Debian's alternatives
+# (/usr/bin/awk -> /etc/alternatives/awk -> /usr/bin/mawk; also which, pager, editor, ...), which
+# are only symlinks to programs and resolve in the guest's namespace (an alternative pointing into
+# /usr/local leads nowhere, as /usr/local itself).
+SYSTEM_VIEW_ETC = ("/etc/alternatives",)
+SYSTEM_VIEW_REFUSED = ("/", "/etc", "/home", "/root", "/var", "/srv", "/run", "/tmp", "/mnt", "/media",
+                       "/opt", "/proc", "/sys", "/dev", "/boot", "/snap", "/lost+found")
+
+
+class SystemViewError(ZerobootError):
+    """ZEROBOOT_SYSTEM_VIEW names something the guest may not see whole."""
 
 # One CPU in the guest (its threads share the one vCPU): thread pools of numeric libraries would only
 # add switches, so they stay at one thread.
@@ -181,6 +215,64 @@ def _compute_python_view() -> tuple[str, ...]:
     return tuple(sorted(view))
 
 
+def system_view_dirs(env: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The system view's directories: ZEROBOOT_SYSTEM_VIEW's, else SYSTEM_VIEW_DEFAULT."""
+    env = dict(os.environ) if env is None else env
+    raw = (env.get(SYSTEM_VIEW_VARIABLE) or "").strip()
+    if not raw:
+        return SYSTEM_VIEW_DEFAULT
+    if raw.lower() == "none":
+        return ()
+    dirs = []
+    for part in raw.split(":"):
+        part = part.strip()
+        if not part:
+            continue
+        norm = os.path.normpath(part)
+        if not os.path.isabs(part) or norm in SYSTEM_VIEW_REFUSED or norm.startswith(("/home/", "/root/", "/var/", "/run/",
+                                                                                     "/proc/", "/sys/", "/dev/", "/etc/")):
+            raise SystemViewError(f"{SYSTEM_VIEW_VARIABLE}={raw!r}: {part!r} cannot be shown to the sandbox: use absolute "
+                                  f"directories of installed software such as /usr or /opt/tool (never /, /etc, homes, "
+                                  f"/var, /run or /tmp: docs/SECURITY.md, \"The system view\")")
+        dirs.append(norm)
+    return tuple(dirs)
+
+
+def _expand(path: str, hidden: tuple[str, ...]) -> list[str]:
+    """path itself, or, when a hidden path lies below it, its entries less the hidden ones (and so
+    on down to the hidden path), so that the hidden directory is absent from the guest's tree."""
+    below = [h for h in hidden if h.startswith(path.rstrip("/") + "/")]
+    if not below or os.path.islink(path):
+        return [path]
+    if path in hidden:
+        return []
+    out: list[str] = []
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return []
+    for name in names:
+        child = os.path.join(path, name)
+        if child not in hidden:
+            out.extend(_expand(child, hidden))
+    return out
+
+
+def system_view(env: dict[str, str] | None = None) -> list[str]:
+    """Host paths of the system view (system_view_dirs, less SYSTEM_VIEW_HIDDEN), those that exist.
+    A directory named in the variable below a hidden one is shown: the variable says so."""
+    dirs = system_view_dirs(env)
+    paths: set[str] = set()
+    for d in dirs:
+        if not os.path.lexists(d):
+            continue
+        hidden = tuple(h for h in SYSTEM_VIEW_HIDDEN if not (d == h or d.startswith(h + "/")))
+        paths.update(_expand(d, hidden))
+    if dirs:
+        paths.update(p for p in SYSTEM_VIEW_ETC if os.path.isdir(p))
+    return sorted(paths)
+
+
 # Compiled locales (glibc's locale-archive and per-locale folders): `setlocale(LC_ALL, "")` with the
 # host's LANG/LC_* (forwarded, guest_environ.py) finds the same locales as on the host.
 LOCALE_DIRS = ("/usr/lib/locale", "/usr/lib64/locale")
@@ -221,7 +313,7 @@ def python_spec(args: list[str], *, env: dict[str, str] | None = None, extra_vie
         exe=sys.executable,
         argv=[sys.executable, *args],
         env=guest_env(env),
-        view=list(python_view()) + locale_view() + list(extra_view or []),
+        view=list(python_view()) + system_view() + locale_view() + list(extra_view or []),
         mem_bytes=mem_bytes,
         cwd=cwd,
     )

@@ -36,6 +36,7 @@ from traitlets import List
 from . import __version__
 from . import engine_requests as req
 from . import export
+from . import latency_trace
 from . import session_save
 from . import listing
 from . import magics as mg
@@ -197,6 +198,7 @@ class ZerobootKernel(Kernel):
         self._stop_scheduled = False
         self.fatal: str | None = None         # why the kernel stopped itself
         self._round_trips: deque[float] = deque(maxlen=200)
+        self._trace: dict[str, int] | None = None  # the last cell's latency stamps (ZEROBOOT_TRACE=1)
         # comms (widgets): the frontend's comm messages go to the guest (kernel_comms.py)
         self.comms = CommRouter(self._publish_comm, blocked=lambda: self.outputs == "safe",
                                 notify=lambda parent, text: self._publish(parent, "stream",
@@ -316,6 +318,7 @@ class ZerobootKernel(Kernel):
     async def do_execute(self, code: str, silent: bool, store_history: bool = True,  # type: ignore[override]
                          user_expressions: dict[str, str] | None = None, allow_stdin: bool = False,
                          *, cell_meta: dict[str, Any] | None = None, cell_id: str | None = None) -> dict[str, Any]:
+        trace = {"k_enter": latency_trace.now()} if latency_trace.ENABLED else None
         count = self.execution_count  # ipykernel has already counted this request
         parent = self.get_parent("shell")
         ident = self._get_shell_context_var(self._shell_parent_ident)
@@ -344,8 +347,11 @@ class ZerobootKernel(Kernel):
                 store_history = False
             t0 = time.perf_counter()
             reply = await asyncio.to_thread(self._run_cell, client, plan.code, count, silent, store_history,
-                                            user_expressions or {}, allow_stdin, parent, ident, entry)
+                                            user_expressions or {}, allow_stdin, parent, ident, entry, trace)
             self._round_trips.append((time.perf_counter() - t0) * 1e3)
+            if trace is not None:
+                trace["k_back"] = latency_trace.now()
+                self._trace = trace
             return reply
         except mg.MagicUsageError as exc:
             return self._error_reply(parent, count, "UsageError", str(exc), silent)
@@ -374,8 +380,11 @@ class ZerobootKernel(Kernel):
 
     def _run_cell(self, client: EngineClient, code: str, count: int, silent: bool, store_history: bool,
                   user_expressions: dict[str, str], allow_stdin: bool, parent: dict[str, Any], ident: Any,
-                  entry: Any) -> dict[str, Any]:
-        """Worker thread: run one cell in the guest, forwarding its events live."""
+                  entry: Any, trace: dict[str, int] | None = None) -> dict[str, Any]:
+        """Worker thread: run one cell in the guest, forwarding its events live. `trace`
+        receives the cell's latency stamps (latency_trace.py), the engine's and the guest's too."""
+        if trace is not None:
+            trace["k_worker"] = latency_trace.now()
         reply_event: dict[str, Any] | None = None
         # stream text in IOPub messages as ipykernel batches it (anything else published flushes it)
         streams = StreamBatcher(lambda name, text: self._publish(parent, "stream", {"name": name, "text": text}))
@@ -387,7 +396,7 @@ class ZerobootKernel(Kernel):
                 for ev in client.request(req.EXECUTE, code=code, execution_count=count, silent=silent,
                                          store_history=store_history, user_expressions=user_expressions,
                                          allow_stdin=allow_stdin, parent_header=header_of(parent),
-                                         on_sent=lambda: self._send_held_interrupt(client)):
+                                         on_sent=lambda: self._cell_sent(client, trace)):
                     kind = ev["event"]
                     if kind == "stream":
                         streams.write(ev["name"], ev["text"])
@@ -415,6 +424,9 @@ class ZerobootKernel(Kernel):
                         client.input_reply(value)
                     elif kind == "reply":
                         reply_event = ev  # the last one yielded is this request's
+                        if trace is not None:
+                            trace["k_reply_in"] = latency_trace.now()
+                            trace.update(latency_trace.checked(ev["content"].get("trace")))
                     elif kind == "log":
                         self.log.info("zeroboot: %s", ev["text"])
             finally:
@@ -781,6 +793,22 @@ class ZerobootKernel(Kernel):
                 return
             self._held_interrupt = True
 
+    def _cell_sent(self, client: EngineClient, trace: dict[str, int] | None) -> None:
+        """Worker thread: the cell's request is on the engine channel."""
+        if trace is not None:
+            trace["k_sent"] = latency_trace.now()
+        self._send_held_interrupt(client)
+
+    def finish_metadata(self, parent: dict[str, Any], metadata: dict[str, Any],
+                        reply_content: dict[str, Any]) -> dict[str, Any]:
+        """ipykernel's hook before the execute_reply goes out: with ZEROBOOT_TRACE=1 the cell's
+        latency stamps go into the reply's metadata (`zeroboot_trace`, for bench kernel)."""
+        metadata = super().finish_metadata(parent, metadata, reply_content)
+        if self._trace is not None:
+            metadata["zeroboot_trace"] = self._trace
+            self._trace = None
+        return metadata
+
     def _send_held_interrupt(self, client: EngineClient) -> None:
         """Worker thread, right after the cell's request went to the engine."""
         with self._cell_lock:
@@ -923,7 +951,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # capture_fd_output=False: the engine process shares the kernel's stderr for its log, which
     # belongs in the kernel log, not in whichever notebook cell happens to be running.
-    app = IPKernelApp.instance(kernel_class=ZerobootKernel, capture_fd_output=False)
+    # outstream_class=None: sys.stdout/stderr stay the process's own (the kernel log). Cells print
+    # in the guest, never here; ipykernel's OutStream would only cost every request four flushes,
+    # each a round trip to the IOPub thread and back (two wake-ups), for nothing to send
+    # (docs/PERFORMANCE.md, where a round trip's time goes).
+    app = IPKernelApp.instance(kernel_class=ZerobootKernel, capture_fd_output=False, outstream_class=None)
     app.initialize(argv)
     kernel: ZerobootKernel = app.kernel
     try:

@@ -18,6 +18,7 @@ Read by the engine process where they are used (docs/COMPATIBILITY.md):
     ZEROBOOT_ENV, ZEROBOOT_ENV_ALLOW, ZEROBOOT_ENV_DENY   the kernel's environment in the sandbox (guest_environ.py)
     ZEROBOOT_PROJECT_ROOT  the folder shown in the sandbox (project_root.py)
     ZEROBOOT_MEMORY        the sandbox's memory size (guest_memory_size.py)
+    ZEROBOOT_SYSTEM_VIEW   host directories the sandbox sees read-only for execve (guest_view.py)
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import frames
+from . import latency_trace
 from .errors import ChannelError, SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
 from .frames import FrameType
 from .native import Event, EventKind, Guest, Snapshot, monotonic_deadline
@@ -67,12 +68,16 @@ class Sandbox:
         self._request_id = 0
         self._interrupt = threading.Event()  # interrupt() was called; _serve acts on it
         self.interrupts_signalled = 0        # SIGINTs raised in the guest (one per request at most)
+        # counts the snapshots and restores of this sandbox (each changes the state its memory
+        # shares pages with): Session keeps a bound of its checkpoints' memory while it is unchanged
+        self.generation = 0
 
     # ---- lifecycle ----
     def fork(self) -> Sandbox:
         """A new sandbox starting from this one's current state; this one is unchanged."""
         self._check_usable()
         snap = self.guest.snapshot()
+        self.generation += 1
         try:
             child = Sandbox(snap.fork(), self.template, self.fresh)
         finally:
@@ -88,10 +93,13 @@ class Sandbox:
 
     def snapshot(self) -> Snapshot:
         self._check_usable()
-        return self.guest.snapshot()
+        snap = self.guest.snapshot()
+        self.generation += 1
+        return snap
 
     def restore(self, snap: Snapshot, *, fresh: bool = False) -> None:
         """Return to a snapshot of this lineage (also revives a broken sandbox)."""
+        self.generation += 1
         self.guest.restore(snap)
         if self.memory_limit:
             self.guest.set_memory_limit(self.memory_limit)  # the session's setting, not the snapshot's
@@ -119,8 +127,10 @@ class Sandbox:
                 store_history: bool = True, user_expressions: dict[str, str] | None = None,
                 execution_count: int | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
                 interrupt_grace: float = INTERRUPT_GRACE, poll: Callable[[], None] | None = None,
-                parent_header: dict[str, Any] | None = None) -> ExecuteResult:
-        """Run one cell. `parent_header`: the header of the kernel's execute_request, which the
+                parent_header: dict[str, Any] | None = None, trace: dict[str, int] | None = None) -> ExecuteResult:
+        """Run one cell. `trace`: a dict that receives the cell's latency stamps, the agent's
+        included (latency_trace.py); None: no stamps, and none asked of the agent.
+        `parent_header`: the header of the kernel's execute_request, which the
         guest gives `get_ipython().kernel.get_parent()` (the Output widget captures by it). Streams go to on_stream(name, text) while the cell runs; display_data,
         update_display_data, execute_result, error and clear_output messages to on_message.
         `poll` is called after every event (the engine server reads its control messages there,
@@ -139,10 +149,21 @@ class Sandbox:
         self.fresh = False
         self._interrupt.clear()
         run = _CellRun(on_stream, on_message, on_input, output_limit, expect=(FrameType.DONE, self._request_id))
+        before: dict[str, int] = {}
+        if trace is not None:
+            request["trace"] = True
+            before = self.guest.stats()
+            run.trace = trace
+            trace["e_push"] = latency_trace.now()
         self.guest.push_input(frames.encode(FrameType.EXECUTE, request))
         reply = dict(self._serve(run, monotonic_deadline(timeout), interrupt_grace, poll))
         for name in CHECK_FIELDS:
             reply.pop(name, None)
+        stamps = reply.pop("trace", None)  # the agent's, when asked for (frames.decode checked them)
+        if trace is not None:
+            trace.update(stamps if isinstance(stamps, dict) else {})
+            after = self.guest.stats()
+            trace.update({k: after[k] - before[k] for k in latency_trace.ENGINE_COUNTERS})
         if not self.guest.finished and self.guest.cancel_alarm():
             # an alarm belongs to its cell: going off later it would hit the agent between cells
             log.info("cell %d left an alarm armed; it was cancelled when the cell ended", execution_count)
@@ -238,7 +259,11 @@ class Sandbox:
                 except ChannelError as exc:
                     raise self._break(exc)
                 if done is not None:
+                    if run.trace is not None:
+                        run.trace["e_done"] = latency_trace.now()
                     self._settle()  # an interrupt that came with the reply is dropped there
+                    if run.trace is not None:
+                        run.trace["e_settled"] = latency_trace.now()
                     return done
             elif ev.kind is EventKind.OUTPUT:
                 run.stream("stdout" if ev.stream == 1 else "stderr", ev.data.decode(errors="replace"))
@@ -336,6 +361,7 @@ class _CellRun:
         self.seq = 0               # the number the next frame from the agent must carry
         self.stream_chars = 0      # characters received in STREAM frames (before any truncation)
         self.asked: tuple[str, bool] | None = None  # an INPUT_REQUEST not answered yet
+        self.trace: dict[str, int] | None = None     # latency stamps (Sandbox.execute's trace)
 
     def _within_limit(self, size: int) -> bool:
         if self.truncated:

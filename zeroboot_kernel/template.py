@@ -47,7 +47,7 @@ from . import __version__, frames
 from .errors import SandboxError, TemplateError
 from .guest_environ import template_environment
 from .guest_memory_size import default_memory
-from .guest_view import GUEST_DIR, locale_view, python_spec, python_view
+from .guest_view import GUEST_DIR, locale_view, python_spec, python_view, system_view
 from .native import Engine, EventKind, Guest, Snapshot, lib
 from .sandbox import Sandbox
 
@@ -206,7 +206,7 @@ def _native_build_id() -> str:
 def _environment_id() -> str:
     dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
     agent = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(AGENT.glob("*.py")))).hexdigest()
-    return hashlib.sha256(json.dumps([dists, list(python_view()), locale_view(), agent]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([dists, list(python_view()), system_view(), locale_view(), agent]).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import platform
 import random
 import sys
 import traceback
+from time import monotonic_ns  # bound here: user code may replace time.monotonic_ns
 from typing import Any, NoReturn
 # User code may replace builtins (`builtins.len = ...`); the agent's own code must not follow,
 # so the builtins it uses are bound as this module's globals.
@@ -225,6 +226,8 @@ class Agent:
     # ---- EXECUTE ---------------------------------------------------------------------------
 
     def execute(self, request: dict[str, Any]) -> None:
+        # latency stamps (zeroboot_kernel/latency_trace.py), only when the host asks for them
+        stamps: list[int] | None = [monotonic_ns()] if request.get("trace") is True else None
         shell = self.shell
         code = str(request.get("code", ""))
         silent = bool(request.get("silent", False))
@@ -243,8 +246,12 @@ class Agent:
         # around it they are held until the code runs, after it they are dropped.
         self.gate.begin_request()
         try:
+            if stamps is not None:
+                stamps.append(monotonic_ns())
             result = shell.run_cell(code, store_history=store_history, silent=silent)
             self.gate.end_request()
+            if stamps is not None:
+                stamps.append(monotonic_ns())
             error = result.error_before_exec if result.error_before_exec is not None else result.error_in_exec
             ok = result.success and not shell._last_traceback_during_displayhook
         except KeyboardInterrupt as exc:
@@ -271,6 +278,9 @@ class Agent:
                          traceback=list(shell._last_traceback or []), user_expressions={})
         reply["payload"] = shell.payload_manager.read_payload()
         shell.payload_manager.clear_payload()
+        if stamps is not None and len(stamps) == 3:  # not when run_cell raised
+            stamps.append(monotonic_ns())
+            reply["trace"] = stamps
         self.channel.send(FrameType.DONE, reply)
 
     # ---- input() and getpass() -------------------------------------------------------------

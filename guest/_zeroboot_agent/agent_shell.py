@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import tempfile
 from types import TracebackType
 from typing import Any
 # User code may replace builtins (`builtins.len = ...`); the agent's own code must not follow,
@@ -22,6 +23,7 @@ from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShellABC
+from ipykernel import compiler as ipykernel_compiler
 from ipykernel import zmqshell
 from ipykernel.compiler import XCachingCompiler
 from traitlets import CBool, Type
@@ -29,6 +31,25 @@ from traitlets.config import Config
 
 from . import agent_io as aio
 from .frame_protocol import FrameType
+
+
+class CellCompiler(XCachingCompiler):
+    """ipykernel's compiler, with its cell file names (<tmp>/ipykernel_<pid>/<hash>.py), less the
+    os.getpid() that ipykernel's get_tmp_directory makes for every cell: a syscall, which is a VM
+    exit here, one of the four a `1+1` cell cost (issue 20). The pid is read once: the guest cannot
+    fork, so it never changes (and every sandbox is pid 1)."""
+
+    _pid: int | None = None
+
+    def get_code_name(self, raw_code: str, code: Any, number: int) -> str:
+        name = os.environ.get("IPYKERNEL_CELL_NAME")
+        if name is not None:
+            return name
+        if CellCompiler._pid is None:
+            CellCompiler._pid = os.getpid()
+        tmp = ipykernel_compiler.convert_to_long_pathname(tempfile.gettempdir())
+        digest = ipykernel_compiler.murmur2_x86(raw_code, ipykernel_compiler.get_tmp_hash_seed())
+        return f"{tmp}{os.sep}ipykernel_{CellCompiler._pid}{os.sep}{digest}.py"
 
 
 _AGENT_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -380,7 +401,7 @@ def make_shell(channel: aio.Channel) -> ZMQInteractiveShell:
     config.HistoryManager.hist_file = ":memory:"
     # As ipykernel's kernel app: cells are compiled under ipykernel's file names
     # (<tmp>/ipykernel_<pid>/<hash>.py), which tracebacks, warnings and linecache show.
-    shell = ZMQInteractiveShell.instance(config=config, compiler_class=XCachingCompiler)
+    shell = ZMQInteractiveShell.instance(config=config, compiler_class=CellCompiler)
     shell.channel = channel
     shell.kernel = SandboxKernel(shell)
     # Jedi is slow in the VM; ipykernel leaves it off by default too.

@@ -232,6 +232,7 @@ static void sig_corrupt(const uint8_t *bytes, size_t len) {
 static void proc_fill(void *p) {
     zb_process *s = p;
     snprintf(s->exe, sizeof s->exe, "/usr/bin/python3.11");
+    snprintf(s->comm, sizeof s->comm, "fifteen-bytes-x"); /* the longest name there is */
     memset(s->cwd, 'd', sizeof s->cwd - 1); /* the longest path there is */
     s->cwd[0] = '/';
     s->cwd[sizeof s->cwd - 1] = 0;
@@ -244,7 +245,7 @@ static int proc_load(void *p, zb_in *in, char *err) { return zb_process_load(p, 
 static int proc_clone(void *d, const void *s) { zb_process_clone(d, s); return 0; }
 static int proc_same(const void *pa, const void *pb) {
     const zb_process *a = pa, *b = pb;
-    return !strcmp(a->exe, b->exe) && !strcmp(a->cwd, b->cwd) && a->tid_address == b->tid_address && a->umask == b->umask;
+    return !strcmp(a->exe, b->exe) && !strcmp(a->comm, b->comm) && !strcmp(a->cwd, b->cwd) && a->tid_address == b->tid_address && a->umask == b->umask;
 }
 static void proc_free(void *p) { (void)p; }
 static void proc_corrupt(const uint8_t *bytes, size_t len) {

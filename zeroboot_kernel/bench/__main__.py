@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "network": "network",  # downloading 50 MB from a local server through the egress policy, vs host
     "syscalls": "syscalls",  # getpid, stat, small reads, listdir/walk of big folders, many CSVs, vs host
     "kernel": "kernel",    # execute round trips through jupyter_client, vs stock ipykernel
+    "load": "load",        # K kernels running small cells at once vs K ipykernels: latency, context switches
     "comms": "comms",      # widget round trips (a slider moved in the frontend), vs stock ipykernel
     "peers": "peers",      # the same cells in a fork, a subprocess, a bubblewrap sandbox
     "scaling": "scaling",  # forks and memory as live forks grow; cells/s with 1 and 2 workers
@@ -20,6 +21,7 @@ SUBCOMMANDS = {
     "threads": "threads",  # thread create+join, GIL ping-pong, ThreadPoolExecutor, 1+1 with idle threads
     "fanout": "fanout",    # a 50-value %%fanout sweep of a 10 ms cell vs a loop in one cell
     "save": "save",        # session save/resume of 100 MB of arrays vs pickling them on the host
+    "execve": "execve",    # execve of /bin/true in the guest vs fork/posix_spawn+exec+wait on the host
     "soak": "soak",        # one kernel, thousands of mixed cells: memory, fds and failures over time
     "all": "suite",        # every section above but soak, and docs/PERFORMANCE.md with charts
     "report": "report",    # re-render docs/PERFORMANCE.md from bench/results/ without measuring

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from . import batch, comms, common, engine, files, kernel, memory, network, peers, scaling, soak, startup, syscalls
+from . import batch, comms, common, engine, execve, files, kernel, memory, network, peers, scaling, soak, startup, syscalls
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,18 @@ TITLES = {
     "batch": "Batch execution: many notebooks, zeroboot-kernel execute vs papermill vs nbconvert",
     "soak": "Soak: one kernel, thousands of mixed cells",
     "comms": "Widget round trips (comms), vs stock ipykernel",
+    "execve": "execve of /bin/true: the guest's exec vs process creation on the host",
 }
 # the text under the comms section (its numbers come from its own run, `bench comms`)
 COMMS_NOTE = ("A slider moved in the frontend: the comm_msg, the observe callback that prints the value, the "
               "idle status. In the sandbox the message runs like a small cell: from the prepared checkpoint, "
               "then the next checkpoint is taken after the reply.")
-OPTIONAL = ("network", "soak", "comms")  # sections measured by their own runs, rendered when their results exist
+# the text under the execve section
+EXECVE_NOTE = ("The guest cannot fork yet, so its row is exec alone: from just before os.execv in a fork of the "
+               "template to the engine's exit event (execve, ld.so and libc start-up, exit_group; the guest's "
+               "clock is the host's). A host process cannot exec without being created, so the host rows include "
+               "process creation, which the guest row does not.")
+OPTIONAL = ("network", "soak", "comms", "execve")  # sections measured by their own runs, rendered when their results exist
 
 
 def load(out: Path) -> dict[str, dict[str, Any]]:
@@ -226,6 +232,10 @@ def render(res: dict[str, dict[str, Any]], out: Path, report: Path, command: str
         parts.append(f"## {TITLES['comms']}\n\nMeasured {res['comms']['date'][:10]} with `python -m "
                      f"zeroboot_kernel.bench comms --iterations {res['comms']['iterations']}`. {COMMS_NOTE}\n\n"
                      f"{comms.markdown(res['comms']).strip()}\n")
+    if "execve" in res:  # from its own run (`bench execve`)
+        parts.append(f"## {TITLES['execve']}\n\nMeasured {res['execve']['date'][:10]} with `python -m "
+                     f"zeroboot_kernel.bench execve --runs {res['execve']['runs']}`. {EXECVE_NOTE}\n\n"
+                     f"{execve.markdown(res['execve']).strip()}\n")
     report.write_text("\n".join(parts))
     log.info("wrote %s and %s", report, img)
     if report.resolve() == default_report().resolve():
