@@ -11,6 +11,8 @@
 #include "serial.h"
 #include "shared_map_state.h"
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -87,6 +89,91 @@ void zb_image_unref(zb_image *img) {
     }
 }
 
+/* The guest's host mapping, 2 MiB aligned: the guest maps its memory with 2 MiB pages, and KVM can
+ * map a guest 2 MiB page with one host huge page only where host and guest addresses agree modulo
+ * 2 MiB. Reserve 2 MiB more, map over the aligned part, give back the ends. */
+static void *map_aligned(uint64_t size, const zb_image *image) {
+    uint8_t *r = mmap(NULL, size + ZB_HUGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return MAP_FAILED;
+    uint8_t *at = (uint8_t *)(((uintptr_t)r + ZB_HUGE - 1) & ~(uintptr_t)(ZB_HUGE - 1));
+    void *host = image ? mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE | MAP_FIXED, image->fd, 0)
+                       : mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (host == MAP_FAILED) {
+        int e = errno;
+        munmap(r, size + ZB_HUGE);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (at > r) munmap(r, (size_t)(at - r));
+    if (at + size < r + size + ZB_HUGE) munmap(at + size, (size_t)(r + size + ZB_HUGE - (at + size)));
+    return host;
+}
+
+static atomic_int unlogged_window_on = 1;
+
+int zb_mem_unlogged_window(int on) { return atomic_exchange(&unlogged_window_on, on ? 1 : 0); }
+
+/* Where the unlogged window lies in a guest of `size` bytes: above the first 256 MiB (the ELF and
+ * the brk heap grow there) and below the top eighth, at least 640 MiB (the stack, and the template's
+ * libraries and interpreter heap, ~450 MiB with numpy, pandas and matplotlib, allocated top-down).
+ * Only where that leaves at least 256 MiB. What lies where is a matter of speed only: tracking
+ * changes in the window is correct for any page. */
+static int place_unlogged_window(zb_memory *m) {
+    const uint64_t lo = 256ul << 20, top = ZB_MAX(m->size / 8, 640ul << 20) & ~(ZB_HUGE - 1);
+    if (!atomic_load(&unlogged_window_on) || m->size < lo + top + (256ul << 20)) return 0;
+    /* parts of 256 MiB, or a sixteenth of the window: at most 16 memslots */
+    uint64_t bytes = m->size - top - lo, part = ZB_MAX(256ul << 20, (bytes / 16 + ZB_HUGE - 1) & ~(ZB_HUGE - 1));
+    uint32_t parts = (uint32_t)((bytes + part - 1) / part);
+    m->window_logged = calloc(parts, 1);
+    m->window_still = calloc(parts, 1);
+    if (!m->window_logged || !m->window_still) return -1;
+    m->unlogged_lo = lo;
+    m->unlogged_hi = m->size - top;
+    m->window_part_pages = part / ZB_PAGE;
+    m->window_parts = parts;
+    return 0;
+}
+
+int zb_mem_window_part(const zb_memory *m, uint64_t pfn) {
+    uint64_t a = pfn * ZB_PAGE;
+    if (a < m->unlogged_lo || a >= m->unlogged_hi) return -1;
+    return (int)((pfn - m->unlogged_lo / ZB_PAGE) / m->window_part_pages);
+}
+
+/* A big mapping is made at [addr, addr+len): the parts it touches are to be unlogged (fast first
+ * touch), and their stillness starts over. */
+static void window_unlog(zb_memory *m, uint64_t addr, uint64_t len) {
+    uint64_t lo = ZB_MAX(addr, m->unlogged_lo), hi = ZB_MIN(addr + len, m->unlogged_hi);
+    if (!m->window_parts || lo >= hi) return;
+    for (int k = zb_mem_window_part(m, lo / ZB_PAGE); k <= zb_mem_window_part(m, (hi - 1) / ZB_PAGE); k++) {
+        m->window_logged[k] = 0;
+        m->window_still[k] = 0;
+    }
+}
+
+/* Snapshots in a row that must find a part unchanged before it is logged; how much of a logged
+ * part a snapshot must find rewritten to unlog it again (a fraction: 1/REWRITTEN_SHARE). */
+#define STILL_SNAPSHOTS 2
+#define REWRITTEN_SHARE 4
+
+void zb_mem_window_observe(zb_memory *m) {
+    for (uint32_t k = 0; k < m->window_parts; k++) {
+        uint64_t first = m->unlogged_lo / ZB_PAGE + (uint64_t)k * m->window_part_pages;
+        uint64_t end = ZB_MIN(first + m->window_part_pages, m->unlogged_hi / ZB_PAGE), changed = 0, held = 0;
+        for (uint64_t w = first / 64; w < end / 64; w++) {
+            changed += (uint64_t)__builtin_popcountll(m->host_dirty[w] & m->allocated[w]);
+            held += (uint64_t)__builtin_popcountll(m->allocated[w]);
+        }
+        if (m->window_logged[k]) {
+            if (changed * REWRITTEN_SHARE >= end - first) { m->window_logged[k] = 0; m->window_still[k] = 0; }
+        } else if (held && !changed) {
+            if (++m->window_still[k] >= STILL_SNAPSHOTS) m->window_logged[k] = 1;
+        } else {
+            m->window_still[k] = 0;
+        }
+    }
+}
+
 int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     memset(m, 0, sizeof *m);
     if (size < ZB_MEM_MIN || size > ZB_MEM_MAX || size % ZB_HUGE) {
@@ -101,8 +188,7 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
                   (unsigned long long)size);
         return -1;
     }
-    void *host = image ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, image->fd, 0)
-                       : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *host = map_aligned(size, image);
     if (host == MAP_FAILED) {
         zb_seterr(err, "cannot reserve %llu MiB of host address space for guest memory: %s",
                   (unsigned long long)(size >> 20), strerror(errno));
@@ -128,6 +214,11 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     zb_bits_set_range(m->allocated, 0, ZB_LOW_REGION / ZB_PAGE, 1); /* never handed to the guest */
     m->pages_limit = m->npages;
     m->mmap_top = size - ZB_STACK_SIZE;
+    if (place_unlogged_window(m) < 0) {
+        zb_seterr(err, "out of memory for the guest's window bookkeeping");
+        zb_mem_destroy(m);
+        return -1;
+    }
     return 0;
 }
 
@@ -138,6 +229,8 @@ void zb_mem_destroy(zb_memory *m) {
     free(m->file_backed);
     free(m->from_image);
     free(m->stale);
+    free(m->window_logged);
+    free(m->window_still);
     free(m->unchanged_runs);
     free(m->regions);
     zb_shmap_free(m->shmap);
@@ -299,16 +392,93 @@ void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated) {
     }
 }
 
-uint64_t zb_mem_alloc(zb_memory *m, uint64_t len) {
-    uint64_t n = ZB_PAGE_UP(len) / ZB_PAGE, run = 0;
-    if (!n || m->pages_allocated + n > m->pages_limit) return 0;
-    uint64_t low = ZB_LOW_REGION / ZB_PAGE;
-    for (uint64_t p = m->mmap_top / ZB_PAGE; p-- > low;) {
-        if (!(p & 63) && p + 64 <= m->npages && m->allocated[p >> 6] == ~0ull) { run = 0; continue; }
+/* The highest free run of n pages in pages [lo, hi) whose first page is a multiple of align
+ * (pages); 0 if none. */
+static uint64_t alloc_in(const zb_memory *m, uint64_t n, uint64_t lo, uint64_t hi, uint64_t align) {
+    uint64_t run = 0; /* free pages from p up */
+    for (uint64_t p = hi; p-- > lo;) {
+        if (!(p & 63) && p + 64 <= hi && m->allocated[p >> 6] == ~0ull) { run = 0; continue; }
         if (zb_bit(m->allocated, p)) { run = 0; continue; }
-        if (++run == n) return p * ZB_PAGE;
+        if (++run >= n && !(p % align)) return p * ZB_PAGE;
     }
     return 0;
+}
+
+/* Top-down below mmap_top. A big mapping goes into the unlogged window first (2 MiB aligned); the
+ * others go around it, and into it only when nothing else is left. */
+uint64_t zb_mem_alloc(zb_memory *m, uint64_t len) {
+    uint64_t n = ZB_PAGE_UP(len) / ZB_PAGE, at = 0;
+    if (!n || m->pages_allocated + n > m->pages_limit) return 0;
+    uint64_t low = ZB_LOW_REGION / ZB_PAGE, top = m->mmap_top / ZB_PAGE;
+    uint64_t wlo = ZB_MIN(m->unlogged_lo / ZB_PAGE, top), whi = ZB_MIN(m->unlogged_hi / ZB_PAGE, top);
+    if (wlo >= whi) return alloc_in(m, n, low, top, 1);
+    if (len >= ZB_UNLOGGED_MIN_BYTES && (at = alloc_in(m, n, wlo, whi, ZB_HUGE / ZB_PAGE))) return at;
+    if ((at = alloc_in(m, n, whi, top, 1)) || (at = alloc_in(m, n, low, wlo, 1))) return at;
+    return alloc_in(m, n, low, top, 1);
+}
+
+/* PAGEMAP_SCAN (Linux 6.7, <linux/fs.h>; spelled out here for older headers): the populated
+ * ranges of a mapping in one call, instead of 8 bytes per page read from pagemap. */
+#define ZB_PAGEMAP_SCAN _IOWR('f', 16, struct zb_pm_scan_arg)
+#define ZB_PAGE_IS_PRESENT (1ull << 3)
+#define ZB_PAGE_IS_SWAPPED (1ull << 4)
+struct zb_page_region { uint64_t start, end, categories; };
+struct zb_pm_scan_arg {
+    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+    uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+
+/* Set in dirty the populated pages of the window's pages [first, first+n) with PAGEMAP_SCAN; -1 if
+ * this kernel has none (nothing set then). */
+static int scan_populated(const zb_memory *m, int fd, uint64_t first, uint64_t n, uint64_t *dirty) {
+    enum { NREGIONS = 256 };
+    struct zb_page_region vec[NREGIONS];
+    uint64_t base = (uint64_t)(uintptr_t)m->host, end = base + (first + n) * ZB_PAGE;
+    struct zb_pm_scan_arg arg;
+    memset(&arg, 0, sizeof arg);
+    arg.size = sizeof arg;
+    arg.start = base + first * ZB_PAGE;
+    arg.end = end;
+    arg.vec = (uint64_t)(uintptr_t)vec;
+    arg.vec_len = NREGIONS;
+    arg.category_anyof_mask = ZB_PAGE_IS_PRESENT | ZB_PAGE_IS_SWAPPED;
+    arg.return_mask = ZB_PAGE_IS_PRESENT | ZB_PAGE_IS_SWAPPED;
+    while (arg.start < end) {
+        int got = ioctl(fd, ZB_PAGEMAP_SCAN, &arg);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return -1;
+        for (int i = 0; i < got && i < NREGIONS; i++) {
+            if (vec[i].start < arg.start || vec[i].end > end || vec[i].start >= vec[i].end) return -1;
+            zb_bits_set_range(dirty, (vec[i].start - base) / ZB_PAGE, (vec[i].end - vec[i].start) / ZB_PAGE, 1);
+        }
+        if (arg.walk_end <= arg.start || arg.walk_end > end) return -1;
+        arg.start = arg.walk_end;
+    }
+    return 0;
+}
+
+void zb_mem_populated(const zb_memory *m, uint64_t first, uint64_t n, uint64_t *dirty) {
+    if (!n || first + n > m->npages) return;
+    /* /proc/self/pagemap. Opened each time: it is bound to the process that opens it. */
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 && scan_populated(m, fd, first, n, dirty) == 0) { close(fd); return; }
+    /* without PAGEMAP_SCAN: 8 bytes per page, bit 63 present, bit 62 swapped */
+    enum { BATCH = 4096 };
+    uint64_t *e = fd >= 0 ? malloc(BATCH * sizeof *e) : NULL;
+    uint64_t done = 0;
+    while (e && done < n) {
+        uint64_t k = ZB_MIN((uint64_t)BATCH, n - done);
+        off_t at = (off_t)(((uintptr_t)m->host / ZB_PAGE + first + done) * 8);
+        ssize_t got = pread(fd, e, k * 8, at);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0 || got % 8) break;
+        for (uint64_t i = 0; i < (uint64_t)got / 8; i++)
+            if (e[i] >> 62) zb_bit_set(dirty, first + done + i);
+        done += (uint64_t)got / 8;
+    }
+    if (done < n) zb_bits_set_range(dirty, first + done, n - done, 1); /* cannot tell: all of it */
+    free(e);
+    if (fd >= 0) close(fd);
 }
 
 int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
@@ -372,6 +542,7 @@ void zb_mem_prefault_anonymous(zb_memory *m, uint64_t addr, uint64_t len) {
     len = ZB_PAGE_UP(len);
     if (len < PREFAULT_MIN_BYTES) return;
     uint64_t first = addr / ZB_PAGE, n = len / ZB_PAGE;
+    if (len >= ZB_UNLOGGED_MIN_BYTES) window_unlog(m, addr, len); /* zb_vm_sync_window applies it */
     /* a fork's free memory is a private view of the image file, which gets no huge pages and
      * whose first write is a copy: map fresh anonymous memory there first (it is zeros either way) */
     if (!bits_all(m->file_backed, first, n, 0) && zb_mem_zero(m, addr, len) < 0) return;
@@ -520,4 +691,14 @@ const zb_region *zb_region_find(const zb_memory *m, uint64_t addr) {
     }
     if (lo < m->nregions && m->regions[lo].start <= addr && addr < m->regions[lo].end) return &m->regions[lo];
     return NULL;
+}
+
+uint64_t zb_sandbox_window_logged_bytes(zb_sandbox *sb) {
+    const zb_memory *m = &sb->mem;
+    uint64_t pages = 0;
+    for (uint32_t k = 0; k < m->window_parts; k++) {
+        uint64_t first = m->unlogged_lo / ZB_PAGE + (uint64_t)k * m->window_part_pages;
+        if (m->window_logged[k]) pages += ZB_MIN(first + m->window_part_pages, m->unlogged_hi / ZB_PAGE) - first;
+    }
+    return pages * ZB_PAGE;
 }

@@ -222,32 +222,104 @@ void zb_vm_destroy(zb_vm *vm) {
     free(vm);
 }
 
-static int set_slot(zb_vm *vm, uint64_t hva, uint64_t size, char *err) {
+static int slot_region(zb_vm *vm, int i, const zb_memory *m, char *err) {
+    const struct zb_memslot *sl = &vm->slot[i];
     struct kvm_userspace_memory_region r;
     memset(&r, 0, sizeof r);
-    r.slot = 0;
-    if (vm->slot_present) { /* a slot's host address cannot change: delete, then add */
-        r.memory_size = 0;
-        if (ioctl(vm->vm_fd, KVM_SET_USER_MEMORY_REGION, &r) < 0) {
-            zb_seterr(err, "KVM_SET_USER_MEMORY_REGION(delete): %s", strerror(errno));
-            return -1;
-        }
-        vm->slot_present = 0;
-    }
-    if (!size) return 0;
-    r.flags = KVM_MEM_LOG_DIRTY_PAGES; /* the snapshot's page-level change set */
-    r.guest_phys_addr = 0;
-    r.memory_size = size;
-    r.userspace_addr = hva;
+    r.slot = (uint32_t)i;
+    r.flags = sl->logged ? KVM_MEM_LOG_DIRTY_PAGES : 0; /* the snapshot's page-level change set */
+    r.guest_phys_addr = sl->first_pfn * ZB_PAGE;
+    r.memory_size = sl->npages * ZB_PAGE;
+    r.userspace_addr = (uint64_t)(uintptr_t)(m->host + sl->first_pfn * ZB_PAGE);
     if (ioctl(vm->vm_fd, KVM_SET_USER_MEMORY_REGION, &r) < 0) {
-        zb_seterr(err, "KVM_SET_USER_MEMORY_REGION(%llu MiB): %s", (unsigned long long)(size >> 20),
-                  strerror(errno));
+        zb_seterr(err, "KVM_SET_USER_MEMORY_REGION(slot %d, %llu MiB, flags %u): %s", i,
+                  (unsigned long long)(r.memory_size >> 20), r.flags, strerror(errno));
         return -1;
     }
-    vm->slot_present = 1;
-    vm->slot_hva = hva;
-    vm->slot_size = size;
     return 0;
+}
+
+/* Replace the VM's memslots with those of memory m (none if m is NULL). A slot's host address
+ * cannot change: delete, then add. */
+static int set_slots(zb_vm *vm, const zb_memory *m, char *err) {
+    struct kvm_userspace_memory_region r;
+    for (int i = 0; i < vm->nslots; i++) {
+        memset(&r, 0, sizeof r);
+        r.slot = (uint32_t)i; /* memory_size 0: delete */
+        if (ioctl(vm->vm_fd, KVM_SET_USER_MEMORY_REGION, &r) < 0) {
+            zb_seterr(err, "KVM_SET_USER_MEMORY_REGION(delete slot %d): %s", i, strerror(errno));
+            return -1;
+        }
+    }
+    vm->nslots = 0;
+    if (!m) return 0;
+    uint64_t lo = m->unlogged_lo / ZB_PAGE, hi = m->unlogged_hi / ZB_PAGE;
+    int n = 0;
+    if (lo < hi && m->window_parts + 2 <= ZB_MAX_MEMSLOTS) {
+        vm->slot[n++] = (struct zb_memslot){0, lo, 1, -1};
+        for (uint32_t k = 0; k < m->window_parts; k++) {
+            uint64_t first = lo + (uint64_t)k * m->window_part_pages;
+            vm->slot[n++] = (struct zb_memslot){first, ZB_MIN(m->window_part_pages, hi - first), m->window_logged[k], (int)k};
+        }
+        if (hi < m->npages) vm->slot[n++] = (struct zb_memslot){hi, m->npages - hi, 1, -1};
+    } else {
+        vm->slot[n++] = (struct zb_memslot){0, m->npages, 1, -1};
+    }
+    for (int i = 0; i < n; i++) {
+        if (slot_region(vm, i, m, err) < 0) return -1;
+        vm->nslots = i + 1;
+    }
+    return 0;
+}
+
+/* Read slot i's dirty log into bits (a whole-memory bitmap) and, unless keep_writable, write-protect
+ * what it read again. */
+static int slot_log(zb_vm *vm, int i, uint64_t *bits, int keep_writable, char *err) {
+    const struct zb_memslot *sl = &vm->slot[i];
+    struct kvm_dirty_log log;
+    memset(&log, 0, sizeof log);
+    log.slot = (uint32_t)i;
+    log.dirty_bitmap = bits + sl->first_pfn / 64; /* slots start 2 MiB aligned: whole words */
+    if (ioctl(vm->vm_fd, KVM_GET_DIRTY_LOG, &log) < 0) {
+        zb_seterr(err, "KVM_GET_DIRTY_LOG(slot %d): %s", i, strerror(errno));
+        return -1;
+    }
+    if (keep_writable || !vm->manual_protect) return 0;
+    struct kvm_clear_dirty_log clear;
+    memset(&clear, 0, sizeof clear);
+    clear.slot = (uint32_t)i;
+    clear.num_pages = (uint32_t)sl->npages;
+    clear.dirty_bitmap = bits + sl->first_pfn / 64;
+    if (ioctl(vm->vm_fd, KVM_CLEAR_DIRTY_LOG, &clear) < 0) {
+        zb_seterr(err, "KVM_CLEAR_DIRTY_LOG(slot %d): %s", i, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+void zb_vm_sync_window(zb_vm *vm, zb_sandbox *sb, int just_snapshotted) {
+    if (!vm || vm->attached != sb) return;
+    zb_memory *m = &sb->mem;
+    char ignored[ZB_ERRLEN];
+    for (int i = 0; i < vm->nslots; i++) {
+        struct zb_memslot *sl = &vm->slot[i];
+        if (sl->part < 0 || (uint32_t)sl->part >= m->window_parts || sl->logged == m->window_logged[sl->part]) continue;
+        if (sl->logged) {
+            /* what the log holds goes to host_dirty before the log goes away (KVM overwrites the
+             * bitmap it is given: read into a zeroed one, then merge) */
+            uint64_t words = (m->npages + 63) / 64, *bits = calloc(words, sizeof *bits);
+            if (!bits || slot_log(vm, i, bits, 1, ignored) < 0) { free(bits); continue; }
+            for (uint64_t w = sl->first_pfn / 64; w < (sl->first_pfn + sl->npages) / 64; w++) m->host_dirty[w] |= bits[w];
+            free(bits);
+        } else if (!just_snapshotted) {
+            zb_mem_populated(m, sl->first_pfn, sl->npages, m->host_dirty);
+        }
+        sl->logged = !sl->logged;
+        if (slot_region(vm, i, m, ignored) < 0) {
+            sl->logged = !sl->logged;  /* KVM kept the old flags */
+            if (!sl->logged) zb_mem_populated(m, sl->first_pfn, sl->npages, m->host_dirty);
+        }
+    }
 }
 
 int zb_vm_load_xsave(zb_vm *vm, zb_sandbox *sb, char *err) {
@@ -332,41 +404,43 @@ int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err) {
 int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err) {
     if (vm->attached == sb) return 0;
     if (vm->attached && zb_vm_detach(vm, err) < 0) return -1;
-    if (set_slot(vm, (uint64_t)sb->mem.host, sb->mem.size, err) < 0) return -1;
+    if (set_slots(vm, &sb->mem, err) < 0) return -1;
     if (zb_vm_load_cpu(vm, sb, err) < 0) return -1;
     vm->attached = sb;
     return 0;
 }
 
 int zb_vm_protect_pages(zb_vm *vm, uint64_t *pages, char *err) {
-    zb_sandbox *sb = vm->attached;
-    if (!sb || !vm->slot_present || !vm->manual_protect) return 0;
-    struct kvm_clear_dirty_log clear;
-    memset(&clear, 0, sizeof clear);
-    clear.slot = 0;
-    clear.first_page = 0;
-    clear.num_pages = (uint32_t)sb->mem.npages;
-    clear.dirty_bitmap = pages;
-    if (ioctl(vm->vm_fd, KVM_CLEAR_DIRTY_LOG, &clear) < 0) {
-        zb_seterr(err, "KVM_CLEAR_DIRTY_LOG: %s", strerror(errno));
-        return -1;
+    if (!vm->attached || !vm->manual_protect) return 0;
+    for (int i = 0; i < vm->nslots; i++) {
+        const struct zb_memslot *sl = &vm->slot[i];
+        if (!sl->logged) continue;
+        struct kvm_clear_dirty_log clear;
+        memset(&clear, 0, sizeof clear);
+        clear.slot = (uint32_t)i;
+        clear.first_page = 0;
+        clear.num_pages = (uint32_t)sl->npages;
+        clear.dirty_bitmap = pages + sl->first_pfn / 64; /* slots start 2 MiB aligned: whole words */
+        if (ioctl(vm->vm_fd, KVM_CLEAR_DIRTY_LOG, &clear) < 0) {
+            zb_seterr(err, "KVM_CLEAR_DIRTY_LOG(slot %d): %s", i, strerror(errno));
+            return -1;
+        }
     }
     return 0;
 }
 
 int zb_vm_collect_dirty(zb_vm *vm, int keep_writable, char *err) {
     zb_sandbox *sb = vm->attached;
-    if (!sb || !vm->slot_present) return 0;
+    if (!sb || !vm->nslots) return 0;
     size_t words = (sb->mem.npages + 63) / 64;
     uint64_t *bits = calloc(words, sizeof(uint64_t));
     if (!bits) { zb_seterr(err, "out of memory"); return -1; }
-    struct kvm_dirty_log log;
-    memset(&log, 0, sizeof log);
-    log.slot = 0;
-    log.dirty_bitmap = bits;
-    int rc = ioctl(vm->vm_fd, KVM_GET_DIRTY_LOG, &log);
-    if (rc < 0) zb_seterr(err, "KVM_GET_DIRTY_LOG: %s", strerror(errno));
-    else if (!keep_writable) rc = zb_vm_protect_pages(vm, bits, err);
+    int rc = 0;
+    for (int i = 0; i < vm->nslots && rc == 0; i++) {
+        const struct zb_memslot *sl = &vm->slot[i];
+        if (sl->logged) rc = slot_log(vm, i, bits, keep_writable, err);
+        else zb_mem_populated(&sb->mem, sl->first_pfn, sl->npages, bits); /* no log: what the host populated */
+    }
     if (rc == 0)
         for (size_t i = 0; i < words; i++) sb->mem.host_dirty[i] |= bits[i];
     free(bits);
@@ -386,7 +460,7 @@ int zb_vm_detach(zb_vm *vm, char *err) {
 int zb_vm_forget(zb_vm *vm, zb_sandbox *sb, char *err) {
     if (!vm || vm->attached != sb) return 0;
     vm->attached = NULL;
-    return set_slot(vm, 0, 0, err);
+    return set_slots(vm, NULL, err);
 }
 
 int zb_engine_vcpu_stat(zb_engine *e, const char *name, uint64_t *value) {

@@ -66,9 +66,38 @@ typedef struct zb_memory {
                                 the next restore (zb_mem_free_for_reuse) */
     uint64_t stale_pages;
     struct zb_shmap *shmap;  /* MAP_SHARED mappings of overlay files (shared_map.h), or NULL */
+    uint64_t unlogged_lo, unlogged_hi; /* the unlogged window (below): guest physical [lo, hi),
+                                2 MiB aligned, where big anonymous mappings go; lo == hi: none */
+    uint64_t window_part_pages; /* the window is memslots of this many pages (the last shorter) */
+    uint32_t window_parts;
+    uint8_t *window_logged;  /* per part: 1 = it should be dirty-logged (it held still) */
+    uint8_t *window_still;   /* per part: snapshots in a row that found its pages unchanged */
 } zb_memory;
 
 int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err);
+/* The unlogged window. KVM's dirty logging maps guest memory in 4 KiB pages, so a guest filling a
+ * fresh 2 GiB array takes 524,288 shadow page faults (8-20 us each here); in a memslot without dirty
+ * logging backed by transparent huge pages it takes 1,024. Big anonymous mappings (zb_mem_alloc of
+ * at least ZB_UNLOGGED_MIN_BYTES) are placed in such a window, 2 MiB aligned. The window is a few
+ * memslots ("parts"), each either unlogged or logged:
+ *  - unlogged, what changed there is found without KVM: every page the host has populated (present
+ *    or swapped, zb_mem_populated) counts as possibly written at each dirty collection, and the
+ *    snapshot's comparison drops those that did not change (snapshot.c);
+ *  - a part whose pages two snapshots in a row found unchanged is logged from then on (comparing
+ *    data that holds still costs ~0.5 s per GiB per snapshot; the log costs nothing until written);
+ *  - a part gets unlogged again when a big mapping is made in it, or when a snapshot finds a
+ *    quarter of it rewritten (zb_mem_window_observe).
+ * The VM applies these wishes (zb_vm_sync_window); whatever a part's state, collecting is correct.
+ * Guest memory gets a window while zb_mem_unlogged_window (zeroboot.h) is on, the default. */
+#define ZB_UNLOGGED_MIN_BYTES (4ul << 20)
+/* Set in `dirty` (one bit per guest page) every page of [first, first+n) the host has populated.
+ * If the host cannot say, every page of it. */
+void zb_mem_populated(const zb_memory *m, uint64_t first, uint64_t n, uint64_t *dirty);
+/* A snapshot is being taken and m->host_dirty holds the pages that changed since the last one:
+ * update the parts' wishes (logged or not). */
+void zb_mem_window_observe(zb_memory *m);
+/* The window part of page pfn, or -1. */
+int zb_mem_window_part(const zb_memory *m, uint64_t pfn);
 void zb_mem_destroy(zb_memory *m);
 /* The bookkeeping part of guest memory (which pages are the guest's, its regions, brk), as a
  * snapshot keeps it. */

@@ -591,6 +591,7 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
      * not allocated, so this snapshot records them as zero pages, and whoever allocates them again
      * zeroes them first. The next cell's first big array then reuses the last cell's freed one. */
     uint64_t *protect = drop_unchanged_pages(sb);
+    zb_mem_window_observe(&sb->mem); /* which parts of the unlogged window held still */
     zb_snapshot *s = calloc(1, sizeof *s);
     if (!s) { free(protect); zb_seterr(err, "out of memory"); return NULL; }
     atomic_init(&s->refs, 1);
@@ -702,6 +703,7 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     char ignored[ZB_ERRLEN];
     if (protect && vm && vm->attached == sb) (void)zb_vm_protect_pages(vm, protect, ignored);
     free(protect);
+    zb_vm_sync_window(vm, sb, 1); /* window parts that held still are logged from now on */
     return s;
 fail:
     free(protect);

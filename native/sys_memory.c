@@ -8,6 +8,7 @@
 #include "util.h"
 #include "memory.h"
 #include "sandbox_state.h"
+#include "vm.h"
 #include "fs.h"
 #include "linux.h"
 #include "shared_map.h"
@@ -83,7 +84,10 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
     /* a big writable anonymous mapping is about to be filled (glibc's malloc gives numpy arrays
      * their own mapping): fault it in on the host now, at a fraction of the guest's cost.
      * MAP_NORESERVE and PROT_NONE mappings are reservations (arenas): left alone. */
-    if (!f && (prot & PROT_WRITE) && !(flags & MAP_NORESERVE)) zb_mem_prefault_anonymous(m, at, len);
+    if (!f && (prot & PROT_WRITE) && !(flags & MAP_NORESERVE)) {
+        zb_mem_prefault_anonymous(m, at, len);
+        zb_vm_sync_window(sb->engine->vm, sb, 0); /* window parts it lies in: unlogged for the fill */
+    }
     if (f) {
         /* the kind fills the range (file_host.c maps view files copy-on-write) */
         long rc = f->ops->mmap_fill ? f->ops->mmap_fill(sb, f, at, len, off) : -ENODEV;

@@ -10,15 +10,23 @@
 #include <time.h>
 
 struct zb_out; /* serial.h: the snapshot state writer and reader */
+#define ZB_MAX_MEMSLOTS 18   /* below the window, its parts (at most 16), above it */
 struct zb_in;
 /* ---- executor VM (kvm_vm.c) ---- */
 typedef struct zb_vm {
     int vm_fd, vcpu_fd;
     struct kvm_run *run;
     size_t run_size;
-    zb_sandbox *attached;    /* whose memory is in slot 0 and whose vCPU state is loaded */
-    uint64_t slot_hva, slot_size;
-    int slot_present;
+    zb_sandbox *attached;    /* whose memory is in the memslots and whose vCPU state is loaded */
+    /* The attached sandbox's memory as KVM memslots, in guest-physical order: below its unlogged
+     * window (memory.h), each part of the window, above it; one slot when it has none. `logged`
+     * is KVM's state of the slot, which collecting the changed pages follows. */
+    struct zb_memslot {
+        uint64_t first_pfn, npages;
+        int logged;
+        int part;            /* the window part it is, or -1 */
+    } slot[ZB_MAX_MEMSLOTS];
+    int nslots;
     uint64_t tsc_khz;
     timer_t wake_timer;      /* during a run: sends the kick signal at the deadline or the guest's alarm */
     int wake_timer_live;
@@ -58,7 +66,7 @@ struct zb_engine {
 
 int zb_vm_create(zb_engine *e, zb_vm **out, char *err);
 void zb_vm_destroy(zb_vm *vm);
-/* Point slot 0 at the sandbox's memory and load its vCPU state (no-op if already attached). */
+/* Point the memslots at the sandbox's memory and load its vCPU state (no-op if already attached). */
 int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err);
 /* Save the attached sandbox's vCPU state and dirty log back into it and detach. */
 int zb_vm_detach(zb_vm *vm, char *err);
@@ -67,6 +75,11 @@ int zb_vm_detach(zb_vm *vm, char *err);
  * the log, and the caller write-protects those it finds unchanged (zb_vm_protect_pages); otherwise
  * every logged page is write-protected again, so that the next write to it is logged. */
 int zb_vm_collect_dirty(zb_vm *vm, int keep_writable, char *err);
+/* Make the attached sandbox's window parts logged or not as its memory wishes (memory.h): a part
+ * that stops being logged gives its log to host_dirty first; one that starts being logged gives
+ * its populated pages to host_dirty first, unless just_snapshotted says a snapshot has just taken
+ * them (no guest ran since its collection). Best effort: a part left as it was stays correct. */
+void zb_vm_sync_window(zb_vm *vm, zb_sandbox *sb, int just_snapshotted);
 /* Write-protect (and clear in the dirty log) the pages set in `pages` (one bit per guest page). */
 int zb_vm_protect_pages(zb_vm *vm, uint64_t *pages, char *err);
 int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err);

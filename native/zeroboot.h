@@ -320,6 +320,12 @@ void zb_snapshot_keep_spare(int on);
 uint64_t zb_snapshot_spare_bytes(void);
 /* Bytes of snapshot pages written into spare pages so far in this process (for stats and tests). */
 uint64_t zb_snapshot_spare_reused_bytes(void);
+/* on = 1 (the default): guest memory made from now on gets an unlogged window, a memslot without
+ * KVM dirty logging where big anonymous mappings go (memory.h); 0: none (one dirty-logged slot,
+ * for measurements). Returns the previous setting. */
+int zb_mem_unlogged_window(int on);
+/* Bytes of sb's unlogged window that should be dirty-logged now, because they held still (memory.h). */
+uint64_t zb_sandbox_window_logged_bytes(zb_sandbox *sb);
 /* CFFI-END */
 
 #endif

@@ -310,6 +310,11 @@ class Guest:
             raise SandboxError(_text(err))
         return n
 
+    def window_logged_bytes(self) -> int:
+        """Bytes of the unlogged window that are dirty-logged now because they held still
+        (zb_sandbox_window_logged_bytes; docs/ARCHITECTURE.md section 4)."""
+        return int(lib.zb_sandbox_window_logged_bytes(self.handle))
+
     def restore(self, snap: Snapshot) -> None:
         """Make this guest equal to the snapshot again (memory and state), in place."""
         err = _err()
@@ -493,6 +498,13 @@ def snapshots_memory(snapshots: list[Snapshot]) -> int:
     if not handles:
         return 0
     return int(lib.zb_snapshots_memory(ffi.new("zb_snapshot *[]", handles), len(handles)))
+
+
+def unlogged_window(on: bool) -> bool:
+    """Whether guest memory made from now on gets an unlogged window, a KVM memslot without dirty
+    logging where big anonymous mappings go (zb_mem_unlogged_window; on by default). Off is for
+    measurements. Returns the previous setting."""
+    return bool(lib.zb_mem_unlogged_window(1 if on else 0))
 
 
 def keep_spare_pages(on: bool) -> None:
