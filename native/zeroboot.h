@@ -240,6 +240,14 @@ void zb_sandbox_set_profile(zb_sandbox *sb, int on);
 /* The most guest threads alive at once (1..1024, default 256): clone past it fails with EAGAIN.
  * -1 for a value out of range. A setting of the sandbox: restores keep it, forks start at 256. */
 int zb_sandbox_set_max_threads(zb_sandbox *sb, int n);
+/* The most processes (process 1 and its descendants, zombies included) at once (1..1024,
+ * default 64): fork past it fails with EAGAIN. -1 for a value out of range. A setting of the
+ * sandbox: restores keep it. */
+int zb_sandbox_set_max_processes(zb_sandbox *sb, int n);
+/* The processes of the sandbox's family alive now (1 without children). */
+int zb_sandbox_process_count(zb_sandbox *sb);
+/* Child-process sandboxes alive in this process, over all families (for leak checks). */
+long zb_child_processes_alive(void);
 void zb_sandbox_profile(zb_sandbox *sb, zb_syscall_profile *out);
 /* The per-number rows of the profile with calls > 0, ascending by number: up to max of them
  * copied to out; returns how many there are (0 if profiling was never on). */
