@@ -150,6 +150,10 @@ int64_t zb_threads_timer_horizon(const zb_threads *ts);
  * The processes run in turn on the engine's executor VM (family_run.c), M:1 like threads. */
 #define ZB_PROCS_MAX 1024        /* the highest per-family limit (zb_sandbox_set_max_processes) */
 #define ZB_PROCS_DEFAULT 64      /* the default: fork past it fails with EAGAIN */
+/* A process that runs without blocking gives the VM to another after this: longer than a
+ * thread's slice, since a switch of processes re-attaches the VM to other memory and both sides
+ * then re-fault what they touch (docs/PERFORMANCE.md, "Processes"). */
+#define ZB_PROC_SLICE_NS 100000000
 /* Internal stop events (never returned by zb_sandbox_run): the running process cannot go on now
  * and another process of its family can run. */
 #define ZB_EVENT_PROC_YIELD 101

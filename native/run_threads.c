@@ -283,8 +283,9 @@ int zb_run_threads_tick(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     int slice_end = now - ts->slice_start_ns >= ZB_THREAD_SLICE_NS;
     int slice_over = slice_end && zb_threads_others_runnable(ts, 1);
     /* another process of the family waits for the VM: at the end of the slice it gets it */
-    int procs_wait = slice_end && target < 0 && sb->fam && zb_family_others_runnable(sb, now);
+    int procs_wait = now - ts->slice_start_ns >= ZB_PROC_SLICE_NS && target < 0 && sb->fam && zb_family_others_runnable(sb, now);
     if (target < 0 && !ts->preempt && !slice_over && !procs_wait) return 0;
+    (void)slice_end;
     int r = zb_run_sync_regs(sb, vm, ev);
     if (r < 0) return 1;
     if (r > 0) return 0; /* mid-trap: after the trap's syscall, the next tick switches */

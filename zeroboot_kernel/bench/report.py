@@ -9,7 +9,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from . import batch, comms, common, engine, files, kernel, memory, network, peers, scaling, soak, startup, syscalls
+from . import (batch, comms, common, engine, files, kernel, memory, network, peers, processes, scaling, soak, startup,
+               syscalls)
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +30,13 @@ TITLES = {
     "batch": "Batch execution: many notebooks, zeroboot-kernel execute vs papermill vs nbconvert",
     "soak": "Soak: one kernel, thousands of mixed cells",
     "comms": "Widget round trips (comms), vs stock ipykernel",
+    "processes": "Processes: os.fork + os.waitpid in the guest, vs host",
 }
 # the text under the comms section (its numbers come from its own run, `bench comms`)
 COMMS_NOTE = ("A slider moved in the frontend: the comm_msg, the observe callback that prints the value, the "
               "idle status. In the sandbox the message runs like a small cell: from the prepared checkpoint, "
               "then the next checkpoint is taken after the reply.")
-OPTIONAL = ("network", "soak", "comms")  # sections measured by their own runs, rendered when their results exist
+OPTIONAL = ("network", "soak", "comms", "processes")  # sections measured by their own runs, rendered when their results exist
 
 
 def load(out: Path) -> dict[str, dict[str, Any]]:
@@ -226,6 +228,10 @@ def render(res: dict[str, dict[str, Any]], out: Path, report: Path, command: str
         parts.append(f"## {TITLES['comms']}\n\nMeasured {res['comms']['date'][:10]} with `python -m "
                      f"zeroboot_kernel.bench comms --iterations {res['comms']['iterations']}`. {COMMS_NOTE}\n\n"
                      f"{comms.markdown(res['comms']).strip()}\n")
+    if "processes" in res:  # from its own run (`bench processes`)
+        parts.append(f"## {TITLES['processes']}\n\nMeasured {res['processes']['date'][:10]} with `python -m "
+                     f"zeroboot_kernel.bench processes --iterations {res['processes']['iterations']}`.\n\n"
+                     f"{processes.markdown(res['processes']).strip()}\n")
     report.write_text("\n".join(parts))
     log.info("wrote %s and %s", report, img)
     if report.resolve() == default_report().resolve():
