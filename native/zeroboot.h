@@ -264,7 +264,9 @@ int zb_sandbox_push_input(zb_sandbox *sb, const void *data, size_t len, char *er
 /* Ask a running zb_sandbox_run (on another thread) to return ZB_EVENT_KICK soon. Thread-safe. */
 void zb_sandbox_kick(zb_sandbox *sb);
 /* Deliver a signal (e.g. SIGINT = 2) to the guest's handler when it next runs. Returns -1 with err
- * when the guest has no handler for it (the default action would kill it). */
+ * when the guest has no handler for it (the default action would kill it). With child processes,
+ * every process of the first process's group (the foreground group) gets it too, as a terminal's
+ * Ctrl-C does. */
 int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err);
 /* Test hook: in the next run, stop with ZB_EVENT_KICK when exception `vector` (0-31) has entered
  * its CPL0 stub, or (ZB_BREAK_SYSCALL_ENTRY) a `syscall` has reached the entry at LSTAR, before

@@ -3,6 +3,8 @@ fd 1 reach the cell, a child's crash is only the child's, a child kept alive acr
 checkpoint while it lives, said once per cell), a rollback and %rewind end the children."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from session_helpers import cell
@@ -106,3 +108,33 @@ def test_children_across_cells_rollback_and_rewind(s: Session) -> None:
     assert s.sandbox.guest.process_count() == 1
     assert Guest.child_processes_alive() == base
     assert ok(cell(s, "print(kept)", 9)) == "2\n"
+
+
+def test_an_interrupt_reaches_the_foreground_process_group(s: Session) -> None:
+    ok(cell(s, "import os, signal, time\n"
+               "pid = os.fork()\n"
+               "if pid == 0:\n"
+               "    signal.signal(signal.SIGINT, lambda *a: os._exit(5))\n"
+               "    while True: time.sleep(1)\n"
+               "r, w = os.pipe()\n"
+               "other = os.fork()\n"
+               "if other == 0:\n"
+               "    os.setpgid(0, 0)  # its own group: not the foreground one\n"
+               "    signal.signal(signal.SIGINT, lambda *a: os._exit(6))\n"
+               "    os.read(r, 1); os._exit(0)\n", 1))
+    done = threading.Event()
+
+    def interrupt_until_done() -> None:  # again until the cell ends: one sent before it starts is dropped
+        while not done.wait(0.5):
+            s.sandbox.interrupt()
+
+    threading.Thread(target=interrupt_until_done, daemon=True).start()
+    try:
+        r = cell(s, "os.waitpid(pid, 0)", 2)
+    finally:
+        done.set()
+    assert r["status"] == "error" and r["ename"] == "KeyboardInterrupt", r
+    out = ok(cell(s, "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+                     "print(os.waitpid(other, os.WNOHANG))\n"
+                     "os.write(w, b'x'); print(os.waitstatus_to_exitcode(os.waitpid(other, 0)[1]))", 3))
+    assert out.endswith("5\n(0, 0)\n0\n"), out
