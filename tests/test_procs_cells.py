@@ -3,6 +3,7 @@ fd 1 reach the cell, a child's crash is only the child's, a child kept alive acr
 checkpoint while it lives, said once per cell), a rollback and %rewind end the children."""
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -138,3 +139,27 @@ def test_an_interrupt_reaches_the_foreground_process_group(s: Session) -> None:
                      "print(os.waitpid(other, os.WNOHANG))\n"
                      "os.write(w, b'x'); print(os.waitstatus_to_exitcode(os.waitpid(other, 0)[1]))", 3))
     assert out.endswith("5\n(0, 0)\n0\n"), out
+
+
+def test_fork_in_the_kernel_under_the_engines_seccomp_filters() -> None:
+    """Through the real kernel: the engine process runs under its run-phase seccomp filters, and a
+    guest fork makes no host process or thread (the engine's children stay as they were)."""
+    from kernel_helpers import engine_pid_of, execute, kernel, stream_text
+
+    with kernel("zeroboot") as (km, kc):
+        engine = engine_pid_of(km)
+        assert execute(kc, "1 + 1")[0]["status"] == "ok"  # the engine's own threads are up after a first cell
+        tasks_before = sorted(os.listdir(f"/proc/{engine}/task"))
+        reply, msgs = execute(kc, "import os\npid = os.fork()\nif pid == 0:\n    os._exit(3)\n"
+                                  "print('status', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))")
+        assert reply["status"] == "ok" and stream_text(msgs) == "status 3\n", (reply, msgs)
+        assert sorted(os.listdir(f"/proc/{engine}/task")) == tasks_before
+        assert not [p for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == engine]
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
