@@ -97,7 +97,7 @@ typedef struct zb_thread {
 /* Counts the syscalls that completed (threads.c; the run loop bumps it): a thread that yielded a
  * blocking syscall (RETRY) may be able to go on once it changed, since only a completed syscall of
  * another thread or process changes what it waits for (a pipe written, a child ended, ...). */
-extern uint64_t zb_wake_gen;
+extern __thread uint64_t zb_wake_gen;
 int zb_thread_retry_may_go_on(const zb_thread *t);
 typedef struct zb_threads {
     zb_thread *t;           /* cap slots */

@@ -146,7 +146,7 @@ int64_t zb_threads_next_wake(const zb_threads *ts) {
     return at;
 }
 
-uint64_t zb_wake_gen;
+__thread uint64_t zb_wake_gen; /* per thread: an engine and its sandboxes run on one thread at a time */
 
 int zb_thread_retry_may_go_on(const zb_thread *t) { return t->state == ZB_THREAD_RETRY && t->wait_gen != zb_wake_gen; }
 
