@@ -252,7 +252,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         sb->has_stop = 0;
         sb->stop_retry = 0;
         long ret = zb_syscall_dispatch(sb, nr, a);
-        CHECK(ret == ZB_SYSCALL_STOP || ret >= -4095);
+        CHECK(ret == ZB_SYSCALL_STOP || ret == ZB_SYSCALL_BLOCK || ret >= -4095);
+        if (ret == ZB_SYSCALL_BLOCK) { /* it waits for another thread or process (a fork made one): the run
+                                        * loop would switch; here the same thread simply goes on */
+            zb_thread *t = &sb->threads.t[sb->threads.current];
+            t->state = ZB_THREAD_RUNNABLE;
+            t->wake_ns = INT64_MAX;
+            sb->threads.switch_request = 0;
+        }
         CHECK(sb->fs->bytes_used <= sb->fs->bytes_limit);
         CHECK(m->pages_allocated <= m->pages_limit);
         /* what the run loop does after a call */

@@ -5,8 +5,11 @@
  * so a host fd can be shared by the clones a snapshot makes. Cloning a table preserves which fds
  * share a description, but the clone's descriptions are its own.
  */
+#include "process.h"
 #include "sandbox_state.h"
 #include "fs.h"
+
+#include <fcntl.h>
 
 #include <stddef.h>
 #include <sys/resource.h>
@@ -182,6 +185,34 @@ fail:
     free(pipes);
     zb_fdtable_free(n, NULL);
     return NULL;
+}
+
+static int shared_across_fork(const zb_file *f) {
+    if (f->ino) return 0; /* an overlay inode is a number in one sandbox's file system */
+    switch (f->kind) {
+    case FILE_HOST: case FILE_DEV: case FILE_CONSOLE: case FILE_PIPE: case FILE_SOCKET: case FILE_EVENTFD: return 1;
+    default: return 0; /* overlay files, directories, epolls, internet sockets: the clone's copy */
+    }
+}
+
+void zb_fdtable_share(zb_fdtable *dst, zb_fs *dst_fs, const zb_fdtable *src) {
+    for (int i = 0; i < ZB_MAX_FDS; i++) {
+        zb_file *f = src->fd[i];
+        if (!f || !dst->fd[i] || !shared_across_fork(f)) continue;
+        zb_file_unref(dst_fs, dst->fd[i]);
+        dst->fd[i] = f;
+        f->refs++; /* the engine is single-threaded: refs are plain counts */
+    }
+}
+
+long zb_io_would_block(zb_sandbox *sb, const zb_file *f, long r, int is_write, int nonblock, int no_sigpipe) {
+    if (!(f->ops->props & ZB_FOPS_BLOCKS)) return r;
+    if (r == -EAGAIN && !nonblock && !(f->flags & O_NONBLOCK)) {
+        long w = zb_sleep_until(sb, INT64_MAX); /* yields to threads and processes that can run */
+        return w == 0 ? -EAGAIN : w;
+    }
+    if (r == -EPIPE && is_write && !no_sigpipe) sb->sig.pending |= ZB_SIG_BIT(SIGPIPE);
+    return r;
 }
 
 zb_file *zb_fd_get(zb_sandbox *sb, uint64_t fd) {

@@ -5,9 +5,9 @@
  * EVENTFD_MAX (0xfffffffffffffffe); read returns the counter and zeroes it, or with EFD_SEMAPHORE
  * returns 1 and decrements it; buffers shorter than 8 bytes are EINVAL. The file is readable
  * while the counter is non-zero and writable while a write of 1 would succeed.
- * A read of a zero counter, or a write that would overflow, can never be satisfied while it waits:
- * the guest is one thread and no other process shares the file, so it answers EAGAIN at once with
- * or without EFD_NONBLOCK, as pipes do (file_pipe.c); poll and epoll sleep instead.
+ * A read of a zero counter, or a write that would overflow, answers EAGAIN; without EFD_NONBLOCK
+ * the syscall then waits for another thread or process to change the counter
+ * (zb_io_would_block, ZB_FOPS_BLOCKS), as pipes do (file_pipe.c).
  * The counter is the kind's own state (zb_file.priv): copied by forks and snapshots, saved in
  * templates.
  */
@@ -108,6 +108,7 @@ static int counter_load(zb_file *f, zb_in *in) {
 
 const zb_file_ops zb_file_eventfd_ops = {
     .name = "eventfd",
+    .props = ZB_FOPS_BLOCKS,
     .read = counter_read,
     .write = counter_write,
     .stat = counter_stat,

@@ -1,7 +1,7 @@
 /* file_pipe.c - pipe ends: the read end reads its stream (rx, file_stream.c), the write end
- * writes it (tx). Reading never blocks: the guest is one thread, so if a writer exists it is the
- * guest itself, and waiting would wait forever (EAGAIN, also without O_NONBLOCK; poll and epoll
- * sleep instead).
+ * writes it (tx). An empty pipe with a writer (or a full one with a reader) answers EAGAIN here;
+ * on a blocking fd the syscall then waits (zb_io_would_block, ZB_FOPS_BLOCKS) for another thread
+ * or process of the sandbox, which a fork shares the pipe with (zb_fdtable_share).
  */
 #include "fs.h"
 
@@ -44,7 +44,7 @@ static long pipe_fcntl(zb_sandbox *sb, zb_file *f, unsigned cmd, uint64_t arg) {
 
 const zb_file_ops zb_file_pipe_ops = {
     .name = "pipe",
-    .props = ZB_FOPS_WRITE_ANY_MODE | ZB_FOPS_STREAMS,
+    .props = ZB_FOPS_WRITE_ANY_MODE | ZB_FOPS_STREAMS | ZB_FOPS_BLOCKS,
     .read = pipe_read,
     .write = pipe_write,
     .stat = pipe_stat,

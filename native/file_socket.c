@@ -39,7 +39,7 @@ static short socket_ready(zb_sandbox *sb, const zb_file *f, short want, int *wai
 
 const zb_file_ops zb_file_socket_ops = {
     .name = "socket",
-    .props = ZB_FOPS_WRITE_ANY_MODE | ZB_FOPS_STREAMS,
+    .props = ZB_FOPS_WRITE_ANY_MODE | ZB_FOPS_STREAMS | ZB_FOPS_BLOCKS,
     .read = socket_read,
     .write = socket_write,
     .stat = socket_stat,

@@ -456,6 +456,8 @@ typedef struct zb_file_ops {
 #define ZB_FOPS_WRITE_ANY_MODE 1 /* writes ignore the O_RDONLY access mode (the kind checks: pipes) */
 #define ZB_FOPS_NO_EPOLL 2       /* epoll_ctl refuses it with EPERM (regular files and directories) */
 #define ZB_FOPS_STREAMS 4        /* has rx/tx streams (pipes, sockets): a snapshot may attach them */
+#define ZB_FOPS_BLOCKS 64        /* EAGAIN from read/write means "would block": on a blocking fd the
+                                    syscall waits (zb_io_would_block) for another thread or process */
 #define ZB_FOPS_MMAP_COPIES 8    /* a mapping is a copy: shared writable mappings would lose writes (ENODEV) */
 #define ZB_FOPS_SHARED_MAP 16    /* ... unless this is set too: shared mappings of its overlay inode
                                     (overlay_ino) are kept coherent with it (shared_map.c) */
@@ -484,6 +486,14 @@ int zb_where_own(struct zb_file *f);
 zb_fdtable *zb_fdtable_new(void);
 /* The clone's overlay inodes are the source's (same numbers, opens already counted). */
 zb_fdtable *zb_fdtable_clone(const zb_fdtable *t);
+/* After a fork: the fds of dst (a clone of src) whose open file descriptions Linux shares across
+ * fork() and that carry no state of their file system (pipes, sockets, consoles, devices, host
+ * files, eventfds) become src's own descriptions, shared (their offsets and stream ends too). */
+void zb_fdtable_share(zb_fdtable *dst, zb_fs *dst_fs, const zb_fdtable *src);
+/* The result of a read or write of f that transferred nothing: on a blocking fd of a ZB_FOPS_BLOCKS
+ * kind, -EAGAIN becomes a wait (ZB_SYSCALL_BLOCK / ZB_SYSCALL_STOP, the syscall served again, or
+ * -EINTR); a write's -EPIPE raises SIGPIPE unless no_sigpipe. Other results pass through. */
+long zb_io_would_block(zb_sandbox *sb, const struct zb_file *f, long r, int is_write, int nonblock, int no_sigpipe);
 void zb_fdtable_free(zb_fdtable *t, zb_fs *fs);
 zb_file *zb_file_new(int kind);
 void zb_file_unref(zb_fs *fs, zb_file *f);

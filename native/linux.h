@@ -25,6 +25,12 @@ void zb_sys_epoll_register(zb_syscall_fn *t);
 void zb_sys_eventfd_register(zb_syscall_fn *t); /* file_eventfd.c */
 void zb_sys_threads_register(zb_syscall_fn *t);
 void zb_sys_exec_register(zb_syscall_fn *t);
+void zb_sys_procs_register(zb_syscall_fn *t);   /* after zb_sys_process_register (wraps its prctl) */
+/* sys_procs.c: a new process (clone without CLONE_THREAD, clone3, fork, vfork); the pid or -errno. */
+long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t parent_tid, uint64_t child_tid,
+                        uint64_t tls, uint64_t exit_signal);
+/* tgkill/tkill of a thread of another process of the family (tgid <= 0: any); 0 or -ESRCH. */
+long zb_sys_signal_process_thread(zb_sandbox *sb, int64_t tgid, int64_t tid, int sig);
 
 /* Linux's TASK_SIZE_MAX: the highest user address + 1 (47-bit canonical user half, minus the guard
  * page). An FS/GS base at or above it is refused with EPERM, as Linux does: a non-canonical base

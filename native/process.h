@@ -7,6 +7,7 @@
 #define ZB_PROCESS_H
 #include "vm.h"
 
+#include <pthread.h>
 #include <signal.h>
 
 struct zb_out; /* serial.h: the snapshot state writer and reader */
@@ -28,6 +29,8 @@ typedef struct zb_signals {
     uint64_t fault_addr;       /* and its si_addr, delivered with it */
     int64_t alarm_ns;          /* ITIMER_REAL expiry, host CLOCK_MONOTONIC ns; 0 = disarmed (sys_itimer.c) */
     int64_t alarm_interval_ns; /* its period, 0 = one-shot */
+    uint64_t suspend_mask;     /* rt_sigsuspend: the mask to restore once the handler that ended it */
+    int suspend_restore;       /* returns (the signal frame carries it); 1 while set */
 } zb_signals;
 void zb_signals_clone(zb_signals *dst, const zb_signals *src);
 /* On disk (without the alarm: a host monotonic time). */
@@ -41,6 +44,8 @@ typedef struct zb_process {
                                 PR_SET_NAME): prctl(PR_GET_NAME), /proc/self/status and stat */
     char cwd[PATH_MAX];
     uint64_t tid_address;
+    int32_t pid;             /* its pid in its family (1: process 1, also without a family) */
+    int32_t vfork_child;     /* in vfork: the child it waits for (sys_procs.c) */
     unsigned umask;
     int exit_status;
     uint64_t cpu_ns;         /* CPU time the guest has used (its runs' wall time), as the guest reads it
@@ -89,7 +94,13 @@ typedef struct zb_thread {
     uint32_t futex_bitset;
     uint64_t wait_seq;      /* order of futex waits: wakes take the oldest waiter first */
     int64_t wake_ns;        /* FUTEX/RETRY: host CLOCK_MONOTONIC wake time, INT64_MAX = none */
+    uint64_t wait_gen;      /* RETRY: zb_wake_gen when it yielded */
 } zb_thread;
+/* Counts the syscalls that completed (threads.c; the run loop bumps it): a thread that yielded a
+ * blocking syscall (RETRY) may be able to go on once it changed, since only a completed syscall of
+ * another thread or process changes what it waits for (a pipe written, a child ended, ...). */
+extern __thread uint64_t zb_wake_gen;
+int zb_thread_retry_may_go_on(const zb_thread *t);
 typedef struct zb_threads {
     zb_thread *t;           /* cap slots */
     int cap;
@@ -130,6 +141,83 @@ int zb_threads_others_runnable(const zb_threads *ts, int with_retry);
 /* The guest's stop/timer horizon for the run's wake-up timer: the next wake of a waiting thread,
  * and the end of the running thread's time slice if another thread is runnable (INT64_MAX: none). */
 int64_t zb_threads_timer_horizon(const zb_threads *ts);
+
+/* ---- the process family (proc_family.c; syscalls: sys_procs.c; running and forking it:
+ * family_run.c) ----
+ * A guest fork() makes a new sandbox, a copy-on-write fork of the caller's live state. The
+ * sandboxes of one lineage of forks form a family, created at the first fork and owned by its
+ * first process (pid 1, the sandbox the host created: member 0). Pids (and the tids of threads
+ * created once the family exists) come from one counter, as in a pid namespace. A member that
+ * exited is a zombie (its sandbox freed, its wait status kept) until its parent waits for it.
+ * The processes run in turn on the engine's executor VM (family_run.c), M:1 like threads. */
+#define ZB_PROCS_MAX 1024        /* the highest per-family limit (zb_sandbox_set_max_processes) */
+#define ZB_PROCS_DEFAULT 64      /* the default: fork past it fails with EAGAIN */
+/* A process that runs without blocking gives the VM to another after this: longer than a
+ * thread's slice, since a switch of processes re-attaches the VM to other memory and both sides
+ * then re-fault what they touch (docs/PERFORMANCE.md, "Processes"). */
+#define ZB_PROC_SLICE_NS 100000000
+/* Internal stop events (never returned by zb_sandbox_run): the running process cannot go on now
+ * and another process of its family can run. */
+#define ZB_EVENT_PROC_YIELD 101
+typedef struct zb_member {
+    int32_t pid, ppid, pgid, sid;
+    zb_sandbox *sb;          /* NULL once it is a zombie */
+    int zombie;              /* exited, not reaped: wstatus says how */
+    int wstatus;             /* the wait status as Linux encodes it (exit code << 8, or the signal) */
+    int exit_signal;         /* sent to the parent when it ends (SIGCHLD for fork; 0: none) */
+    int pdeathsig;           /* PR_SET_PDEATHSIG: sent to it when its parent ends (0: none) */
+    int vfork_done;          /* its vfork parent may go on (it exited or exec'ed) */
+    int waits_input;         /* it read the UART with nothing queued: only process 1 gets input */
+    int orphan;              /* its parent ended: reaped at once when it ends (pid 1 never waits) */
+} zb_member;
+struct zb_family {
+    zb_member *m;            /* cap slots; m[0] is process 1 */
+    int cap, count;          /* count: members, zombies included */
+    int32_t next_pid;
+    int max_procs;
+    int current;             /* the member that ran last */
+    int yielded;             /* it gave the VM up (ZB_EVENT_PROC_YIELD): the next pick starts after it */
+    atomic_int kick;         /* zb_sandbox_kick of process 1: whichever process runs stops */
+    atomic_int running;      /* the family's run loop is under way on thread `runner` */
+    pthread_t runner;
+    uint64_t forks;          /* statistics */
+    uint64_t switches;
+};
+typedef struct zb_family zb_family;
+/* The family of sb, created with sb as process 1 if it has none. NULL: out of memory. */
+zb_family *zb_family_ensure(zb_sandbox *sb);
+/* A new pid or tid of the family. */
+int32_t zb_family_new_id(zb_family *fam);
+/* The member slot of pid, or -1. */
+int zb_family_find(const zb_family *fam, int32_t pid);
+/* The member slot of the sandbox (its proc.pid), or -1. */
+int zb_family_self(const zb_family *fam, const zb_sandbox *sb);
+/* Another process than sb of its family can run now: a runnable thread, or a signal that would
+ * interrupt it, or (at now) a waiter's timeout passed. */
+int zb_family_others_runnable(const zb_sandbox *sb, int64_t now);
+/* The earliest wake time of a waiting thread of another process (INT64_MAX: none). */
+int64_t zb_family_next_wake(const zb_sandbox *sb);
+/* Member slot i can be scheduled (not a zombie, not waiting for input or a vfork child, and a
+ * thread that can run or be served again, or a signal for it). */
+int zb_family_schedulable(const zb_family *fam, int i, int64_t now);
+/* Queue a process-directed signal on member i (sig 1-64). */
+void zb_family_signal(zb_family *fam, int i, int sig);
+/* A member ended with wait status wstatus: its sandbox is gone (the caller frees it), its children
+ * are orphans, its parent gets its exit signal; it becomes a zombie, or is removed at once when
+ * nobody will wait for it (orphans, a parent ignoring SIGCHLD or with SA_NOCLDWAIT). */
+void zb_family_member_ended(zb_family *fam, int i, int wstatus);
+/* sb exec'ed a new program (past the point of no return): a vfork parent waiting for it goes on. */
+void zb_family_member_execed(zb_sandbox *sb);
+/* Remove (reap) member slot i, a zombie. */
+void zb_family_remove(zb_family *fam, int i);
+/* A kick is pending for sb (its own, or its family's); zb_take_kick takes both. */
+int zb_kick_pending(const zb_sandbox *sb);
+/* The child process of a fork (family_run.c, the snapshot layer above: declared here for the
+ * syscall that calls it): a copy-on-write fork of parent's live state, made while the parent is
+ * inside its syscall, with one thread (tid = pid), no pending signals or alarm, and an fd table
+ * whose pipes, sockets, consoles, devices, host files and eventfds are the parent's own open file
+ * descriptions (shared, as after Linux's fork). NULL with err. */
+zb_sandbox *zb_family_fork_sandbox(zb_sandbox *parent, int32_t pid, char *err);
 
 /* ---- what a syscall handler asks of the run loop (run_events.c) ----
  * A handler that cannot finish now calls zb_stop_event(sb, kind, 1) and returns ZB_SYSCALL_STOP;

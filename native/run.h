@@ -15,6 +15,10 @@ int zb_run_deliver_signals(zb_sandbox *sb, zb_event *ev);
 int zb_run_set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
 int zb_run_sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
 
+/* One process's run (what zb_sandbox_run is without a family): family_run.c's scheduler runs
+ * every process of a family through it. It may also end with ZB_EVENT_PROC_YIELD (process.h). */
+int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev);
+
 /* ---- guest threads on the one vCPU (run_threads.c) ---- */
 /* The running thread's syscall returned ZB_SYSCALL_BLOCK (it waits or exits): switch. syscall
  * number nr is served again later for a yielded one. 0, or 1 if an event ends the run. */

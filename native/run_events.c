@@ -57,7 +57,12 @@ int zb_output(zb_sandbox *sb, int stream, const void *data, size_t len) {
 int zb_take_kick(zb_sandbox *sb) {
     int outside = zb_outside_kick;
     zb_outside_kick = 0;
-    return atomic_exchange(&sb->kick_requested, 0) || outside;
+    int fam = sb->fam && atomic_exchange(&sb->fam->kick, 0);
+    return atomic_exchange(&sb->kick_requested, 0) || fam || outside;
+}
+
+int zb_kick_pending(const zb_sandbox *sb) {
+    return atomic_load(&sb->kick_requested) || (sb->fam && atomic_load(&sb->fam->kick));
 }
 
 /* With other guest threads, a sleep of the running thread yields to them instead when one can run
@@ -67,11 +72,14 @@ int zb_take_kick(zb_sandbox *sb) {
  * change while no thread runs, except by time. */
 static int yield_sleep(zb_sandbox *sb, int64_t wake_ns, int64_t now) {
     zb_threads *ts = &sb->threads;
-    if (ts->count <= 1) return 0;
-    if (!zb_threads_others_runnable(ts, 0) && zb_threads_next_wake(ts) > now) return 0;
+    if (ts->count <= 1 && !sb->fam) return 0;
+    /* the same for the other processes of the family (process.h): they run in turn on the VM */
+    int procs = sb->fam && (zb_family_others_runnable(sb, now) || zb_family_next_wake(sb) <= now);
+    if (!procs && !zb_threads_others_runnable(ts, 0) && zb_threads_next_wake(ts) > now) return 0;
     zb_thread *me = &ts->t[ts->current];
     me->state = ZB_THREAD_RETRY;
     me->wake_ns = wake_ns;
+    me->wait_gen = zb_wake_gen;
     sb->cpu.pending_wake_ns = wake_ns;
     return 1;
 }
@@ -93,6 +101,7 @@ long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
         int64_t until = zb_run_deadline_ns ? ZB_MIN(wake_ns, zb_run_deadline_ns) : wake_ns;
         if (sb->sig.alarm_ns) until = ZB_MIN(until, sb->sig.alarm_ns);
         if (sb->threads.count > 1) until = ZB_MIN(until, zb_threads_next_wake(&sb->threads));
+        if (sb->fam) until = ZB_MIN(until, zb_family_next_wake(sb));
         int64_t ns = ZB_MIN(until - now, (int64_t)3600 * 1000000000);
         struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
         ppoll(NULL, 0, &ts, &zb_run_wait_sigmask); /* returns early on the kick signal */
@@ -101,11 +110,11 @@ long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
 
 int zb_should_stop(const zb_sandbox *sb) {
     if (!atomic_load(&sb->running)) return 0; /* the host's own calls (export, diff) have no deadline */
-    return atomic_load(&sb->kick_requested) || (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns);
+    return zb_kick_pending(sb) || (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns);
 }
 
 long zb_stop_for_deadline(zb_sandbox *sb) {
-    zb_stop_event(sb, atomic_exchange(&sb->kick_requested, 0) ? ZB_EVENT_KICK : ZB_EVENT_TIMEOUT, 1);
+    zb_stop_event(sb, zb_take_kick(sb) ? ZB_EVENT_KICK : ZB_EVENT_TIMEOUT, 1);
     return ZB_SYSCALL_STOP;
 }
 
@@ -136,7 +145,11 @@ int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
     int64_t at = zb_run_deadline_ns;
     if (sb->sig.alarm_ns && (!at || sb->sig.alarm_ns < at)) at = sb->sig.alarm_ns;
     int64_t threads_at = zb_threads_timer_horizon(&sb->threads); /* a waiter's timeout, a time slice's end */
-    sb->threads.armed_horizon = threads_at;
+    sb->threads.armed_horizon = threads_at; /* (the threads' part: what ticks compare) */
+    if (sb->fam) { /* another process's timeout, or the end of this one's slice when another can run */
+        threads_at = ZB_MIN(threads_at, zb_family_next_wake(sb));
+        if (zb_family_others_runnable(sb, zb_now_ns())) threads_at = ZB_MIN(threads_at, sb->threads.slice_start_ns + ZB_PROC_SLICE_NS);
+    }
     if (threads_at != INT64_MAX && (!at || threads_at < at)) at = ZB_MAX(threads_at, 1);
     if (!at && !vm->wake_timer_live) return 0;
     if (vm->wake_timer_live) zb_take_blocked_kick();

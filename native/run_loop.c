@@ -220,6 +220,7 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     sb->cpu.pending_syscall = 0;
     sb->cpu.pending_wake_ns = 0;
     r->rax = (uint64_t)ret;
+    zb_wake_gen++; /* it completed: a yielded syscall of another thread or process may go on now */
     ZB_PROF_BEGIN(sb, t_ret);
     if (deliver_signals(sb, ev)) return 1;
     if (set_user_state(sb, vm, ev) < 0) return 1;
@@ -429,6 +430,14 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     if ((sb->threads.count > 1 || sb->threads.t[sb->threads.current].state != ZB_THREAD_RUNNABLE) &&
         zb_run_threads_start(sb, vm, ev))
         return;
+    if (sb->cpu.pending_syscall && (sb->sig.pending & ~sb->sig.blocked)) {
+        /* signals whose action is to do nothing (SIGCHLD by default) are discarded: they do not
+         * interrupt the blocked syscall */
+        uint64_t ready = sb->sig.pending & ~sb->sig.blocked, ignored = 0;
+        for (int sig = 1; sig <= 64; sig++)
+            if ((ready & ZB_SIG_BIT(sig)) && !zb_signal_interrupts(sb, sig) && !(ZB_SIG_BIT(sig) & ZB_SIG_UNBLOCKABLE)) ignored |= ZB_SIG_BIT(sig);
+        sb->sig.pending &= ~ignored;
+    }
     if (sb->sig.pending & ~sb->sig.blocked) {
         int mid_trap = 0;
         if (sb->cpu.pending_syscall) { /* interrupted while blocked: the syscall fails with EINTR */
@@ -448,7 +457,7 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
             continue;
         }
         /* a waiter's timeout, a signal for another thread, the time slice (run_threads.c) */
-        if (sb->threads.count > 1) {
+        if (sb->threads.count > 1 || sb->fam) {
             if (zb_run_threads_tick(sb, vm, ev)) return;
             if (sb->cpu.pending_syscall) continue; /* switched to a yielded syscall: served first */
         }
@@ -473,7 +482,7 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
             if (errno == EINTR || errno == EAGAIN) {
                 zb_take_blocked_kick();
                 if (sb->sig.alarm_ns && zb_now_ns() >= sb->sig.alarm_ns) continue; /* the wake timer: the alarm */
-                if (!atomic_load(&sb->kick_requested) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {
+                if (!zb_kick_pending(sb) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {
                     /* our own signal with nothing to do: the wake-up timer of an alarm that the loop
                      * already handled (it noticed the time first) */
                     if (zb_kick_signal_seen && !zb_outside_kick) continue;
@@ -503,7 +512,7 @@ static int set_kvm_sigmask(zb_vm *vm, const sigset_t *mask) {
     return ioctl(vm->vcpu_fd, KVM_SET_SIGNAL_MASK, &m);
 }
 
-int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
+int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     memset(ev, 0, sizeof *ev);
     char err[ZB_ERRLEN];
     if (sb->finished) {
@@ -568,6 +577,12 @@ out:
 }
 
 void zb_sandbox_kick(zb_sandbox *sb) {
+    zb_family *fam = sb->fam; /* set once (the first fork), freed with the sandbox */
+    if (fam) { /* whichever of its processes runs stops (zb_take_kick takes the family's flag) */
+        atomic_store(&fam->kick, 1);
+        if (atomic_load(&fam->running)) pthread_kill(fam->runner, ZB_KICK_SIGNAL);
+        return;
+    }
     atomic_store(&sb->kick_requested, 1);
     if (atomic_load(&sb->running)) pthread_kill(sb->runner, ZB_KICK_SIGNAL);
 }

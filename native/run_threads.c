@@ -112,7 +112,7 @@ static int route_signals(zb_sandbox *sb) {
     zb_threads *ts = &sb->threads;
     uint64_t p = sb->sig.pending;
     int cur_loaded = ts->t[ts->current].state == ZB_THREAD_RUNNABLE;
-    int main_slot = zb_threads_find(ts, 1);
+    int main_slot = zb_threads_find(ts, sb->proc.pid ? sb->proc.pid : 1); /* the thread whose tid is the pid */
     for (int sig = 1; sig <= 64 && p; sig++) {
         if (!(p & ZB_SIG_BIT(sig))) continue;
         p &= ~ZB_SIG_BIT(sig);
@@ -146,14 +146,26 @@ static int pick(const zb_threads *ts, int from, int allow_from) {
     return -1;
 }
 
+/* The process gives the VM up to another process of its family (family_run.c): its threads stay
+ * as they are (parked, or the running one's state in sb->cpu) and the run ends with the internal
+ * event ZB_EVENT_PROC_YIELD. Returns 1 (an event ends the run). */
+static int yield_process(zb_sandbox *sb, zb_event *ev) {
+    memset(ev, 0, sizeof *ev);
+    ev->kind = ZB_EVENT_PROC_YIELD;
+    sb->threads.preempt = 0;
+    return 1;
+}
+
 /* Nothing can run: wait for a timeout, a signal, the deadline or a kick (as zb_sleep_until). Then
- * load the thread that can run. 0, or 1 with an event (the threads stay as they are). */
+ * load the thread that can run. 0, or 1 with an event (the threads stay as they are). With other
+ * processes in the family that can run, the process yields to them instead. */
 static int idle_wait(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     zb_threads *ts = &sb->threads;
     for (;;) {
         int64_t now = zb_now_ns();
         expire(ts, now);
         int slot = route_signals(sb);
+        if (slot < 0 && sb->fam && zb_family_others_runnable(sb, now)) return yield_process(sb, ev);
         if (slot < 0) slot = pick(ts, ts->current, 1);
         if (slot >= 0) return load(sb, vm, slot, ev);
         int kind = 0;
@@ -170,6 +182,7 @@ static int idle_wait(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
             if (ts->t[i].tid && ts->t[i].state != ZB_THREAD_RUNNABLE) until = ZB_MIN(until, ts->t[i].wake_ns);
         if (zb_run_deadline_ns) until = ZB_MIN(until, zb_run_deadline_ns);
         if (sb->sig.alarm_ns) until = ZB_MIN(until, sb->sig.alarm_ns);
+        if (sb->fam) until = ZB_MIN(until, zb_family_next_wake(sb));
         int64_t ns = ZB_MIN(ZB_MAX(until - now, 0), (int64_t)3600 * 1000000000);
         struct timespec tsp = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
         ppoll(NULL, 0, &tsp, &zb_run_wait_sigmask); /* returns early on the kick signal */
@@ -183,6 +196,9 @@ static int switch_away(zb_sandbox *sb, zb_vm *vm, int target, zb_event *ev) {
     if (target < 0) target = route_signals(sb);
     if (target < 0) target = pick(ts, ts->current, ts->t[ts->current].state == ZB_THREAD_RUNNABLE);
     if (target < 0) return idle_wait(sb, vm, ev);
+    /* only yielded syscalls are left to serve again: another process that can run goes first */
+    if (sb->fam && ts->t[target].state != ZB_THREAD_RUNNABLE && zb_family_others_runnable(sb, zb_now_ns()))
+        return yield_process(sb, ev);
     return load(sb, vm, target, ev);
 }
 
@@ -264,11 +280,16 @@ int zb_run_threads_tick(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     if (expire(ts, now)) ts->preempt = 1;
     int target = sb->sig.pending ? route_signals(sb) : -1;
     if (target >= 0) ts->preempt = 1; /* switched to at once, or at the next tick if mid-trap */
-    int slice_over = now - ts->slice_start_ns >= ZB_THREAD_SLICE_NS && zb_threads_others_runnable(ts, 1);
-    if (target < 0 && !ts->preempt && !slice_over) return 0;
+    int slice_end = now - ts->slice_start_ns >= ZB_THREAD_SLICE_NS;
+    int slice_over = slice_end && zb_threads_others_runnable(ts, 1);
+    /* another process of the family waits for the VM: at the end of the slice it gets it */
+    int procs_wait = now - ts->slice_start_ns >= ZB_PROC_SLICE_NS && target < 0 && sb->fam && zb_family_others_runnable(sb, now);
+    if (target < 0 && !ts->preempt && !slice_over && !procs_wait) return 0;
+    (void)slice_end;
     int r = zb_run_sync_regs(sb, vm, ev);
     if (r < 0) return 1;
     if (r > 0) return 0; /* mid-trap: after the trap's syscall, the next tick switches */
+    if (procs_wait) { ts->slice_start_ns = now; return yield_process(sb, ev); } /* sb->cpu holds the running thread */
     if (target < 0 && !zb_threads_others_runnable(ts, 1)) { ts->preempt = 0; ts->slice_start_ns = now; zb_run_timer_update(sb); return 0; }
     return switch_away(sb, vm, target, ev);
 }

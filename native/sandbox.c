@@ -198,6 +198,12 @@ int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err) {
         return -1;
     }
     sb->sig.pending |= 1ull << (signo - 1);
+    zb_family *fam = sb->fam;
+    if (fam && fam->m[0].sb == sb) { /* as a terminal's Ctrl-C: the whole foreground process group */
+        for (int i = 1; i < fam->count; i++)
+            if (fam->m[i].pgid == fam->m[0].pgid) zb_family_signal(fam, i, signo);
+        zb_wake_gen++;
+    }
     return 0;
 }
 

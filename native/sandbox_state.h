@@ -33,6 +33,9 @@ struct zb_sandbox {
     zb_threads threads;      /* the guest's threads (threads.c); the running one's state is cpu/sig */
     zb_uart uart;
     zb_process proc;
+    zb_family *fam;          /* its process family (process.h), NULL until the first fork; owned by
+                                process 1, shared by every member */
+    int max_procs;           /* the process limit (zb_sandbox_set_max_processes; 0: default): a setting */
     uint64_t vdso_data;      /* guest address of the vDSO data page, 0 if none */
     zb_snapshot *base;       /* the snapshot this sandbox's memory is relative to (host_dirty and
                                 KVM's dirty log say what changed since), or NULL */

@@ -122,7 +122,8 @@ static int push_frame(zb_sandbox *sb, int sig, const zb_sigaction *act) {
     mc->cs = 0x33;
     mc->ss = 0x2b;
     mc->fpstate = fp;
-    f->uc.sigmask = sb->sig.blocked;
+    f->uc.sigmask = sb->sig.suspend_restore ? sb->sig.suspend_mask : sb->sig.blocked; /* sigsuspend's own mask ends with it */
+    sb->sig.suspend_restore = 0;
     f->info.signo = sig;
     if (sig == sb->sig.fault_sig) { /* a CPU fault: its code and address */
         f->info.code = sb->sig.fault_code;

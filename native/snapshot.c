@@ -584,7 +584,7 @@ static void store_write(store_writer *w, int fd, const uint8_t *src, uint64_t in
     *w = (store_writer){fd, src, index, 1, w->error};
 }
 
-zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
+zb_snapshot *zb_snapshot_take(zb_sandbox *sb, char *err) {
     if (sb->finished) { zb_seterr(err, "cannot snapshot a sandbox that has finished"); return NULL; }
     if (sync_from_vm(sb, err) < 0) return NULL;
     /* Freed pages kept for reuse (zb_mem_free_for_reuse) stay kept: they are logged as written and
@@ -715,6 +715,12 @@ fail:
  * snapshots): drop it, then let sandbox.c free the rest. */
 void zb_sandbox_free(zb_sandbox *sb) {
     if (!sb) return;
+    if (sb->fam && sb->fam->m[0].sb == sb) { /* process 1 takes its family with it */
+        zb_family_end(sb);
+        free(sb->fam->m);
+        free(sb->fam);
+    }
+    sb->fam = NULL;
     zb_snapshot_release(sb->base);
     sb->base = NULL;
     zb_sandbox_destroy(sb);
@@ -740,6 +746,12 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
         zb_seterr(err, "this snapshot was not taken from this sandbox's lineage (different memory image)");
         return -1;
     }
+    if (sb->fam && sb->fam->m[0].sb != sb) {
+        zb_seterr(err, "this sandbox is a child process of a family: only its process 1 is restored");
+        return -1;
+    }
+    /* the snapshot has no other processes (zb_sandbox_snapshot refuses them): the family's go */
+    zb_family_end(sb);
     zb_vm *vm = sb->engine->vm;
     int attached = vm && vm->attached == sb;
     /* Attached, with manual dirty-log protection: logged pages stay writable, and the restore

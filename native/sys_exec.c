@@ -119,7 +119,7 @@ static void single_thread(zb_sandbox *sb) {
         ts->current = 0;
     }
     zb_thread *t = &ts->t[0];
-    t->tid = 1;
+    t->tid = sb->proc.pid ? sb->proc.pid : 1; /* the process's main thread: tid = pid */
     t->state = ZB_THREAD_RUNNABLE;
     t->clear_child_tid = t->robust_list = t->robust_len = 0; /* they named the old image's memory */
     t->futex_addr = 0;
@@ -245,6 +245,7 @@ static long do_execve(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t ua
     uint64_t vdso = zb_vdso_keep(sb);
     if ((rc = zb_exec_load(sb, &img, &args, filename, vdso, err)) < 0) { rc = exec_failed(sb, err, rc); goto out; }
     memcpy(sb->proc.comm, comm, sizeof comm);
+    zb_family_member_execed(sb);
     rc = 0; /* rax of the new program's first instruction */
 out:
     zb_exec_image_close(sb, &img);

@@ -146,7 +146,7 @@ static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int6
 
 static long sys_read(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
-    return f ? read_into(sb, f, a[1], a[2], -1) : -EBADF;
+    return f ? zb_io_would_block(sb, f, read_into(sb, f, a[1], a[2], -1), 0, 0, 0) : -EBADF;
 }
 /* Whether the positional calls (pread, pwrite, preadv, pwritev) apply: as in Linux, files,
  * directories (which then say EISDIR) and the memory-like devices (/dev/null, zero, urandom) have a
@@ -162,7 +162,7 @@ static long sys_pread64(zb_sandbox *sb, const uint64_t a[6]) {
 }
 static long sys_write(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
-    return f ? write_from(sb, f, a[1], a[2], -1) : -EBADF;
+    return f ? zb_io_would_block(sb, f, write_from(sb, f, a[1], a[2], -1), 1, 0, 0) : -EBADF;
 }
 static long sys_pwrite64(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
@@ -199,8 +199,16 @@ static long vector_io(zb_sandbox *sb, const uint64_t a[6], int is_write, int64_t
     }
     return total;
 }
-static long sys_readv(zb_sandbox *sb, const uint64_t a[6]) { return vector_io(sb, a, 0, -1); }
-static long sys_writev(zb_sandbox *sb, const uint64_t a[6]) { return vector_io(sb, a, 1, -1); }
+static long sys_readv(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_file *f = zb_fd_get(sb, a[0]);
+    long r = vector_io(sb, a, 0, -1);
+    return f ? zb_io_would_block(sb, f, r, 0, 0, 0) : r;
+}
+static long sys_writev(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_file *f = zb_fd_get(sb, a[0]);
+    long r = vector_io(sb, a, 1, -1);
+    return f ? zb_io_would_block(sb, f, r, 1, 0, 0) : r;
+}
 static long sys_preadv(zb_sandbox *sb, const uint64_t a[6]) { return (int64_t)a[3] < 0 ? -EINVAL : vector_io(sb, a, 0, (int64_t)a[3]); }
 static long sys_pwritev(zb_sandbox *sb, const uint64_t a[6]) { return (int64_t)a[3] < 0 ? -EINVAL : vector_io(sb, a, 1, (int64_t)a[3]); }
 

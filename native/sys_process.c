@@ -1,8 +1,8 @@
 /* sys_process.c - the guest's process: identity, limits, exit_group, TLS, scheduling, entropy.
  *
- * Identity is fixed and documented (docs/ARCHITECTURE.md): pid 1, uid/gid 1000 ("sandbox"),
- * hostname "zeroboot", one CPU. Threads are sys_threads.c's; creating processes fails cleanly
- * with EAGAIN.
+ * Identity is fixed and documented (docs/ARCHITECTURE.md): uid/gid 1000 ("sandbox"), hostname
+ * "zeroboot", one CPU. Threads are sys_threads.c's; processes, pids, groups and waiting are
+ * sys_procs.c's.
  */
 #include "util.h"
 #include "memory.h"
@@ -22,15 +22,11 @@
 #include <sys/times.h>
 #include <sys/utsname.h>
 
-#define GUEST_PID 1
+static int own_pid(const zb_sandbox *sb) { return sb->proc.pid ? sb->proc.pid : 1; }
 #define GUEST_UID 1000
 
-static long sys_getpid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return GUEST_PID; }
-static long sys_getppid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
 static long sys_getuid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return GUEST_UID; }
 static long sys_eperm(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -EPERM; }
-static long sys_eagain(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -EAGAIN; }
-static long sys_echild(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -ECHILD; }
 static long sys_zero(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
 static long sys_enosys(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -ENOSYS; }
 
@@ -97,7 +93,7 @@ static void limit_for(zb_sandbox *sb, unsigned res, struct rlimit *rl) {
 }
 
 static long sys_prlimit64(zb_sandbox *sb, const uint64_t a[6]) {
-    if (a[0] != 0 && a[0] != GUEST_PID) return -ESRCH;
+    if (a[0] != 0 && a[0] != (uint64_t)own_pid(sb)) return -ESRCH;
     if (a[1] >= RLIM_NLIMITS) return -EINVAL;
     if (a[3]) {
         struct rlimit rl;
@@ -178,14 +174,15 @@ static long sys_arch_prctl(zb_sandbox *sb, const uint64_t a[6]) {
     }
 }
 
-/* The pid argument of the sched_* calls: 0 or the guest itself; there is nobody else. */
-static long sched_pid(uint64_t pid) {
+/* The pid argument of the sched_* calls: 0 or the calling process itself (another process of
+ * the family is ESRCH: these answer for the caller only). */
+static long sched_pid(const zb_sandbox *sb, uint64_t pid) {
     if ((int)pid < 0) return -EINVAL;
-    return (int)pid == 0 || (int)pid == GUEST_PID ? 0 : -ESRCH;
+    return (int)pid == 0 || (int)pid == own_pid(sb) ? 0 : -ESRCH;
 }
 
 static long sys_sched_getaffinity(zb_sandbox *sb, const uint64_t a[6]) {
-    if (sched_pid(a[0]) < 0) return sched_pid(a[0]);
+    if (sched_pid(sb, a[0]) < 0) return sched_pid(sb, a[0]);
     if (a[1] < 8 || (a[1] & 7)) return -EINVAL;
     uint64_t mask = 1; /* one CPU: OpenBLAS & co stay single-threaded */
     if (zb_copy_to_guest(sb, a[2], &mask, 8) < 0) return -EFAULT;
@@ -199,10 +196,10 @@ static long sys_getcpu(zb_sandbox *sb, const uint64_t a[6]) {
     return 0;
 }
 
-static long sys_sched_pid_only(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return sched_pid(a[0]); }
+static long sys_sched_pid_only(zb_sandbox *sb, const uint64_t a[6]) { return sched_pid(sb, a[0]); }
 
 static long sys_sched_getparam(zb_sandbox *sb, const uint64_t a[6]) {
-    if (sched_pid(a[0]) < 0) return sched_pid(a[0]);
+    if (sched_pid(sb, a[0]) < 0) return sched_pid(sb, a[0]);
     int prio = 0;
     return zb_copy_to_guest(sb, a[1], &prio, sizeof prio);
 }
@@ -272,13 +269,6 @@ int zb_process_load(zb_process *p, struct zb_in *in, char *err) {
 }
 
 void zb_sys_process_register(zb_syscall_fn *t) {
-    t[SYS_getpid] = sys_getpid;
-    t[SYS_getppid] = sys_getppid;
-    t[SYS_getpgrp] = sys_getpid;
-    t[SYS_getpgid] = sys_getpid;
-    t[SYS_getsid] = sys_getpid;
-    t[SYS_setsid] = sys_eperm;
-    t[SYS_setpgid] = sys_eperm;
     t[SYS_getuid] = sys_getuid;
     t[SYS_geteuid] = sys_getuid;
     t[SYS_getgid] = sys_getuid;
@@ -311,8 +301,4 @@ void zb_sys_process_register(zb_syscall_fn *t) {
     t[SYS_getrandom] = sys_getrandom;
     t[SYS_prctl] = sys_prctl;
     t[SYS_personality] = sys_zero;
-    t[SYS_fork] = sys_eagain; /* processes: not in this sandbox (threads: sys_threads.c) */
-    t[SYS_vfork] = sys_eagain;
-    t[SYS_wait4] = sys_echild;
-    t[SYS_waitid] = sys_echild;
 }

@@ -81,9 +81,34 @@ static long queue_self(zb_sandbox *sb, int64_t pid, int sig) {
 }
 static long sys_kill(zb_sandbox *sb, const uint64_t a[6]) { return queue_self(sb, (int64_t)a[0], (int)a[1]); }
 
-/* Waiting for a signal: only the host can send one, so sleep until it does (or a kick/deadline). */
+/* A pending signal that the wait would end for (handled or fatal, not blocked). */
+static int signal_ready(const zb_sandbox *sb) {
+    uint64_t ready = sb->sig.pending & ~sb->sig.blocked;
+    for (int sig = 1; sig <= 64 && ready; sig++)
+        if ((ready & ZB_SIG_BIT(sig)) && zb_signal_interrupts(sb, sig)) return 1;
+    return 0;
+}
+
+/* Waiting for a signal with a temporary mask (restored when the handler of the signal that ends
+ * the wait returns: its frame carries the old mask). The host or another thread or process sends
+ * it; the wait yields to them (zb_sleep_until) and is served again. */
 static long sys_rt_sigsuspend(zb_sandbox *sb, const uint64_t a[6]) {
+    if (!sb->cpu.pending_syscall) { /* the first time, not served again */
+        uint64_t mask;
+        if (a[1] != 8) return -EINVAL;
+        if (zb_copy_from_guest(sb, &mask, a[0], 8) < 0) return -EFAULT;
+        if (!sb->sig.suspend_restore) sb->sig.suspend_mask = sb->sig.blocked;
+        sb->sig.suspend_restore = 1;
+        sb->sig.blocked = mask & ~ZB_SIG_UNBLOCKABLE;
+    }
+    if (signal_ready(sb)) return -EINTR; /* one came already (a child's SIGCHLD blocked until now) */
+    long r = zb_sleep_until(sb, INT64_MAX);
+    return r == 0 ? -EINTR : r;
+}
+
+static long sys_pause(zb_sandbox *sb, const uint64_t a[6]) {
     (void)a;
+    if (signal_ready(sb)) return -EINTR;
     long r = zb_sleep_until(sb, INT64_MAX);
     return r == 0 ? -EINTR : r;
 }
@@ -100,6 +125,6 @@ void zb_sys_signals_register(zb_syscall_fn *t) {
     t[SYS_sigaltstack] = sys_sigaltstack;
     t[SYS_rt_sigreturn] = sys_rt_sigreturn;
     t[SYS_rt_sigsuspend] = sys_rt_sigsuspend;
-    t[SYS_pause] = sys_rt_sigsuspend;
+    t[SYS_pause] = sys_pause;
     t[SYS_kill] = sys_kill;
 }

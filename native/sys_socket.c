@@ -93,7 +93,7 @@ static long sys_sendto(zb_sandbox *sb, const uint64_t a[6]) {
     if ((err = check_send_flags(a[3]))) return err;
     if (a[4]) return -EISCONN;
     struct iovec iov = {(void *)(uintptr_t)a[1], (size_t)a[2]};
-    return transfer(sb, f, &iov, 1, 1, 0);
+    return zb_io_would_block(sb, f, transfer(sb, f, &iov, 1, 1, 0), 1, (a[3] & MSG_DONTWAIT) != 0, (a[3] & MSG_NOSIGNAL) != 0);
 }
 
 static long sys_recvfrom(zb_sandbox *sb, const uint64_t a[6]) {
@@ -102,7 +102,7 @@ static long sys_recvfrom(zb_sandbox *sb, const uint64_t a[6]) {
     if (!f) return err;
     if ((err = check_recv_flags(a[3]))) return err;
     struct iovec iov = {(void *)(uintptr_t)a[1], (size_t)a[2]};
-    long r = transfer(sb, f, &iov, 1, 0, (a[3] & MSG_PEEK) != 0);
+    long r = zb_io_would_block(sb, f, transfer(sb, f, &iov, 1, 0, (a[3] & MSG_PEEK) != 0), 0, (a[3] & MSG_DONTWAIT) != 0, 0);
     if (r >= 0 && a[4] && a[5]) { /* a connected stream socket reports no source address */
         socklen_t zero = 0;
         if (zb_copy_to_guest(sb, a[5], &zero, sizeof zero) < 0) return -EFAULT;
@@ -126,7 +126,8 @@ static long msg_io(zb_sandbox *sb, const uint64_t a[6], int is_send) {
     }
     struct iovec iov[MAX_IOV];
     if (m.msg_iovlen && zb_copy_from_guest(sb, iov, (uint64_t)(uintptr_t)m.msg_iov, m.msg_iovlen * sizeof *iov) < 0) return -EFAULT;
-    long r = transfer(sb, f, iov, m.msg_iovlen, is_send, !is_send && (a[2] & MSG_PEEK));
+    long r = zb_io_would_block(sb, f, transfer(sb, f, iov, m.msg_iovlen, is_send, !is_send && (a[2] & MSG_PEEK)), is_send,
+                               (a[2] & MSG_DONTWAIT) != 0, (a[2] & MSG_NOSIGNAL) != 0);
     if (r >= 0 && !is_send) {
         m.msg_namelen = 0;
         m.msg_controllen = 0;

@@ -4,8 +4,7 @@
  * Threads are M:1 on the sandbox's one vCPU (threads.c has the table, run_threads.c the switch).
  * A handler here only changes the table: a new thread is a runnable slot, a wait marks the running
  * thread as waiting and returns ZB_SYSCALL_BLOCK, an exit or a yield sets threads.switch_request;
- * the run loop then switches. New processes (clone without CLONE_VM | CLONE_THREAD, fork, vfork)
- * still fail with EAGAIN: processes are another issue.
+ * the run loop then switches. A clone without CLONE_THREAD is a new process (sys_procs.c).
  */
 #include "util.h"
 #include "memory.h"
@@ -32,7 +31,7 @@ static zb_thread *running(zb_sandbox *sb) { return &sb->threads.t[sb->threads.cu
  * by the run loop after this returns (the vCPU holds it). Returns the new tid or -errno. */
 static long new_thread(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t parent_tid, uint64_t child_tid,
                        uint64_t tls) {
-    if ((flags & THREAD_FLAGS_NEEDED) != THREAD_FLAGS_NEEDED) return -EAGAIN; /* a new process */
+    if ((flags & THREAD_FLAGS_NEEDED) != THREAD_FLAGS_NEEDED) return -EINVAL; /* CLONE_THREAD without VM, FS, FILES, SIGHAND */
     if (flags & ~(uint64_t)THREAD_FLAGS_OK) return -EINVAL;
     if ((flags & CLONE_SETTLS) && tls >= ZB_USER_ADDR_LIMIT) return -EPERM;
     if ((flags & CLONE_PARENT_SETTID) && !zb_guest_ptr(sb, parent_tid, 4, 1)) return -EFAULT;
@@ -44,6 +43,7 @@ static long new_thread(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t 
         return -EAGAIN;
     }
     zb_thread *t = &ts->t[slot];
+    if (sb->fam) t->tid = zb_family_new_id(sb->fam); /* tids and pids share the family's namespace */
     t->cpu.regs = sb->cpu.regs;
     t->cpu.regs.rax = 0;
     if (stack) t->cpu.regs.rsp = stack;
@@ -61,6 +61,7 @@ static long new_thread(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t 
 static long sys_clone(zb_sandbox *sb, const uint64_t a[6]) {
     /* x86-64 order: flags, stack, parent_tid, child_tid, tls; the low byte of flags is the exit
      * signal, which Linux ignores for a thread (clone3 refuses it) */
+    if (!(a[0] & CLONE_THREAD)) return zb_sys_new_process(sb, a[0] & ~(uint64_t)CSIGNAL, a[1], a[2], a[3], a[4], a[0] & CSIGNAL);
     return new_thread(sb, a[0] & ~(uint64_t)CSIGNAL, a[1], a[2], a[3], a[4]);
 }
 
@@ -83,6 +84,8 @@ static long sys_clone3(zb_sandbox *sb, const uint64_t a[6]) {
     if (exit_signal > 64 || (exit_signal && (flags & CLONE_THREAD))) return -EINVAL;
     if (set_tid_size || (flags & (CLONE_PIDFD | CLONE_INTO_CGROUP)) || cgroup) return -EINVAL;
     if ((stack == 0) != (stack_size == 0) || stack + stack_size < stack) return -EINVAL;
+    if (!(flags & CLONE_THREAD))
+        return zb_sys_new_process(sb, flags, stack ? stack + stack_size : 0, parent_tid, child_tid, tls, exit_signal);
     return new_thread(sb, flags, stack ? stack + stack_size : 0, parent_tid, child_tid, tls);
 }
 
@@ -138,7 +141,7 @@ static long signal_thread(zb_sandbox *sb, int64_t tid, int sig) {
     if (tid <= 0) return -EINVAL;
     zb_threads *ts = &sb->threads;
     int slot = zb_threads_find(ts, (int32_t)tid);
-    if (slot < 0) return -ESRCH;
+    if (slot < 0) return zb_sys_signal_process_thread(sb, 0, tid, sig); /* another process's thread, or ESRCH */
     if (!sig) return 0;
     if (slot == ts->current && ts->t[slot].state == ZB_THREAD_RUNNABLE) { sb->sig.pending |= ZB_SIG_BIT(sig); return 0; }
     zb_thread *t = &ts->t[slot];
@@ -151,7 +154,12 @@ static long sys_tkill(zb_sandbox *sb, const uint64_t a[6]) { return signal_threa
 
 static long sys_tgkill(zb_sandbox *sb, const uint64_t a[6]) {
     if ((int64_t)a[0] <= 0 || (int64_t)a[1] <= 0) return -EINVAL;
-    if ((int64_t)a[0] != GUEST_PID) return -ESRCH;
+    int64_t tgid = (int64_t)a[0], own = sb->proc.pid ? sb->proc.pid : GUEST_PID;
+    if (tgid <= 0) return -EINVAL;
+    if (tgid != own) {
+        if ((int)a[2] < 0 || (int)a[2] > 64 || (int64_t)a[1] <= 0) return -EINVAL;
+        return zb_sys_signal_process_thread(sb, tgid, (int64_t)a[1], (int)a[2]);
+    }
     return signal_thread(sb, (int64_t)a[1], (int)a[2]);
 }
 

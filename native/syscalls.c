@@ -26,6 +26,7 @@ static void fill_table(void) {
     zb_sys_eventfd_register(table);
     zb_sys_threads_register(table);
     zb_sys_exec_register(table);
+    zb_sys_procs_register(table);
 }
 
 const char *zb_syscall_name(uint64_t nr) {

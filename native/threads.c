@@ -146,10 +146,15 @@ int64_t zb_threads_next_wake(const zb_threads *ts) {
     return at;
 }
 
+__thread uint64_t zb_wake_gen; /* per thread: an engine and its sandboxes run on one thread at a time */
+
+int zb_thread_retry_may_go_on(const zb_thread *t) { return t->state == ZB_THREAD_RETRY && t->wait_gen != zb_wake_gen; }
+
 int zb_threads_others_runnable(const zb_threads *ts, int with_retry) {
     for (int i = 0; i < ts->cap; i++)
         if (i != ts->current && ts->t[i].tid &&
-            (ts->t[i].state == ZB_THREAD_RUNNABLE || (with_retry && ts->t[i].state == ZB_THREAD_RETRY)))
+            (ts->t[i].state == ZB_THREAD_RUNNABLE || (with_retry && ts->t[i].state == ZB_THREAD_RETRY) ||
+             zb_thread_retry_may_go_on(&ts->t[i])))
             return 1;
     return 0;
 }

@@ -240,6 +240,14 @@ void zb_sandbox_set_profile(zb_sandbox *sb, int on);
 /* The most guest threads alive at once (1..1024, default 256): clone past it fails with EAGAIN.
  * -1 for a value out of range. A setting of the sandbox: restores keep it, forks start at 256. */
 int zb_sandbox_set_max_threads(zb_sandbox *sb, int n);
+/* The most processes (process 1 and its descendants, zombies included) at once (1..1024,
+ * default 64): fork past it fails with EAGAIN. -1 for a value out of range. A setting of the
+ * sandbox: restores keep it. */
+int zb_sandbox_set_max_processes(zb_sandbox *sb, int n);
+/* The processes of the sandbox's family alive now (1 without children). */
+int zb_sandbox_process_count(zb_sandbox *sb);
+/* Child-process sandboxes alive in this process, over all families (for leak checks). */
+long zb_child_processes_alive(void);
 void zb_sandbox_profile(zb_sandbox *sb, zb_syscall_profile *out);
 /* The per-number rows of the profile with calls > 0, ascending by number: up to max of them
  * copied to out; returns how many there are (0 if profiling was never on). */
@@ -256,7 +264,9 @@ int zb_sandbox_push_input(zb_sandbox *sb, const void *data, size_t len, char *er
 /* Ask a running zb_sandbox_run (on another thread) to return ZB_EVENT_KICK soon. Thread-safe. */
 void zb_sandbox_kick(zb_sandbox *sb);
 /* Deliver a signal (e.g. SIGINT = 2) to the guest's handler when it next runs. Returns -1 with err
- * when the guest has no handler for it (the default action would kill it). */
+ * when the guest has no handler for it (the default action would kill it). With child processes,
+ * every process of the first process's group (the foreground group) gets it too, as a terminal's
+ * Ctrl-C does. */
 int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err);
 /* Test hook: in the next run, stop with ZB_EVENT_KICK when exception `vector` (0-31) has entered
  * its CPL0 stub, or (ZB_BREAK_SYSCALL_ENTRY) a `syscall` has reached the entry at LSTAR, before

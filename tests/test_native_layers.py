@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, list[str], list[str]]] = [
     ("host", ["util.h", "serial.h", "guest_abi.h"], ["util.c", "seccomp.c"]),
     ("memory", ["memory.h", "shared_map_state.h"], ["guest_memory.c", "shared_map_state.c"]),
     ("vm", ["vm.h"], ["guest_layout.c", "kvm_vm.c", "cpu_state.c"]),
-    ("process", ["process.h"], ["signals.c", "run_events.c", "threads.c"]),
+    ("process", ["process.h"], ["signals.c", "run_events.c", "threads.c", "proc_family.c"]),
     ("dev", ["dev.h"], ["uart16550.c", "vdso_page.c"]),
     ("net", ["net.h"], ["net_policy.c", "net_dns.c"]),
     ("sandbox state", ["sandbox_state.h"], []),
@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, list[str], list[str]]] = [
     ("linux", ["linux.h"], ["syscalls.c", "sys_*.c", "elf_loader.c"]),
     ("run loop", ["run.h"], ["run_loop.c", "run_threads.c"]),
     ("sandbox", ["sandbox.h"], ["sandbox.c"]),
-    ("snapshot", ["snapshot.h"], ["snapshot.c", "snapshot_file.c"]),
+    ("snapshot", ["snapshot.h"], ["snapshot.c", "snapshot_file.c", "family_run.c"]),
 ]
 # The cffi contract: the API every layer implements a part of, includable anywhere.
 PUBLIC = "zeroboot.h"
@@ -47,6 +47,7 @@ UPWARD: dict[tuple[str, str], str] = {
     ("kvm_vm.c", "sandbox_state.h"): "attach and detach map sb->mem and load and save sb->cpu",
     ("signals.c", "sandbox_state.h"): "delivery reads sb->sig and writes the frame and sb->cpu",
     ("run_events.c", "sandbox_state.h"): "stop events, output and kicks live in the sandbox",
+    ("proc_family.c", "sandbox_state.h"): "the family's members are sandboxes: their threads and signals",
     ("vdso_page.c", "sandbox_state.h"): "the clock page is sb->vdso_data, its bases sb->proc",
     ("cpu_state.c", "linux.h"): "a loaded pending syscall number is checked against ZB_SYSCALL_MAX",
     ("file_eventfd.c", "linux.h"): "the eventfd kind registers its own syscalls (zb_sys_eventfd_register)",

@@ -266,6 +266,20 @@ class Guest:
         if lib.zb_sandbox_set_max_threads(self.handle, n) < 0:
             raise ValueError(f"a thread limit must be between 1 and 1024, not {n}")
 
+    def set_max_processes(self, n: int) -> None:
+        """The most processes of this sandbox's family at once (1..1024; fork past it: EAGAIN)."""
+        if lib.zb_sandbox_set_max_processes(self.handle, n) < 0:
+            raise ValueError(f"a process limit must be between 1 and 1024, not {n}")
+
+    def process_count(self) -> int:
+        """The processes of this sandbox's family alive now (1: no child processes)."""
+        return int(lib.zb_sandbox_process_count(self.handle))
+
+    @staticmethod
+    def child_processes_alive() -> int:
+        """Child-process sandboxes alive in this process, over all families (leak checks)."""
+        return int(lib.zb_child_processes_alive())
+
     def syscall_profile(self) -> dict[str, int]:
         """Cumulative ns per phase of the syscalls served while profiling (see zb_syscall_profile)."""
         p = ffi.new("zb_syscall_profile *")

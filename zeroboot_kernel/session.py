@@ -177,7 +177,12 @@ class Session:
                 self.restored = True
             self.reset_done = False
             return self.clean, taken_ms
-        snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
+        try:
+            snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
+        except SandboxError as exc:
+            if self.sandbox.guest.process_count() <= 1:
+                raise
+            return self._without_checkpoint(exc), 0.0
         self.ready = None
         self.checkpoints.append(Checkpoint(execution_count, code, snap, time.time()))
         self._release_retired()  # left from a cell after which prepare_next_cell did not run
@@ -186,6 +191,18 @@ class Session:
         if taken_ms is None:  # taken now: prepare_next_cell did not enforce the budget with it
             self.enforce_budget(protect=snap)
         return snap, taken_ms
+
+    def _without_checkpoint(self, exc: SandboxError) -> Snapshot:
+        """Child processes are alive (a Popen kept from an earlier cell), and a snapshot of a
+        process tree is not supported yet: the cell runs without a checkpoint of its own, and a
+        crash or timeout rolls back to the last checkpoint there is (which ends the children)."""
+        if self.checkpoints:
+            target, where = self.checkpoints[-1].snapshot, f"the state before cell [{self.checkpoints[-1].number}]"
+        else:
+            target, where = self.clean, "the clean sandbox"
+        self._budget_notices.append(f"zeroboot: this cell has no checkpoint of its own ({exc}); a crash or timeout "
+                                    f"rolls back to {where}\n")
+        return target
 
     def prepare_next_cell(self) -> None:
         """Do now, between cells, what the next cell would do first: in chained mode snapshot the

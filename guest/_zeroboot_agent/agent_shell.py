@@ -81,8 +81,9 @@ def _without_agent_frames(tb: TracebackType | None) -> TracebackType | None:
     return kept[0]
 
 
-SANDBOX_NOTE = ("zeroboot: the VM sandbox cannot start processes yet (subprocess, multiprocessing, os.fork, "
-                "ProcessPoolExecutor); threads work (threading, ThreadPoolExecutor), on one CPU.")
+SANDBOX_NOTE = ("zeroboot: the VM sandbox cannot start processes yet (subprocess, multiprocessing, "
+                "ProcessPoolExecutor): os.fork works, exec does not; threads work (threading, ThreadPoolExecutor), "
+                "on one CPU.")
 THREAD_LIMIT_NOTE = ("zeroboot: the sandbox's limit of threads is reached (threads that have not ended count); "
                      "join finished threads, or use a ThreadPoolExecutor with fewer workers.")
 SHARED_MAPPING_NOTE = ("zeroboot: writable shared file mappings are not supported in the sandbox for the "

@@ -226,8 +226,8 @@ static void test_pipe(int argc, char **argv) {
     struct stat st;
     OK(fstat(p[0], &st));
     CHECK(S_ISFIFO(st.st_mode), "pipe mode 0%o", st.st_mode);
-    /* an empty pipe with a writer: EAGAIN when non-blocking (a blocking read could never end in a
-     * one-thread guest) */
+    /* an empty pipe with a writer: EAGAIN when non-blocking (a blocking read waits for another
+     * thread or process: procs.c) */
     OK(fcntl(p[0], F_SETFL, O_NONBLOCK));
     CHECK_ERR(read(p[0], buf, 1), EAGAIN);
     /* pipe: writev then readv */

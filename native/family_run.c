@@ -1,0 +1,254 @@
+/* family_run.c - the processes of a sandbox: forking a process (a copy-on-write fork of the live
+ * sandbox), running the whole family when the host runs process 1, and ending it.
+ *
+ * zb_sandbox_run(process 1) is the family's scheduler: one process at a time is attached to the
+ * engine's executor VM and run (zb_run_one, run_loop.c) until it ends, stops for the host (output,
+ * input, a frame, a kick, the deadline), or yields the VM (ZB_EVENT_PROC_YIELD: all its threads
+ * wait while another process can run, or its time slice ended while another waits). Output of any
+ * process is an event of the host's run; only process 1 talks to the host over the UART (a
+ * child's frames are dropped with a log line, a child waiting for UART input waits until it gets
+ * a signal). A process that ends becomes a zombie for its parent (proc_family.c) and its sandbox
+ * is freed at once; when process 1 ends, is restored or freed, every other process goes too.
+ *
+ * The fork itself (zb_family_fork_sandbox) is the snapshot path: a snapshot of the parent taken
+ * inside its fork syscall (which copies only what it wrote since its last snapshot) and a fork of
+ * that snapshot, then the changes fork(2) makes: one thread, no pending signals or alarm, shared
+ * open file descriptions. docs/ARCHITECTURE.md "Processes" and docs/PERFORMANCE.md have the costs.
+ */
+#include "util.h"
+#include "memory.h"
+#include "vm.h"
+#include "dev.h"
+#include "process.h"
+#include "sandbox_state.h"
+#include "fs.h"
+#include "run.h"
+#include "sandbox.h"
+#include "snapshot.h"
+
+#include <poll.h>
+#include <sys/wait.h>
+#include <time.h>
+
+/* Child sandboxes alive in this process (zb_child_processes_alive): every one is freed with its family. */
+static atomic_long children_alive;
+
+long zb_child_processes_alive(void) { return atomic_load(&children_alive); }
+
+static void free_child(zb_sandbox *p) {
+    zb_sandbox_free(p);
+    atomic_fetch_sub(&children_alive, 1);
+}
+
+zb_sandbox *zb_family_fork_sandbox(zb_sandbox *parent, int32_t pid, char *err) {
+    zb_snapshot *snap = zb_snapshot_take(parent, err);
+    if (!snap) return NULL;
+    zb_sandbox *child = zb_snapshot_fork(snap, err);
+    zb_snapshot_release(snap); /* the child (and the parent: its new base) keep it */
+    if (!child) return NULL;
+    /* one thread: the caller's, with the new pid as its tid */
+    zb_threads *ts = &child->threads;
+    for (int i = 0; i < ts->cap; i++)
+        if (i != ts->current && ts->t[i].tid) zb_threads_remove(ts, i);
+    zb_thread *t = &ts->t[ts->current];
+    t->tid = pid;
+    t->state = ZB_THREAD_RUNNABLE;
+    t->wake_ns = INT64_MAX;
+    t->pending = 0;
+    t->robust_list = t->robust_len = 0;
+    ts->max_threads = parent->threads.max_threads;
+    ts->need_xsave_for = -1;
+    ts->switch_request = 0;
+    ts->preempt = 0;
+    /* fork(2): no pending signals, no alarm, no CPU time yet; the mask and handlers are inherited */
+    child->sig.pending = 0;
+    child->sig.alarm_ns = child->sig.alarm_interval_ns = 0;
+    child->sig.fault_sig = 0;
+    child->proc.pid = pid;
+    child->proc.vfork_child = 0;
+    child->proc.exit_status = 0;
+    child->proc.cpu_ns = child->proc.sys_ns = 0;
+    child->cpu.pending_syscall = 0;
+    child->cpu.context_restored = 0;
+    child->uart.rx_len = child->uart.rx_pos = 0; /* the host's input is process 1's */
+    child->uart.tx_len = 0;
+    child->uart.frame_ready = 0;
+    child->trace_fd = parent->trace_fd;
+    zb_fdtable_share(child->fds, child->fs, parent->fds);
+    child->fam = parent->fam;
+    atomic_fetch_add(&children_alive, 1);
+    return child;
+}
+
+/* Move a process's log lines into process 1's, each marked with its pid. */
+static void take_child_log(zb_sandbox *root, zb_sandbox *p) {
+    char buf[ZB_LOG_MAX + 1];
+    size_t n = zb_sandbox_take_log(p, buf, ZB_LOG_MAX);
+    buf[n] = 0;
+    for (char *line = buf, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        if (*line) zb_log(root, "[pid %d] %s", p->proc.pid, line);
+    }
+}
+
+/* Member i's process ended with this wait status: free its sandbox, make it a zombie. */
+static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
+    zb_sandbox *p = fam->m[i].sb;
+    zb_family_member_ended(fam, i, wstatus);
+    zb_wake_gen++; /* its parent's wait, readers of its pipes: may go on */
+    if (p) {
+        take_child_log(root, p);
+        free_child(p);
+    }
+}
+
+void zb_family_end(zb_sandbox *root) {
+    zb_family *fam = root->fam;
+    if (!fam || fam->m[0].sb != root) return;
+    for (int i = fam->count - 1; i > 0; i--) {
+        zb_sandbox *p = fam->m[i].sb;
+        if (p) {
+            take_child_log(root, p);
+            free_child(p);
+        }
+        zb_family_remove(fam, i);
+    }
+    fam->current = 0;
+    fam->yielded = -1;
+}
+
+/* The next member to run: the current one unless it yielded, then round-robin; -1 if none can. */
+static int pick(zb_family *fam, int64_t now) {
+    int from = fam->current;
+    if (fam->yielded != from && from < fam->count && zb_family_schedulable(fam, from, now)) return from;
+    for (int k = 1; k <= fam->count; k++) {
+        int i = (from + k) % fam->count;
+        if (zb_family_schedulable(fam, i, now)) return i;
+    }
+    return -1;
+}
+
+/* Nobody can run: wait for a timeout of some process's thread, the deadline or a kick. 1 with an
+ * event for the caller, 0 to look again. */
+static int family_idle(zb_sandbox *root, zb_family *fam, int64_t deadline_ns, zb_event *ev) {
+    int64_t now = zb_now_ns(), until = deadline_ns ? deadline_ns : INT64_MAX;
+    int kind = 0;
+    if (zb_take_kick(root)) kind = ZB_EVENT_KICK;
+    else if (deadline_ns && now >= deadline_ns) kind = ZB_EVENT_TIMEOUT;
+    if (kind) {
+        memset(ev, 0, sizeof *ev);
+        ev->kind = kind;
+        return 1;
+    }
+    for (int i = 0; i < fam->count; i++) {
+        zb_sandbox *p = fam->m[i].sb;
+        if (!p || fam->m[i].zombie) continue;
+        for (int k = 0; k < p->threads.cap; k++)
+            if (p->threads.t[k].tid) until = ZB_MIN(until, p->threads.t[k].wake_ns);
+        if (p->sig.alarm_ns) until = ZB_MIN(until, p->sig.alarm_ns);
+    }
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, ZB_KICK_SIGNAL);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    sigset_t wait = old;
+    sigdelset(&wait, ZB_KICK_SIGNAL);
+    if (!zb_kick_pending(root)) {
+        int64_t ns = ZB_MIN(ZB_MAX(until - now, 0), (int64_t)3600 * 1000000000);
+        struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
+        ppoll(NULL, 0, &ts, &wait); /* the kick signal ends it early */
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    for (int i = 0; i < fam->count; i++) /* an alarm that expired queues its SIGALRM */
+        if (fam->m[i].sb && !fam->m[i].zombie && fam->m[i].sb->sig.alarm_ns) zb_alarm_check(fam->m[i].sb, zb_now_ns());
+    return 0;
+}
+
+int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
+    zb_family *fam = root->fam;
+    if (!fam || root->finished) { /* the first fork makes the family during this run */
+        int r = zb_run_one(root, deadline_ns, ev);
+        if (ev->kind != ZB_EVENT_PROC_YIELD) return r;
+        fam = root->fam;
+        fam->yielded = 0;
+    }
+    if (fam->m[0].sb != root) { /* a child process is run by its family's process 1 only */
+        memset(ev, 0, sizeof *ev);
+        ev->kind = ZB_EVENT_ERROR;
+        snprintf(ev->message, sizeof ev->message, "this sandbox is a child process: run its process 1");
+        return -1;
+    }
+    fam->runner = pthread_self();
+    atomic_store(&fam->running, 1);
+    int rc = 0;
+    for (;;) {
+        int64_t now = zb_now_ns();
+        int i = pick(fam, now);
+        if (i > 0 && fam->m[0].sb->finished) i = 0; /* (cannot happen: process 1's end ends the family) */
+        if (i < 0) {
+            if (family_idle(root, fam, deadline_ns, ev)) break;
+            continue;
+        }
+        if (i != fam->current) fam->switches++;
+        fam->current = i;
+        fam->yielded = -1;
+        zb_member *m = &fam->m[i];
+        zb_sandbox *p = m->sb;
+        p->threads.slice_start_ns = now;
+        rc = zb_run_one(p, deadline_ns, ev);
+        if (ev->kind == ZB_EVENT_PROC_YIELD) {
+            fam->yielded = i;
+            continue;
+        }
+        if (p == root) {
+            if (ev->kind == ZB_EVENT_EXIT || ev->kind == ZB_EVENT_FAULT || ev->kind == ZB_EVENT_ERROR) zb_family_end(root);
+            break;
+        }
+        int32_t pid = m->pid;
+        if (ev->kind == ZB_EVENT_EXIT) { end_member(root, fam, i, (ev->status & 0xff) << 8); continue; }
+        if (ev->kind == ZB_EVENT_FAULT) { end_member(root, fam, i, ev->signal & 0x7f); continue; }
+        if (ev->kind == ZB_EVENT_ERROR) {
+            zb_log(root, "[pid %d] ended by the engine: %s", pid, ev->message);
+            end_member(root, fam, i, SIGKILL);
+            continue;
+        }
+        if (ev->kind == ZB_EVENT_INPUT) { m->waits_input = 1; continue; } /* only process 1 gets input */
+        if (ev->kind == ZB_EVENT_FRAME) {
+            zb_log(root, "[pid %d] a UART frame of a child process was dropped (only process 1 talks to the host)", pid);
+            continue;
+        }
+        break; /* output, a kick, the deadline: the caller's */
+    }
+    atomic_store(&fam->running, 0);
+    return rc < 0 ? 0 : 0;
+}
+
+int zb_sandbox_set_max_processes(zb_sandbox *sb, int n) {
+    if (n < 1 || n > ZB_PROCS_MAX) return -1;
+    sb->max_procs = n;
+    if (sb->fam) sb->fam->max_procs = n;
+    return 0;
+}
+
+int zb_sandbox_process_count(zb_sandbox *sb) {
+    if (!sb->fam) return 1;
+    int n = 0;
+    for (int i = 0; i < sb->fam->count; i++) n += !sb->fam->m[i].zombie;
+    return n;
+}
+
+zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
+    zb_family *fam = sb->fam;
+    if (fam && fam->count > 1) {
+        char pids[256] = "";
+        size_t at = 0;
+        for (int i = 1; i < fam->count && at + 16 < sizeof pids; i++)
+            at += (size_t)snprintf(pids + at, sizeof pids - at, "%s%d%s", at ? ", " : "", fam->m[i].pid,
+                                   fam->m[i].zombie ? " (exited, not waited for)" : "");
+        zb_seterr(err, "cannot snapshot a sandbox with child processes (pids %s): snapshots of a process tree are "
+                       "not supported yet; wait for them (os.waitpid, Popen.wait) or end them first", pids);
+        return NULL;
+    }
+    return zb_snapshot_take(sb, err);
+}

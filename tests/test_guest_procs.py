@@ -1,0 +1,72 @@
+"""Processes in the guest (issue 15): fork/vfork/clone as copy-on-write sandbox forks, waiting,
+exit and signal statuses, pipes between processes with blocking reads, SIGCHLD, process groups,
+kill across processes, PR_SET_PDEATHSIG, the process limit, hostile arguments, and that every
+child sandbox goes away with its family (guest_programs/procs.c)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import guest_c
+from zeroboot_kernel.native import EventKind, Guest
+
+pytestmark = pytest.mark.skipif(not guest_c.have_gcc(), reason="needs gcc for the guest programs")
+
+
+@pytest.mark.parametrize("test", ["fork_wait", "killed", "pipes", "sigchld", "wnohang_zombies", "groups", "vfork",
+                                  "fork_in_thread", "sigpipe_pdeathsig", "hostile", "bomb"])
+def test_processes(test: str) -> None:
+    guest_c.check("procs", test)
+
+
+def test_process_limit_default_and_setting() -> None:
+    result = guest_c.check("procs", "limit", "64")
+    assert "made 63" in result.out
+    with guest_c.boot("procs", "limit", "5") as sb:
+        sb.set_max_processes(5)
+        result = guest_c.drive(sb)
+    assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
+    assert "made 4" in result.out
+    with guest_c.boot("procs", "limit") as sb, pytest.raises(ValueError):
+        sb.set_max_processes(0)
+
+
+def _run_until_forked(sb: Guest, n: int) -> None:
+    """Run `leave N` until its children exist and it blocks."""
+    out = b""
+    deadline = time.monotonic() + 30
+    while f"forked {n}".encode() not in out:
+        ev = sb.run(deadline)
+        assert ev.kind is EventKind.OUTPUT, ev
+        out += ev.data
+    ev = sb.run(time.monotonic() + 0.5)  # the first process blocks on a pipe nobody writes
+    assert ev.kind is EventKind.TIMEOUT, ev
+
+
+def test_children_are_freed_with_their_family() -> None:
+    base = Guest.child_processes_alive()
+    with guest_c.boot("procs", "leave", "3") as sb:
+        _run_until_forked(sb, 3)
+        assert sb.process_count() == 4
+        assert Guest.child_processes_alive() == base + 3
+    assert Guest.child_processes_alive() == base  # freeing process 1 freed them
+    # process 1 exiting takes them too, at once
+    with guest_c.boot("procs", "leave", "2", "exit") as sb:
+        result = guest_c.drive(sb)
+        assert result.kind is EventKind.EXIT and "forked 2" in result.out, result.describe()
+        assert Guest.child_processes_alive() == base
+        assert sb.process_count() == 1
+
+
+def test_snapshot_refuses_children_and_restore_ends_them() -> None:
+    base = Guest.child_processes_alive()
+    with guest_c.boot("procs", "leave", "2") as sb:
+        snap = sb.snapshot()
+        _run_until_forked(sb, 2)
+        assert sb.process_count() == 3
+        with pytest.raises(Exception, match="child processes"):
+            sb.snapshot()
+        sb.restore(snap)  # a rollback: the children are gone, process 1 is as it was
+        assert sb.process_count() == 1
+        assert Guest.child_processes_alive() == base
