@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define MSR_STAR 0xc0000081
@@ -43,11 +44,21 @@ static int install_kick_handler(char *err) {
     sa.sa_sigaction = kick_handler;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_SIGINFO; /* no SA_RESTART: KVM_RUN and ppoll must return EINTR */
-    if (sigaction(ZB_KICK_SIGNAL, &sa, NULL) < 0) {
+    if (sigaction(ZB_KICK_SIGNAL, &sa, NULL) < 0 || sigaction(ZB_WATCH_SIGNAL, &sa, NULL) < 0) {
         zb_seterr(err, "cannot install the engine's kick signal handler: %s", strerror(errno));
         return -1;
     }
     return 0;
+}
+
+int zb_engine_watch_fd(int fd, int on) {
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0) return -1;
+    if (on) {
+        struct f_owner_ex owner = {F_OWNER_TID, (pid_t)syscall(SYS_gettid)}; /* the thread that runs sandboxes */
+        if (fcntl(fd, F_SETOWN_EX, &owner) < 0 || fcntl(fd, F_SETSIG, ZB_WATCH_SIGNAL) < 0) return -1;
+    }
+    return fcntl(fd, F_SETFL, on ? flags | O_ASYNC : flags & ~O_ASYNC);
 }
 
 static int open_kvm(char *err) {
