@@ -241,3 +241,22 @@ def test_engine_server_socket_stops_the_run_between_cells(s: Session) -> None:
         assert not safety.fired, "the request did not stop the run"
         assert server.request_waiting()
     assert ok(cell(s, "stop.set(); print('ok')", 2)) == "ok\n"
+
+
+def test_robust_mutex_of_an_exited_thread_reports_owner_died(template) -> None:
+    """The engine walks an exiting thread's robust list (FUTEX_OWNER_DIED), as Linux does: the
+    next lock of a robust mutex its owner left locked returns EOWNERDEAD instead of waiting
+    forever (which the cell timeout would end)."""
+    s = Session(template, timeout=30.0)
+    try:
+        out = ok(cell(s, "import ctypes, errno, threading\n"
+                         "libc = ctypes.CDLL(None)\n"
+                         "attr, m = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)\n"
+                         "libc.pthread_mutexattr_init(attr); libc.pthread_mutexattr_setrobust(attr, 1)\n"
+                         "libc.pthread_mutex_init(m, attr)\n"
+                         "t = threading.Thread(target=libc.pthread_mutex_lock, args=(m,)); t.start(); t.join()\n"
+                         "r = libc.pthread_mutex_lock(m)\n"
+                         "print(r == errno.EOWNERDEAD, libc.pthread_mutex_consistent(m), libc.pthread_mutex_unlock(m))", 1))
+        assert out == "True 0 0\n", out
+    finally:
+        s.close()
