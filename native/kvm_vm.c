@@ -340,6 +340,19 @@ int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err) {
     return 0;
 }
 
+int zb_vm_load_thread(zb_vm *vm, zb_sandbox *sb, char *err) {
+    if (vm->attached != sb) return zb_vm_load_cpu(vm, sb, err);
+    if (zb_vm_load_xsave(vm, sb, err) < 0) return -1;
+    if (!vm->user_sregs_valid) { /* the fields outside the user template: read once, as set_user_state does */
+        if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &vm->user_sregs) < 0) { zb_seterr(err, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
+        vm->user_sregs_valid = 1;
+    }
+    struct kvm_sregs s = vm->user_sregs;
+    zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
+    if (zb_vm_set_user_state(vm, &sb->cpu.regs, &s) < 0) { zb_seterr(err, "KVM_SET_SREGS/REGS: %s", strerror(errno)); return -1; }
+    return 0;
+}
+
 int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err) {
     if (vm->attached == sb) return 0;
     if (vm->attached && zb_vm_detach(vm, err) < 0) return -1;

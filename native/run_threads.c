@@ -79,7 +79,7 @@ static int load(zb_sandbox *sb, zb_vm *vm, int slot, zb_event *ev) {
             }
     }
     char err[ZB_ERRLEN];
-    if (zb_vm_load_cpu(vm, sb, err) < 0) { zb_run_error(sb, ev, "thread switch: %s", err); return 1; }
+    if (zb_vm_load_thread(vm, sb, err) < 0) { zb_run_error(sb, ev, "thread switch: %s", err); return 1; }
     if (!sb->cpu.pending_syscall && (sb->sig.pending & ~sb->sig.blocked) &&
         (zb_run_deliver_signals(sb, ev) || zb_run_set_user_state(sb, vm, ev) < 0))
         return 1;
