@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define MSR_STAR 0xc0000081
@@ -43,11 +44,21 @@ static int install_kick_handler(char *err) {
     sa.sa_sigaction = kick_handler;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_SIGINFO; /* no SA_RESTART: KVM_RUN and ppoll must return EINTR */
-    if (sigaction(ZB_KICK_SIGNAL, &sa, NULL) < 0) {
+    if (sigaction(ZB_KICK_SIGNAL, &sa, NULL) < 0 || sigaction(ZB_WATCH_SIGNAL, &sa, NULL) < 0) {
         zb_seterr(err, "cannot install the engine's kick signal handler: %s", strerror(errno));
         return -1;
     }
     return 0;
+}
+
+int zb_engine_watch_fd(int fd, int on) {
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0) return -1;
+    if (on) {
+        struct f_owner_ex owner = {F_OWNER_TID, (pid_t)syscall(SYS_gettid)}; /* the thread that runs sandboxes */
+        if (fcntl(fd, F_SETOWN_EX, &owner) < 0 || fcntl(fd, F_SETSIG, ZB_WATCH_SIGNAL) < 0) return -1;
+    }
+    return fcntl(fd, F_SETFL, on ? flags | O_ASYNC : flags & ~O_ASYNC);
 }
 
 static int open_kvm(char *err) {
@@ -398,6 +409,19 @@ int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err) {
     if (ioctl(vm->vcpu_fd, KVM_SET_SREGS, &s) < 0) { zb_seterr(err, "KVM_SET_SREGS: %s", strerror(errno)); return -1; }
     if (zb_vm_load_xsave(vm, sb, err) < 0) return -1;
     if (ioctl(vm->vcpu_fd, KVM_SET_REGS, &sb->cpu.regs) < 0) { zb_seterr(err, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
+    return 0;
+}
+
+int zb_vm_load_thread(zb_vm *vm, zb_sandbox *sb, char *err) {
+    if (vm->attached != sb) return zb_vm_load_cpu(vm, sb, err);
+    if (zb_vm_load_xsave(vm, sb, err) < 0) return -1;
+    if (!vm->user_sregs_valid) { /* the fields outside the user template: read once, as set_user_state does */
+        if (ioctl(vm->vcpu_fd, KVM_GET_SREGS, &vm->user_sregs) < 0) { zb_seterr(err, "KVM_GET_SREGS: %s", strerror(errno)); return -1; }
+        vm->user_sregs_valid = 1;
+    }
+    struct kvm_sregs s = vm->user_sregs;
+    zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
+    if (zb_vm_set_user_state(vm, &sb->cpu.regs, &s) < 0) { zb_seterr(err, "KVM_SET_SREGS/REGS: %s", strerror(errno)); return -1; }
     return 0;
 }
 

@@ -240,6 +240,10 @@ long zb_stop_for_deadline(zb_sandbox *sb);
 /* sleeping inside a syscall: waits until wake_ns or a kick/deadline. 0 = slept fully,
  * ZB_SYSCALL_STOP = interrupted (sb->stop set), -EINTR = the guest's alarm went off and interrupts. */
 long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns);
+/* A blocking read of the UART found no input: stop the run for an INPUT event, or, between
+ * requests (zb_sandbox_set_input_yields) while another thread can run or wake by itself, wait
+ * like a sleep without end so that the other threads run (run_events.c). A syscall result. */
+long zb_wait_input(zb_sandbox *sb);
 /* The run's deadline (0: none), set by zb_sandbox_run for the running thread. */
 extern __thread int64_t zb_run_deadline_ns;
 /* This thread's signal mask with the kick signal unblocked, for sleeps (set by zb_sandbox_run). */

@@ -108,6 +108,22 @@ long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
     }
 }
 
+/* The agent's main thread reads the UART for its next request. Under ipykernel the notebook's
+ * other threads keep running meanwhile, so between requests the host sets input_yields and the
+ * reader waits like a sleep with no end: it yields to a runnable thread, sleeps until a waiter's
+ * timeout (or the guest's alarm) and yields then, and the run stops at a kick (the host's next
+ * request: EngineServer makes its socket send the kick signal). Once no other thread can run or
+ * wake by itself (they all wait on futexes with no timeout), nothing can change before a request
+ * comes, and the run stops for INPUT as it does without threads: an idle sandbox costs no CPU. */
+long zb_wait_input(zb_sandbox *sb) {
+    const zb_threads *ts = &sb->threads;
+    if (sb->input_yields && ts->count > 1 &&
+        (zb_threads_others_runnable(ts, 1) || zb_threads_next_wake(ts) != INT64_MAX || sb->sig.alarm_ns))
+        return zb_sleep_until(sb, INT64_MAX);
+    zb_stop_event(sb, ZB_EVENT_INPUT, 1);
+    return ZB_SYSCALL_STOP;
+}
+
 int zb_should_stop(const zb_sandbox *sb) {
     if (!atomic_load(&sb->running)) return 0; /* the host's own calls (export, diff) have no deadline */
     return zb_kick_pending(sb) || (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns);

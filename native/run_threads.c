@@ -24,8 +24,10 @@
 #include "process.h"
 #include "sandbox_state.h"
 #include "run.h"
+#include "fs.h"
 
 #include <poll.h>
+#include <sys/syscall.h>
 
 /* Copy a thread's vCPU state without replacing dst's XSAVE buffer (both are xsave_size bytes). */
 static void cpu_copy(zb_cpu *dst, const zb_cpu *src, size_t xsave_size) {
@@ -77,7 +79,7 @@ static int load(zb_sandbox *sb, zb_vm *vm, int slot, zb_event *ev) {
             }
     }
     char err[ZB_ERRLEN];
-    if (zb_vm_load_cpu(vm, sb, err) < 0) { zb_run_error(sb, ev, "thread switch: %s", err); return 1; }
+    if (zb_vm_load_thread(vm, sb, err) < 0) { zb_run_error(sb, ev, "thread switch: %s", err); return 1; }
     if (!sb->cpu.pending_syscall && (sb->sig.pending & ~sb->sig.blocked) &&
         (zb_run_deliver_signals(sb, ev) || zb_run_set_user_state(sb, vm, ev) < 0))
         return 1;
@@ -246,19 +248,38 @@ int zb_run_threads_after_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     return 0;
 }
 
+/* The thread (not the loaded running one) whose blocking read of the UART yielded to the other
+ * threads between requests (zb_wait_input), when the host has pushed input since: it runs first,
+ * so the request is served at once rather than after another thread's slice or sleep. Found from
+ * the thread's pending syscall (a read of a UART file), so a restored snapshot needs no mark. -1
+ * if there is none. */
+static int input_reader(zb_sandbox *sb) {
+    const zb_threads *ts = &sb->threads;
+    if (!zb_uart_rx_available(&sb->uart)) return -1;
+    for (int i = 0; i < ts->cap; i++) {
+        const zb_thread *t = &ts->t[i];
+        if (!t->tid || i == ts->current || t->state == ZB_THREAD_FUTEX) continue;
+        if (!t->cpu.pending_syscall || t->cpu.pending_nr != SYS_read) continue;
+        const zb_file *f = zb_fd_get(sb, t->cpu.regs.rdi);
+        if (f && f->kind == FILE_DEV && f->dev == DEV_UART) return i;
+    }
+    return -1;
+}
+
 int zb_run_threads_start(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     zb_threads *ts = &sb->threads;
     int64_t now = zb_now_ns();
     ts->slice_start_ns = now;
     expire(ts, now);
     int target = route_signals(sb);
+    if (target < 0) target = input_reader(sb);
     if (ts->t[ts->current].state != ZB_THREAD_RUNNABLE) { /* it waits (a kick or deadline stopped the idle wait) */
         if (target < 0) target = pick(ts, ts->current, 1);
         if (target < 0) return idle_wait(sb, vm, ev);
         return load(sb, vm, target, ev);
     }
     if (target < 0) { zb_run_timer_update(sb); return 0; }
-    /* the signal is another thread's (the main thread's, usually): switch to it. A run that ended on
+    /* the signal (or the pushed input) is another thread's (the main thread's, usually): switch to it. A run that ended on
      * a kick or the deadline stopped the running thread anywhere in user code without reading its
      * registers, so sb->cpu holds those of its last syscall: read them before parking it. Mid-trap,
      * the trap's syscall is served first and the next tick switches. (A thread stopped inside a

@@ -150,6 +150,8 @@ int zb_sandbox_set_max_threads(zb_sandbox *sb, int n) {
     return 0;
 }
 
+void zb_sandbox_set_input_yields(zb_sandbox *sb, int on) { sb->input_yields = on != 0; }
+
 void zb_sandbox_set_profile(zb_sandbox *sb, int on) {
     if (on) {
         memset(&sb->prof, 0, sizeof sb->prof);
@@ -222,6 +224,8 @@ void zb_sandbox_stats(zb_sandbox *sb, zb_stats *out) {
     out->dirty_pages = dirty;
     out->guest_pages = sb->mem.pages_allocated;
     out->guest_pages_limit = sb->mem.pages_limit;
+    out->threads = (uint64_t)sb->threads.count;
+    out->thread_switches = sb->threads.switches;
 }
 
 size_t zb_sandbox_take_log(zb_sandbox *sb, char *buf, size_t len) {

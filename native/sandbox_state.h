@@ -48,6 +48,7 @@ struct zb_sandbox {
     pthread_t runner;        /* valid while running */
     int trace_fd;
     int profile;             /* syscall phases are stamped (zb_sandbox_set_profile) */
+    int input_yields;        /* a UART read with no input lets other threads run (zb_sandbox_set_input_yields) */
     zb_syscall_profile prof;
     zb_syscall_nr_profile *prof_nr; /* ZB_PROFILE_NRS rows, allocated when profiling is first switched on */
     int64_t prof_exit_ns;    /* profiling: when the last KVM_RUN returned, and how long it took */

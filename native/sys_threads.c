@@ -89,9 +89,43 @@ static long sys_clone3(zb_sandbox *sb, const uint64_t a[6]) {
     return new_thread(sb, flags, stack ? stack + stack_size : 0, parent_tid, child_tid, tls);
 }
 
-/* exit of one thread: the last one ends the process (exit_group). Otherwise CHILD_CLEARTID's 0 is
- * stored and its futex woken (pthread_join waits on it), and the run loop switches away and frees
- * the slot. Robust futexes are not walked: no library the guest runs uses them. */
+/* Robust futexes (Linux's exit_robust_list): a robust mutex the exiting thread still holds (on its
+ * list, or the one it was locking or unlocking: list_op_pending) gets FUTEX_OWNER_DIED, and one
+ * waiter is woken, so the next pthread_mutex_lock returns EOWNERDEAD instead of waiting forever.
+ * The list is guest memory: at most ROBUST_LIST_LIMIT entries (Linux's bound, which also ends a
+ * cycle), every word read and written through the checked copies; a bad pointer ends the walk, as
+ * on Linux. Bit 0 of an entry marks a PI futex, which this engine does not have (ENOSYS). */
+#define ROBUST_LIST_LIMIT 2048
+#define FUTEX_WAITERS_BIT 0x80000000u
+#define FUTEX_OWNER_DIED_BIT 0x40000000u
+#define FUTEX_TID_BITS 0x3fffffffu
+
+static void futex_owner_died(zb_sandbox *sb, uint64_t uaddr, int32_t tid) {
+    uint32_t word;
+    if ((uaddr & 3) || zb_copy_from_guest(sb, &word, uaddr, 4) < 0) return;
+    if ((word & FUTEX_TID_BITS) != (uint32_t)tid) return; /* not held by this thread */
+    uint32_t died = (word & FUTEX_WAITERS_BIT) | FUTEX_OWNER_DIED_BIT;
+    if (zb_copy_to_guest(sb, uaddr, &died, 4) < 0) return;
+    if (word & FUTEX_WAITERS_BIT) zb_threads_futex_wake(&sb->threads, uaddr, FUTEX_BITSET_MATCH_ANY, 1);
+}
+
+static void exit_robust_list(zb_sandbox *sb, const zb_thread *me) {
+    uint64_t head[3]; /* struct robust_list_head: list.next, futex_offset, list_op_pending */
+    if (!me->robust_list || zb_copy_from_guest(sb, head, me->robust_list, sizeof head) < 0) return;
+    uint64_t entry = head[0], pending = head[2] & ~1ull, offset = head[1];
+    for (int n = 0; entry != me->robust_list && n < ROBUST_LIST_LIMIT; n++) {
+        uint64_t e = entry & ~1ull, next;
+        if (!e || zb_copy_from_guest(sb, &next, e, 8) < 0) break;
+        if (e != pending) futex_owner_died(sb, e + offset, me->tid);
+        entry = next;
+    }
+    if (pending) futex_owner_died(sb, pending + offset, me->tid);
+}
+
+/* exit of one thread: the last one ends the process (exit_group). Otherwise its robust futexes are
+ * released (exit_robust_list), CHILD_CLEARTID's 0 is stored and its futex woken (pthread_join waits
+ * on it), as Linux's mm_release does in that order, and the run loop switches away and frees the
+ * slot. */
 static long sys_exit(zb_sandbox *sb, const uint64_t a[6]) {
     zb_threads *ts = &sb->threads;
     if (ts->count <= 1) {
@@ -102,6 +136,7 @@ static long sys_exit(zb_sandbox *sb, const uint64_t a[6]) {
         return ZB_SYSCALL_STOP;
     }
     zb_thread *me = running(sb);
+    exit_robust_list(sb, me);
     if (me->clear_child_tid && !(me->clear_child_tid & 3)) {
         uint32_t zero = 0;
         if (zb_copy_to_guest(sb, me->clear_child_tid, &zero, 4) == 0)

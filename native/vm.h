@@ -87,6 +87,10 @@ int zb_vm_save_xsave(zb_vm *vm, zb_sandbox *sb, char *err);
 int zb_vm_load_xsave(zb_vm *vm, zb_sandbox *sb, char *err);
 /* Load the attached sandbox's registers, segments and XSAVE image into the vCPU. */
 int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err);
+/* Another thread of the attached sandbox (run_threads.c): its XSAVE image now, its registers and
+ * FS/GS base with the next entry, as a syscall's return sets them (KVM_CAP_SYNC_REGS), instead of
+ * zb_vm_load_cpu's four ioctls. zb_vm_load_cpu for a sandbox that is not attached. */
+int zb_vm_load_thread(zb_vm *vm, zb_sandbox *sb, char *err);
 /* The sandbox's memory goes away: unmap it from the executor if attached. */
 int zb_vm_forget(zb_vm *vm, zb_sandbox *sb, char *err);
 /* The vCPU's registers at the last exit of KVM_RUN (kvm_run's copy with sync_regs, else

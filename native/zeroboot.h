@@ -15,7 +15,10 @@
  * kick signal: zb_engine_open installs a handler so that a pending kick makes KVM_RUN (or a guest's
  * sleep) return. A SIGUSR2 sent to the engine's process from outside (kill) is a kick of the
  * running sandbox too: zb_sandbox_run then returns ZB_EVENT_KICK, also while the guest sleeps in a
- * syscall. That handler and its flag are the only process-wide state the engine owns.
+ * syscall. It also handles ZB_WATCH_SIGNAL, a real-time signal that a watched file descriptor sends
+ * (zb_engine_watch_fd), which kicks the same way: being queued, it is never merged into a pending
+ * wake-up timer signal as a second SIGUSR2 would be. That handler and its flag are the only
+ * process-wide state the engine owns.
  *
  * Errors: functions that can fail take `char *err` (ZB_ERRLEN bytes) and fill it with an
  * actionable message; they return NULL or -1. Nothing the guest does can make them crash.
@@ -32,6 +35,7 @@ typedef struct zb_snapshot zb_snapshot;
 
 #define ZB_ERRLEN 512
 #define ZB_KICK_SIGNAL 12 /* SIGUSR2 */
+#define ZB_WATCH_SIGNAL 42 /* SIGRTMIN+8 of glibc (which keeps 32-33): sent by a watched fd */
 
 /* Why zb_sandbox_run returned. */
 #define ZB_EVENT_EXIT 1    /* guest called exit_group: `status`. The sandbox is finished. */
@@ -77,6 +81,8 @@ typedef struct zb_stats {
                                   dirty log was read (reading it re-protects pages, so stats do not) */
     uint64_t guest_pages;      /* pages the guest has allocated (mmap/brk/stack/ELF) */
     uint64_t guest_pages_limit;
+    uint64_t threads;          /* guest threads alive */
+    uint64_t thread_switches;  /* guest thread switches on the vCPU, ever */
 } zb_stats;
 
 /* Where the host-side time of guest syscalls goes, per phase (cumulative nanoseconds), collected
@@ -248,6 +254,11 @@ int zb_sandbox_set_max_processes(zb_sandbox *sb, int n);
 int zb_sandbox_process_count(zb_sandbox *sb);
 /* Child-process sandboxes alive in this process, over all families (for leak checks). */
 long zb_child_processes_alive(void);
+/* Between requests (on != 0): a blocking UART read with no input queued does not stop the run for
+ * INPUT while another guest thread can run or wake by itself; the reader waits and the others run
+ * until a kick (or the deadline), or until none can, then INPUT as usual. Off (the default) during
+ * requests, where INPUT means the guest asks the host for something (an input() reply). */
+void zb_sandbox_set_input_yields(zb_sandbox *sb, int on);
 void zb_sandbox_profile(zb_sandbox *sb, zb_syscall_profile *out);
 /* The per-number rows of the profile with calls > 0, ascending by number: up to max of them
  * copied to out; returns how many there are (0 if profiling was never on). */
@@ -263,6 +274,10 @@ int zb_sandbox_run(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev);
 int zb_sandbox_push_input(zb_sandbox *sb, const void *data, size_t len, char *err);
 /* Ask a running zb_sandbox_run (on another thread) to return ZB_EVENT_KICK soon. Thread-safe. */
 void zb_sandbox_kick(zb_sandbox *sb);
+/* Make input arriving on fd (a socket or pipe) kick the run of the calling thread (on != 0: O_ASYNC,
+ * owner this thread, signal ZB_WATCH_SIGNAL), or stop that (on = 0). The engine server watches its
+ * request socket this way while guest threads run between requests. -1 (errno) if fcntl failed. */
+int zb_engine_watch_fd(int fd, int on);
 /* Deliver a signal (e.g. SIGINT = 2) to the guest's handler when it next runs. Returns -1 with err
  * when the guest has no handler for it (the default action would kill it). With child processes,
  * every process of the first process's group (the foreground group) gets it too, as a terminal's

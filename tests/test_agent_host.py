@@ -687,3 +687,24 @@ def test_interrupt_reaches_the_line_after_a_held_one(agent: AgentProcess) -> Non
     assert stdout_text(frames) == "first\n"
     assert reply["ename"] == "KeyboardInterrupt"
     assert "----> 4" in plain(reply["traceback"]).replace("\x1b", "") or "line 4" in plain(reply["traceback"])
+
+
+def test_output_threads_print_between_requests_is_held_and_bounded(agent: AgentProcess, tmp_path: Path) -> None:
+    """Threads run between cells (issue 14): what they print then goes out with the next request,
+    at most HELD_OUTPUT_MAX characters of it (the newest), with a note saying how much was dropped."""
+    marker = tmp_path / "printed"
+    first = stdout_text(agent.execute("import threading, sys\n"
+                  "def flood():\n"
+                  "    for i in range(3000):\n"
+                  "        sys.stdout.write(f'{i:07d}' + 'x' * 992 + '\\n')\n"
+                  f"    open({str(marker)!r}, 'w').close()\n"
+                  "held_t = threading.Thread(target=flood); held_t.start()"))  # its first lines: this cell's
+    deadline = time.monotonic() + TIMEOUT
+    while not marker.exists():  # printed between the requests: the agent waits for the next one
+        assert time.monotonic() < deadline, agent.agent_log()
+        time.sleep(0.05)
+    text = stdout_text(agent.execute("held_t.join()"))
+    note, _, held = text.partition("]\n")
+    assert note.startswith("[zeroboot: ") and "characters of output that threads printed between cells were dropped" in note
+    assert len(held) <= 1 << 20 and held.endswith("0002999" + "x" * 992 + "\n"), (note, len(held))
+    assert len(first) + int(note.split()[1]) + len(held) == 3000 * 1000, note

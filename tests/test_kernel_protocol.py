@@ -377,3 +377,23 @@ def test_no_subshells(kc: BlockingKernelClient) -> None:
     reply = _control(kc, "create_subshell_request")
     assert reply["content"]["status"] == "error" and "subshell" in reply["content"]["evalue"]
     collect(kc, reply["_sent_id"])
+
+
+# ---- threads between cells (issue 14) ------------------------------------------------------
+
+def test_threads_keep_running_between_cells(kc: BlockingKernelClient) -> None:
+    """As under ipykernel: a background thread runs while the kernel waits for the next cell (the
+    engine process runs it until the request arrives), and a cell sent meanwhile is served."""
+    reply, _ = execute(kc, "import threading, time\nbg_ticks, bg_stop = [], threading.Event()\n"
+                           "def bg_tick():\n"
+                           "    while not bg_stop.is_set():\n"
+                           "        bg_ticks.append(1); time.sleep(0.02)\n"
+                           "threading.Thread(target=bg_tick, daemon=True).start()\nbg_n = len(bg_ticks)")
+    assert reply["status"] == "ok", reply
+    time.sleep(1.0)  # real time between the cells: ~50 ticks under ipykernel
+    reply, msgs = execute(kc, "print(len(bg_ticks) - bg_n > 10)")
+    assert reply["status"] == "ok" and stream_text(msgs) == "True\n", (reply, msgs)
+    for _ in range(3):  # quick cells while the thread runs: each request stops the run at once
+        assert value_of(kc, "1+1") == "2"
+    reply, msgs = execute(kc, "bg_stop.set(); time.sleep(0.1); print(threading.active_count())")
+    assert stream_text(msgs) == "1\n", msgs

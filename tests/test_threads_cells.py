@@ -1,14 +1,20 @@
 """Threads in notebook cells (issue 14): threading, ThreadPoolExecutor, Timer, queue workers and
 tqdm's monitor thread work; output of a background thread goes to the running cell; a crash in a
 thread rolls the cell back; an interrupt reaches the main thread with threads alive; a timeout
-stops every thread; %rewind, isolated mode and Sandbox.fork carry (or clear) the threads."""
+stops every thread; %rewind, isolated mode and Sandbox.fork carry (or clear) the threads; threads
+keep running between cells (Session.between_cells, as the engine server runs it) until a request
+comes or they all wait, and the checkpoint before the next cell is the state at its start."""
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
 
 from session_helpers import cell
+from zeroboot_kernel import engine_requests as req
+from zeroboot_kernel import engine_wire as wire
+from zeroboot_kernel.engine_server import EngineServer
 from zeroboot_kernel.session import Session
 
 
@@ -138,3 +144,119 @@ def test_sandbox_fork_carries_threads(template) -> None:
             assert r.status == "ok" and r.stdout == "['ran']\n", r
         r = sb.execute("print(t.is_alive(), res)")
         assert r.stdout == "True []\n", r  # the parent's thread still waits
+
+
+class _Safety:
+    """Kicks the sandbox after `seconds` so that a test of a run that should end by itself cannot
+    hang; `fired` says whether it had to (the test then fails)."""
+
+    def __init__(self, s: Session, seconds: float = 60.0) -> None:
+        self.fired = False
+        self.timer = threading.Timer(seconds, self._fire, args=(s,))
+        self.timer.start()
+
+    def _fire(self, s: Session) -> None:
+        self.fired = True
+        s.sandbox.guest.kick()
+
+    def __enter__(self) -> "_Safety":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer.cancel()
+
+
+def test_threads_run_between_cells_until_they_all_wait(s: Session) -> None:
+    """No request comes: the run ends by itself once the thread waits without a timeout, and the
+    checkpoint before the next cell is the state then (not the state at the reply)."""
+    ok(cell(s, "import threading, time\nsteps, go = [], threading.Event()\n"
+               "def work():\n"
+               "    for i in range(20):\n"
+               "        time.sleep(0.005); steps.append(i)\n"
+               "    go.wait()\n"
+               "threading.Thread(target=work, daemon=True).start()", 1))
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    assert not safety.fired, "the run between cells did not end when every thread waited"
+    assert s.ready is not None  # retaken once the thread waited
+    assert ok(cell(s, "print(len(steps))", 2)) == "20\n"
+    s.rewind(1)  # the state before cell 2: the thread's 20 steps, taken between the cells
+    assert ok(cell(s, "print(len(steps), threading.active_count())", 3)) == "20 2\n"
+
+
+def test_a_request_stops_threads_running_between_cells(s: Session) -> None:
+    ok(cell(s, "import threading, time\nticks, stop = [], threading.Event()\n"
+               "def tick():\n"
+               "    while not stop.is_set():\n"
+               "        ticks.append(1); time.sleep(0.01)\n"
+               "threading.Thread(target=tick, daemon=True).start()\n"
+               "n = len(ticks)", 1))
+    arrived = threading.Event()
+
+    def request() -> None:  # what the engine server's socket does when a request arrives
+        arrived.set()
+        s.sandbox.guest.kick()
+
+    threading.Timer(0.5, request).start()
+    s.between_cells(arrived.is_set)
+    assert s.ready is None  # the thread ran: the state at the reply is stale, the next cell takes its own
+    assert ok(cell(s, "print(len(ticks) > n + 5)", 2)) == "True\n"  # ~50 ticks of the 0.5 s between cells
+    s.rewind(1)  # before cell 2 = at its start, after the ticks between the cells
+    assert ok(cell(s, "print(len(ticks) > n + 5); stop.set()", 3)) == "True\n"
+
+
+def test_idle_threads_do_not_run_between_cells(s: Session) -> None:
+    """Threads that all wait without a timeout: nothing can change before a request, so the run
+    ends at once (no CPU spent) and the checkpoint prepared at the reply stands."""
+    ok(cell(s, "import threading\nev = threading.Event()\n"
+               "for _ in range(4): threading.Thread(target=ev.wait, daemon=True).start()", 1))
+    s.prepare_next_cell()  # as the engine server does after every reply
+    prepared = s.ready
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    assert not safety.fired and prepared is not None and s.ready is prepared
+
+
+def test_a_crash_in_a_thread_between_cells_rolls_the_last_cell_back(s: Session) -> None:
+    ok(cell(s, "import threading, time, ctypes\nx = 1", 1))
+    ok(cell(s, "x = 2\nthreading.Thread(target=lambda: (time.sleep(0.5), ctypes.string_at(0)), daemon=True).start()", 2))
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    assert not safety.fired
+    out = ok(cell(s, "print(x, threading.active_count())", 3))
+    assert "a thread crashed the sandbox after the last cell ended" in out and "before cell [2]" in out, out
+    assert out.endswith("1 1\n"), out
+
+
+def test_engine_server_socket_stops_the_run_between_cells(s: Session) -> None:
+    """The engine server's own path: a message arriving on its socket kicks the run (O_ASYNC)."""
+    ok(cell(s, "import threading, time\nstop = threading.Event()\n"
+               "threading.Thread(target=lambda: [time.sleep(0.01) for _ in iter(stop.is_set, True)], "
+               "daemon=True).start()", 1))
+    mine, kernel_side = socket.socketpair()
+    with mine, kernel_side, _Safety(s) as safety:
+        server = EngineServer(mine, s)
+        threading.Timer(0.3, wire.send, args=(kernel_side, {"op": req.STATS, "id": 1})).start()
+        server.between_requests()
+        assert not safety.fired, "the request did not stop the run"
+        assert server.request_waiting()
+    assert ok(cell(s, "stop.set(); print('ok')", 2)) == "ok\n"
+
+
+def test_robust_mutex_of_an_exited_thread_reports_owner_died(template) -> None:
+    """The engine walks an exiting thread's robust list (FUTEX_OWNER_DIED), as Linux does: the
+    next lock of a robust mutex its owner left locked returns EOWNERDEAD instead of waiting
+    forever (which the cell timeout would end)."""
+    s = Session(template, timeout=30.0)
+    try:
+        out = ok(cell(s, "import ctypes, errno, threading\n"
+                         "libc = ctypes.CDLL(None)\n"
+                         "attr, m = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)\n"
+                         "libc.pthread_mutexattr_init(attr); libc.pthread_mutexattr_setrobust(attr, 1)\n"
+                         "libc.pthread_mutex_init(m, attr)\n"
+                         "t = threading.Thread(target=libc.pthread_mutex_lock, args=(m,)); t.start(); t.join()\n"
+                         "r = libc.pthread_mutex_lock(m)\n"
+                         "print(r == errno.EOWNERDEAD, libc.pthread_mutex_consistent(m), libc.pthread_mutex_unlock(m))", 1))
+        assert out == "True 0 0\n", out
+    finally:
+        s.close()

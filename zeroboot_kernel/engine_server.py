@@ -28,7 +28,7 @@ from . import fanout
 from . import latency_trace
 from . import session_save
 from .errors import ZerobootError
-from .native import Engine
+from .native import Engine, watch_fd
 from .network_policy import NetworkPolicy
 from .guest_view import python_view
 from .session import Session
@@ -94,6 +94,25 @@ class EngineServer:
             return False
         (self.session.running_fork or self.session.sandbox).interrupt()  # a %%fanout run, else the cell
         return True
+
+    # ---- between requests ----
+    def request_waiting(self) -> bool:
+        """A message from the kernel is queued or readable (never blocks)."""
+        return bool(self.pending) or bool(select.select([self.sock], [], [], 0)[0])
+
+    def between_requests(self) -> None:
+        """Before waiting for the next request: let the guest's threads run until it arrives
+        (Session.between_cells). The engine is single-threaded, so the socket itself stops the run:
+        watched (native.watch_fd: O_ASYNC), a message's arrival sends this thread the engine's watch
+        signal, which ends a KVM_RUN or a guest's sleep as an interrupt's kick does. Only for this
+        run, so messages during a cell cost nothing; one that arrived before the watch began is seen
+        by request_waiting, which the run asks first."""
+        fd = self.sock.fileno()
+        watch_fd(fd, True)
+        try:
+            self.session.between_cells(self.request_waiting)
+        finally:
+            watch_fd(fd, False)
 
     def ask_input(self, prompt: str, password: bool) -> str | None:
         """The frontend's answer, or None when an interrupt of this cell ended the wait."""
@@ -301,6 +320,8 @@ class EngineServer:
 
     def serve(self) -> None:
         while True:
+            if not self.pending and self.session.threads_may_run():
+                self.between_requests()
             try:
                 msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
             except wire.BadMessage as exc:

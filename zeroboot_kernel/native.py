@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import logging
+import os
 import socket
 import threading
 import time
@@ -260,6 +261,11 @@ class Guest:
     def set_profile(self, on: bool) -> None:
         """Stamp every syscall's phases (switching it on clears the counts); off costs nothing."""
         lib.zb_sandbox_set_profile(self.handle, 1 if on else 0)
+
+    def set_input_yields(self, on: bool) -> None:
+        """Between requests: a UART read with no input lets the guest's other threads run instead of
+        stopping for INPUT at once (zb_sandbox_set_input_yields); off during requests."""
+        lib.zb_sandbox_set_input_yields(self.handle, 1 if on else 0)
 
     def set_max_threads(self, n: int) -> None:
         """The most guest threads alive at once (1..1024; clone past it fails with EAGAIN)."""
@@ -525,6 +531,14 @@ def keep_spare_pages(on: bool) -> None:
     """While on, snapshot store pages that die are kept for the next snapshot to write into
     (zb_snapshot_keep_spare); off gives back what is left."""
     lib.zb_snapshot_keep_spare(1 if on else 0)
+
+
+def watch_fd(fd: int, on: bool) -> None:
+    """While on, input arriving on fd kicks the calling thread's sandbox run (zb_engine_watch_fd:
+    O_ASYNC with the engine's queued watch signal)."""
+    if lib.zb_engine_watch_fd(fd, 1 if on else 0) < 0:
+        err = ffi.errno
+        raise OSError(err, f"cannot watch file descriptor {fd} for input: {os.strerror(err)}")
 
 
 def spare_bytes() -> int:

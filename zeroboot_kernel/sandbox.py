@@ -316,6 +316,42 @@ class Sandbox:
                                                "its reply"))
             raise self._break(self._failure(ev))
 
+    # ---- between requests ----
+    def threads_alive(self) -> int:
+        """The guest's live threads (1: only the agent's)."""
+        return int(self.guest.stats()["threads"])
+
+    def run_between_requests(self, request_waiting: Callable[[], bool]) -> BetweenRequests:
+        """Run the guest's other threads while the agent waits for its next request, as they run
+        between cells under ipykernel: until request_waiting() is true after a kick (the caller
+        makes a request's arrival kick the run: EngineServer watches its socket), or until no
+        thread can run or wake by itself (then nothing can change before a request and nothing
+        spins). Call it only when the agent waits for a request (after a reply's _settle). Output
+        the threads print stays in the guest and goes out with the next request (agent_io.py).
+        Raises what a crash of a thread (or the guest sending a frame now) is; the sandbox is
+        broken then and the caller restores it."""
+        self._check_usable()
+        switches = self.guest.stats()["thread_switches"]
+        self.guest.set_input_yields(True)
+        try:
+            while True:
+                if request_waiting():
+                    outcome = "request"
+                    break
+                ev = self.guest.run(None)
+                if ev.kind is EventKind.INPUT:
+                    outcome = "idle"
+                    break
+                if ev.kind in (EventKind.KICK, EventKind.OUTPUT):
+                    continue  # a kick: a request, or an interrupt between cells (dropped); raw console output
+                if ev.kind is EventKind.FRAME:
+                    raise self._break(ChannelError(f"the guest sent a frame (type {ev.frame_type}) between requests"))
+                raise self._break(self._failure(ev))
+        finally:
+            self.guest.set_input_yields(False)
+        ran = self.guest.stats()["thread_switches"] != switches
+        return BetweenRequests(outcome, ran)
+
     def _failure(self, ev: Event) -> Exception:
         if ev.kind is EventKind.FAULT:
             st = self.guest.stats()
@@ -336,6 +372,16 @@ class Sandbox:
     def _check_usable(self) -> None:
         if self.broken:
             raise SandboxError(f"this sandbox is broken ({self.broken}); restore it from a snapshot")
+
+
+@dataclass
+class BetweenRequests:
+    """How Sandbox.run_between_requests ended: "request" (one arrived) or "idle" (no thread can
+    run or wake by itself); `ran`: another thread than the waiting agent ran, so the state
+    changed since the run began."""
+
+    outcome: str
+    ran: bool
 
 
 class _CellRun:

@@ -113,7 +113,7 @@ class Session:
         self.memory_budget = checkpoint_memory if checkpoint_memory is not None else budget.from_env()
         self.budget_dropped = 0             # checkpoints dropped to stay within the budget, this session
         self.budget_reason = ""             # why %rewind cannot go deeper now ("" when the budget did not limit it)
-        self._budget_notices: list[str] = []  # for the user, printed (stderr) at the start of the next cell
+        self._budget_notices: list[str] = []  # for the user (budget, a crash between cells), printed (stderr) at the start of the next cell
         self._told_drop = self._told_over = False
         self._over = False                  # the last enforcement found the kept checkpoint alone over the budget
         self._predropped: list[int] = []    # checkpoints dropped just before the next one was taken (_checkpoint_now)
@@ -234,6 +234,53 @@ class Session:
         """Release the checkpoints _before_cell took off the list (past `keep`)."""
         while self._retired:
             self._retired.pop().release()
+
+    def threads_may_run(self) -> bool:
+        """Threads of user code are alive in the chained sandbox (between_cells has work: isolated
+        mode resets after the reply, which ends them)."""
+        return self.mode == "chained" and not self.sandbox.broken and self.sandbox.threads_alive() > 1
+
+    def between_cells(self, request_waiting: Callable[[], bool]) -> None:
+        """What the engine server does after a reply until the next request: prepare the next cell
+        (prepare_next_cell) and, in chained mode with threads of user code alive, keep them running
+        as ipykernel does (Sandbox.run_between_requests) until a request arrives (request_waiting)
+        or none can run by itself. The prepared checkpoint is the state at the reply; if another
+        thread ran since, it is not the state at the next cell's start any more: it is dropped, and
+        retaken when the threads went idle (no request waiting yet), else the next cell takes its
+        own at its start. A crash of a thread meanwhile rolls the last cell back, told at the start of
+        the next cell (_rollback_between_cells)."""
+        if not self.threads_may_run():
+            return
+        self.prepare_next_cell()
+        if self.ready is None:
+            return  # could not be taken (the next cell tries again and says why)
+        try:
+            done = self.sandbox.run_between_requests(request_waiting)
+        except SandboxError as exc:
+            self._rollback_between_cells(exc)
+            return
+        if not done.ran:
+            return  # only the agent's read ran: the prepared checkpoint is the state still
+        self._state_changes()
+        if done.outcome == "idle":
+            self.prepare_next_cell()
+
+    def _rollback_between_cells(self, exc: SandboxError) -> None:
+        """A thread crashed the sandbox (or broke the channel) after the last cell's reply. Under
+        ipykernel the kernel would die; here the last cell is rolled back, as a crash in a thread
+        during the cell rolls it back: the state at its reply would hold the same thread, about
+        to crash again. Told on stderr at the start of the next cell."""
+        self.rollbacks += 1
+        self.restored = True
+        self._state_changes()  # the prepared checkpoint holds the thread about to crash: dropped
+        cp = self.checkpoints.pop() if self.checkpoints else None
+        self.sandbox.restore(cp.snapshot if cp is not None else self.clean, fresh=cp is None)
+        what = f"its state before cell [{cp.number}]" if cp is not None else "a clean sandbox"
+        if cp is not None:
+            cp.snapshot.release()
+        self._budget_notices.append(f"[zeroboot] a thread crashed the sandbox after the last cell ended ({exc}); "
+                                    f"the sandbox was rolled back to {what}.\n")
+        log.warning("a thread crashed the sandbox between cells: %s", exc)
 
     def _state_changes(self) -> None:
         """The sandbox is about to change outside a cell: what prepare_next_cell did no longer holds."""

@@ -32,6 +32,9 @@ STREAM_INTERVAL = 0.05        # send a completed line only if the last STREAM fr
 # (\uXXXX), so a chunk always stays well below MAX_PAYLOAD however large a single write() is.
 STREAM_MAX_CHUNK = 1 << 20
 CHECK_RESERVE = 64  # bytes the self-check fields add to a payload
+# Output threads print between requests is held for the next one (Channel): at most this many
+# characters of it; past it the oldest half goes and the next request says how much was dropped.
+HELD_OUTPUT_MAX = 1 << 20
 
 READ_SIZE = 1 << 16
 
@@ -194,8 +197,8 @@ class Channel:
 
     All output goes through send(), which first flushes pending stream text, so the host sees
     output in the order the cell produced it. Output that a background thread writes while no
-    request runs (between the reply and the next request) is kept and goes out with the next
-    request, as ipykernel sends it with the cell that runs then.
+    request runs (between the reply and the next request: the engine runs threads then) is kept
+    and goes out with the next request, at most HELD_OUTPUT_MAX characters of it (the newest).
     """
 
     def __init__(self, fd: int, gate: InterruptGate) -> None:
@@ -221,6 +224,7 @@ class Channel:
         self.quiet_stream: Callable[[str, str], None] | None = None
         self.lock = threading.RLock()
         self._in_request = False
+        self._held_dropped = 0  # characters of held output dropped since the last request (HELD_OUTPUT_MAX)
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -283,11 +287,22 @@ class Channel:
             if "\n" in text or "\r" in text:
                 self._pending_eol = True
             if not self._in_request and not self.quiet:
+                if self._pending_len > HELD_OUTPUT_MAX:
+                    self._drop_held_output()
                 return  # a background thread between requests: kept for the next one
             if self._pending_len >= STREAM_MAX_BUFFER:
                 self.flush_stream()
             elif self._pending_eol and time.monotonic() - self._last_stream >= STREAM_INTERVAL:
                 self.flush_stream()
+
+    def _drop_held_output(self) -> None:
+        """Threads printed more than HELD_OUTPUT_MAX characters since the last reply (they run
+        between cells): keep the newest half, count what went."""
+        text = "".join(self._pending)
+        keep = text[-(HELD_OUTPUT_MAX // 2):]
+        self._held_dropped += len(text) - len(keep)
+        self._pending = [keep]
+        self._pending_len = len(keep)
 
     def new_request(self) -> None:
         """A request starts: its frames are numbered from 0, its stream characters counted from
@@ -295,6 +310,12 @@ class Channel:
         request's last STREAM frame was sent. Text a background thread wrote since the last
         reply is this request's first output (and counted in its stream characters)."""
         with self.lock:
+            if self._held_dropped:
+                note = (f"[zeroboot: {self._held_dropped} characters of output that threads printed between "
+                        f"cells were dropped; the last {self._pending_len} follow]\n")
+                self._pending.insert(0, note)
+                self._pending_len += len(note)
+                self._held_dropped = 0
             self._seq = 0
             self._stream_chars = self._pending_len
             self._last_stream = float("-inf")
