@@ -30,6 +30,7 @@ from traitlets import CBool, Type
 from traitlets.config import Config
 
 from . import agent_io as aio
+from . import agent_system
 from .frame_protocol import FrameType
 
 
@@ -81,9 +82,9 @@ def _without_agent_frames(tb: TracebackType | None) -> TracebackType | None:
     return kept[0]
 
 
-SANDBOX_NOTE = ("zeroboot: the VM sandbox cannot start processes yet (subprocess, multiprocessing, "
-                "ProcessPoolExecutor): os.fork works, exec does not; threads work (threading, ThreadPoolExecutor), "
-                "on one CPU.")
+SANDBOX_NOTE = ("zeroboot: multiprocessing (Pool, ProcessPoolExecutor) cannot run in the VM sandbox yet: its "
+                "locks need shared memory across processes (/dev/shm), which is not built; subprocess, os.fork, "
+                "!cmd and threads work (on one CPU).")
 THREAD_LIMIT_NOTE = ("zeroboot: the sandbox's limit of threads is reached (threads that have not ended count); "
                      "join finished threads, or use a ThreadPoolExecutor with fewer workers.")
 SHARED_MAPPING_NOTE = ("zeroboot: writable shared file mappings are not supported in the sandbox for the "
@@ -92,8 +93,6 @@ SHARED_MAPPING_NOTE = ("zeroboot: writable shared file mappings are not supporte
                        "that is already mapped shared and writable; files in /tmp, the home directory and a "
                        "notebook folder in overlay mode can be mapped. Otherwise use np.memmap mode 'c' "
                        "(copy-on-write) or 'r', read the file into memory, or keep sqlite's default journal mode.")
-SHELL_COMMAND_NOTE = ("the zeroboot sandbox cannot start processes yet, so shell commands (`!cmd`, `x = !cmd`, "
-                      "%%bash, %%sh, %%script) do not run here; use Python instead (os, shutil, glob, pathlib)")
 NETWORK_NOTE = ("zeroboot: the sandbox's network policy refused this connection (EACCES): cells reach only the "
                 "destinations the kernel's ZEROBOOT_NETWORK setting allows (none by default). The zeroboot line "
                 "printed above names the address and what to add; `%sandbox network` shows the list.")
@@ -186,12 +185,6 @@ def _explain_sandbox_refusal(value: BaseException | None) -> None:
         return
     if isinstance(value, OSError) and _starts_a_process(value.__traceback__):
         value.add_note(SANDBOX_NOTE)
-
-
-def _sandbox_os_system(command: object) -> int:
-    """os.system in the sandbox: glibc's system() cannot start /bin/sh here and would return 127 << 8,
-    a status code most callers never look at; say so instead."""
-    raise OSError(f"os.system({str(command)[:200]!r}): {SHELL_COMMAND_NOTE}")
 
 
 class FrameDisplayPublisher(DisplayPublisher):
@@ -350,14 +343,16 @@ class ZMQInteractiveShell(zmqshell.ZMQInteractiveShell):
             gate.leave_user_code(previous)
 
     def system_piped(self, cmd: str) -> None:  # type: ignore[override]
-        # IPython would look for /bin/sh and report '"sh" shell not found', which does not say why.
-        raise OSError(f"cannot run `!{cmd.strip()}`: {SHELL_COMMAND_NOTE}")
+        """IPython's system_piped (what ipykernel runs for `!cmd`) over a pipe: no ptys here."""
+        if cmd.rstrip().endswith("&"):
+            raise OSError("Background processes not supported.")  # IPython's words
+        exit_code = agent_system.run_streamed(self.var_expand(cmd, depth=1))
+        self.user_ns["_exit_code"] = exit_code
+        if self.system_raise_on_error and exit_code != 0:
+            from subprocess import CalledProcessError
+            raise CalledProcessError(exit_code, cmd)
 
     system = system_piped
-    system_raw = system_piped
-
-    def getoutput(self, cmd: str, split: bool = True, depth: int = 0) -> Any:
-        raise OSError(f"cannot run `!{cmd.strip()}`: {SHELL_COMMAND_NOTE}")
 
     def enable_gui(self, gui: str | None = None) -> None:
         # No GUI toolkit can run in the VM; inline matplotlib needs no event loop.
@@ -407,7 +402,6 @@ def make_shell(channel: aio.Channel) -> ZMQInteractiveShell:
     shell.kernel = SandboxKernel(shell)
     # Jedi is slow in the VM; ipykernel leaves it off by default too.
     shell.Completer.use_jedi = False
-    os.system = _sandbox_os_system  # type: ignore[assignment]
     # As ipykernel's kernel app (IPython's default_extensions): %store.
     try:
         shell.extension_manager.load_extension("storemagic")

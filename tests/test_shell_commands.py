@@ -1,0 +1,78 @@
+"""Shell commands in cells (issue 15): `!cmd`, `x = !cmd`, `%%bash`, `os.system` and `subprocess` run
+as guest processes (a fork of the sandbox that execs the system view's /bin/sh), their output
+streams into the cell with a terminal's line ends as under ipykernel, and an interrupt stops them."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from session_helpers import cell
+from zeroboot_kernel.session import Session
+
+
+@pytest.fixture
+def s(template, tmp_path):
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n3,4\n")
+    session = Session(template, project_dir=str(tmp_path), environ={})
+    yield session
+    session.close()
+
+
+def ok(reply: dict) -> str:
+    assert reply["status"] == "ok", reply
+    return reply["stdout"]
+
+
+def test_bang_commands_print_as_under_ipykernel(s: Session) -> None:
+    assert ok(cell(s, "!echo hi; echo to-stderr >&2", 1)) == "hi\r\nto-stderr\r\n"
+    assert ok(cell(s, "!wc -l < data.csv", 2)) == "3\r\n"
+    assert ok(cell(s, "!seq 1 100000 | sort -n | tail -1", 3)) == "100000\r\n"
+    assert ok(cell(s, "name = 'data.csv'\n!grep -c , $name", 4)) == "3\r\n"  # IPython's $var expansion
+    assert ok(cell(s, "!exit 3\nprint(_exit_code)", 5)) == "3\n"
+    assert cell(s, "lines = !cat data.csv\nlines", 6)["result"] == "['a,b', '1,2', '3,4']"
+
+
+def test_os_system_and_subprocess(s: Session) -> None:
+    assert cell(s, "import os\nos.system('exit 5') >> 8", 1)["result"] == "5"
+    assert cell(s, "import subprocess\nsubprocess.run(['sh', '-c', 'echo $((6*7))'], capture_output=True, "
+                   "text=True, check=True).stdout", 2)["result"] == "'42\\n'"
+    r = cell(s, "subprocess.run(['false'], check=True)", 3)
+    assert r["status"] == "error" and r["ename"] == "CalledProcessError", r
+    assert cell(s, "subprocess.check_output(['ls', '.'], text=True)", 4)["result"] == "'data.csv\\n'"
+
+
+def test_a_popen_kept_across_cells(s: Session) -> None:
+    ok(cell(s, "import subprocess\np = subprocess.Popen(['cat'], stdin=subprocess.PIPE, stdout=subprocess.PIPE)", 1))
+    assert cell(s, "p.communicate(b'through cat')", 2)["result"] == "(b'through cat', None)"
+    assert cell(s, "p.returncode", 3)["result"] == "0"
+
+
+@pytest.mark.parametrize("code, exit_check", [
+    ("!echo started; sleep 100", "_exit_code"),
+    ("%%bash\necho started\nsleep 100", None),
+])
+def test_output_streams_and_an_interrupt_stops_the_command(s: Session, code: str, exit_check: str | None) -> None:
+    """The first line reaches the host while the command still runs (it cannot end by itself before
+    the cell's timeout): that is streaming; the interrupt sent then stops it and the cell ends."""
+    started = threading.Event()
+    out: list[str] = []
+
+    def on_stream(name: str, text: str) -> None:
+        out.append(text)
+        if "started" in "".join(out):
+            started.set()
+
+    def interrupt_when_started() -> None:
+        if started.wait(60):
+            s.sandbox.interrupt()
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    reply = s.execute(code, execution_count=1, on_stream=on_stream)
+    assert started.is_set() and "started" in "".join(out), (reply, out)
+    if exit_check:  # IPython's system: the interrupt stops the command, the cell ends normally
+        assert reply["status"] == "ok", reply
+        assert cell(s, exit_check, 2)["result"] == "-2"
+    else:  # the %%bash magic reports the interrupt as ipykernel's does (no error either)
+        assert reply["status"] in ("ok", "error"), reply
+    assert ok(cell(s, "print('alive')", 3)) == "alive\n"
