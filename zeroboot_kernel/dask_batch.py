@@ -32,6 +32,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,12 +201,16 @@ def execute_on_cluster(sources: Sequence[Path], outputs: Sequence[Path | None], 
     # on the workers: their own log, and the executed notebook back unless they write it
     settings = dataclasses.replace(settings, on_log=_worker_log, keep_notebooks=not workers_write)
     cluster = None
+    t0 = time.monotonic()
     if scheduler is None:
         cluster = LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True, dashboard_address=":0")
     client = Client(cluster if cluster is not None else scheduler)
+    log.info("dask: connected to %s in %.1f s", client.scheduler.address, time.monotonic() - t0)
     try:
+        t0 = time.monotonic()
         client.register_plugin(ZerobootWorkerPlugin(settings.template), name=PLUGIN_NAME)  # type: ignore[arg-type]
         statuses: dict[str, str | None] = client.run(_plugin_status)
+        log.info("dask: %d worker(s) set up in %.1f s", len(statuses), time.monotonic() - t0)
         unusable = {addr: why for addr, why in statuses.items() if why}
         for why in unusable.values():
             on_log(f"{why}; it gets no notebooks")
