@@ -56,6 +56,7 @@ class NotebookResult:
     error: str | None = None         # what stopped it (the cell, the exception), or why it did not run
     errors_allowed: int = 0
     notebook: nbformat.NotebookNode | None = field(default=None, repr=False)
+    worker: str | None = None        # the Dask worker that ran it (dask_batch.py); None: this process
 
     @property
     def ok(self) -> bool:
@@ -91,7 +92,8 @@ def execute_notebooks(notebooks: Iterable[str | os.PathLike[str]], *, output_dir
                       timeout: float | None = None, allow_errors: bool = False, template: str = "default",
                       write: bool = True, keep_notebooks: bool = False,
                       on_result: Callable[[NotebookResult], None] | None = None,
-                      on_log: Callable[[str], None] | None = None) -> list[NotebookResult]:
+                      on_log: Callable[[str], None] | None = None, scheduler: str | None = None,
+                      dask: bool = False, workers_write: bool = False) -> list[NotebookResult]:
     """Execute notebooks, each in its own sandbox forked from the template, `jobs` at a time.
 
     parameters: injected as papermill injects them (after the cell tagged `parameters`).
@@ -101,6 +103,10 @@ def execute_notebooks(notebooks: Iterable[str | os.PathLike[str]], *, output_dir
     write: write each executed notebook (to output_dir/NAME.ipynb, else NAME.executed.ipynb beside it).
     keep_notebooks: keep each executed NotebookNode in its result (memory: all of them at once).
     on_result: called (from a worker thread, one call at a time) as each notebook finishes.
+    scheduler: a Dask scheduler's address (tcp://HOST:PORT): the notebooks run as tasks on its
+    workers (dask_batch.py); dask: the same on a LocalCluster of `jobs` worker processes;
+    workers_write: the workers write the executed notebooks into output_dir themselves (a folder
+    they all share) instead of sending them back.
     Returns one NotebookResult per notebook, in the given order."""
     sources = [Path(nb) for nb in notebooks]
     if jobs < 1:
@@ -116,6 +122,16 @@ def execute_notebooks(notebooks: Iterable[str | os.PathLike[str]], *, output_dir
     outputs: list[Path | None] = list(output_paths(sources, out_dir)) if write else [None] * len(sources)
     if out_dir is not None and write:
         out_dir.mkdir(parents=True, exist_ok=True)
+    if workers_write and (out_dir is None or not write or not (scheduler or dask)):
+        raise BatchError("workers_write (--workers-write) needs a Dask cluster and an output directory they share")
+    settings = _Settings(parameters or {}, isolated, timeout, allow_errors, template, keep_notebooks,
+                         on_log or (lambda text: log.warning("%s", text)))
+    if scheduler or dask:
+        from . import dask_batch  # distributed is imported only here
+
+        return dask_batch.execute_on_cluster(sources, outputs, settings, scheduler=scheduler, local_workers=jobs,
+                                             workers_write=workers_write, on_result=on_result,
+                                             on_log=settings.on_log)
     work: queue.Queue[_Job] = queue.Queue()
     for i, (src, out) in enumerate(zip(sources, outputs)):
         work.put(_Job(i, src, out))
@@ -130,8 +146,6 @@ def execute_notebooks(notebooks: Iterable[str | os.PathLike[str]], *, output_dir
             if on_result is not None:
                 on_result(result)
 
-    settings = _Settings(parameters or {}, isolated, timeout, allow_errors, template, keep_notebooks,
-                         on_log or (lambda text: log.warning("%s", text)))
     workers = [threading.Thread(target=_worker, args=(settings, work, report, stop, failures),
                                 name=f"zeroboot-batch-{n}", daemon=True) for n in range(min(jobs, len(sources)))]
     for w in workers:

@@ -106,7 +106,8 @@ def _cmd_execute(args: argparse.Namespace) -> int:
         results = execute_notebooks(args.notebooks, output_dir=args.output_dir, parameters=parameters, jobs=args.jobs,
                                     isolated=args.isolated, timeout=args.timeout, allow_errors=args.allow_errors,
                                     template=args.template, on_result=done,
-                                    on_log=lambda text: bar.write(f"zeroboot: {text}", file=sys.stderr))
+                                    on_log=lambda text: bar.write(f"zeroboot: {text}", file=sys.stderr),
+                                    scheduler=args.scheduler, dask=args.dask, workers_write=args.workers_write)
     print(summary_table(results))
     return 0 if all(r.ok for r in results) else 1
 
@@ -191,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds one cell may run")
     ex.add_argument("--allow-errors", action="store_true", help="a cell's error does not stop its notebook")
     ex.add_argument("--template", default="default", help="template to fork from (default: default)")
+    where = ex.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
+                       help="run the notebooks as tasks on this Dask cluster (docs/ARCHITECTURE.md, 'Dask')")
+    where.add_argument("--dask", action="store_true",
+                       help="run them on a local Dask cluster of --jobs worker processes")
+    ex.add_argument("--workers-write", action="store_true",
+                    help="with --scheduler/--dask: the workers write into --output-dir, a folder they all share "
+                         "(default: the executed notebooks come back here)")
     ex.set_defaults(func=_cmd_execute)
     bench = sub.add_parser("bench", help="run the benchmarks (`bench all [--quick]`, `bench engine`, `bench soak`, "
                                          "...; same as python -m zeroboot_kernel.bench)")

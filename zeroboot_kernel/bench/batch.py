@@ -1,6 +1,7 @@
 """`python -m zeroboot_kernel.bench batch`: many small notebooks, `zeroboot-kernel execute --jobs 2`
-vs papermill (stock python3 kernel, two at a time) vs `jupyter nbconvert --execute` (two processes),
-in the same run.
+vs the same through a local Dask cluster of 2 worker processes (`--dask --jobs 2`, the overhead of
+going through Dask: cluster start, plugin setup, one task per notebook) vs papermill (stock python3
+kernel, two at a time) vs `jupyter nbconvert --execute` (two processes), in the same run.
 
 Each notebook (N = 200, --quick 20) has a papermill `parameters` cell (rows, and its own seed),
 builds a numpy array and a pandas DataFrame, prints a describe() and draws one matplotlib plot
@@ -80,6 +81,23 @@ def run_zeroboot(paths: list[Path], out: Path, cache: Path) -> float:
     return seconds
 
 
+def run_zeroboot_dask(paths: list[Path], out: Path, cache: Path) -> float:
+    cmd = [sys.executable, "-m", "zeroboot_kernel", "execute", *map(str, paths), "--output-dir", str(out),
+           "--dask", "--jobs", str(JOBS), "-p", "rows", str(ROWS)]
+    seconds, proc = common.time_command(cmd, timeout=3600, env={**os.environ, "XDG_CACHE_HOME": str(cache)})
+    if "building it now" in proc.stderr:
+        raise RuntimeError("bench batch: the template was rebuilt inside the measurement")
+    return seconds
+
+
+def _have_distributed() -> bool:
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def warm_cache(cache: Path) -> None:
     """Build the default template into `cache` (this process's environment is left as it was)."""
     saved = os.environ.get("XDG_CACHE_HOME")
@@ -128,15 +146,19 @@ def measure(quick: bool = False, n: int | None = None) -> dict[str, Any]:
         paths = make_notebooks(src, n)
         names = [p.name for p in paths]
         tools: dict[str, Any] = {}
-        for tool, run in (("zeroboot", run_zeroboot), ("papermill", run_papermill), ("nbconvert", run_nbconvert)):
+        runs = [("zeroboot", run_zeroboot), ("papermill", run_papermill), ("nbconvert", run_nbconvert)]
+        if _have_distributed():
+            runs.insert(1, ("zeroboot_dask", run_zeroboot_dask))
+        for tool, run in runs:
             out = root / tool
             out.mkdir()
             seconds = run(paths, out, cache)
             check_outputs(out, names, tool)
             tools[tool] = {"seconds": round(seconds, 2), "notebooks_per_s": round(n / seconds, 2)}
         base = tools["zeroboot"]["notebooks_per_s"]
-        for tool in ("papermill", "nbconvert"):
-            tools[tool]["zeroboot_speedup"] = round(base / tools[tool]["notebooks_per_s"], 1)
+        for tool in ("papermill", "nbconvert", "zeroboot_dask"):
+            if tool in tools:
+                tools[tool]["zeroboot_speedup"] = round(base / tools[tool]["notebooks_per_s"], 1)
         return {"quick": quick, "notebooks": n, "jobs": JOBS, "rows": ROWS, "cells": CELLS, "tools": tools}
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -144,8 +166,12 @@ def measure(quick: bool = False, n: int | None = None) -> dict[str, Any]:
 
 def markdown(res: dict[str, Any]) -> str:
     t = res["tools"]
-    rows = [["`zeroboot-kernel execute --jobs 2`", t["zeroboot"]["seconds"], t["zeroboot"]["notebooks_per_s"], "1x"],
-            ["papermill, stock `python3` kernel, 2 at a time", t["papermill"]["seconds"],
+    rows = [["`zeroboot-kernel execute --jobs 2`", t["zeroboot"]["seconds"], t["zeroboot"]["notebooks_per_s"], "1x"]]
+    if "zeroboot_dask" in t:
+        rows.append(["`zeroboot-kernel execute --dask --jobs 2` (LocalCluster, 2 worker processes)",
+                     t["zeroboot_dask"]["seconds"], t["zeroboot_dask"]["notebooks_per_s"],
+                     f"{t['zeroboot_dask']['zeroboot_speedup']}x"])
+    rows += [["papermill, stock `python3` kernel, 2 at a time", t["papermill"]["seconds"],
              t["papermill"]["notebooks_per_s"], f"{t['papermill']['zeroboot_speedup']}x"],
             ["`jupyter nbconvert --execute`, 2 processes", t["nbconvert"]["seconds"],
              t["nbconvert"]["notebooks_per_s"], f"{t['nbconvert']['zeroboot_speedup']}x"]]
@@ -154,7 +180,10 @@ def markdown(res: dict[str, Any]) -> str:
             f"a describe(), one matplotlib PNG), run by each tool with {res['jobs']} at a time, in the same run; wall "
             "time includes each tool's start-up, the template was built before (a warm cache).\n\n" + table +
             "\nzeroboot forks each notebook's sandbox from the warm template in its worker engine; papermill and "
-            "nbconvert start a kernel process per notebook and import numpy, pandas and matplotlib again in each.\n")
+            "nbconvert start a kernel process per notebook and import numpy, pandas and matplotlib again in each. "
+            "The Dask line runs the same command with `--dask`: its wall time includes starting the LocalCluster "
+            "(a scheduler and 2 worker processes), the worker plugin's template load and one task per notebook "
+            "(the notebook's bytes out, the executed notebook back).\n")
 
 
 def main(argv: list[str] | None = None) -> int:
