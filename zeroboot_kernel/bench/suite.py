@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def sections(quick: bool) -> dict[str, Callable[[], dict[str, Any]]]:
     """section name -> how to measure it, at full or quick size."""
     if quick:  # CI's smoke run (tests/test_bench_quick.py): every path of every section, a few times each
-        return {"engine": lambda: engine.measure(quick=True), "peers": lambda: peers.measure(runs=2),
+        return {"engine": lambda: engine.measure(quick=True), "peers": lambda: peers.measure(runs=1),
                 "kernel": lambda: kernel.measure(iterations=3, warmup=1), "scaling": lambda: scaling.measure(quick=True),
                 "files": lambda: files.measure(size_mb=8),
                 "syscalls": lambda: syscalls.measure(quick=True),
