@@ -184,8 +184,17 @@ def test_timeout_stops_the_cell_and_the_next_fork_works(template: Template) -> N
 
 
 def test_interrupt_raises_keyboard_interrupt(sb: Sandbox) -> None:
-    threading.Timer(0.3, sb.interrupt).start()
-    r = sb.execute("x = 0\nwhile True: x += 1")
+    # from another thread (as the kernel's control channel does), once the loop has started: a
+    # timer started with the request could fire before `x = 0` on a loaded machine
+    timer = threading.Timer(0.1, sb.interrupt)
+
+    def started(name: str, chunk: str) -> None:
+        if not timer.is_alive() and not timer.finished.is_set():  # once, at the first chunk
+            timer.start()
+
+    r = sb.execute("x = 0\nprint('started', flush=True)\nwhile True: x += 1", on_stream=started)
+    assert r.stdout == "started\n", r
+    timer.join()
     assert r.status == "error" and r.error["ename"] == "KeyboardInterrupt" and r.interrupted
     assert int(text(sb.execute("x"))) > 0
 

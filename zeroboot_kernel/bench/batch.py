@@ -3,7 +3,7 @@ vs the same through a local Dask cluster of 2 worker processes (`--dask --jobs 2
 going through Dask: cluster start, plugin setup, one task per notebook) vs papermill (stock python3
 kernel, two at a time) vs `jupyter nbconvert --execute` (two processes), in the same run.
 
-Each notebook (N = 200, --quick 20) has a papermill `parameters` cell (rows, and its own seed),
+Each notebook (N = 200, --quick 2) has a papermill `parameters` cell (rows, and its own seed),
 builds a numpy array and a pandas DataFrame, prints a describe() and draws one matplotlib plot
 (a PNG output). zeroboot runs them all with one command (`-p rows R`); papermill runs one command
 per notebook (`papermill IN OUT -p rows R -k python3`, as a pipeline does), two at a time; nbconvert
@@ -11,8 +11,9 @@ runs two commands, each with half of the notebooks (it starts a kernel per noteb
 inject parameters, so its notebooks run with their defaults, which are the same values). Wall time
 includes each tool's own start-up. The template is built before the clock starts (a warm cache: the
 state of every machine after `zeroboot-kernel install`), in a cache of the benchmark's own, so that
-nobody else's `template rm` or rebuild lands inside the measurement. Every written notebook is checked: all
-cells run, one PNG, the printed row count right; a run whose notebooks are wrong is an error.
+nobody else's `template rm` or rebuild lands inside the measurement (--quick, a smoke run: the
+caller's cache). Every written notebook is checked: all cells run, one PNG, the printed row count
+right; a run whose notebooks are wrong is an error.
 """
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ from typing import Any
 import nbformat
 from nbformat import v4
 
-from ..template import Template
+from ..template import Template, cache_root
 from . import common
 
 JOBS = 2
+QUICK_NOTEBOOKS = 2  # --quick (CI's smoke run): one per job
 ROWS = 500
 CELLS = [
     "import numpy as np\nimport pandas as pd\nimport matplotlib.pyplot as plt",
@@ -136,10 +138,12 @@ def run_nbconvert(paths: list[Path], out: Path, cache: Path) -> float:
 
 
 def measure(quick: bool = False, n: int | None = None) -> dict[str, Any]:
-    n = n or (20 if quick else 200)
+    n = n or (QUICK_NOTEBOOKS if quick else 200)
     root = Path(tempfile.mkdtemp(prefix="zeroboot-bench-batch-"))
     try:
-        cache = root / "cache"
+        # --quick (a smoke run, no statistics) uses this process's cache, warm from the sections
+        # before it, instead of building a template of its own (~10 s)
+        cache = cache_root().parent.parent if quick else root / "cache"
         warm_cache(cache)  # as after `zeroboot-kernel install`
         src = root / "src"
         src.mkdir()
@@ -189,7 +193,7 @@ def markdown(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench batch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="20 notebooks instead of 200")
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_NOTEBOOKS} notebooks instead of 200")
     p.add_argument("-n", type=int, default=None, help="how many notebooks (overrides --quick)")
     p.add_argument("--json", type=Path, default=common.results_dir() / "batch.json")
     args = p.parse_args(argv)

@@ -36,11 +36,11 @@ MIB = 1 << 20
 
 
 def _scenarios(quick: bool) -> dict[str, dict[str, Any]]:
-    if quick:  # CI-sized: same shapes, a fraction of the data
-        return {"arrays": {"setup": "import numpy as np", "cells": [f"a = np.random.rand(5_000_000); b = a * {i}"
-                                                                      for i in range(1, 5)], "data_mb": 80},
-                "dataframe": {"setup": _df_setup(500_000), "cells": [f"df = df * 1.01 + {i}" for i in range(1, 7)],
-                              "data_mb": 40}}
+    if quick:  # CI's smoke run: same shapes, a few cells, a sliver of the data
+        return {"arrays": {"setup": "import numpy as np", "cells": [f"a = np.random.rand(1_000_000); b = a * {i}"
+                                                                      for i in range(1, 5)], "data_mb": 16},
+                "dataframe": {"setup": _df_setup(100_000), "cells": [f"df = df * 1.01 + {i}" for i in range(1, 5)],
+                              "data_mb": 8}}
     return {"arrays": {"setup": "import numpy as np", "cells": [f"a = np.random.rand(25_000_000); b = a * {i}"
                                                               for i in range(1, 11)], "data_mb": 400},
             # 200 MB, not the 1 GB: the default template has 1 GiB of guest memory, and a
@@ -254,8 +254,8 @@ def measure(quick: bool = False, timeout: float = 600.0) -> dict[str, Any]:
         row["time_with_checkpoint_ratio"] = round(row[OURS]["median_with_checkpoint_ms"]
                                                   / max(row[STOCK]["median_with_checkpoint_ms"], 0.1), 2)
         res["scenarios"][name] = row
-    res["fill"] = fills((256 << 20) if quick else (2 << 30))
-    res["spill"] = spill_probe(64 if quick else 400)
+    res["fill"] = fills((64 << 20) if quick else (2 << 30))
+    res["spill"] = spill_probe(16 if quick else 400)
     return res
 
 

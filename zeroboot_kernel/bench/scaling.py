@@ -91,8 +91,8 @@ def throughput(workers: int, seconds: float) -> float:
 
 def measure(quick: bool = False) -> dict[str, Any]:
     template = Template.ensure()
-    populations = (1, 10, 100) if quick else (1, 10, 100, 1000)
-    seconds = 3.0 if quick else 10.0
+    populations = (1, 10) if quick else (1, 10, 100, 1000)  # --quick: CI's smoke run, the paths not the curve
+    seconds = 1.0 if quick else 10.0
     one, two = throughput(1, seconds), throughput(2, seconds)
     return {"quick": quick, "cell": CELL, "probe_forks": PROBE_FORKS, "forks": fork_scaling(template, populations),
             "throughput_seconds": seconds, "cells_per_s_1_worker": one, "cells_per_s_2_workers": two,
@@ -116,7 +116,7 @@ def markdown(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m zeroboot_kernel.bench scaling", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="up to 100 live forks, 3 s of throughput")
+    p.add_argument("--quick", action="store_true", help="up to 10 live forks, 1 s of throughput (a smoke run)")
     p.add_argument("--json", type=Path, default=common.results_dir() / "scaling.json")
     p.add_argument("--worker", type=float, metavar="SECONDS", help=argparse.SUPPRESS)  # one throughput worker
     args = p.parse_args(argv)

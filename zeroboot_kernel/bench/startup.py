@@ -113,7 +113,7 @@ def _matmul_side_by_side(script: str, runs: int, env: dict[str, str], force: dic
             "speed_vs_host": stats["host"]["p50"] / stats["zeroboot"]["p50"]}
 
 
-def measure(runs: int = 20, matmul_runs: int = 3) -> dict[str, Any]:
+def measure(runs: int = 20, matmul_runs: int = 3, matmul_loops: int = MATMUL_LOOPS) -> dict[str, Any]:
     env, cwd = _env(), str(common.PACKAGE_ROOT)
     cases = {"pass": "pass", "import numpy": "import numpy"}
     samples: dict[str, dict[str, list[float]]] = {name: {"zeroboot": [], "host": []} for name in cases}
@@ -126,7 +126,7 @@ def measure(runs: int = 20, matmul_runs: int = 3) -> dict[str, Any]:
             samples[name]["host"].append(common.time_command(_host(code), env=env, cwd=cwd)[0])
     in_process = _in_process_runs(runs)
 
-    script = MATMUL.format(loops=MATMUL_LOOPS, reps=MATMUL_REPS)
+    script = MATMUL.format(loops=matmul_loops, reps=MATMUL_REPS)
     own = _matmul_side_by_side(script, matmul_runs, env, {})
     host_core = own["cores"]["host"]
     same = _matmul_side_by_side(script, matmul_runs, env,
@@ -134,7 +134,7 @@ def measure(runs: int = 20, matmul_runs: int = 3) -> dict[str, Any]:
 
     summary = {name: {side: common.summarize(xs) for side, xs in sides.items()} for name, sides in samples.items()}
     summary["in-process pass"] = {"zeroboot": common.summarize(in_process), "host": summary["pass"]["host"]}
-    return {"runs": runs, "matmul_runs": matmul_runs, "summary_seconds": summary,
+    return {"runs": runs, "matmul_runs": matmul_runs, "matmul_loops": matmul_loops, "summary_seconds": summary,
             "matmul": {"same_kernel": same, "own_kernel": own},
             "matmul_speed_vs_host": same["speed_vs_host"],
             "samples_seconds": {"startup": samples, "in_process_pass": in_process}}
@@ -155,7 +155,7 @@ def markdown(data: dict[str, Any]) -> str:
                      f"{mm['speed_vs_host']:.3f}x host speed"])
     table = common.markdown_table(["case (p50)", "zeroboot-kernel", "host", "ratio"], rows)
     notes = (f"\n{data['runs']} interleaved runs per start-up case; matmul (float64, single-threaded BLAS): "
-             f"{data['matmul_runs']} processes per side, each the median of {MATMUL_REPS} x {MATMUL_LOOPS} matmuls, "
+             f"{data['matmul_runs']} processes per side, each the median of {MATMUL_REPS} x {data.get('matmul_loops', MATMUL_LOOPS)} matmuls, "
              "timed inside the guest/host. Target: >= 0.95x host speed with the same kernel.\n")
     return table + notes
 

@@ -4,7 +4,7 @@ Runs the sections one after another (engine, peers, kernel, scaling, files, sysc
 memory, batch), writes each
 one's JSON (+ .md) into --out, a summary `all.json` with the headline numbers, and renders
 docs/PERFORMANCE.md with its charts (docs/img/). `--quick` runs every section with few
-repetitions (a few minutes; the CI smoke test uses it) and, unless --report is given, writes the
+repetitions (a smoke run of a few minutes; the CI smoke test uses it) and, unless --report is given, writes the
 report next to the results instead of into docs/.
 The soak (`bench soak`) is not part of it: it runs for an hour at full size.
 """
@@ -24,11 +24,12 @@ log = logging.getLogger(__name__)
 
 def sections(quick: bool) -> dict[str, Callable[[], dict[str, Any]]]:
     """section name -> how to measure it, at full or quick size."""
-    if quick:
-        return {"engine": lambda: engine.measure(quick=True), "peers": lambda: peers.measure(runs=5),
-                "kernel": lambda: kernel.measure(iterations=10, warmup=2), "scaling": lambda: scaling.measure(quick=True),
-                "files": lambda: files.measure(size_mb=50),
-                "syscalls": lambda: syscalls.measure(quick=True), "startup": lambda: startup.measure(runs=3, matmul_runs=1),
+    if quick:  # CI's smoke run (tests/test_bench_quick.py): every path of every section, a few times each
+        return {"engine": lambda: engine.measure(quick=True), "peers": lambda: peers.measure(runs=1),
+                "kernel": lambda: kernel.measure(iterations=3, warmup=1), "scaling": lambda: scaling.measure(quick=True),
+                "files": lambda: files.measure(size_mb=8),
+                "syscalls": lambda: syscalls.measure(quick=True),
+                "startup": lambda: startup.measure(runs=1, matmul_runs=1, matmul_loops=2),
                 "memory": lambda: memory.measure(quick=True), "batch": lambda: batch.measure(quick=True)}
     return {"engine": engine.measure, "peers": peers.measure, "kernel": kernel.measure, "scaling": scaling.measure,
             "files": files.measure, "syscalls": syscalls.measure, "startup": startup.measure, "memory": memory.measure,
