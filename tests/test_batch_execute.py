@@ -102,6 +102,19 @@ def _output_shape(out: dict[str, Any]) -> dict[str, Any]:
     return shape
 
 
+def _merged_streams(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive stream outputs of one name as one: how a print is cut into stream messages
+    depends on timing (under load stock ipykernel sends one print as two), not on the kernel."""
+    merged: list[dict[str, Any]] = []
+    for out in outputs:
+        if merged and out["output_type"] == "stream" and merged[-1]["output_type"] == "stream" \
+                and merged[-1]["name"] == out["name"]:
+            merged[-1] = {**merged[-1], "text": merged[-1]["text"] + out["text"]}
+        else:
+            merged.append(out)
+    return merged
+
+
 def _shape(nb: nbformat.NotebookNode) -> list[dict[str, Any]]:
     cells = []
     for cell in nb.cells:
@@ -112,7 +125,7 @@ def _shape(nb: nbformat.NotebookNode) -> list[dict[str, Any]]:
         if cell.cell_type == "code":
             entry["execution_count"] = cell.execution_count
             entry["execution"] = sorted(cell.metadata.get("execution", {}))
-            entry["outputs"] = [_output_shape(o) for o in cell.outputs]
+            entry["outputs"] = [_output_shape(o) for o in _merged_streams(cell.outputs)]
         cells.append(entry)
     return cells
 
