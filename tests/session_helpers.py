@@ -14,3 +14,9 @@ def cell(s: Session, code: str, n: int = 1) -> dict:
     reply["stdout"] = "".join(out)
     reply["result"] = results[0]["data"]["text/plain"] if results else None
     return reply
+
+
+def ok(reply: dict) -> str:
+    """The stdout of a cell() reply that must have succeeded."""
+    assert reply["status"] == "ok", reply
+    return reply["stdout"]

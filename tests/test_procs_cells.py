@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from session_helpers import cell
+from session_helpers import cell, ok
 from zeroboot_kernel.native import Guest
 from zeroboot_kernel.session import Session
 
@@ -18,11 +18,6 @@ def s(template):
     session = Session(template)
     yield session
     session.close()
-
-
-def ok(reply: dict) -> str:
-    assert reply["status"] == "ok", reply
-    return reply["stdout"]
 
 
 def test_fork_and_wait_in_a_cell(s: Session) -> None:

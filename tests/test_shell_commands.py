@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from session_helpers import cell
+from session_helpers import cell, ok
 from zeroboot_kernel.session import Session
 
 
@@ -17,11 +17,6 @@ def s(template, tmp_path):
     session = Session(template, project_dir=str(tmp_path), environ={})
     yield session
     session.close()
-
-
-def ok(reply: dict) -> str:
-    assert reply["status"] == "ok", reply
-    return reply["stdout"]
 
 
 def test_bang_commands_print_as_under_ipykernel(s: Session) -> None:

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from session_helpers import cell
+from session_helpers import cell, ok
 from zeroboot_kernel import engine_requests as req
 from zeroboot_kernel import engine_wire as wire
 from zeroboot_kernel.engine_server import EngineServer
@@ -23,11 +23,6 @@ def s(template):
     session = Session(template)
     yield session
     session.close()
-
-
-def ok(reply: dict) -> str:
-    assert reply["status"] == "ok", reply
-    return reply["stdout"]
 
 
 def test_thread_start_join_pool_timer_and_queue(s: Session) -> None:
