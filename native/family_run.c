@@ -22,6 +22,7 @@
 #include "process.h"
 #include "sandbox_state.h"
 #include "fs.h"
+#include "shared_map.h"
 #include "run.h"
 #include "sandbox.h"
 #include "snapshot.h"
@@ -38,6 +39,19 @@ long zb_child_processes_alive(void) { return atomic_load(&children_alive); }
 static void free_child(zb_sandbox *p) {
     zb_sandbox_free(p);
     atomic_fetch_sub(&children_alive, 1);
+}
+
+/* The processes of a family share one file system, as Linux processes share a mount namespace: a
+ * file that `!cmd` writes is there for the notebook. The fork made the child a copy of the
+ * parent's (same inode numbers, its opens counted in the copy): its open files become the
+ * parent's shared descriptions, its shared mappings count in the parent's file system, and the
+ * copy goes. */
+static void share_file_system(zb_sandbox *child, zb_sandbox *parent) {
+    zb_fdtable_share(child->fds, child->fs, parent->fds);
+    zb_shmap_count_opens(&child->mem, parent->fs, 1);
+    zb_fs_free(child->fs);
+    child->fs = parent->fs;
+    child->fs_borrowed = 1;
 }
 
 zb_sandbox *zb_family_fork_sandbox(zb_sandbox *parent, int32_t pid, char *err) {
@@ -74,7 +88,7 @@ zb_sandbox *zb_family_fork_sandbox(zb_sandbox *parent, int32_t pid, char *err) {
     child->uart.tx_len = 0;
     child->uart.frame_ready = 0;
     child->trace_fd = parent->trace_fd;
-    zb_fdtable_share(child->fds, child->fs, parent->fds);
+    share_file_system(child, parent);
     child->fam = parent->fam;
     atomic_fetch_add(&children_alive, 1);
     return child;

@@ -187,11 +187,13 @@ fail:
     return NULL;
 }
 
+/* The parent and the child use one file system (zb_family_fork_sandbox), so an open file
+ * description is shared as Linux shares it: offsets, overlay inodes, directory positions. */
 static int shared_across_fork(const zb_file *f) {
-    if (f->ino) return 0; /* an overlay inode is a number in one sandbox's file system */
     switch (f->kind) {
-    case FILE_HOST: case FILE_DEV: case FILE_CONSOLE: case FILE_PIPE: case FILE_SOCKET: case FILE_EVENTFD: return 1;
-    default: return 0; /* overlay files, directories, epolls, internet sockets: the clone's copy */
+    case FILE_EPOLL: case FILE_INET: return 0; /* the clone's copy: an interest list of the clone's own
+                                                  files; a host socket the engine serves per sandbox */
+    default: return 1;
     }
 }
 

@@ -486,9 +486,10 @@ int zb_where_own(struct zb_file *f);
 zb_fdtable *zb_fdtable_new(void);
 /* The clone's overlay inodes are the source's (same numbers, opens already counted). */
 zb_fdtable *zb_fdtable_clone(const zb_fdtable *t);
-/* After a fork: the fds of dst (a clone of src) whose open file descriptions Linux shares across
- * fork() and that carry no state of their file system (pipes, sockets, consoles, devices, host
- * files, eventfds) become src's own descriptions, shared (their offsets and stream ends too). */
+/* After a fork: the fds of dst (a clone of src, its copies counted in dst_fs) become src's own open
+ * file descriptions, shared as Linux shares them across fork() (offsets, stream ends, overlay
+ * inodes, directory positions), but for epolls and internet sockets, which stay dst's copies. The
+ * child then uses src's file system (zb_family_fork_sandbox). */
 void zb_fdtable_share(zb_fdtable *dst, zb_fs *dst_fs, const zb_fdtable *src);
 /* The result of a read or write of f that transferred nothing: on a blocking fd of a ZB_FOPS_BLOCKS
  * kind, -EAGAIN becomes a wait (ZB_SYSCALL_BLOCK / ZB_SYSCALL_STOP, the syscall served again, or

@@ -7,6 +7,7 @@
 #include "process.h"
 #include "sandbox_state.h"
 #include "fs.h"
+#include "shared_map.h"
 #include "linux.h"
 #include "sandbox.h"
 
@@ -237,6 +238,14 @@ size_t zb_sandbox_take_log(zb_sandbox *sb, char *buf, size_t len) {
 }
 
 void zb_sandbox_free_state(zb_sandbox *sb) {
+    if (sb->fs_borrowed) { /* a child process: its family's file system stays, with its counts right */
+        zb_fdtable_free(sb->fds, sb->fs);
+        zb_shmap_count_opens(&sb->mem, sb->fs, -1);
+        sb->fds = NULL;
+        sb->fs = NULL;
+        sb->fs_borrowed = 0;
+        return;
+    }
     /* the fs goes away with the table: no open counts to keep (and no shared inode chunk to copy) */
     zb_fdtable_free(sb->fds, NULL);
     sb->fds = NULL;

@@ -42,6 +42,7 @@ struct zb_sandbox {
     uint64_t snapshots_taken; /* by zb_sandbox_snapshot: every 8th also moves pages out of mostly dead stores */
 
     int finished;            /* exited, crashed or broke a rule: cannot run again */
+    int fs_borrowed;         /* a child process: fs is its family's (process 1's), not freed with it */
     atomic_int kick_requested;
     atomic_int running;
     int64_t run_started_ns;  /* while zb_sandbox_run runs: when it started (guest CPU clocks) */

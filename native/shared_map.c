@@ -167,3 +167,8 @@ long zb_shmap_unmap(zb_sandbox *sb, uint64_t addr, uint64_t len) {
     }
     return 0;
 }
+
+void zb_shmap_count_opens(const zb_memory *m, zb_fs *fs, int delta) {
+    if (!m->shmap) return;
+    for (size_t i = 0; i < m->shmap->n; i++) zb_ovl_open_ref(fs, m->shmap->e[i].ino, delta);
+}

@@ -38,6 +38,9 @@ long zb_shmap_msync(zb_sandbox *sb, uint64_t addr, uint64_t len);
 /* MADV_DONTNEED of [addr, addr+len) (after a write-back and zeroing): read the file's bytes in
  * again, as Linux drops the pages and faults them in from the file. */
 void zb_shmap_refill(zb_sandbox *sb, uint64_t addr, uint64_t len);
+/* Add delta to the open count, in fs, of the inode of every shared mapping of m: a child process's
+ * mappings move to the file system it shares with its family, and leave it with the child. */
+void zb_shmap_count_opens(const zb_memory *m, zb_fs *fs, int delta);
 /* The shared mapping overlapping guest range [addr, addr+len), or NULL. */
 const zb_shmap_entry *zb_shmap_find(const zb_memory *m, uint64_t addr, uint64_t len);
 

@@ -71,3 +71,31 @@ def test_output_streams_and_an_interrupt_stops_the_command(s: Session, code: str
     else:  # the %%bash magic reports the interrupt as ipykernel's does (no error either)
         assert reply["status"] in ("ok", "error"), reply
     assert ok(cell(s, "print('alive')", 3)) == "alive\n"
+
+
+def test_files_a_command_writes_are_the_notebooks(s: Session) -> None:
+    """One file system for the sandbox's processes, as one mount namespace on Linux: what `!cmd`
+    or a child writes (the notebook folder, /tmp) is there for the notebook, and the other way."""
+    ok(cell(s, "!echo from-sh > made.txt; mkdir -p /tmp/d && printf 'x,y\\n1,2\\n' > /tmp/d/t.csv", 1))
+    assert cell(s, "open('made.txt').read()", 2)["result"] == "'from-sh\\n'"
+    assert cell(s, "import pandas as pd\npd.read_csv('/tmp/d/t.csv').values.tolist()", 3)["result"] == "[[1, 2]]"
+    ok(cell(s, "open('/tmp/from_py', 'w').write('from python')", 4))
+    assert ok(cell(s, "!cat /tmp/from_py; rm /tmp/from_py", 5)) == "from python"
+    assert cell(s, "import os\nos.path.exists('/tmp/from_py')", 6)["result"] == "False"
+
+
+def test_a_forked_child_shares_open_files_and_their_offsets(s: Session) -> None:
+    out = ok(cell(s, "import os\n"
+                     "f = open('/tmp/shared.txt', 'w+b', buffering=0)\n"
+                     "f.write(b'parent;')\n"
+                     "pid = os.fork()\n"
+                     "if pid == 0:\n"
+                     "    f.write(b'child;')  # the same open file description: the same offset\n"
+                     "    os._exit(0)\n"
+                     "os.waitpid(pid, 0)\n"
+                     "f.write(b'parent again')\n"
+                     "os.unlink('/tmp/shared.txt')  # unlinked while open: it lives on\n"
+                     "f.seek(0)\n"
+                     "print(f.read(), os.path.exists('/tmp/shared.txt'))\n"
+                     "f.close()", 1))
+    assert out == "b'parent;child;parent again' False\n", out
