@@ -320,8 +320,13 @@ class EngineServer:
 
     def serve(self) -> None:
         while True:
-            if not self.pending and self.session.threads_may_run():
-                self.between_requests()
+            try:
+                if not self.pending and self.session.threads_may_run():
+                    self.between_requests()
+            except (SystemExit, wire.ChannelClosed):
+                raise
+            except Exception:  # noqa: BLE001 - as a request's: the next request is still served
+                log.exception("running the guest's threads between requests failed")
             try:
                 msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
             except wire.BadMessage as exc:
