@@ -1,8 +1,7 @@
 """`python -m zeroboot_kernel.bench execve`: execve of /bin/true in the guest vs process creation on
 the host (issue 15), in one run.
 
-The guest cannot fork yet (another part of issue 15), so what is measured there is exec alone: a
-fork of the template runs a cell that reads the clock and calls os.execv("/bin/true"), and the
+What is measured in the guest is exec alone (fork+wait is `bench processes`): a fork of the template runs a cell that reads the clock and calls os.execv("/bin/true"), and the
 time runs until the engine reports the exit (execve, ld.so, libc's start-up, exit_group). The
 guest's clock is the host's (the vDSO page), so both ends are on one clock. On the host a process
 cannot exec without being created, so the host rows are fork+exec+wait and posix_spawn+wait of

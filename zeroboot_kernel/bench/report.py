@@ -38,11 +38,10 @@ COMMS_NOTE = ("A slider moved in the frontend: the comm_msg, the observe callbac
               "idle status. In the sandbox the message runs like a small cell: from the prepared checkpoint, "
               "then the next checkpoint is taken after the reply.")
 # the text under the execve section
-EXECVE_NOTE = ("The guest cannot fork yet, so its row is exec alone: from just before os.execv in a fork of the "
-               "template to the engine's exit event (execve, ld.so and libc start-up, exit_group; the guest's "
+EXECVE_NOTE = ("The guest's row is exec alone (fork+wait is the processes section's): from just before os.execv "
+               "in a fork of the template to the engine's exit event (execve, ld.so and libc start-up, exit_group; the guest's "
                "clock is the host's). A host process cannot exec without being created, so the host rows include "
                "process creation, which the guest row does not.")
-  # sections measured by their own runs, rendered when their results exist
 # the text under the processes section (its numbers come from its own run, `bench processes`)
 PROCESSES_NOTE = ("os.fork()+os.waitpid of the agent's CPython: a guest fork is a snapshot of the parent taken inside its fork syscall (the pages it wrote since its last snapshot: ~2 ms) and a new sandbox forked from it (~26 ms: its memory mapped and the snapshot's pages applied), after which the parent and the child run in turn on the one executor VM. Each switch re-attaches the VM to the other sandbox's memory, which drops KVM's shadow pages: the child's way from fork() to os._exit(0) costs ~60 ms of first-touch faults, the parent's way back ~35 ms (one run timed with temporary instrumentation in the engine; this host at load 11 on 2 cores). The host forks a fresh CPython in ~1 ms. The issue's target (a guest fork+wait faster than the host's) is not met: it needs the child to run without a cold VM (one executor VM per process keeps the parent's shadow pages, ~35 ms of the ~130 ms; the child's own cold start remains, since its memory is a new host mapping), which is not done. Processes yield the VM after 100 ms slices (with a thread's 10 ms slices a fork+wait took 3-11 s of parent and child re-faulting each other out).")
 OPTIONAL = ("network", "soak", "comms", "execve", "processes")  # sections measured by their own runs, rendered when their results exist
