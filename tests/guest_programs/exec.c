@@ -394,19 +394,24 @@ static void t_thread_child(int argc, char **argv) {
     CHECK_EQ(threads, 1);
 }
 
+/* Copy this program's binary to path (mode 0755). */
+static void copy_self(const char *path) {
+    int in = OK(open(self, O_RDONLY));
+    int out = OK(open(path, O_WRONLY | O_CREAT | O_TRUNC, 0755));
+    char buf[65536];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0) CHECK_EQ(write(out, buf, (size_t)n), n);
+    close(in);
+    close(out);
+}
+
 /* execveat with AT_EMPTY_PATH: run an open file (fexecve), also one whose fd is close-on-exec
  * and whose name is already gone. */
 static void t_fexecve(int argc, char **argv) {
     (void)argc; (void)argv;
     char copy[PATH_MAX];
     tmp_path(copy, "copy-of-self");
-    int in = OK(open(self, O_RDONLY));
-    int out = OK(open(copy, O_WRONLY | O_CREAT | O_TRUNC, 0755));
-    char buf[65536];
-    ssize_t n;
-    while ((n = read(in, buf, sizeof buf)) > 0) CHECK_EQ(write(out, buf, (size_t)n), n);
-    close(in);
-    close(out);
+    copy_self(copy);
     int fd = OK(open(copy, O_RDONLY | O_CLOEXEC));
     OK(unlink(copy));
     char *args[] = {"copy", "fexecve_child", NULL};
@@ -428,13 +433,7 @@ static void t_setuid(int argc, char **argv) {
     (void)argc; (void)argv;
     char copy[PATH_MAX];
     tmp_path(copy, "setuid-copy");
-    int in = OK(open(self, O_RDONLY));
-    int out = OK(open(copy, O_WRONLY | O_CREAT | O_TRUNC, 0755));
-    char buf[65536];
-    ssize_t n;
-    while ((n = read(in, buf, sizeof buf)) > 0) CHECK_EQ(write(out, buf, (size_t)n), n);
-    close(in);
-    close(out);
+    copy_self(copy);
     OK(chmod(copy, 06755));
     struct stat st;
     OK(stat(copy, &st));
