@@ -12,7 +12,8 @@ SUBCOMMANDS = {
     "network": "network",  # downloading 50 MB from a local server through the egress policy, vs host
     "syscalls": "syscalls",  # getpid, stat, small reads, listdir/walk of big folders, many CSVs, vs host
     "kernel": "kernel",    # execute round trips through jupyter_client, vs stock ipykernel
-    "load": "load",        # K kernels running small cells at once vs K ipykernels: latency, context switches
+    "load": "load",
+    "hub": "hub",          # a JupyterHub class: N students' servers and notebooks at once, zeroboot vs ipykernel        # K kernels running small cells at once vs K ipykernels: latency, context switches
     "comms": "comms",      # widget round trips (a slider moved in the frontend), vs stock ipykernel
     "peers": "peers",      # the same cells in a fork, a subprocess, a bubblewrap sandbox
     "scaling": "scaling",  # forks and memory as live forks grow; cells/s with 1 and 2 workers

@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from . import (batch, comms, common, engine, execve, files, kernel, memory, network, peers, processes, scaling, soak,
-               startup, syscalls)
+from . import (batch, comms, common, engine, execve, files, hub, kernel, memory, network, peers, processes, scaling,
+               soak, startup, syscalls)
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ TITLES = {
     "comms": "Widget round trips (comms), vs stock ipykernel",
     "execve": "execve of /bin/true: the guest's exec vs process creation on the host",
     "processes": "Processes: os.fork + os.waitpid in the guest, vs host",
+    "hub": "A JupyterHub class on one server, vs stock ipykernel",
 }
 # the text under the comms section (its numbers come from its own run, `bench comms`)
 COMMS_NOTE = ("A slider moved in the frontend: the comm_msg, the observe callback that prints the value, the "
@@ -44,7 +45,7 @@ EXECVE_NOTE = ("The guest's row is exec alone (fork+wait is the processes sectio
                "process creation, which the guest row does not.")
 # the text under the processes section (its numbers come from its own run, `bench processes`)
 PROCESSES_NOTE = ("os.fork()+os.waitpid of the agent's CPython: a guest fork is a snapshot of the parent taken inside its fork syscall (the pages it wrote since its last snapshot: ~2 ms) and a new sandbox forked from it (~26 ms: its memory mapped and the snapshot's pages applied), after which the parent and the child run in turn on the one executor VM. Each switch re-attaches the VM to the other sandbox's memory, which drops KVM's shadow pages: the child's way from fork() to os._exit(0) costs ~60 ms of first-touch faults, the parent's way back ~35 ms (one run timed with temporary instrumentation in the engine; this host at load 11 on 2 cores). The host forks a fresh CPython in ~1 ms. The issue's target (a guest fork+wait faster than the host's) is not met: it needs the child to run without a cold VM (one executor VM per process keeps the parent's shadow pages, ~35 ms of the ~130 ms; the child's own cold start remains, since its memory is a new host mapping), which is not done. Processes yield the VM after 100 ms slices (with a thread's 10 ms slices a fork+wait took 3-11 s of parent and child re-faulting each other out).")
-OPTIONAL = ("network", "soak", "comms", "execve", "processes")  # sections measured by their own runs, rendered when their results exist
+OPTIONAL = ("network", "soak", "comms", "execve", "processes", "hub")  # sections measured by their own runs, rendered when their results exist
 
 
 def load(out: Path) -> dict[str, dict[str, Any]]:
@@ -244,6 +245,10 @@ def render(res: dict[str, dict[str, Any]], out: Path, report: Path, command: str
         parts.append(f"## {TITLES['processes']}\n\nMeasured {res['processes']['date'][:10]} with `python -m "
                      f"zeroboot_kernel.bench processes --iterations {res['processes']['iterations']}`. {PROCESSES_NOTE}\n\n"
                      f"{processes.markdown(res['processes']).strip()}\n")
+    if "hub" in res:  # from its own run (`bench hub`): it starts a JupyterHub and N servers per kind
+        parts.append(f"## {TITLES['hub']}\n\nMeasured {res['hub']['date'][:10]} with `python -m "
+                     f"zeroboot_kernel.bench hub --students {res['hub']['students']} --runs {res['hub']['runs']}`.\n\n"
+                     f"{hub.markdown(res['hub']).strip()}\n")
     report.write_text("\n".join(parts))
     log.info("wrote %s and %s", report, img)
     if report.resolve() == default_report().resolve():
