@@ -260,3 +260,23 @@ def test_autosave_on_shutdown_and_resume_at_the_next_start(tmp_path) -> None:
     assert len(saves) == 1
     with kernel(**env) as (_, kc):
         assert value_of(kc, "w") == "'before the culler'"
+
+
+def test_an_autosave_refused_for_live_children_sets_the_older_one_aside(tmp_path) -> None:
+    """A session that cannot be saved (a child process lives) must not leave an older autosave to be
+    resumed as if it were its last state: that one is renamed, and the next kernel starts fresh."""
+    from kernel_helpers import execute, kernel, stream_text, value_of
+    env = {"ZEROBOOT_SAVE_DIR": str(tmp_path), "ZEROBOOT_AUTOSAVE": "on"}
+    with kernel(**env) as (_, kc):
+        assert execute(kc, "w = 'first session'")[0]["status"] == "ok"
+    assert len(list(tmp_path.glob("autosave-*.zbsave"))) == 1
+    with kernel(**env) as (_, kc):
+        assert value_of(kc, "w") == "'first session'"
+        reply, _ = execute(kc, "w = 'second session'\nimport subprocess\np = subprocess.Popen(['sleep', '600'])")
+        assert reply["status"] == "ok"
+    saves = sorted(p.name for p in tmp_path.glob("autosave-*.zbsave"))
+    assert len(saves) == 1 and "-outdated-" in saves[0], saves
+    with kernel(**env) as (_, kc):
+        assert value_of(kc, "'w' in globals()") == "False"
+        reply, msgs = execute(kc, "%sandbox saves")
+        assert "-outdated-" in stream_text(msgs)

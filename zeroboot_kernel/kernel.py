@@ -670,7 +670,11 @@ class ZerobootKernel(Kernel):
                 size, _ = session_save.save_to(_checked_call(client), path, self._notebook(), session_save.save_key())
             self.log.info("zeroboot: autosaved the session to %s (%d bytes)", path, size)
         except Exception as exc:  # noqa: BLE001 - the shutdown goes on
-            self.log.error("zeroboot: autosave to %s failed: %s", path, exc)
+            # An older autosave of this notebook must not be resumed as if it were this session's
+            # last state: it is kept under another name (resumable by hand, listed by %sandbox saves).
+            kept = session_save.set_aside(path)
+            self.log.error("zeroboot: autosave to %s failed: %s%s", path, exc,
+                           f"; the older autosave is kept as {kept.name}, and the next kernel starts fresh" if kept else "")
 
     def _magic_reset(self, client: EngineClient, magic: mg.SandboxCommand) -> str:
         self._call(client, req.RESTART)

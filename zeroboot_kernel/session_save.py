@@ -69,6 +69,9 @@ NOT_SAVED = [
     "the resume fail with an error naming it",
     "open network connections (ZEROBOOT_NETWORK): a socket of the save has no host connection; in the resumed "
     "session it reads as reset by peer (ConnectionResetError, BrokenPipeError on send): open a new one",
+    "child processes: a session with live child processes (a Popen, `!cmd &`) is not saved: the save is refused "
+    "with their pids (wait for them or end them first); an autosave refused so keeps the older autosave aside "
+    "(NAME-outdated-DATE in %sandbox saves) and the next kernel starts fresh",
     "widgets' frontend side: %sandbox resume resynchronises the page as a %rewind does (comm_close for widgets "
     "the save lacks); in a kernel started with ZEROBOOT_RESUME or autosave, display the widgets again",
 ]
@@ -306,6 +309,21 @@ def notebook_id(notebook_dir: str) -> str:
 
 def autosave_name(notebook: str) -> str:
     return "autosave-" + hashlib.sha256(notebook.encode()).hexdigest()[:16]
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename an outdated save (an autosave whose successor failed) to NAME-outdated-DATE, so that
+    it is not resumed by itself; the new path, or None if there was none (or it cannot move)."""
+    if not path.is_file():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+    target = path.with_name(f"{path.name[:-len(SUFFIX)]}-outdated-{stamp}{SUFFIX}")
+    try:
+        os.replace(path, target)
+    except OSError as exc:
+        log.error("zeroboot: cannot set the outdated save %s aside: %s", path, exc.strerror)
+        return None
+    return target
 
 
 def write_file(path: Path, chunks: Any) -> int:
