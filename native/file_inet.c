@@ -57,17 +57,33 @@ zb_file *zb_inet_new(int family, int type) {
 
 static int nonblocking(const zb_file *f, int flags) { return (f->flags & O_NONBLOCK) || (flags & MSG_DONTWAIT); }
 
-/* Wait for events of the host socket (or stop, or EINTR): 0 when it has some. The wait has no
- * timeout of its own (a wake time left by an earlier stop of this call is not this wait's). */
-static long wait_for(zb_sandbox *sb, int fd, short events) {
+/* Wait for events of the host socket (or stop, or EINTR): 0 when it has some, -EAGAIN once the
+ * absolute deadline (0: none; SO_RCVTIMEO / SO_SNDTIMEO) passed. A wake time left by an earlier
+ * stop of this call is not this wait's: the deadline is the caller's (call_deadline). */
+static long wait_for(zb_sandbox *sb, int fd, short events, int64_t deadline) {
     for (;;) {
         sb->cpu.pending_wake_ns = 0;
+        int64_t timeout = -1;
+        if (deadline) {
+            int64_t now = zb_now_ns();
+            if (now >= deadline) return -EAGAIN;
+            timeout = deadline - now;
+        }
         zb_ready_begin();
         zb_ready_watch(fd, events);
-        long r = zb_poll_wait(sb, 0, -1);
+        long r = zb_poll_wait(sb, 0, timeout);
         if (r == ZB_POLL_AGAIN) return 0;
         if (r < 0) return r;
+        if (r == 0 && deadline) return -EAGAIN; /* zb_poll_wait's timeout: the deadline */
     }
+}
+
+/* The absolute deadline of a blocking call with this socket timeout (0: none). A call stopped
+ * while it waited (kick, run deadline) left its wake time, which is this deadline: a call served
+ * again keeps it rather than starting its timeout over. */
+static int64_t call_deadline(zb_sandbox *sb, int64_t timeout_ns) {
+    if (!timeout_ns) return 0;
+    return sb->cpu.pending_wake_ns ? sb->cpu.pending_wake_ns : zb_now_ns() + timeout_ns;
 }
 
 static void drop_host(zb_inet *s) {
@@ -183,17 +199,19 @@ long zb_inet_connect(zb_sandbox *sb, zb_file *f, const struct sockaddr *sa, sock
         zb_inet_settle(s);
         return s->state == INET_CONNECTED ? -EISCONN : s->state == INET_NEW ? take_error(s) : -EALREADY;
     }
+    int64_t deadline = call_deadline(sb, s->snd_timeout_ns);
     for (;;) { /* a blocking connect (or the same call served again after a stop) */
         zb_inet_settle(s);
         if (s->state == INET_CONNECTED) return 0;
         if (s->state == INET_NEW) return take_error(s);
-        long r = wait_for(sb, s->fd, POLLOUT);
+        long r = wait_for(sb, s->fd, POLLOUT, deadline);
+        if (r == -EAGAIN) return -EINPROGRESS; /* SO_SNDTIMEO passed: Linux's answer, still connecting */
         if (r < 0) return r;
     }
 }
 
 /* Before a transfer: 0 when connected, else what the call answers. */
-static long ready_to_transfer(zb_sandbox *sb, zb_file *f, int flags, int sending) {
+static long ready_to_transfer(zb_sandbox *sb, zb_file *f, int flags, int sending, int64_t deadline) {
     zb_inet *s = zb_inet_of(f);
     for (;;) {
         zb_inet_settle(s);
@@ -204,7 +222,7 @@ static long ready_to_transfer(zb_sandbox *sb, zb_file *f, int flags, int sending
         default: break;
         }
         if (nonblocking(f, flags)) return -EAGAIN;
-        long r = wait_for(sb, s->fd, POLLOUT);
+        long r = wait_for(sb, s->fd, POLLOUT, deadline);
         if (r < 0) return r;
     }
 }
@@ -214,7 +232,8 @@ static long ready_to_transfer(zb_sandbox *sb, zb_file *f, int flags, int sending
  * a stop never repeats bytes. */
 static long transfer(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, int flags, int sending) {
     zb_inet *s = zb_inet_of(f);
-    long r = ready_to_transfer(sb, f, flags, sending);
+    int64_t deadline = nonblocking(f, flags) ? 0 : call_deadline(sb, sending ? s->snd_timeout_ns : s->rcv_timeout_ns);
+    long r = ready_to_transfer(sb, f, flags, sending, deadline);
     if (r < 0) return r;
     if (sending && s->shut_wr) return -EPIPE;
     if (!sending && s->shut_rd) return 0;
@@ -232,7 +251,7 @@ static long transfer(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n,
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
         if (nonblocking(f, flags)) return -EAGAIN;
-        if ((r = wait_for(sb, s->fd, sending ? POLLOUT : POLLIN)) < 0) return r;
+        if ((r = wait_for(sb, s->fd, sending ? POLLOUT : POLLIN, deadline)) < 0) return r; /* EAGAIN: the timeout */
     }
 }
 

@@ -38,6 +38,9 @@ typedef struct zb_inet {
     int peer_port;
     zb_inet_opt opts[ZB_INET_MAX_OPTS];
     int nopts;
+    /* SO_RCVTIMEO / SO_SNDTIMEO as the guest set them (0: none): a blocking recv (send, connect)
+     * that waited this long with nothing transferred answers EAGAIN (EINPROGRESS for connect) */
+    int64_t rcv_timeout_ns, snd_timeout_ns;
     /* SOCK_DGRAM: the resolver's answers not read yet */
     int nq;
     uint16_t qlen[ZB_INET_DGRAM_QUEUE];

@@ -567,6 +567,44 @@ except TimeoutError:
         engine.set_network(None)
 
 
+def test_so_rcvtimeo_and_so_sndtimeo_bound_a_blocking_call(template, silent_server) -> None:
+    """SO_RCVTIMEO: a blocking recv from a server that never answers ends with EAGAIN after the
+    timeout (and a zero timeout is none again); SO_SNDTIMEO reads back; a bad usec is EDOM."""
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    engine = Engine.default()
+    engine.set_network(network_policy.parse(f"127.0.0.1:{silent_server}"))
+    s = Session(template, timeout=60)
+    try:
+        out = ok(s, f"""
+import errno, socket, struct, time
+conn = socket.create_connection(("127.0.0.1", {silent_server}))
+conn.settimeout(None)  # a blocking socket: only SO_RCVTIMEO can end the wait
+tv = struct.pack("ll", 0, 300000)
+conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 2, 500))
+print("rcv", struct.unpack("ll", conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)))
+print("snd", struct.unpack("ll", conn.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16)))
+t0 = time.monotonic()
+try:
+    conn.recv(10)
+    print("recv returned")
+except BlockingIOError as exc:
+    print("recv", errno.errorcode[exc.errno], time.monotonic() - t0 >= 0.29)
+try:
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 1, 1000000))
+except OSError as exc:
+    print("bad usec", errno.errorcode[exc.errno])
+conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+print("off", struct.unpack("ll", conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)))
+""")
+        assert "rcv (0, 300000)" in out and "snd (2, 500)" in out, out
+        assert "recv EAGAIN True" in out and "bad usec EDOM" in out and "off (0, 0)" in out, out
+    finally:
+        s.close()
+        engine.set_network(None)
+
+
 def test_ipv6_loopback(template) -> None:
     import socket
     try:
@@ -730,25 +768,28 @@ def test_requests_keeps_its_pooled_connection_and_reconnects_after_a_rewind(temp
         srv.server_close()
 
 
-def _wheel_index(root) -> None:
-    """A PEP 503 index of one hand-made wheel (zbtestpkg 0.1) under root/simple/."""
+def _wheel_index(root, project: str = "zbtestpkg", value: int = 42) -> None:
+    """A PEP 503 index of one hand-made wheel (PROJECT 0.1, PROJECT.VALUE == value) under root/simple/."""
     import base64
     import hashlib
     import zipfile
-    name = "zbtestpkg-0.1-py3-none-any.whl"
-    files = {"zbtestpkg/__init__.py": b"VALUE = 42\n",
-             "zbtestpkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: zbtestpkg\nVersion: 0.1\n",
-             "zbtestpkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    name = f"{project}-0.1-py3-none-any.whl"
+    info = f"{project}-0.1.dist-info"
+    files = {f"{project}/__init__.py": f"VALUE = {value}\n".encode(),
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: 0.1\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     record = [f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v).digest()).rstrip(b'=').decode()},{len(v)}"
-              for k, v in files.items()] + ["zbtestpkg-0.1.dist-info/RECORD,,"]
-    files["zbtestpkg-0.1.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
-    pkg = root / "simple" / "zbtestpkg"
+              for k, v in files.items()] + [f"{info}/RECORD,,"]
+    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    pkg = root / "simple" / project
     pkg.mkdir(parents=True)
     with zipfile.ZipFile(pkg / name, "w") as z:
         for k, v in files.items():
             z.writestr(k, v)
     (pkg / "index.html").write_text(f'<html><body><a href="{name}">{name}</a></body></html>')
-    (root / "simple" / "index.html").write_text('<html><body><a href="zbtestpkg/">zbtestpkg</a></body></html>')
+    projects = sorted(p.name for p in (root / "simple").iterdir() if p.is_dir())
+    (root / "simple" / "index.html").write_text(
+        "<html><body>" + "".join(f'<a href="{p}/">{p}</a>' for p in projects) + "</body></html>")
 
 
 def test_pip_in_the_cells_process_downloads_and_installs_from_an_allowed_index(template, tmp_path) -> None:
@@ -778,6 +819,96 @@ print("imported", zbtestpkg.VALUE)
 """)
         assert "download 0 ['zbtestpkg-0.1-py3-none-any.whl']" in out and "install 0" in out, out
         assert "imported 42" in out, out
+    finally:
+        s.close()
+        engine.set_network(None)
+        srv.shutdown()
+        srv.server_close()
+
+
+# ---- %pip in a notebook (guest/_zeroboot_agent/agent_pip.py; issues 15 and 17) -------------------
+
+def _pip_session(template, folder):
+    """A session whose notebook folder is `folder`, with none of this host's PIP_* settings (its
+    find-links, index or config would change what pip does)."""
+    import os
+    from zeroboot_kernel.session import Session
+    environ = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TZ")}
+    return Session(template, project_dir=str(folder), environ=environ, timeout=600)
+
+
+@pytest.mark.without_kvm
+def test_pip_magic_arguments() -> None:
+    """What %pip runs: --target the sandbox's site unless a location is named, option values are
+    not requirements, and with no network a command that needs an index is refused before pip runs."""
+    from zeroboot_guest._zeroboot_agent import agent_pip
+    site = agent_pip.SANDBOX_SITE
+    run, refusal = agent_pip.pip_args(["install", "-i", "http://127.0.0.1:1/simple/", "pkg"], True)
+    assert refusal is None and run[:4] == ["install", "--target", site, "--disable-pip-version-check"], run
+    run, refusal = agent_pip.pip_args(["install", "--user", "pkg"], True)
+    assert "--target" not in run and refusal is None
+    run, refusal = agent_pip.pip_args(["install", "--target=/tmp/x", "pkg"], True)
+    assert run.count("--target=/tmp/x") == 1 and "--target" not in run
+    run, refusal = agent_pip.pip_args(["download", "-d", "/tmp/dl", "pkg"], True)
+    assert "--target" not in run and refusal is None
+    for args in (["install", "pandas"], ["install", "-r", "reqs.txt", "numpy"], ["download", "pkg"], ["install"]):
+        run, refusal = agent_pip.pip_args(args, False)
+        assert refusal and "ZEROBOOT_NETWORK" in refusal and "--find-links" in refusal and "template" in refusal, args
+    assert "pandas" in agent_pip.pip_args(["install", "pandas"], False)[1]
+    for args in (["install", "./x.whl"], ["install", "--no-index", "--find-links", "./w", "pkg"],
+                 ["install", "-f", "w", "pkg"], ["list"], ["install", "-r", "reqs.txt"]):
+        run, refusal = agent_pip.pip_args(args, False)
+        assert refusal is None, args
+    assert agent_pip.pip_args(["install", "./x.whl"], False)[0][1:6] == \
+        ["--target", site, "--retries", "0", "--disable-pip-version-check"]
+
+
+def test_pip_magic_installs_local_wheels_without_network(template, tmp_path) -> None:
+    """`%pip install ./x.whl` and `%pip install --no-index --find-links ./wheels pkg` with no
+    network policy: into the sandbox's site-packages, importable in the next cell and in a child
+    Python; a rewind to before the install removes it; an index package is refused with the ways out."""
+    _wheel_index(tmp_path, "zbwheela", 7)
+    _wheel_index(tmp_path, "zbwheelb", 8)
+    s = _pip_session(template, tmp_path)
+    try:
+        out = ok(s, "%pip install ./simple/zbwheela/zbwheela-0.1-py3-none-any.whl")
+        assert "Successfully installed zbwheela-0.1" in out and "sandbox's site-packages" in out, out
+        assert ok(s, "import zbwheela; print('a', zbwheela.VALUE)").strip() == "a 7"
+        out = ok(s, "%pip install --no-index --find-links ./simple/zbwheelb zbwheelb")
+        assert "Successfully installed zbwheelb-0.1" in out, out
+        out = ok(s, "import sys, subprocess\nprint(subprocess.run([sys.executable, '-c', "
+                    "'import zbwheela, zbwheelb; print(zbwheela.VALUE + zbwheelb.VALUE)'], "
+                    "capture_output=True, text=True).stdout)")
+        assert out.strip() == "15", out
+        out = ok(s, "%pip install zbtestpkg-not-here")
+        assert "needs a package index for zbtestpkg-not-here" in out and "ZEROBOOT_NETWORK" in out, out
+        assert "Processing" not in out and ok(s, "print(_exit_code)").strip() == "1"
+        s.rewind(4)  # back to before the second install: its files are gone with it
+        r = cell(s, "import zbwheelb")
+        assert r["status"] == "error" and r["ename"] == "ModuleNotFoundError", r
+        assert ok(s, "import zbwheela; print(zbwheela.VALUE)").strip() == "7"
+    finally:
+        s.close()
+
+
+def test_pip_magic_installs_from_an_allowed_local_index(template, tmp_path) -> None:
+    """`%pip install --index-url http://127.0.0.1:PORT/simple/ pkg` through the network policy."""
+    import functools
+    _wheel_index(tmp_path)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a: None  # type: ignore[assignment]
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    from zeroboot_kernel.native import Engine
+    engine = Engine.default()
+    engine.set_network(network_policy.parse(f"127.0.0.1:{port}"))
+    s = _pip_session(template, tmp_path / "simple")
+    try:
+        out = ok(s, f"%pip install --no-cache-dir --index-url http://127.0.0.1:{port}/simple/ zbtestpkg")
+        assert "Successfully installed zbtestpkg-0.1" in out, out
+        assert ok(s, "import zbtestpkg; print(zbtestpkg.VALUE)").strip() == "42"
+        assert engine.network_stats()["connects"] >= 1
     finally:
         s.close()
         engine.set_network(None)
