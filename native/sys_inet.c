@@ -218,7 +218,7 @@ static long do_recv(zb_sandbox *sb, zb_file *f, const struct iovec *iov, uint64_
     if (r < 0) return r;
     struct iovec hv[MAX_IOV];
     if ((r = host_iov(sb, iov, cnt, hv, 1)) < 0) return r;
-    if (zb_inet_of(f)->type == SOCK_DGRAM) return zb_inet_dgram_recv(f, hv, (int)cnt, (int)flags);
+    if (zb_inet_of(f)->type == SOCK_DGRAM) return zb_inet_dgram_recv(sb, f, hv, (int)cnt, (int)flags);
     return zb_inet_recv(sb, f, hv, (int)cnt, (int)flags);
 }
 

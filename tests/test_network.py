@@ -605,6 +605,120 @@ print("off", struct.unpack("ll", conn.getsockopt(socket.SOL_SOCKET, socket.SO_RC
         engine.set_network(None)
 
 
+class _TestResolver:
+    """A DNS server on 127.0.0.1 (UDP) for the engine's host lookups (ZEROBOOT_NETWORK_RESOLVER):
+    it answers A queries for names in `answers`, NXDOMAIN for "missing.*", and never answers the
+    rest (a host resolver that hangs). It counts the queries it read."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        import socket
+        self.answers = answers
+        self.queries: list[str] = []
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import socket
+        while not self.stop.is_set():
+            try:
+                q, peer = self.sock.recvfrom(512)
+            except socket.timeout:
+                continue
+            at, labels = 12, []
+            while at < len(q) and q[at]:
+                labels.append(q[at + 1:at + 1 + q[at]].decode())
+                at += 1 + q[at]
+            name = ".".join(labels)
+            self.queries.append(name)
+            question = q[12:at + 5]
+            qtype = struct.unpack(">H", q[at + 1:at + 3])[0]
+            if name.startswith("missing."):
+                self.sock.sendto(q[:2] + b"\x81\x83" + struct.pack(">HHHH", 1, 0, 0, 0) + question, peer)
+            elif name in self.answers:
+                records = b""
+                if qtype == 1:  # a CNAME first (skipped by the engine), then the address
+                    target = b"\x05alias\xc0\x0c"
+                    records = b"\xc0\x0c" + struct.pack(">HHIH", 5, 1, 60, len(target)) + target
+                    records += b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + bytes(map(int, self.answers[name].split(".")))
+                count = 2 if records else 0
+                self.sock.sendto(q[:2] + b"\x81\x80" + struct.pack(">HHHH", 1, count, 0, 0) + question + records, peer)
+            # else: never answer
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+def test_host_lookups_ask_the_upstream_resolver_without_blocking_the_engine(template) -> None:
+    """Allowed names the host map and /etc/hosts do not list are asked of the upstream DNS server
+    (here a test server on loopback, never the host's nameserver) without the engine waiting: a
+    server that never answers costs the guest its own resolver timeout (gaierror) while its other
+    threads run, never the engine; NXDOMAIN and answers reach the guest; the addresses DNS gave
+    are remembered for connect (a public one) or refused (loopback: rebinding)."""
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    resolver = _TestResolver({"pub.test": "93.184.216.34", "lo.test": "127.0.0.1"})
+    engine = Engine.default()
+    engine.set_network(network_policy.parse("*.test:9", resolver=f"127.0.0.1:{resolver.port}"))
+    s = Session(template, timeout=120)
+    try:
+        out = ok(s, """
+import socket, threading, time
+print(f"pub {sorted({a[4][0] for a in socket.getaddrinfo('pub.test', 9, socket.AF_INET, socket.SOCK_STREAM)})}")
+try:
+    socket.getaddrinfo("missing.test", 9, socket.AF_INET)
+except socket.gaierror as exc:
+    print(f"missing {exc.errno == socket.EAI_NONAME}", flush=True)
+result = []
+def look():
+    try:
+        socket.getaddrinfo("hang.test", 9, socket.AF_INET)
+        result.append("answered")
+    except socket.gaierror as exc:
+        result.append(exc.errno)
+t = threading.Thread(target=look)
+t.start()
+ticks = 0
+while t.is_alive() and ticks < 2000:  # this thread runs while the other one's lookup waits
+    time.sleep(0.01)
+    ticks += 1
+t.join(30)
+print(f"hang {result == [socket.EAI_AGAIN]} {ticks > 5}", flush=True)
+try:
+    socket.create_connection(("lo.test", 9), timeout=5)
+except PermissionError:
+    print("lo refused")
+""")
+        assert "pub ['93.184.216.34']" in out and "missing True" in out, out
+        assert "hang True True" in out and "lo refused" in out, out
+        assert {"pub.test", "missing.test", "hang.test", "lo.test"} <= set(resolver.queries), resolver.queries
+        st = engine.network_stats()
+        assert st["dns_host_lookups"] >= 4, st
+        assert "localhost" not in resolver.queries  # /etc/hosts names are answered from the file
+    finally:
+        s.close()
+        engine.set_network(None)
+        resolver.close()
+
+
+@pytest.mark.without_kvm
+def test_resolver_setting() -> None:
+    assert network_policy.parse("a.test", resolver="127.0.0.1:5353").resolver == ("127.0.0.1", 5353)
+    assert network_policy.parse("a.test", resolver="[::1]:53").resolver == ("::1", 53)
+    assert network_policy.parse("a.test", resolver="10.0.0.1").resolver == ("10.0.0.1", 53)
+    p = network_policy.parse("a.test", resolver="127.0.0.1:5353")
+    assert network_policy.NetworkPolicy.from_wire(p.to_wire()) == p and "127.0.0.1:5353" in p.describe()
+    for bad in ("dns.example", "127.0.0.1:0", "127.0.0.1:70000", "1.2.3", "[::1]:x"):
+        with pytest.raises(NetworkPolicyError, match="ZEROBOOT_NETWORK_RESOLVER"):
+            network_policy.parse("a.test", resolver=bad)
+
+
 def test_ipv6_loopback(template) -> None:
     import socket
     try:
