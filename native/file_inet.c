@@ -282,7 +282,7 @@ static void drop_lookup(zb_inet *s) {
  * upstream server and return; the answer arrives as a datagram (lookup_settle). A server that
  * cannot be asked is SERVFAIL at once. */
 static void start_lookup(zb_net *net, zb_inet *s, const zb_dns_question *qn) {
-    static uint16_t counter;
+    static __thread uint16_t counter;
     uint8_t query[ZB_INET_DGRAM_MAX], answer[ZB_INET_DGRAM_MAX];
     drop_lookup(s); /* an earlier one not answered yet is abandoned, as a resent query replaces it */
     s->lq = *qn;

@@ -155,7 +155,7 @@ int zb_net_resolve(zb_net *n, int rule, const char *name, int family, zb_net_add
  * anything). The number of addresses of family, -1 for NXDOMAIN never (a name it does not list
  * asks DNS: ZB_NET_ASK_DNS). */
 static int host_file_lookup(zb_net *n, int rule, const char *name, int family, zb_net_addr *out, int max) {
-    static char text[65536 + 1];
+    static __thread char text[65536 + 1]; /* engines on other threads read theirs */
     int fd = open("/etc/hosts", O_RDONLY | O_CLOEXEC);
     ssize_t len = fd < 0 ? -1 : read(fd, text, sizeof text - 1);
     if (fd >= 0) close(fd);
@@ -214,7 +214,7 @@ int zb_net_set_resolver(zb_net *n, int family, const uint8_t *addr, int port, ch
 int zb_net_upstream(zb_net *n) {
     if (n->upstream_tried) return n->upstream_len ? 0 : -1;
     n->upstream_tried = 1;
-    static char text[16384 + 1];
+    static __thread char text[16384 + 1];
     int fd = open("/etc/resolv.conf", O_RDONLY | O_CLOEXEC);
     ssize_t len = fd < 0 ? -1 : read(fd, text, sizeof text - 1);
     if (fd >= 0) close(fd);

@@ -109,8 +109,13 @@ static long sys_connect(zb_sandbox *sb, const uint64_t a[6]) {
     zb_net_addr_text(&addr, port, text, sizeof text);
     if (s->type == SOCK_DGRAM) {
         if (!is_resolver(&addr, port)) {
-            snprintf(why, sizeof why, "UDP to %s: datagrams go only to the sandbox's resolver (192.0.2.53:53)", text);
-            return refuse(sb, why);
+            /* counted and logged, but no note in the cell: glibc's getaddrinfo connects a UDP
+             * socket to each of several answers to sort them (RFC 6724), sending nothing; a
+             * datagram actually sent elsewhere gets its note (dgram_dest) */
+            if (net) net->stats.refused++;
+            zb_log(sb, "connect of a UDP socket to %s refused with EACCES: datagrams go only to the sandbox's "
+                   "resolver (192.0.2.53:53)", text);
+            return -EACCES;
         }
         s->state = INET_CONNECTED;
         s->peer = addr;

@@ -12,6 +12,7 @@ import json
 import struct
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -415,7 +416,9 @@ def test_the_engine_process_seccomp_follows_the_policy(template, policy: str | N
 
 def test_the_kernel_takes_its_policy_from_the_kernelspec_only(template, server) -> None:
     from kernel_helpers import execute, kernel, stream_text
-    with kernel("zeroboot", ZEROBOOT_NETWORK=f"127.0.0.1:{server},localhost") as (_, kc):
+    resolver = _TestResolver({"pub.test": "93.184.216.34"})
+    with kernel("zeroboot", ZEROBOOT_NETWORK=f"127.0.0.1:{server},localhost,pub.test",
+                ZEROBOOT_NETWORK_RESOLVER=f"127.0.0.1:{resolver.port}") as (_, kc):
         reply, msgs = execute(kc, "%sandbox network")
         assert reply["status"] == "ok" and f"127.0.0.1:{server}" in stream_text(msgs), msgs
         reply, msgs = execute(kc, "%sandbox network 0.0.0.0/0:*")
@@ -428,7 +431,10 @@ def test_the_kernel_takes_its_policy_from_the_kernelspec_only(template, server) 
         assert f"127.0.0.4:{server} is not in the allow list" in text, msgs
         reply, msgs = execute(kc, "%sandbox network")
         assert "1 connection(s) allowed, 1 refused" in stream_text(msgs), msgs
-        # the engine's own host lookup (glibc's getaddrinfo) works under the engine process's seccomp
+        # the engine's own host lookups (the host's /etc/hosts, then its UDP query to the upstream
+        # server) work under the engine process's seccomp
+        reply, msgs = execute(kc, "import socket\nprint('pub', socket.gethostbyname('pub.test'))")
+        assert "pub 93.184.216.34" in stream_text(msgs), msgs
         reply, msgs = execute(kc, """
 import socket, struct
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -437,6 +443,7 @@ a = u.recv(512)
 print("answer", a[3] & 15, socket.inet_ntoa(a[-4:]))
 """)
         assert "answer 0 127.0.0.1" in stream_text(msgs), msgs
+    resolver.close()
 
 
 def test_a_malformed_policy_refuses_to_start_the_kernel() -> None:
@@ -613,6 +620,7 @@ class _TestResolver:
     def __init__(self, answers: dict[str, str]) -> None:
         import socket
         self.answers = answers
+        self.crafted: dict[str, Any] = {}  # name -> f(id, question) -> the response datagram
         self.queries: list[str] = []
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
@@ -637,7 +645,9 @@ class _TestResolver:
             self.queries.append(name)
             question = q[12:at + 5]
             qtype = struct.unpack(">H", q[at + 1:at + 3])[0]
-            if name.startswith("missing."):
+            if name in self.crafted:
+                self.sock.sendto(self.crafted[name](q[:2], question), peer)
+            elif name.startswith("missing."):
                 self.sock.sendto(q[:2] + b"\x81\x83" + struct.pack(">HHHH", 1, 0, 0, 0) + question, peer)
             elif name in self.answers:
                 records = b""
@@ -697,10 +707,88 @@ except PermissionError:
 """)
         assert "pub ['93.184.216.34']" in out and "missing True" in out, out
         assert "hang True True" in out and "lo refused" in out, out
-        assert {"pub.test", "missing.test", "hang.test", "lo.test"} <= set(resolver.queries), resolver.queries
+        # a blocking read of the resolver's socket: interrupted by an alarm, then SERVFAIL once
+        # the engine's bound (5 s) passes with no answer from upstream
+        out = ok(s, r'''
+import signal, socket, struct
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.connect(("192.0.2.53", 53))
+u.send(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05hang2\x04test\x00\x00\x01\x00\x01")
+def ring(*_): raise TimeoutError("alarm")
+signal.signal(signal.SIGALRM, ring)
+signal.alarm(1)
+try:
+    u.recv(512)
+    print("answered before the alarm")
+except TimeoutError:
+    print("alarm interrupted the lookup")
+reply = u.recv(512)
+print("reply id", hex(struct.unpack(">H", reply[:2])[0]), "rcode", reply[3] & 15)
+''')
+        assert "alarm interrupted the lookup" in out and "reply id 0x1234 rcode 2" in out, out
+        assert engine.network_stats()["dns_host_timeouts"] >= 1
+        assert {"pub.test", "missing.test", "hang.test", "lo.test", "hang2.test"} <= set(resolver.queries), resolver.queries
         st = engine.network_stats()
         assert st["dns_host_lookups"] >= 4, st
         assert "localhost" not in resolver.queries  # /etc/hosts names are answered from the file
+    finally:
+        s.close()
+        engine.set_network(None)
+        resolver.close()
+
+
+def _a(addr: bytes, rdlen: int | None = None) -> bytes:
+    return b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, len(addr) if rdlen is None else rdlen) + addr
+
+
+HOSTILE_RESPONSES = {  # what an upstream server may send back: each is parsed within its bounds
+    "short.test": lambda i, q: i,
+    "no-qr.test": lambda i, q: i + b"\x01\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + _a(b"\x5d\xb8\xd8\x22"),
+    "many-claimed.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 65535, 0, 0) + q,
+    "label-past-end.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + b"\x3f" + b"a" * 10,
+    "pointer-loop.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + b"\xc0\x0c" * 2,
+    "huge-rdlen.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + _a(b"\x5d\xb8", 60000),
+    "v6-in-a.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + _a(bytes(16)),
+    "truncated.test": lambda i, q: i + b"\x83\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + _a(b"\x5d\xb8\xd8\x22"),
+    "servfail.test": lambda i, q: i + b"\x81\x82" + struct.pack(">HHHH", 1, 0, 0, 0) + q,
+    "qd-bomb.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 65535, 1, 0, 0) + q,
+    "hundred.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 100, 0, 0) + q +
+    b"".join(_a(bytes([93, 184, k // 256, k % 256])) for k in range(100)),
+    "wrong-id.test": lambda i, q: bytes([i[0] ^ 0xff, i[1]]) + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q +
+    _a(b"\x5d\xb8\xd8\x22"),
+}
+
+
+def test_hostile_upstream_dns_responses_are_parsed_within_bounds(template) -> None:
+    """Malformed, lying or oversized responses from the upstream server: each lookup ends in an
+    error or at most 8 addresses of the right family, and the engine keeps serving."""
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    resolver = _TestResolver({})
+    resolver.crafted.update(HOSTILE_RESPONSES)
+    engine = Engine.default()
+    engine.set_network(network_policy.parse("*.test:9", resolver=f"127.0.0.1:{resolver.port}"))
+    s = Session(template, timeout=300)
+    try:
+        out = ok(s, f'''
+import socket
+for name in {sorted(HOSTILE_RESPONSES)!r}:
+    try:
+        got = sorted({{a[4][0] for a in socket.getaddrinfo(name, 9, socket.AF_INET, socket.SOCK_STREAM)}})
+        print(name, "answered", len(got), all(a.count(".") == 3 for a in got))
+    except socket.gaierror as exc:
+        print(name, "error", exc.errno)
+''')
+        assert "zeroboot:" not in out, out  # getaddrinfo's UDP connects to sort 8 answers are not the user's
+        lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
+        assert set(lines) == set(HOSTILE_RESPONSES), out
+        assert lines["hundred.test"] == "answered 8 True", out
+        for name in ("short.test", "no-qr.test", "many-claimed.test", "label-past-end.test", "huge-rdlen.test",
+                     "v6-in-a.test", "truncated.test", "servfail.test", "qd-bomb.test", "wrong-id.test",
+                     "pointer-loop.test"):
+            assert lines[name].startswith("error"), (name, out)
+        assert "answered 8" in ok(s, "import socket\nprint('answered', len(socket.getaddrinfo('hundred.test', 9, "
+                                     "socket.AF_INET, socket.SOCK_STREAM)))")
     finally:
         s.close()
         engine.set_network(None)
