@@ -1116,3 +1116,16 @@ def test_pip_magic_installs_from_an_allowed_local_index(template, tmp_path) -> N
         engine.set_network(None)
         srv.shutdown()
         srv.server_close()
+
+
+def test_bench_network_quick(template, tmp_path) -> None:
+    """`bench network --quick` (CI's size; the default is issue 17's 200 MB): both readers, guest
+    and host, in one run, with the byte counts checked inside."""
+    from zeroboot_kernel.bench import network as bench_network
+    out = tmp_path / "network.json"
+    assert bench_network.main(["--quick", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    rows = res["rows"]
+    assert res["size_mb"] == bench_network.QUICK_MB and len(rows) == 2 and all(r["guest_mb_s"] > 0 and r["host_mb_s"] > 0 for r in rows.values()), res
+    with pytest.raises(SystemExit):
+        bench_network.main(["--size-mb", "0"])
