@@ -1,6 +1,8 @@
 /* file_inet.c - the internet socket kind (inet.h): TCP streams over host sockets the engine
  * created itself for addresses the policy allowed (sys_inet.c checks), and UDP datagrams to the
- * sandbox's resolver, answered in the engine.
+ * sandbox's resolver, answered in the engine (at once, or when the upstream DNS server's response
+ * to the engine's own query arrives on the socket's lookup fd: never a blocking host lookup).
+ * SO_RCVTIMEO / SO_SNDTIMEO bound a blocking call's wait (EAGAIN, connect EINPROGRESS).
  *
  * Host sockets are non-blocking; a blocking guest call waits for its host socket with the same
  * wait as poll (file_ready.c: kicks, the run's deadline and the guest's alarm end it), and it waits
@@ -50,6 +52,7 @@ zb_file *zb_inet_new(int family, int type) {
     s->family = family;
     s->type = type;
     s->fd = -1;
+    s->lfd = -1;
     f->priv = s;
     f->flags = O_RDWR;
     return f;
@@ -57,17 +60,33 @@ zb_file *zb_inet_new(int family, int type) {
 
 static int nonblocking(const zb_file *f, int flags) { return (f->flags & O_NONBLOCK) || (flags & MSG_DONTWAIT); }
 
-/* Wait for events of the host socket (or stop, or EINTR): 0 when it has some. The wait has no
- * timeout of its own (a wake time left by an earlier stop of this call is not this wait's). */
-static long wait_for(zb_sandbox *sb, int fd, short events) {
+/* Wait for events of the host socket (or stop, or EINTR): 0 when it has some, -EAGAIN once the
+ * absolute deadline (0: none; SO_RCVTIMEO / SO_SNDTIMEO) passed. A wake time left by an earlier
+ * stop of this call is not this wait's: the deadline is the caller's (call_deadline). */
+static long wait_for(zb_sandbox *sb, int fd, short events, int64_t deadline) {
     for (;;) {
         sb->cpu.pending_wake_ns = 0;
+        int64_t timeout = -1;
+        if (deadline) {
+            int64_t now = zb_now_ns();
+            if (now >= deadline) return -EAGAIN;
+            timeout = deadline - now;
+        }
         zb_ready_begin();
         zb_ready_watch(fd, events);
-        long r = zb_poll_wait(sb, 0, -1);
+        long r = zb_poll_wait(sb, 0, timeout);
         if (r == ZB_POLL_AGAIN) return 0;
         if (r < 0) return r;
+        if (r == 0 && deadline) return -EAGAIN; /* zb_poll_wait's timeout: the deadline */
     }
+}
+
+/* The absolute deadline of a blocking call with this socket timeout (0: none). A call stopped
+ * while it waited (kick, run deadline) left its wake time, which is this deadline: a call served
+ * again keeps it rather than starting its timeout over. */
+static int64_t call_deadline(zb_sandbox *sb, int64_t timeout_ns) {
+    if (!timeout_ns) return 0;
+    return sb->cpu.pending_wake_ns ? sb->cpu.pending_wake_ns : zb_now_ns() + timeout_ns;
 }
 
 static void drop_host(zb_inet *s) {
@@ -183,17 +202,19 @@ long zb_inet_connect(zb_sandbox *sb, zb_file *f, const struct sockaddr *sa, sock
         zb_inet_settle(s);
         return s->state == INET_CONNECTED ? -EISCONN : s->state == INET_NEW ? take_error(s) : -EALREADY;
     }
+    int64_t deadline = call_deadline(sb, s->snd_timeout_ns);
     for (;;) { /* a blocking connect (or the same call served again after a stop) */
         zb_inet_settle(s);
         if (s->state == INET_CONNECTED) return 0;
         if (s->state == INET_NEW) return take_error(s);
-        long r = wait_for(sb, s->fd, POLLOUT);
+        long r = wait_for(sb, s->fd, POLLOUT, deadline);
+        if (r == -EAGAIN) return -EINPROGRESS; /* SO_SNDTIMEO passed: Linux's answer, still connecting */
         if (r < 0) return r;
     }
 }
 
 /* Before a transfer: 0 when connected, else what the call answers. */
-static long ready_to_transfer(zb_sandbox *sb, zb_file *f, int flags, int sending) {
+static long ready_to_transfer(zb_sandbox *sb, zb_file *f, int flags, int sending, int64_t deadline) {
     zb_inet *s = zb_inet_of(f);
     for (;;) {
         zb_inet_settle(s);
@@ -204,7 +225,7 @@ static long ready_to_transfer(zb_sandbox *sb, zb_file *f, int flags, int sending
         default: break;
         }
         if (nonblocking(f, flags)) return -EAGAIN;
-        long r = wait_for(sb, s->fd, POLLOUT);
+        long r = wait_for(sb, s->fd, POLLOUT, deadline);
         if (r < 0) return r;
     }
 }
@@ -214,7 +235,8 @@ static long ready_to_transfer(zb_sandbox *sb, zb_file *f, int flags, int sending
  * a stop never repeats bytes. */
 static long transfer(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, int flags, int sending) {
     zb_inet *s = zb_inet_of(f);
-    long r = ready_to_transfer(sb, f, flags, sending);
+    int64_t deadline = nonblocking(f, flags) ? 0 : call_deadline(sb, sending ? s->snd_timeout_ns : s->rcv_timeout_ns);
+    long r = ready_to_transfer(sb, f, flags, sending, deadline);
     if (r < 0) return r;
     if (sending && s->shut_wr) return -EPIPE;
     if (!sending && s->shut_rd) return 0;
@@ -232,7 +254,7 @@ static long transfer(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n,
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
         if (nonblocking(f, flags)) return -EAGAIN;
-        if ((r = wait_for(sb, s->fd, sending ? POLLOUT : POLLIN)) < 0) return r;
+        if ((r = wait_for(sb, s->fd, sending ? POLLOUT : POLLIN, deadline)) < 0) return r; /* EAGAIN: the timeout */
     }
 }
 
@@ -244,7 +266,71 @@ long zb_inet_recv(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, in
     return transfer(sb, f, iov, n, flags, 0);
 }
 
-/* A datagram from the guest to the sandbox's resolver: answered at once, the answer queued. */
+static void queue_answer(zb_inet *s, const uint8_t *answer, size_t alen) {
+    if (alen && alen <= ZB_INET_DGRAM_MAX && s->nq < ZB_INET_DGRAM_QUEUE) { /* a full queue drops it, as a full receive buffer does */
+        memcpy(s->q[s->nq], answer, alen);
+        s->qlen[s->nq++] = (uint16_t)alen;
+    }
+}
+
+static void drop_lookup(zb_inet *s) {
+    if (s->lfd >= 0) close(s->lfd);
+    s->lfd = -1;
+}
+
+/* The guest's question needs the host's DNS: send our own query for the validated name to the
+ * upstream server and return; the answer arrives as a datagram (lookup_settle). A server that
+ * cannot be asked is SERVFAIL at once. */
+static void start_lookup(zb_net *net, zb_inet *s, const zb_dns_question *qn) {
+    static __thread uint16_t counter;
+    uint8_t query[ZB_INET_DGRAM_MAX], answer[ZB_INET_DGRAM_MAX];
+    drop_lookup(s); /* an earlier one not answered yet is abandoned, as a resent query replaces it */
+    s->lq = *qn;
+    s->lid = (uint16_t)((uint64_t)zb_now_ns() >> 10 ^ (uint64_t)++counter * 40503u);
+    size_t qlen = zb_dns_host_query(qn, s->lid, query, sizeof query);
+    int fd = -1;
+    if (qlen && zb_net_upstream(net) == 0 && zb_host_fd_room() == 0) {
+        fd = socket(net->upstream.ss_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd >= 0 && (connect(fd, (struct sockaddr *)&net->upstream, net->upstream_len) < 0 ||
+                        send(fd, query, qlen, MSG_NOSIGNAL) != (ssize_t)qlen)) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    net->stats.dns_host_lookups++;
+    if (fd < 0) {
+        queue_answer(s, answer, zb_dns_host_reply(net, qn, s->lid, NULL, 0, answer, sizeof answer));
+        return;
+    }
+    s->lfd = fd;
+    s->lstart = zb_now_ns();
+}
+
+/* A lookup under way answered (or refused, or out of time)? Queues the guest's answer; no wait. */
+static void lookup_settle(zb_net *net, zb_inet *s) {
+    if (s->lfd < 0) return;
+    if (!net) { drop_lookup(s); return; }
+    uint8_t response[4096], answer[ZB_INET_DGRAM_MAX];
+    for (int tries = 0; tries < 8; tries++) { /* datagrams of other ids (late ones) are dropped */
+        ssize_t got = recv(s->lfd, response, sizeof response, MSG_DONTWAIT);
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (got >= 2 && (response[0] << 8 | response[1]) != s->lid) continue;
+        /* an answer, or an error (ECONNREFUSED: nothing listens there): SERVFAIL */
+        size_t alen = zb_dns_host_reply(net, &s->lq, s->lid, got >= 0 ? response : NULL, got >= 0 ? (size_t)got : 0,
+                                        answer, sizeof answer);
+        queue_answer(s, answer, alen);
+        drop_lookup(s);
+        return;
+    }
+    if (zb_now_ns() - s->lstart >= ZB_NET_LOOKUP_TIMEOUT_NS) {
+        net->stats.dns_host_timeouts++;
+        queue_answer(s, answer, zb_dns_host_reply(net, &s->lq, s->lid, NULL, 0, answer, sizeof answer));
+        drop_lookup(s);
+    }
+}
+
+/* A datagram from the guest to the sandbox's resolver: answered at once, the answer queued, or
+ * (a name only the host's DNS knows) a lookup started. */
 long zb_inet_dgram_send(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n) {
     zb_inet *s = zb_inet_of(f);
     zb_net *net = sb->engine->net;
@@ -257,24 +343,29 @@ long zb_inet_dgram_send(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int
         len += iov[i].iov_len;
     }
     char refused[ZB_NET_NAME_MAX + 1];
-    size_t alen = zb_dns_answer(net, query, len, answer, sizeof answer, refused, sizeof refused);
+    zb_dns_question later;
+    size_t alen = zb_dns_answer(net, query, len, answer, sizeof answer, refused, sizeof refused, &later);
     if (refused[0] && strcmp(refused, net->last_refused_name)) {
         snprintf(net->last_refused_name, sizeof net->last_refused_name, "%s", refused);
         zb_inet_note(sb, "zeroboot: the sandbox's resolver answered NXDOMAIN for %s: the name is not in the network "
                      "allow list (add it to ZEROBOOT_NETWORK in the kernelspec's env; `%%sandbox network` shows the list)",
                      refused);
     }
-    if (alen && s->nq < ZB_INET_DGRAM_QUEUE) { /* a full queue drops it, as a full receive buffer does */
-        memcpy(s->q[s->nq], answer, alen);
-        s->qlen[s->nq++] = (uint16_t)alen;
-    }
+    if (later.qend) start_lookup(net, s, &later);
+    else queue_answer(s, answer, alen);
     return (long)len;
 }
 
 /* The next answer into the guest's buffers (truncated to them, as a datagram is). */
-long zb_inet_dgram_recv(zb_file *f, const struct iovec *iov, int n, int flags) {
+long zb_inet_dgram_recv(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, int flags) {
     zb_inet *s = zb_inet_of(f);
-    if (!s->nq) return -EAGAIN; /* nothing can arrive while the guest waits: it is one thread */
+    lookup_settle(sb->engine->net, s);
+    while (!s->nq) {
+        if (s->lfd < 0 || nonblocking(f, flags)) return -EAGAIN; /* nothing else can arrive */
+        long r = wait_for(sb, s->lfd, POLLIN, s->lstart + ZB_NET_LOOKUP_TIMEOUT_NS);
+        if (r < 0 && r != -EAGAIN) return r; /* a stop or EINTR; EAGAIN: time is up, settled below */
+        lookup_settle(sb->engine->net, s);
+    }
     size_t len = s->qlen[0], at = 0;
     for (int i = 0; i < n && at < len; i++) {
         size_t part = ZB_MIN(iov[i].iov_len, len - at);
@@ -292,7 +383,7 @@ long zb_inet_dgram_recv(zb_file *f, const struct iovec *iov, int n, int flags) {
 static long inet_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t off) {
     if (off >= 0) return -ESPIPE;
     struct iovec iov = {p, n};
-    return zb_inet_of(f)->type == SOCK_DGRAM ? zb_inet_dgram_recv(f, &iov, 1, 0) : zb_inet_recv(sb, f, &iov, 1, 0);
+    return zb_inet_of(f)->type == SOCK_DGRAM ? zb_inet_dgram_recv(sb, f, &iov, 1, 0) : zb_inet_recv(sb, f, &iov, 1, 0);
 }
 
 static long inet_write(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, int64_t off) {
@@ -311,10 +402,13 @@ static long inet_stat(zb_sandbox *sb, zb_file *f, struct stat *st) {
 }
 
 static short inet_ready(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart) {
-    (void)sb;
     (void)waits_uart;
     zb_inet *s = zb_inet_of(f);
-    if (s->type == SOCK_DGRAM) return (short)(POLLOUT | POLLWRNORM | (s->nq ? POLLIN | POLLRDNORM : 0));
+    if (s->type == SOCK_DGRAM) {
+        lookup_settle(sb->engine->net, s);
+        if (!s->nq && s->lfd >= 0) zb_ready_watch(s->lfd, POLLIN); /* the host's DNS answers later */
+        return (short)(POLLOUT | POLLWRNORM | (s->nq ? POLLIN | POLLRDNORM : 0));
+    }
     zb_inet_settle(s);
     switch (s->state) {
     case INET_RESET: return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLERR | POLLRDHUP;
@@ -344,6 +438,7 @@ static void inet_release(zb_fs *fs, zb_file *f) {
     zb_inet *s = zb_inet_of(f);
     if (!s) return;
     drop_host(s);
+    drop_lookup(s);
     free(s);
     f->priv = NULL;
 }
@@ -352,6 +447,7 @@ static void inet_release(zb_fs *fs, zb_file *f) {
 static void copy_state(zb_inet *dst, const zb_inet *src) {
     *dst = *src;
     dst->fd = -1;
+    dst->lfd = -1; /* a lookup under way is the live socket's: the copy's guest asks again */
     if (src->state == INET_CONNECTING || (src->state == INET_CONNECTED && src->type == SOCK_STREAM)) dst->state = INET_RESET;
 }
 
@@ -385,6 +481,7 @@ static int inet_load(zb_file *f, zb_in *in) {
     if (!s) return -1;
     f->priv = s;
     s->fd = -1;
+    s->lfd = -1;
     uint32_t family = in_u32(in), type = in_u32(in), state = in_u32(in), error = in_u32(in);
     if (in->err || records != 1 || (family != AF_INET && family != AF_INET6) || (type != SOCK_STREAM && type != SOCK_DGRAM) ||
         (state != INET_NEW && state != INET_RESET && state != INET_CONNECTED) || error > 4095 ||

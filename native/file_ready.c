@@ -43,6 +43,12 @@ static long wait_watched(zb_sandbox *sb, int64_t wake) {
     for (;;) {
         int64_t now = zb_now_ns();
         if (now >= wake) return 0;
+        /* other threads or processes run meanwhile (the syscall is served again, asking its host
+         * sockets again, each time this thread is switched back in) */
+        if (zb_sleep_yields(sb, wake, now)) {
+            nwatched = 0;
+            return ZB_SYSCALL_BLOCK;
+        }
         int kind = 0;
         if (zb_take_kick(sb)) kind = ZB_EVENT_KICK;
         else if (zb_run_deadline_ns && now >= zb_run_deadline_ns) kind = ZB_EVENT_TIMEOUT;
@@ -54,7 +60,8 @@ static long wait_watched(zb_sandbox *sb, int64_t wake) {
         if (zb_alarm_check(sb, now) && zb_signal_interrupts(sb, SIGALRM)) return -EINTR;
         int64_t until = zb_run_deadline_ns ? ZB_MIN(wake, zb_run_deadline_ns) : wake;
         if (sb->sig.alarm_ns) until = ZB_MIN(until, sb->sig.alarm_ns);
-        int64_t ns = ZB_MIN(until - now, (int64_t)3600 * 1000000000);
+        until = zb_sleep_bound(sb, until);
+        int64_t ns = ZB_MAX(0, ZB_MIN(until - now, (int64_t)3600 * 1000000000));
         struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
         if (ppoll(watched, (nfds_t)nwatched, &ts, &zb_run_wait_sigmask) > 0) { /* else the kick signal, or time */
             sb->cpu.pending_wake_ns = wake;

@@ -38,7 +38,16 @@ typedef struct zb_inet {
     int peer_port;
     zb_inet_opt opts[ZB_INET_MAX_OPTS];
     int nopts;
-    /* SOCK_DGRAM: the resolver's answers not read yet */
+    /* SO_RCVTIMEO / SO_SNDTIMEO as the guest set them (0: none): a blocking recv (send, connect)
+     * that waited this long with nothing transferred answers EAGAIN (EINPROGRESS for connect) */
+    int64_t rcv_timeout_ns, snd_timeout_ns;
+    /* SOCK_DGRAM: a host DNS lookup under way (lfd >= 0: a non-blocking UDP socket connected to
+     * the upstream server, the query's id, when it was sent, the guest's question), then the
+     * resolver's answers not read yet */
+    int lfd;
+    uint16_t lid;
+    int64_t lstart;
+    zb_dns_question lq;
     int nq;
     uint16_t qlen[ZB_INET_DGRAM_QUEUE];
     uint8_t q[ZB_INET_DGRAM_QUEUE][ZB_INET_DGRAM_MAX];
@@ -54,9 +63,11 @@ long zb_inet_connect(zb_sandbox *sb, zb_file *f, const struct sockaddr *sa, sock
  * a blocking file waits only while nothing was transferred. */
 long zb_inet_send(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, int flags);
 long zb_inet_recv(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, int flags);
-/* SOCK_DGRAM: a query to the resolver (answered and queued at once), and the next answer. */
+/* SOCK_DGRAM: a query to the resolver (answered and queued at once, or sent on to the host's DNS
+ * server without waiting), and the next answer (a blocking socket waits for a lookup under way,
+ * at most ZB_NET_LOOKUP_TIMEOUT_NS after it was sent, then SERVFAIL). */
 long zb_inet_dgram_send(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n);
-long zb_inet_dgram_recv(zb_file *f, const struct iovec *iov, int n, int flags);
+long zb_inet_dgram_recv(zb_sandbox *sb, zb_file *f, const struct iovec *iov, int n, int flags);
 /* A connect under way finished? (No wait; a failure leaves its errno for SO_ERROR.) */
 void zb_inet_settle(zb_inet *s);
 /* A line for the user (the cell's stderr, at most 20 per session) and the sandbox log. */

@@ -1,5 +1,7 @@
 /* net_dns.c - the sandbox's resolver: answers the DNS queries the guest's libc sends to
- * ZB_NET_RESOLVER (its /etc/resolv.conf) from the policy's names, never forwarding a packet.
+ * ZB_NET_RESOLVER (its /etc/resolv.conf) from the policy's names, never forwarding a packet: a
+ * name only the host's DNS knows is asked with the engine's own query (zb_dns_host_query) and the
+ * upstream server's response is parsed with the same care (zb_dns_host_reply).
  *
  * A query is guest data: the header is read field by field within qlen, the one question's name
  * label by label, every label's length checked against what is left. Compression pointers are
@@ -12,6 +14,9 @@
 #include "net.h"
 
 #include <sys/socket.h>
+
+static size_t with_addrs(zb_net *n, const uint8_t *q, size_t qend, uint8_t *out, size_t cap, unsigned type,
+                         const zb_net_addr *addrs, int got);
 
 enum { RC_OK = 0, RC_FORMERR = 1, RC_SERVFAIL = 2, RC_NXDOMAIN = 3, RC_NOTIMP = 4, RC_REFUSED = 5 };
 enum { T_A = 1, T_AAAA = 28, C_IN = 1 };
@@ -55,8 +60,10 @@ static size_t reply(const uint8_t *q, size_t qend, uint8_t *out, int rcode, int 
     return qend;
 }
 
-size_t zb_dns_answer(zb_net *n, const uint8_t *q, size_t qlen, uint8_t *out, size_t cap, char *refused, size_t rlen) {
+size_t zb_dns_answer(zb_net *n, const uint8_t *q, size_t qlen, uint8_t *out, size_t cap, char *refused, size_t rlen,
+                     zb_dns_question *later) {
     if (refused && rlen) refused[0] = 0;
+    later->qend = 0;
     if (qlen < 12 || cap < 512) return 0;
     n->stats.dns_queries++;
     if (q[2] & 0x80) return 0;                               /* a response: never answer those */
@@ -81,9 +88,24 @@ size_t zb_dns_answer(zb_net *n, const uint8_t *q, size_t qlen, uint8_t *out, siz
     int family = type == T_A ? AF_INET : AF_INET6;
     zb_net_addr addrs[ZB_NET_MAX_ANSWERS];
     int got = zb_net_resolve(n, rule, name, family, addrs, ZB_NET_MAX_ANSWERS);
+    if (got == ZB_NET_ASK_DNS) {
+        if (qend > sizeof later->q) return reply(q, 12, out, RC_FORMERR, 0); /* bounded above already */
+        memcpy(later->q, q, qend);
+        later->qend = qend;
+        snprintf(later->name, sizeof later->name, "%s", name);
+        later->rule = rule;
+        later->type = (int)type;
+        return 0;
+    }
     if (got < 0) return reply(q, qend, out, RC_NXDOMAIN, 0);
+    return with_addrs(n, q, qend, out, cap, type, addrs, got);
+}
+
+/* The reply to the question q[0..qend) with these addresses (of the question's type). */
+static size_t with_addrs(zb_net *n, const uint8_t *q, size_t qend, uint8_t *out, size_t cap, unsigned type,
+                         const zb_net_addr *addrs, int got) {
     size_t len = reply(q, qend, out, RC_OK, got);
-    size_t rdlen = family == AF_INET ? 4 : 16;
+    size_t rdlen = type == T_A ? 4 : 16;
     for (int i = 0; i < got; i++) {
         if (len + 12 + rdlen > cap) break; /* cannot happen with ZB_NET_MAX_ANSWERS; kept for safety */
         uint8_t *r = out + len;
@@ -98,4 +120,85 @@ size_t zb_dns_answer(zb_net *n, const uint8_t *q, size_t qlen, uint8_t *out, siz
     }
     n->stats.dns_answers++;
     return len;
+}
+
+/* ---- the host's DNS server, asked for allowed names (never with the guest's bytes) ---- */
+
+size_t zb_dns_host_query(const zb_dns_question *qn, uint16_t id, uint8_t *out, size_t cap) {
+    size_t nlen = strlen(qn->name);
+    if (cap < 12 + nlen + 2 + 4) return 0;
+    memset(out, 0, 12);
+    put16(out, id);
+    out[2] = 0x01; /* RD */
+    put16(out + 4, 1);
+    size_t at = 12;
+    for (const char *label = qn->name; *label;) { /* a normalized name: labels of 1-63 bytes */
+        const char *dot = strchr(label, '.');
+        size_t len = dot ? (size_t)(dot - label) : strlen(label);
+        out[at++] = (uint8_t)len;
+        memcpy(out + at, label, len);
+        at += len;
+        label += len + (dot ? 1 : 0);
+    }
+    out[at++] = 0;
+    put16(out + at, (unsigned)qn->type);
+    put16(out + at + 2, C_IN);
+    return at + 4;
+}
+
+/* Skip a (possibly compressed) name at r[*at]: 0, or -1 if it leaves the packet. A pointer ends
+ * the name, so no pointer is followed and no loop is possible. */
+static int skip_name(const uint8_t *r, size_t rlen, size_t *at) {
+    for (int labels = 0; labels < 128; labels++) {
+        if (*at >= rlen) return -1;
+        unsigned len = r[*at];
+        if ((len & 0xc0) == 0xc0) {
+            if (*at + 2 > rlen) return -1;
+            *at += 2;
+            return 0;
+        }
+        if (len & 0xc0) return -1;
+        *at += 1 + len;
+        if (!len) return 0;
+    }
+    return -1;
+}
+
+size_t zb_dns_host_reply(zb_net *n, const zb_dns_question *qn, uint16_t id, const uint8_t *r, size_t rlen,
+                         uint8_t *out, size_t cap) {
+    if (cap < 512) return 0;
+    if (!r) return reply(qn->q, qn->qend, out, RC_SERVFAIL, 0); /* no answer in time */
+    /* the server's response is data from the network too: every field within rlen */
+    if (rlen < 12 || get16(r) != id || !(r[2] & 0x80)) return reply(qn->q, qn->qend, out, RC_SERVFAIL, 0);
+    unsigned rcode = r[3] & 0x0f;
+    if (rcode == RC_NXDOMAIN) return reply(qn->q, qn->qend, out, RC_NXDOMAIN, 0);
+    if (rcode != RC_OK || (r[2] & 0x02)) return reply(qn->q, qn->qend, out, RC_SERVFAIL, 0); /* an error, or TC */
+    size_t at = 12;
+    for (unsigned i = 0, qd = get16(r + 4); i < qd; i++) {
+        if (skip_name(r, rlen, &at) < 0 || at + 4 > rlen) return reply(qn->q, qn->qend, out, RC_SERVFAIL, 0);
+        at += 4;
+    }
+    zb_net_addr addrs[ZB_NET_MAX_ANSWERS];
+    int got = 0;
+    unsigned want = (unsigned)qn->type, rdlen_want = want == T_A ? 4 : 16;
+    for (unsigned i = 0, an = get16(r + 6); i < an && got < ZB_NET_MAX_ANSWERS; i++) {
+        if (skip_name(r, rlen, &at) < 0 || at + 10 > rlen) break;
+        unsigned type = get16(r + at), klass = get16(r + at + 2), rdlen = get16(r + at + 8);
+        at += 10;
+        if (rdlen > rlen - at) break;
+        if (type == want && klass == C_IN && rdlen == rdlen_want) { /* CNAMEs are skipped: their targets' records follow */
+            zb_net_addr a;
+            memset(&a, 0, sizeof a);
+            a.family = want == T_A ? AF_INET : AF_INET6;
+            memcpy(a.b, r + at, rdlen);
+            int dup = 0;
+            for (int j = 0; j < got; j++) dup |= !memcmp(addrs[j].b, a.b, rdlen);
+            if (!dup) {
+                addrs[got++] = a;
+                zb_net_remember(n, qn->rule, qn->name, &a, 0);
+            }
+        }
+        at += rdlen;
+    }
+    return with_addrs(n, qn->q, qn->qend, out, cap, want, addrs, got);
 }

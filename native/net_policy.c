@@ -13,7 +13,9 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <fcntl.h>
 #include <netdb.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 zb_net *zb_net_new(void) {
@@ -118,7 +120,7 @@ static int same_addr(const zb_net_addr *a, const zb_net_addr *b) {
     return a->family == b->family && !memcmp(a->b, b->b, (size_t)addr_bytes(a->family));
 }
 
-static void remember(zb_net *n, int rule, const char *name, const zb_net_addr *a, int from_hosts) {
+void zb_net_remember(zb_net *n, int rule, const char *name, const zb_net_addr *a, int from_hosts) {
     for (int i = 0; i < n->nresolved; i++) {
         zb_net_resolved *e = &n->resolved[i];
         if (same_addr(&e->addr, a) && e->rule == rule && e->from_hosts == from_hosts) return;
@@ -133,6 +135,8 @@ static void remember(zb_net *n, int rule, const char *name, const zb_net_addr *a
     if (n->nresolved < ZB_NET_MAX_RESOLVED) n->nresolved++;
 }
 
+static int host_file_lookup(zb_net *n, int rule, const char *name, int family, zb_net_addr *out, int max);
+
 int zb_net_resolve(zb_net *n, int rule, const char *name, int family, zb_net_addr *out, int max) {
     int got = 0, mapped = 0;
     for (int i = 0; i < n->nhosts; i++) {
@@ -140,35 +144,94 @@ int zb_net_resolve(zb_net *n, int rule, const char *name, int family, zb_net_add
         mapped = 1; /* the operator's map names it: DNS is never asked */
         if (n->hosts[i].addr.family != family || got >= max) continue;
         out[got++] = n->hosts[i].addr;
-        remember(n, rule, name, &n->hosts[i].addr, 1);
+        zb_net_remember(n, rule, name, &n->hosts[i].addr, 1);
     }
     if (mapped) return got;
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = family;
-    hints.ai_socktype = SOCK_STREAM; /* one entry per address; no AI_ADDRCONFIG (netlink) */
-    int rc = getaddrinfo(name, NULL, &hints, &res);
-    if (rc == EAI_NONAME) return -1;
-    if (rc) return 0; /* no address of this family, or the host's resolver failed: no answer */
-    for (struct addrinfo *ai = res; ai && got < max; ai = ai->ai_next) {
+    return host_file_lookup(n, rule, name, family, out, max);
+}
+
+/* The host's /etc/hosts (at most 64 KiB of it), as glibc's "files" source reads it: "address
+ * name alias...", '#' comments. Its answers count as DNS answers (public addresses only reach
+ * anything). The number of addresses of family, -1 for NXDOMAIN never (a name it does not list
+ * asks DNS: ZB_NET_ASK_DNS). */
+static int host_file_lookup(zb_net *n, int rule, const char *name, int family, zb_net_addr *out, int max) {
+    static __thread char text[65536 + 1]; /* engines on other threads read theirs */
+    int fd = open("/etc/hosts", O_RDONLY | O_CLOEXEC);
+    ssize_t len = fd < 0 ? -1 : read(fd, text, sizeof text - 1);
+    if (fd >= 0) close(fd);
+    if (len <= 0) return ZB_NET_ASK_DNS;
+    text[len] = 0;
+    int got = 0, listed = 0;
+    for (char *line = text, *next; line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char *save = NULL, *addr_text = strtok_r(line, " \t\r", &save);
+        if (!addr_text) continue;
+        int named = 0;
+        for (char *w = strtok_r(NULL, " \t\r", &save); w; w = strtok_r(NULL, " \t\r", &save)) {
+            char norm[ZB_NET_NAME_MAX + 1];
+            if (!zb_net_name_normalize(w, strlen(w), norm) && !strcmp(norm, name)) named = 1;
+        }
+        if (!named) continue;
         zb_net_addr a;
         memset(&a, 0, sizeof a);
-        a.family = ai->ai_family;
-        if (ai->ai_family == AF_INET && ai->ai_addrlen >= sizeof(struct sockaddr_in))
-            memcpy(a.b, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, 4);
-        else if (ai->ai_family == AF_INET6 && ai->ai_addrlen >= sizeof(struct sockaddr_in6))
-            memcpy(a.b, &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, 16);
-        else
-            continue;
+        a.family = strchr(addr_text, ':') ? AF_INET6 : AF_INET;
+        if (inet_pton(a.family, addr_text, a.b) != 1) continue;
+        listed = 1;
+        if (a.family != family || got >= max) continue;
         int dup = 0;
         for (int j = 0; j < got; j++) dup |= same_addr(&out[j], &a);
         if (dup) continue;
         out[got++] = a;
-        remember(n, rule, name, &a, 0);
+        zb_net_remember(n, rule, name, &a, 0);
     }
-    freeaddrinfo(res);
-    n->stats.dns_host_lookups++;
-    return got;
+    return listed ? got : ZB_NET_ASK_DNS;
+}
+
+int zb_net_set_resolver(zb_net *n, int family, const uint8_t *addr, int port, char *err) {
+    if (!valid_family(family) || !addr) { zb_seterr(err, "address family %d is not AF_INET or AF_INET6", family); return -1; }
+    if (port < 1 || port > 65535) { zb_seterr(err, "resolver port %d is not 1-65535", port); return -1; }
+    memset(&n->upstream, 0, sizeof n->upstream);
+    if (family == AF_INET) {
+        struct sockaddr_in *sa = (struct sockaddr_in *)&n->upstream;
+        sa->sin_family = AF_INET;
+        sa->sin_port = htons((uint16_t)port);
+        memcpy(&sa->sin_addr, addr, 4);
+        n->upstream_len = sizeof *sa;
+    } else {
+        struct sockaddr_in6 *sa = (struct sockaddr_in6 *)&n->upstream;
+        sa->sin6_family = AF_INET6;
+        sa->sin6_port = htons((uint16_t)port);
+        memcpy(&sa->sin6_addr, addr, 16);
+        n->upstream_len = sizeof *sa;
+    }
+    n->upstream_tried = 1;
+    return 0;
+}
+
+int zb_net_upstream(zb_net *n) {
+    if (n->upstream_tried) return n->upstream_len ? 0 : -1;
+    n->upstream_tried = 1;
+    static __thread char text[16384 + 1];
+    int fd = open("/etc/resolv.conf", O_RDONLY | O_CLOEXEC);
+    ssize_t len = fd < 0 ? -1 : read(fd, text, sizeof text - 1);
+    if (fd >= 0) close(fd);
+    if (len <= 0) return -1;
+    text[len] = 0;
+    for (char *line = text, *next; line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        char *save = NULL, *key = strtok_r(line, " \t\r", &save), *value = key ? strtok_r(NULL, " \t\r", &save) : NULL;
+        if (!key || !value || strcmp(key, "nameserver")) continue;
+        uint8_t b[16];
+        int family = strchr(value, ':') ? AF_INET6 : AF_INET;
+        char *pct = strchr(value, '%'); /* a v6 scope: not supported, skip the entry */
+        if (pct || inet_pton(family, value, b) != 1) continue;
+        return zb_net_set_resolver(n, family, b, 53, NULL);
+    }
+    return -1;
 }
 
 static int in_prefix(const uint8_t *addr, const uint8_t *net, int prefix) {

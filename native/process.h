@@ -240,6 +240,12 @@ long zb_stop_for_deadline(zb_sandbox *sb);
 /* sleeping inside a syscall: waits until wake_ns or a kick/deadline. 0 = slept fully,
  * ZB_SYSCALL_STOP = interrupted (sb->stop set), -EINTR = the guest's alarm went off and interrupts. */
 long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns);
+/* For other waits until wake_ns (file_ready.c's on host sockets): 1 if the running thread yields
+ * to another thread or process instead (its syscall is served again later: return
+ * ZB_SYSCALL_BLOCK), and the earliest of until and the other threads' and processes' wake times
+ * (a wait must end by then to let them run). */
+int zb_sleep_yields(zb_sandbox *sb, int64_t wake_ns, int64_t now);
+int64_t zb_sleep_bound(const zb_sandbox *sb, int64_t until);
 /* A blocking read of the UART found no input: stop the run for an INPUT event, or, between
  * requests (zb_sandbox_set_input_yields) while another thread can run or wake by itself, wait
  * like a sleep without end so that the other threads run (run_events.c). A syscall result. */

@@ -84,6 +84,14 @@ static int yield_sleep(zb_sandbox *sb, int64_t wake_ns, int64_t now) {
     return 1;
 }
 
+int zb_sleep_yields(zb_sandbox *sb, int64_t wake_ns, int64_t now) { return yield_sleep(sb, wake_ns, now); }
+
+int64_t zb_sleep_bound(const zb_sandbox *sb, int64_t until) {
+    if (sb->threads.count > 1) until = ZB_MIN(until, zb_threads_next_wake(&sb->threads));
+    if (sb->fam) until = ZB_MIN(until, zb_family_next_wake(sb));
+    return until;
+}
+
 long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
     for (;;) {
         int64_t now = zb_now_ns();

@@ -159,6 +159,7 @@ typedef struct zb_net_stats {
     uint64_t bytes_sent, bytes_received; /* over connected sockets */
     uint64_t over_connection_limit; /* connects refused by max_connections */
     uint64_t throttled_ns;   /* time transfers waited for the rate limit */
+    uint64_t dns_host_timeouts; /* host DNS lookups unanswered in time (the guest got SERVFAIL) */
 } zb_net_stats;
 zb_net *zb_net_new(void);
 void zb_net_free(zb_net *net);
@@ -170,6 +171,11 @@ int zb_net_add_host(zb_net *net, const char *name, int family, const uint8_t *ad
 /* Limits of a policy: host connections open at once (0: none) and bytes per second, both ways
  * together (0: none); a transfer over the rate waits (also on a non-blocking socket, briefly). */
 int zb_net_set_limits(zb_net *net, int max_connections, uint64_t bytes_per_second, char *err);
+/* The host DNS server the engine asks for allowed names that neither the host map nor the host's
+ * /etc/hosts lists (family AF_INET or AF_INET6, port 1-65535); default: the first nameserver of
+ * the host's /etc/resolv.conf. A lookup never blocks the engine: the guest's socket waits for the
+ * answer (ZEROBOOT_NETWORK_RESOLVER). */
+int zb_net_set_resolver(zb_net *net, int family, const uint8_t *addr, int port, char *err);
 /* Install a policy (NULL: none); the engine takes ownership of it and frees the previous one. */
 void zb_engine_set_network(zb_engine *engine, zb_net *net);
 /* The installed policy's counters (zeros without one). */

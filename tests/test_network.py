@@ -12,6 +12,7 @@ import json
 import struct
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -415,7 +416,9 @@ def test_the_engine_process_seccomp_follows_the_policy(template, policy: str | N
 
 def test_the_kernel_takes_its_policy_from_the_kernelspec_only(template, server) -> None:
     from kernel_helpers import execute, kernel, stream_text
-    with kernel("zeroboot", ZEROBOOT_NETWORK=f"127.0.0.1:{server},localhost") as (_, kc):
+    resolver = _TestResolver({"pub.test": "93.184.216.34"})
+    with kernel("zeroboot", ZEROBOOT_NETWORK=f"127.0.0.1:{server},localhost,pub.test",
+                ZEROBOOT_NETWORK_RESOLVER=f"127.0.0.1:{resolver.port}") as (_, kc):
         reply, msgs = execute(kc, "%sandbox network")
         assert reply["status"] == "ok" and f"127.0.0.1:{server}" in stream_text(msgs), msgs
         reply, msgs = execute(kc, "%sandbox network 0.0.0.0/0:*")
@@ -428,7 +431,10 @@ def test_the_kernel_takes_its_policy_from_the_kernelspec_only(template, server) 
         assert f"127.0.0.4:{server} is not in the allow list" in text, msgs
         reply, msgs = execute(kc, "%sandbox network")
         assert "1 connection(s) allowed, 1 refused" in stream_text(msgs), msgs
-        # the engine's own host lookup (glibc's getaddrinfo) works under the engine process's seccomp
+        # the engine's own host lookups (the host's /etc/hosts, then its UDP query to the upstream
+        # server) work under the engine process's seccomp
+        reply, msgs = execute(kc, "import socket\nprint('pub', socket.gethostbyname('pub.test'))")
+        assert "pub 93.184.216.34" in stream_text(msgs), msgs
         reply, msgs = execute(kc, """
 import socket, struct
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -437,6 +443,7 @@ a = u.recv(512)
 print("answer", a[3] & 15, socket.inet_ntoa(a[-4:]))
 """)
         assert "answer 0 127.0.0.1" in stream_text(msgs), msgs
+    resolver.close()
 
 
 def test_a_malformed_policy_refuses_to_start_the_kernel() -> None:
@@ -565,6 +572,239 @@ except TimeoutError:
     finally:
         s.close()
         engine.set_network(None)
+
+
+def test_so_rcvtimeo_and_so_sndtimeo_bound_a_blocking_call(template, silent_server) -> None:
+    """SO_RCVTIMEO: a blocking recv from a server that never answers ends with EAGAIN after the
+    timeout (and a zero timeout is none again); SO_SNDTIMEO reads back; a bad usec is EDOM."""
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    engine = Engine.default()
+    engine.set_network(network_policy.parse(f"127.0.0.1:{silent_server}"))
+    s = Session(template, timeout=60)
+    try:
+        out = ok(s, f"""
+import errno, socket, struct, time
+conn = socket.create_connection(("127.0.0.1", {silent_server}))
+conn.settimeout(None)  # a blocking socket: only SO_RCVTIMEO can end the wait
+tv = struct.pack("ll", 0, 300000)
+conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 2, 500))
+print("rcv", struct.unpack("ll", conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)))
+print("snd", struct.unpack("ll", conn.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16)))
+t0 = time.monotonic()
+try:
+    conn.recv(10)
+    print("recv returned")
+except BlockingIOError as exc:
+    print("recv", errno.errorcode[exc.errno], time.monotonic() - t0 >= 0.29)
+try:
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 1, 1000000))
+except OSError as exc:
+    print("bad usec", errno.errorcode[exc.errno])
+conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+print("off", struct.unpack("ll", conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)))
+""")
+        assert "rcv (0, 300000)" in out and "snd (2, 500)" in out, out
+        assert "recv EAGAIN True" in out and "bad usec EDOM" in out and "off (0, 0)" in out, out
+    finally:
+        s.close()
+        engine.set_network(None)
+
+
+class _TestResolver:
+    """A DNS server on 127.0.0.1 (UDP) for the engine's host lookups (ZEROBOOT_NETWORK_RESOLVER):
+    it answers A queries for names in `answers`, NXDOMAIN for "missing.*", and never answers the
+    rest (a host resolver that hangs). It counts the queries it read."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        import socket
+        self.answers = answers
+        self.crafted: dict[str, Any] = {}  # name -> f(id, question) -> the response datagram
+        self.queries: list[str] = []
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import socket
+        while not self.stop.is_set():
+            try:
+                q, peer = self.sock.recvfrom(512)
+            except socket.timeout:
+                continue
+            at, labels = 12, []
+            while at < len(q) and q[at]:
+                labels.append(q[at + 1:at + 1 + q[at]].decode())
+                at += 1 + q[at]
+            name = ".".join(labels)
+            self.queries.append(name)
+            question = q[12:at + 5]
+            qtype = struct.unpack(">H", q[at + 1:at + 3])[0]
+            if name in self.crafted:
+                self.sock.sendto(self.crafted[name](q[:2], question), peer)
+            elif name.startswith("missing."):
+                self.sock.sendto(q[:2] + b"\x81\x83" + struct.pack(">HHHH", 1, 0, 0, 0) + question, peer)
+            elif name in self.answers:
+                records = b""
+                if qtype == 1:  # a CNAME first (skipped by the engine), then the address
+                    target = b"\x05alias\xc0\x0c"
+                    records = b"\xc0\x0c" + struct.pack(">HHIH", 5, 1, 60, len(target)) + target
+                    records += b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + bytes(map(int, self.answers[name].split(".")))
+                count = 2 if records else 0
+                self.sock.sendto(q[:2] + b"\x81\x80" + struct.pack(">HHHH", 1, count, 0, 0) + question + records, peer)
+            # else: never answer
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+def test_host_lookups_ask_the_upstream_resolver_without_blocking_the_engine(template) -> None:
+    """Allowed names the host map and /etc/hosts do not list are asked of the upstream DNS server
+    (here a test server on loopback, never the host's nameserver) without the engine waiting: a
+    server that never answers costs the guest its own resolver timeout (gaierror) while its other
+    threads run, never the engine; NXDOMAIN and answers reach the guest; the addresses DNS gave
+    are remembered for connect (a public one) or refused (loopback: rebinding)."""
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    resolver = _TestResolver({"pub.test": "93.184.216.34", "lo.test": "127.0.0.1"})
+    engine = Engine.default()
+    engine.set_network(network_policy.parse("*.test:9", resolver=f"127.0.0.1:{resolver.port}"))
+    s = Session(template, timeout=120)
+    try:
+        out = ok(s, """
+import socket, threading, time
+print(f"pub {sorted({a[4][0] for a in socket.getaddrinfo('pub.test', 9, socket.AF_INET, socket.SOCK_STREAM)})}")
+try:
+    socket.getaddrinfo("missing.test", 9, socket.AF_INET)
+except socket.gaierror as exc:
+    print(f"missing {exc.errno == socket.EAI_NONAME}", flush=True)
+result = []
+def look():
+    try:
+        socket.getaddrinfo("hang.test", 9, socket.AF_INET)
+        result.append("answered")
+    except socket.gaierror as exc:
+        result.append(exc.errno)
+t = threading.Thread(target=look)
+t.start()
+ticks = 0
+while t.is_alive() and ticks < 2000:  # this thread runs while the other one's lookup waits
+    time.sleep(0.01)
+    ticks += 1
+t.join(30)
+print(f"hang {result == [socket.EAI_AGAIN]} {ticks > 5}", flush=True)
+try:
+    socket.create_connection(("lo.test", 9), timeout=5)
+except PermissionError:
+    print("lo refused")
+""")
+        assert "pub ['93.184.216.34']" in out and "missing True" in out, out
+        assert "hang True True" in out and "lo refused" in out, out
+        # a blocking read of the resolver's socket: interrupted by an alarm, then SERVFAIL once
+        # the engine's bound (5 s) passes with no answer from upstream
+        out = ok(s, r'''
+import signal, socket, struct
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.connect(("192.0.2.53", 53))
+u.send(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05hang2\x04test\x00\x00\x01\x00\x01")
+def ring(*_): raise TimeoutError("alarm")
+signal.signal(signal.SIGALRM, ring)
+signal.alarm(1)
+try:
+    u.recv(512)
+    print("answered before the alarm")
+except TimeoutError:
+    print("alarm interrupted the lookup")
+reply = u.recv(512)
+print("reply id", hex(struct.unpack(">H", reply[:2])[0]), "rcode", reply[3] & 15)
+''')
+        assert "alarm interrupted the lookup" in out and "reply id 0x1234 rcode 2" in out, out
+        assert engine.network_stats()["dns_host_timeouts"] >= 1
+        assert {"pub.test", "missing.test", "hang.test", "lo.test", "hang2.test"} <= set(resolver.queries), resolver.queries
+        st = engine.network_stats()
+        assert st["dns_host_lookups"] >= 4, st
+        assert "localhost" not in resolver.queries  # /etc/hosts names are answered from the file
+    finally:
+        s.close()
+        engine.set_network(None)
+        resolver.close()
+
+
+def _a(addr: bytes, rdlen: int | None = None) -> bytes:
+    return b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, len(addr) if rdlen is None else rdlen) + addr
+
+
+HOSTILE_RESPONSES = {  # what an upstream server may send back: each is parsed within its bounds
+    "short.test": lambda i, q: i,
+    "no-qr.test": lambda i, q: i + b"\x01\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + _a(b"\x5d\xb8\xd8\x22"),
+    "many-claimed.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 65535, 0, 0) + q,
+    "label-past-end.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + b"\x3f" + b"a" * 10,
+    "pointer-loop.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + b"\xc0\x0c" * 2,
+    "huge-rdlen.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + _a(b"\x5d\xb8", 60000),
+    "v6-in-a.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + _a(bytes(16)),
+    "truncated.test": lambda i, q: i + b"\x83\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q + _a(b"\x5d\xb8\xd8\x22"),
+    "servfail.test": lambda i, q: i + b"\x81\x82" + struct.pack(">HHHH", 1, 0, 0, 0) + q,
+    "qd-bomb.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 65535, 1, 0, 0) + q,
+    "hundred.test": lambda i, q: i + b"\x81\x80" + struct.pack(">HHHH", 1, 100, 0, 0) + q +
+    b"".join(_a(bytes([93, 184, k // 256, k % 256])) for k in range(100)),
+    "wrong-id.test": lambda i, q: bytes([i[0] ^ 0xff, i[1]]) + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0) + q +
+    _a(b"\x5d\xb8\xd8\x22"),
+}
+
+
+def test_hostile_upstream_dns_responses_are_parsed_within_bounds(template) -> None:
+    """Malformed, lying or oversized responses from the upstream server: each lookup ends in an
+    error or at most 8 addresses of the right family, and the engine keeps serving."""
+    from zeroboot_kernel.native import Engine
+    from zeroboot_kernel.session import Session
+    resolver = _TestResolver({})
+    resolver.crafted.update(HOSTILE_RESPONSES)
+    engine = Engine.default()
+    engine.set_network(network_policy.parse("*.test:9", resolver=f"127.0.0.1:{resolver.port}"))
+    s = Session(template, timeout=300)
+    try:
+        out = ok(s, f'''
+import socket
+for name in {sorted(HOSTILE_RESPONSES)!r}:
+    try:
+        got = sorted({{a[4][0] for a in socket.getaddrinfo(name, 9, socket.AF_INET, socket.SOCK_STREAM)}})
+        print(name, "answered", len(got), all(a.count(".") == 3 for a in got))
+    except socket.gaierror as exc:
+        print(name, "error", exc.errno)
+''')
+        assert "zeroboot:" not in out, out  # getaddrinfo's UDP connects to sort 8 answers are not the user's
+        lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
+        assert set(lines) == set(HOSTILE_RESPONSES), out
+        assert lines["hundred.test"] == "answered 8 True", out
+        for name in ("short.test", "no-qr.test", "many-claimed.test", "label-past-end.test", "huge-rdlen.test",
+                     "v6-in-a.test", "truncated.test", "servfail.test", "qd-bomb.test", "wrong-id.test",
+                     "pointer-loop.test"):
+            assert lines[name].startswith("error"), (name, out)
+        assert "answered 8" in ok(s, "import socket\nprint('answered', len(socket.getaddrinfo('hundred.test', 9, "
+                                     "socket.AF_INET, socket.SOCK_STREAM)))")
+    finally:
+        s.close()
+        engine.set_network(None)
+        resolver.close()
+
+
+@pytest.mark.without_kvm
+def test_resolver_setting() -> None:
+    assert network_policy.parse("a.test", resolver="127.0.0.1:5353").resolver == ("127.0.0.1", 5353)
+    assert network_policy.parse("a.test", resolver="[::1]:53").resolver == ("::1", 53)
+    assert network_policy.parse("a.test", resolver="10.0.0.1").resolver == ("10.0.0.1", 53)
+    p = network_policy.parse("a.test", resolver="127.0.0.1:5353")
+    assert network_policy.NetworkPolicy.from_wire(p.to_wire()) == p and "127.0.0.1:5353" in p.describe()
+    for bad in ("dns.example", "127.0.0.1:0", "127.0.0.1:70000", "1.2.3", "[::1]:x"):
+        with pytest.raises(NetworkPolicyError, match="ZEROBOOT_NETWORK_RESOLVER"):
+            network_policy.parse("a.test", resolver=bad)
 
 
 def test_ipv6_loopback(template) -> None:
@@ -730,25 +970,28 @@ def test_requests_keeps_its_pooled_connection_and_reconnects_after_a_rewind(temp
         srv.server_close()
 
 
-def _wheel_index(root) -> None:
-    """A PEP 503 index of one hand-made wheel (zbtestpkg 0.1) under root/simple/."""
+def _wheel_index(root, project: str = "zbtestpkg", value: int = 42) -> None:
+    """A PEP 503 index of one hand-made wheel (PROJECT 0.1, PROJECT.VALUE == value) under root/simple/."""
     import base64
     import hashlib
     import zipfile
-    name = "zbtestpkg-0.1-py3-none-any.whl"
-    files = {"zbtestpkg/__init__.py": b"VALUE = 42\n",
-             "zbtestpkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: zbtestpkg\nVersion: 0.1\n",
-             "zbtestpkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    name = f"{project}-0.1-py3-none-any.whl"
+    info = f"{project}-0.1.dist-info"
+    files = {f"{project}/__init__.py": f"VALUE = {value}\n".encode(),
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: 0.1\n".encode(),
+             f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     record = [f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v).digest()).rstrip(b'=').decode()},{len(v)}"
-              for k, v in files.items()] + ["zbtestpkg-0.1.dist-info/RECORD,,"]
-    files["zbtestpkg-0.1.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
-    pkg = root / "simple" / "zbtestpkg"
+              for k, v in files.items()] + [f"{info}/RECORD,,"]
+    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    pkg = root / "simple" / project
     pkg.mkdir(parents=True)
     with zipfile.ZipFile(pkg / name, "w") as z:
         for k, v in files.items():
             z.writestr(k, v)
     (pkg / "index.html").write_text(f'<html><body><a href="{name}">{name}</a></body></html>')
-    (root / "simple" / "index.html").write_text('<html><body><a href="zbtestpkg/">zbtestpkg</a></body></html>')
+    projects = sorted(p.name for p in (root / "simple").iterdir() if p.is_dir())
+    (root / "simple" / "index.html").write_text(
+        "<html><body>" + "".join(f'<a href="{p}/">{p}</a>' for p in projects) + "</body></html>")
 
 
 def test_pip_in_the_cells_process_downloads_and_installs_from_an_allowed_index(template, tmp_path) -> None:
@@ -783,3 +1026,106 @@ print("imported", zbtestpkg.VALUE)
         engine.set_network(None)
         srv.shutdown()
         srv.server_close()
+
+
+# ---- %pip in a notebook (guest/_zeroboot_agent/agent_pip.py; issues 15 and 17) -------------------
+
+def _pip_session(template, folder):
+    """A session whose notebook folder is `folder`, with none of this host's PIP_* settings (its
+    find-links, index or config would change what pip does)."""
+    import os
+    from zeroboot_kernel.session import Session
+    environ = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "TZ")}
+    return Session(template, project_dir=str(folder), environ=environ, timeout=600)
+
+
+@pytest.mark.without_kvm
+def test_pip_magic_arguments() -> None:
+    """What %pip runs: --target the sandbox's site unless a location is named, option values are
+    not requirements, and with no network a command that needs an index is refused before pip runs."""
+    from zeroboot_guest._zeroboot_agent import agent_pip
+    site = agent_pip.SANDBOX_SITE
+    run, refusal = agent_pip.pip_args(["install", "-i", "http://127.0.0.1:1/simple/", "pkg"], True)
+    assert refusal is None and run[:4] == ["install", "--target", site, "--disable-pip-version-check"], run
+    run, refusal = agent_pip.pip_args(["install", "--user", "pkg"], True)
+    assert "--target" not in run and refusal is None
+    run, refusal = agent_pip.pip_args(["install", "--target=/tmp/x", "pkg"], True)
+    assert run.count("--target=/tmp/x") == 1 and "--target" not in run
+    run, refusal = agent_pip.pip_args(["download", "-d", "/tmp/dl", "pkg"], True)
+    assert "--target" not in run and refusal is None
+    for args in (["install", "pandas"], ["install", "-r", "reqs.txt", "numpy"], ["download", "pkg"], ["install"]):
+        run, refusal = agent_pip.pip_args(args, False)
+        assert refusal and "ZEROBOOT_NETWORK" in refusal and "--find-links" in refusal and "template" in refusal, args
+    assert "pandas" in agent_pip.pip_args(["install", "pandas"], False)[1]
+    for args in (["install", "./x.whl"], ["install", "--no-index", "--find-links", "./w", "pkg"],
+                 ["install", "-f", "w", "pkg"], ["list"], ["install", "-r", "reqs.txt"]):
+        run, refusal = agent_pip.pip_args(args, False)
+        assert refusal is None, args
+    assert agent_pip.pip_args(["install", "./x.whl"], False)[0][1:6] == \
+        ["--target", site, "--retries", "0", "--disable-pip-version-check"]
+
+
+def test_pip_magic_installs_local_wheels_without_network(template, tmp_path) -> None:
+    """`%pip install ./x.whl` and `%pip install --no-index --find-links ./wheels pkg` with no
+    network policy: into the sandbox's site-packages, importable in the next cell and in a child
+    Python; a rewind to before the install removes it; an index package is refused with the ways out."""
+    _wheel_index(tmp_path, "zbwheela", 7)
+    _wheel_index(tmp_path, "zbwheelb", 8)
+    s = _pip_session(template, tmp_path)
+    try:
+        out = ok(s, "%pip install ./simple/zbwheela/zbwheela-0.1-py3-none-any.whl")
+        assert "Successfully installed zbwheela-0.1" in out and "sandbox's site-packages" in out, out
+        assert ok(s, "import zbwheela; print('a', zbwheela.VALUE)").strip() == "a 7"
+        out = ok(s, "%pip install --no-index --find-links ./simple/zbwheelb zbwheelb")
+        assert "Successfully installed zbwheelb-0.1" in out, out
+        out = ok(s, "import sys, subprocess\nprint(subprocess.run([sys.executable, '-c', "
+                    "'import zbwheela, zbwheelb; print(zbwheela.VALUE + zbwheelb.VALUE)'], "
+                    "capture_output=True, text=True).stdout)")
+        assert out.strip() == "15", out
+        out = ok(s, "%pip install zbtestpkg-not-here")
+        assert "needs a package index for zbtestpkg-not-here" in out and "ZEROBOOT_NETWORK" in out, out
+        assert "Processing" not in out and ok(s, "print(_exit_code)").strip() == "1"
+        s.rewind(4)  # back to before the second install: its files are gone with it
+        r = cell(s, "import zbwheelb")
+        assert r["status"] == "error" and r["ename"] == "ModuleNotFoundError", r
+        assert ok(s, "import zbwheela; print(zbwheela.VALUE)").strip() == "7"
+    finally:
+        s.close()
+
+
+def test_pip_magic_installs_from_an_allowed_local_index(template, tmp_path) -> None:
+    """`%pip install --index-url http://127.0.0.1:PORT/simple/ pkg` through the network policy."""
+    import functools
+    _wheel_index(tmp_path)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a: None  # type: ignore[assignment]
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    from zeroboot_kernel.native import Engine
+    engine = Engine.default()
+    engine.set_network(network_policy.parse(f"127.0.0.1:{port}"))
+    s = _pip_session(template, tmp_path / "simple")
+    try:
+        out = ok(s, f"%pip install --no-cache-dir --index-url http://127.0.0.1:{port}/simple/ zbtestpkg")
+        assert "Successfully installed zbtestpkg-0.1" in out, out
+        assert ok(s, "import zbtestpkg; print(zbtestpkg.VALUE)").strip() == "42"
+        assert engine.network_stats()["connects"] >= 1
+    finally:
+        s.close()
+        engine.set_network(None)
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_bench_network_quick(template, tmp_path) -> None:
+    """`bench network --quick` (CI's size; the default is issue 17's 200 MB): both readers, guest
+    and host, in one run, with the byte counts checked inside."""
+    from zeroboot_kernel.bench import network as bench_network
+    out = tmp_path / "network.json"
+    assert bench_network.main(["--quick", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    rows = res["rows"]
+    assert res["size_mb"] == bench_network.QUICK_MB and len(rows) == 2 and all(r["guest_mb_s"] > 0 and r["host_mb_s"] > 0 for r in rows.values()), res
+    with pytest.raises(SystemExit):
+        bench_network.main(["--size-mb", "0"])

@@ -12,7 +12,7 @@
                            (outputs.py; the isolated kernelspec sets safe)
     ZEROBOOT_NETWORK       none (default) or the network egress allow list (network_policy.py),
     ZEROBOOT_NETWORK_HOSTS with its optional static name=address answers, and its limits
-    ZEROBOOT_NETWORK_MAX_CONNECTIONS, ZEROBOOT_NETWORK_RATE
+    ZEROBOOT_NETWORK_MAX_CONNECTIONS, ZEROBOOT_NETWORK_RATE, ZEROBOOT_NETWORK_RESOLVER
 
 Read by the engine process where they are used (docs/COMPATIBILITY.md):
     ZEROBOOT_ENV, ZEROBOOT_ENV_ALLOW, ZEROBOOT_ENV_DENY   the kernel's environment in the sandbox (guest_environ.py)

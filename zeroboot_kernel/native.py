@@ -145,6 +145,11 @@ class Engine:
                     raise SandboxError(f"network host {name}={address}: {_text(err)}")
             if lib.zb_net_set_limits(net, policy.max_connections, policy.rate, err) < 0:
                 raise SandboxError(f"network limits: {_text(err)}")
+            if policy.resolver:
+                ip = ipaddress.ip_address(policy.resolver[0])
+                family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+                if lib.zb_net_set_resolver(net, family, ip.packed, policy.resolver[1], err) < 0:
+                    raise SandboxError(f"network resolver {policy.resolver}: {_text(err)}")
         except BaseException:
             lib.zb_net_free(net)
             raise
@@ -157,7 +162,7 @@ class Engine:
         return {name: int(getattr(st, name)) for name in ("connects", "refused", "dns_queries", "dns_answers",
                                                            "dns_refused", "dns_host_lookups", "bytes_sent",
                                                            "bytes_received", "over_connection_limit",
-                                                           "throttled_ns")}
+                                                           "throttled_ns", "dns_host_timeouts")}
 
     def close(self) -> None:
         self._finalizer()

@@ -14,6 +14,9 @@
                             the names still need an entry in ZEROBOOT_NETWORK)
     ZEROBOOT_NETWORK_MAX_CONNECTIONS  connections open at once (default 64; 0: no limit)
     ZEROBOOT_NETWORK_RATE   bytes per second, sent and received together (10M, 512K; default 0: no limit)
+    ZEROBOOT_NETWORK_RESOLVER  the DNS server (ADDRESS, ADDRESS:PORT, [V6]:PORT) the engine asks for
+                            allowed names that neither the host map nor the host's /etc/hosts lists
+                            (default: the first nameserver of the host's /etc/resolv.conf)
 
 A name entry lets the guest resolve the name (through the engine's resolver, never its own) and
 connect to the *public* addresses it resolved to; loopback, private and link-local addresses are
@@ -72,6 +75,7 @@ class NetworkPolicy:
     hosts: tuple[tuple[str, str], ...] = ()   # (name, address)
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # open at once; 0: no limit
     rate: int = 0                             # bytes per second; 0: no limit
+    resolver: tuple[str, int] | None = None   # (address, port) of the upstream DNS server; None: the host's
 
     @property
     def enabled(self) -> bool:
@@ -91,6 +95,8 @@ class NetworkPolicy:
         rate = f"{self.rate} bytes/s" if self.rate else "no rate limit"
         lines.append(f"limits: {self.max_connections or 'any number of'} connection(s) open at once, {rate} "
                      f"(ZEROBOOT_NETWORK_MAX_CONNECTIONS, ZEROBOOT_NETWORK_RATE)")
+        if self.resolver:
+            lines.append(f"host lookups ask {_resolver_text(self.resolver)} (ZEROBOOT_NETWORK_RESOLVER)")
         lines.append("host names reach only the public addresses they resolve to; others need an address entry. "
                      "TCP only; no servers (bind/listen fail with EACCES).")
         return "\n".join(lines) + "\n"
@@ -98,7 +104,7 @@ class NetworkPolicy:
     def to_wire(self) -> str:
         return json.dumps({"rules": [[r.kind, r.name, str(r.network) if r.network else "", r.port] for r in self.rules],
                            "hosts": [list(h) for h in self.hosts], "max_connections": self.max_connections,
-                           "rate": self.rate})
+                           "rate": self.rate, "resolver": list(self.resolver) if self.resolver else None})
 
     @classmethod
     def from_wire(cls, text: str) -> NetworkPolicy:
@@ -122,7 +128,38 @@ class NetworkPolicy:
         conns, rate = data.get("max_connections"), data.get("rate")
         if not (type(conns) is int and type(rate) is int and 0 <= conns and 0 <= rate < 1 << 62):
             raise NetworkPolicyError(f"network policy from the kernel: bad limits {conns!r}, {rate!r}")
-        return _bounded(cls(tuple(rules), hosts, max_connections=conns, rate=rate))
+        resolver = data.get("resolver")
+        if resolver is not None:
+            if not (isinstance(resolver, list) and len(resolver) == 2 and isinstance(resolver[0], str)
+                    and type(resolver[1]) is int):
+                raise NetworkPolicyError(f"network policy from the kernel: bad resolver {resolver!r}")
+            resolver = _resolver(_resolver_text((resolver[0], resolver[1])))
+        return _bounded(cls(tuple(rules), hosts, max_connections=conns, rate=rate, resolver=resolver))
+
+
+def _resolver_text(resolver: tuple[str, int]) -> str:
+    address, port = resolver
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _resolver(text: str | None) -> tuple[str, int] | None:
+    """ZEROBOOT_NETWORK_RESOLVER: ADDRESS, ADDRESS:PORT or [V6]:PORT (port 53 by default)."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d{1,5}))?|([0-9.]+)(?::(\d{1,5}))?|([0-9A-Fa-f:]+)", text)
+    why = "give an IP address, ADDRESS:PORT or [IPV6]:PORT (the DNS server the engine asks)"
+    if not m:
+        raise NetworkPolicyError(f"ZEROBOOT_NETWORK_RESOLVER={text!r}: {why}")
+    address = m.group(1) or m.group(3) or m.group(5)
+    port = int(m.group(2) or m.group(4) or 53)
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        raise NetworkPolicyError(f"ZEROBOOT_NETWORK_RESOLVER={text!r}: {why}") from None
+    if not 1 <= port <= 65535:
+        raise NetworkPolicyError(f"ZEROBOOT_NETWORK_RESOLVER={text!r}: port {port} is not 1-65535")
+    return str(ip), port
 
 
 def _bad_host(h: Any) -> tuple[str, str]:
@@ -229,10 +266,11 @@ def _limits(max_connections: str | None, rate: str | None) -> tuple[int, int]:
 
 
 def parse(value: str | None, hosts: str | None = None, max_connections: str | None = None,
-          rate: str | None = None) -> NetworkPolicy:
-    """The policy of ZEROBOOT_NETWORK (with ZEROBOOT_NETWORK_HOSTS and the limits);
-    NetworkPolicyError says what to fix."""
+          rate: str | None = None, resolver: str | None = None) -> NetworkPolicy:
+    """The policy of ZEROBOOT_NETWORK (with ZEROBOOT_NETWORK_HOSTS, the limits and the upstream
+    resolver); NetworkPolicyError says what to fix."""
     conns, per_second = _limits(max_connections, rate)
+    upstream = _resolver(resolver)
     text = (value or "").strip()
     host_items = tuple(_host_entry(h.strip()) for h in (hosts or "").split(",") if h.strip())
     if not text or text.lower() == "none":
@@ -247,9 +285,10 @@ def parse(value: str | None, hosts: str | None = None, max_connections: str | No
         if entry.lower() == "none":
             raise NetworkPolicyError("ZEROBOOT_NETWORK: 'none' cannot be combined with other entries")
         rules += [r for r in _parse_entry(entry) if r not in rules]
-    return _bounded(NetworkPolicy(tuple(rules), host_items, max_connections=conns, rate=per_second))
+    return _bounded(NetworkPolicy(tuple(rules), host_items, max_connections=conns, rate=per_second, resolver=upstream))
 
 
 def from_env(env: Mapping[str, str]) -> NetworkPolicy:
     return parse(env.get("ZEROBOOT_NETWORK"), env.get("ZEROBOOT_NETWORK_HOSTS"),
-                 env.get("ZEROBOOT_NETWORK_MAX_CONNECTIONS"), env.get("ZEROBOOT_NETWORK_RATE"))
+                 env.get("ZEROBOOT_NETWORK_MAX_CONNECTIONS"), env.get("ZEROBOOT_NETWORK_RATE"),
+                 env.get("ZEROBOOT_NETWORK_RESOLVER"))

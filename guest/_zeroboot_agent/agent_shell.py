@@ -30,7 +30,7 @@ from traitlets import CBool, Type
 from traitlets.config import Config
 
 from . import agent_io as aio
-from . import agent_system
+from . import agent_pip, agent_system
 from .frame_protocol import FrameType
 
 
@@ -402,6 +402,9 @@ def make_shell(channel: aio.Channel) -> ZMQInteractiveShell:
     shell.kernel = SandboxKernel(shell)
     # Jedi is slow in the VM; ipykernel leaves it off by default too.
     shell.Completer.use_jedi = False
+    # %pip: IPython's, installing into the sandbox's own site-packages (agent_pip.py)
+    agent_pip.enable_site()
+    shell.register_magic_function(lambda line: agent_pip.pip_magic(shell, line), "line", "pip")
     # As ipykernel's kernel app (IPython's default_extensions): %store.
     try:
         shell.extension_manager.load_extension("storemagic")

@@ -9,7 +9,7 @@ SUBCOMMANDS = {
     "startup": "startup",  # `run -c pass` / `import numpy` vs host python; numpy matmul speed
     "engine": "engine",    # forks, fork+exec, restores, chained forks, many live forks, template build
     "files": "files",      # reading a 200 MB file of the notebook's folder, guest vs host
-    "network": "network",  # downloading 50 MB from a local server through the egress policy, vs host
+    "network": "network",  # downloading 200 MB (--quick: 16) from a local server through the egress policy, vs host
     "syscalls": "syscalls",  # getpid, stat, small reads, listdir/walk of big folders, many CSVs, vs host
     "kernel": "kernel",    # execute round trips through jupyter_client, vs stock ipykernel
     "load": "load",
