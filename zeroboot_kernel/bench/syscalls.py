@@ -3,8 +3,9 @@
 Each case runs the same Python code inside a fork of the template (the notebook's folder mounted
 as a project in overlay mode) and on the host, and reports time per operation on both sides, the
 ratio and, for the guest, the syscalls and VM exits one operation cost (from the engine's stats):
-a trivial syscall (getpid), `os.stat`, open+read+close of a 4 KiB file, `os.listdir` of a big
-folder (in the notebook's folder and in the guest's private /tmp, which lives in the overlay),
+getpid (answered by the syscall entry in the guest on PVM), a trivial syscall that exits
+(getppid), `os.stat`, open+read+close of a 4 KiB file, `os.listdir` of a big folder (in the
+notebook's folder and in the guest's private /tmp, which lives in the overlay),
 `os.walk` of a tree, reading many small CSV files (pandas when the template has it, else the
 csv module) and `import scipy` when scipy is installed (`pip install -e .[bench]`): a package the
 template has not preloaded, so every import reads and stats its files. The per-syscall profile
