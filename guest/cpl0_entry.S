@@ -34,9 +34,39 @@ zb_cpl0_entry:
     .set vector, vector + 1
     .endr
     .org zb_cpl0_entry + ZB_SYSCALL_ENTRY_OFFSET
-1:  outb %al, $ZB_PORT_SYSCALL
+    /* The syscall entry page (runs at ZB_SYSCALL_ENTRY): a few syscalls whose answer is fixed
+     * for the process are answered from the host-written zb_entry_data without an exit, when the
+     * host has switched that on; rax is the only register they change (and the arithmetic flags,
+     * which the host's own return does not keep under PVM either). Everything else: the `out`. */
+    .set data, ZB_SYSCALL_ENTRY + ZB_ENTRY_DATA
+    .set slots, zb_cpl0_entry + ZB_SYSCALL_ENTRY_OFFSET + ZB_ENTRY_SLOTS
+    cmpl $ZB_ENTRY_ANSWERS_ON, data
+    jne 9f
+    cmpq $39, %rax          /* getpid */
+    je slots
+    cmpq $102, %rax         /* getuid */
+    je slots + ZB_ENTRY_SLOT_SIZE
+    cmpq $107, %rax         /* geteuid */
+    je slots + ZB_ENTRY_SLOT_SIZE
+    cmpq $104, %rax         /* getgid */
+    je slots + 2 * ZB_ENTRY_SLOT_SIZE
+    cmpq $108, %rax         /* getegid */
+    je slots + 2 * ZB_ENTRY_SLOT_SIZE
+    jmp 9f
+    .set slot, 0
+    .rept ZB_ENTRY_SLOT_COUNT
+    .org slots + slot * ZB_ENTRY_SLOT_SIZE
+1:  movl data + 4 + 4 * slot, %eax
+2:  jmp *%rcx
+    .if 2b - 1b - ZB_ENTRY_SLOT_JMP
+    .error "an entry slot's movl is not ZB_ENTRY_SLOT_JMP bytes long (the host finds the jmp there)"
+    .endif
+    .set slot, slot + 1
+    .endr
+    .org zb_cpl0_entry + ZB_SYSCALL_ENTRY_OFFSET + ZB_SYSCALL_ENTRY_OUT
+9:  outb %al, $ZB_PORT_SYSCALL
 2:  hlt
     jmp . - 1
-    .if 2b - 1b - ZB_STUB_OUT_LEN
+    .if 2b - 9b - ZB_STUB_OUT_LEN
     .error "the syscall entry's out instruction is not ZB_STUB_OUT_LEN bytes long"
     .endif

@@ -26,6 +26,20 @@
  * ZB_STUB_OUT_LEN as a syscall (rcx = the return address); user code that jumps there itself has
  * made a syscall by other means, nothing more, and any other use of the port ends the sandbox. */
 #define ZB_SYSCALL_ENTRY 0xe000        /* LSTAR */
+/* The entry page's layout (offsets from ZB_SYSCALL_ENTRY; cpl0_entry.S checks them with .org):
+ * at 0 the dispatch of the syscalls answered in the guest, each slot ZB_ENTRY_SLOT_SIZE bytes from
+ * ZB_ENTRY_SLOTS (`movl <data>, %eax` then, ZB_ENTRY_SLOT_JMP bytes in, `jmp *%rcx`), the `out`
+ * at ZB_SYSCALL_ENTRY_OUT, and struct zb_entry_data at ZB_ENTRY_DATA. The dispatch answers only
+ * when the host has written ZB_ENTRY_ANSWERS_ON into zb_entry_data.on (PVM, where the entry runs
+ * at CPL3 so its `jmp *%rcx` back to user code keeps CPL3; never on VMX, where it runs at CPL0);
+ * every other call, and every call while `on` is anything else, reaches the `out`. */
+#define ZB_SYSCALL_ENTRY_OUT 0x80
+#define ZB_ENTRY_SLOTS 0x40
+#define ZB_ENTRY_SLOT_SIZE 0x10
+#define ZB_ENTRY_SLOT_COUNT 3          /* getpid; getuid/geteuid; getgid/getegid */
+#define ZB_ENTRY_SLOT_JMP 7            /* `movl abs32, %eax` is 7 bytes */
+#define ZB_ENTRY_DATA 0x800
+#define ZB_ENTRY_ANSWERS_ON 0x7a627361 /* any other value: every syscall exits */
 #define ZB_PORT_SYSCALL 0xe0           /* above the exception ports */
 #define ZB_SYSCALL_TRAP 0x7f0000000000 /* never mapped (the LSTAR of earlier engines; the fuzzer's wild pointer) */
 #define ZB_STUBS_GPA 0x8000            /* the CPL0 stubs, in the supervisor-only low 2 MiB */
@@ -55,6 +69,16 @@ struct zb_vdso_data {
     uint64_t generation; /* bumped by every rewrite: a guest reader stopped mid-read retries */
 };
 _Static_assert(sizeof(struct zb_vdso_data) <= ZB_VDSO_DATA_SIZE, "the vDSO data must fit its page");
+
+/* In the syscall entry page at ZB_ENTRY_DATA, written by the host (native/guest_layout.c,
+ * zb_layout_entry_answers) before each run of the process; user code can read it, nobody in the
+ * guest can write it (the page is user read-only, CR0.WP, and the guest has no code of its own at
+ * CPL0). The host never reads it back. value[i] is slot i's answer. */
+struct zb_entry_data {
+    uint32_t on;          /* ZB_ENTRY_ANSWERS_ON: the slots answer */
+    uint32_t value[ZB_ENTRY_SLOT_COUNT]; /* pid, uid, gid */
+};
+_Static_assert(ZB_ENTRY_DATA + sizeof(struct zb_entry_data) <= 4096, "the entry data must fit the entry page");
 #endif
 
 #endif

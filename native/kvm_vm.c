@@ -76,6 +76,13 @@ static int open_kvm(char *err) {
     return -1;
 }
 
+/* 1 if /dev/kvm is PVM's: its module is loaded and neither hardware one is. Under PVM the guest's
+ * `syscall` reaches LSTAR still at CPL3 (docs/DESIGN.md); under VMX/SVM at CPL0. Unsure: 0. */
+static int kvm_is_pvm(void) {
+    return access("/sys/module/kvm_pvm", F_OK) == 0 && access("/sys/module/kvm_intel", F_OK) != 0 &&
+           access("/sys/module/kvm_amd", F_OK) != 0;
+}
+
 zb_engine *zb_engine_open(char *err) {
     zb_engine *e = calloc(1, sizeof *e);
     if (!e) { zb_seterr(err, "out of memory"); return NULL; }
@@ -113,6 +120,7 @@ zb_engine *zb_engine_open(char *err) {
     e->have_xsave2 = xs2 > 0;
     e->xsave_size = ZB_MAX((size_t)(xs2 > 0 ? xs2 : 0), sizeof(struct kvm_xsave));
     if (install_kick_handler(err) < 0) goto fail;
+    e->entry_runs_at_cpl3 = kvm_is_pvm();
     return e;
 fail:
     zb_engine_close(e);
@@ -357,7 +365,14 @@ static int sync_regs_supported(zb_engine *e) {
     return have > 0 && (have & want) == want;
 }
 
+/* The entry's answers in the guest: asked for, with the direct entry, and only where the entry
+ * runs at CPL3 (on VMX it runs at CPL0, and its `jmp *%rcx` would run user code at CPL0). */
+static int guest_answers(const zb_engine *e) {
+    return e->entry_runs_at_cpl3 && !(e->syscall_path_off & (ZB_SYSCALLS_GUEST_ANSWERS | ZB_SYSCALLS_DIRECT_ENTRY));
+}
+
 int zb_vm_apply_syscall_path(zb_vm *vm, zb_engine *e, char *err) {
+    vm->guest_answers = guest_answers(e);
     if (zb_vm_flush_user_state(vm) < 0) { zb_seterr(err, "KVM_SET_SREGS/REGS: %s", strerror(errno)); return -1; }
     vm->sync_regs = !(e->syscall_path_off & ZB_SYSCALLS_SYNC_REGS) && sync_regs_supported(e);
     vm->run->kvm_valid_regs = vm->sync_regs ? KVM_SYNC_X86_REGS : 0; /* the exit copies regs only: sregs cost more */
@@ -366,10 +381,11 @@ int zb_vm_apply_syscall_path(zb_vm *vm, zb_engine *e, char *err) {
 
 int zb_engine_set_syscall_path(zb_engine *e, int flags) {
     char err[ZB_ERRLEN];
-    e->syscall_path_off = (ZB_SYSCALLS_SYNC_REGS | ZB_SYSCALLS_DIRECT_ENTRY) & ~flags;
+    e->syscall_path_off = (ZB_SYSCALLS_SYNC_REGS | ZB_SYSCALLS_DIRECT_ENTRY | ZB_SYSCALLS_GUEST_ANSWERS) & ~flags;
     if (e->vm && zb_vm_apply_syscall_path(e->vm, e, err) < 0) return -1;
     int sync = e->vm ? e->vm->sync_regs : sync_regs_supported(e) && (flags & ZB_SYSCALLS_SYNC_REGS);
-    return (sync ? ZB_SYSCALLS_SYNC_REGS : 0) | (flags & ZB_SYSCALLS_DIRECT_ENTRY);
+    return (sync ? ZB_SYSCALLS_SYNC_REGS : 0) | (flags & ZB_SYSCALLS_DIRECT_ENTRY) |
+           (guest_answers(e) ? ZB_SYSCALLS_GUEST_ANSWERS : 0);
 }
 
 int zb_vm_exit_regs(zb_vm *vm, struct kvm_regs *out) {

@@ -186,6 +186,11 @@ struct zb_family {
 typedef struct zb_family zb_family;
 /* The family of sb, created with sb as process 1 if it has none. NULL: out of memory. */
 zb_family *zb_family_ensure(zb_sandbox *sb);
+/* The uid and gid every guest process has (and its euid/egid: sys_process.c refuses others). */
+#define ZB_GUEST_UID 1000
+#define ZB_GUEST_GID ZB_GUEST_UID
+/* What getpid returns to sb (sys_procs.c); also what the syscall entry answers in the guest. */
+int32_t zb_proc_getpid(const zb_sandbox *sb);
 /* A new pid or tid of the family. */
 int32_t zb_family_new_id(zb_family *fam);
 /* The member slot of pid, or -1. */

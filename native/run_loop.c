@@ -93,11 +93,33 @@ static int set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
  * stub but the stub's `out` has not run yet. KVM_RUN returns there when a host signal (the kick,
  * the run's wake timer, the caller's) lands mid-trap, which a loaded host makes common: under PVM
  * every CPL0 step is emulated. No user code runs at these RIPs (the stubs are supervisor-only; the
- * entry page holds nothing but the entry; ZB_SYSCALL_TRAP, the LSTAR without
+ * entry page holds nothing but the entry, its in-guest answers and their data: user code that
+ * jumps in there is making a syscall, which entry_to_out treats as one; ZB_SYSCALL_TRAP, the LSTAR without
  * ZB_SYSCALLS_DIRECT_ENTRY, is never mapped), so the test needs no CPL, which PVM does not report. */
 static int in_host_trap(const struct kvm_regs *r) {
-    return r->rip == ZB_SYSCALL_ENTRY || r->rip == ZB_SYSCALL_TRAP ||
+    return (r->rip >= ZB_SYSCALL_ENTRY && r->rip <= ZB_SYSCALL_ENTRY + ZB_SYSCALL_ENTRY_OUT) || r->rip == ZB_SYSCALL_TRAP ||
            (r->rip >= zb_layout_stub_addr(0) && r->rip < zb_layout_stub_addr(ZB_STUB_VECTORS));
+}
+
+/* The syscalls of the entry's slots (guest_abi.h), for a vCPU stopped at a slot's `jmp *%rcx`,
+ * where rax already holds the answer. getuid serves geteuid's slot and getgid getegid's: same answers. */
+static const uint64_t entry_slot_nr[ZB_ENTRY_SLOT_COUNT] = {SYS_getpid, SYS_getuid, SYS_getgid};
+
+/* sync_regs found the vCPU mid-trap (in_host_trap). In the entry's in-guest answers (before its
+ * `out`) the guest would return to user code without an exit, and the signal the caller holds back
+ * for the trap's exit would wait for some later exit: move it to the `out`, with the syscall
+ * number in rax, so that the host serves this call and delivers the signal after it. Returns 1
+ * (still mid-trap) or -1. */
+static int entry_to_out(zb_sandbox *sb, zb_vm *vm, zb_event *ev, struct kvm_regs *r) {
+    uint64_t out = ZB_SYSCALL_ENTRY + ZB_SYSCALL_ENTRY_OUT;
+    if (r->rip < ZB_SYSCALL_ENTRY || r->rip >= out) return 1;
+    uint64_t off = r->rip - ZB_SYSCALL_ENTRY;
+    if (off >= ZB_ENTRY_SLOTS && off < ZB_ENTRY_SLOTS + ZB_ENTRY_SLOT_COUNT * ZB_ENTRY_SLOT_SIZE &&
+        (off - ZB_ENTRY_SLOTS) % ZB_ENTRY_SLOT_SIZE >= ZB_ENTRY_SLOT_JMP)
+        r->rax = entry_slot_nr[(off - ZB_ENTRY_SLOTS) / ZB_ENTRY_SLOT_SIZE];
+    r->rip = out;
+    if (ioctl(vm->vcpu_fd, KVM_SET_REGS, r) < 0) { error_event(sb, ev, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
+    return 1;
 }
 
 /* Make sb->cpu.regs the vCPU's current user state (completing any pending port I/O first).
@@ -118,7 +140,7 @@ static int sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         return -1;
     }
     if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &r) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return -1; }
-    if (in_host_trap(&r)) return 1;
+    if (in_host_trap(&r)) return entry_to_out(sb, vm, ev, &r);
     sb->cpu.regs = r;
     return 0;
 }
@@ -354,7 +376,7 @@ static int handle_io(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     if (port == ZB_PORT_SYSCALL) {
         struct kvm_regs vr;
         if (zb_vm_exit_regs(vm, &vr) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return 1; }
-        if (run->io.direction == KVM_EXIT_IO_OUT && vr.rip == ZB_SYSCALL_ENTRY + ZB_STUB_OUT_LEN) return handle_syscall_entry(sb, vm, &vr, ev);
+        if (run->io.direction == KVM_EXIT_IO_OUT && vr.rip == ZB_SYSCALL_ENTRY + ZB_SYSCALL_ENTRY_OUT + ZB_STUB_OUT_LEN) return handle_syscall_entry(sb, vm, &vr, ev);
         /* user code can reach the port (the bitmap allows it: PVM runs the entry at CPL3), not use it.
          * An `in` left pending would be completed by the next KVM_RUN, into the registers of the
          * next sandbox on this VM: complete it now, into this dead one's. */
@@ -384,7 +406,7 @@ static int set_test_break(zb_sandbox *sb, zb_vm *vm, int on) {
     if (on) {
         dbg.control = KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP;
         int v = sb->test_break_vector - 1;
-        dbg.arch.debugreg[0] = v == ZB_BREAK_SYSCALL_ENTRY ? ZB_SYSCALL_ENTRY : zb_layout_stub_addr(v);
+        dbg.arch.debugreg[0] = v == ZB_BREAK_SYSCALL_ENTRY ? ZB_SYSCALL_ENTRY + ZB_SYSCALL_ENTRY_OUT : zb_layout_stub_addr(v);
         dbg.arch.debugreg[7] = 0x1; /* L0: execute, length 1 */
     }
     return ioctl(vm->vcpu_fd, KVM_SET_GUEST_DEBUG, &dbg);
@@ -512,6 +534,13 @@ static int set_kvm_sigmask(zb_vm *vm, const sigset_t *mask) {
     return ioctl(vm->vcpu_fd, KVM_SET_SIGNAL_MASK, &m);
 }
 
+/* What the syscall entry answers in the guest for this process (its pid; the fixed uid and gid),
+ * or off. Written before each run of the process: a forked child's memory starts as its parent's. */
+static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
+    uint32_t v[ZB_ENTRY_SLOT_COUNT] = {(uint32_t)zb_proc_getpid(sb), ZB_GUEST_UID, ZB_GUEST_GID};
+    zb_layout_entry_answers(&sb->mem, vm->guest_answers, v);
+}
+
 int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     memset(ev, 0, sizeof *ev);
     char err[ZB_ERRLEN];
@@ -551,6 +580,7 @@ int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     }
     zb_alarm_check(sb, t0); /* an alarm that expired while the sandbox was idle goes off now */
     zb_vdso_refresh(sb, vm);
+    entry_answers_refresh(sb, vm);
     run_guest(sb, vm, ev);
     if (zb_vm_flush_user_state(vm) < 0 && ev->kind != ZB_EVENT_ERROR) /* the vCPU holds the state snapshots read */
         error_event(sb, ev, "KVM_SET_SREGS/REGS: %s", strerror(errno));

@@ -23,9 +23,8 @@
 #include <sys/utsname.h>
 
 static int own_pid(const zb_sandbox *sb) { return sb->proc.pid ? sb->proc.pid : 1; }
-#define GUEST_UID 1000
 
-static long sys_getuid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return GUEST_UID; }
+static long sys_getuid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return ZB_GUEST_UID; }
 static long sys_eperm(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -EPERM; }
 static long sys_zero(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return 0; }
 static long sys_enosys(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a; return -ENOSYS; }
@@ -34,7 +33,7 @@ static long sys_enosys(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; (void)a;
  * any other id needs CAP_SETUID/CAP_SETGID (EPERM). */
 static long set_ids(const uint64_t a[6], int n) {
     for (int i = 0; i < n; i++)
-        if ((uint32_t)a[i] != GUEST_UID && (uint32_t)a[i] != (uint32_t)-1) return -EPERM;
+        if ((uint32_t)a[i] != ZB_GUEST_UID && (uint32_t)a[i] != (uint32_t)-1) return -EPERM;
     return 0;
 }
 static long sys_setid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return (uint32_t)a[0] == (uint32_t)-1 ? -EINVAL : set_ids(a, 1); }
@@ -42,7 +41,7 @@ static long sys_setreid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return 
 static long sys_setresid(zb_sandbox *sb, const uint64_t a[6]) { (void)sb; return set_ids(a, 3); }
 
 static long sys_getresuid(zb_sandbox *sb, const uint64_t a[6]) {
-    unsigned id = GUEST_UID;
+    unsigned id = ZB_GUEST_UID;
     for (int i = 0; i < 3; i++)
         if (zb_copy_to_guest(sb, a[i], &id, sizeof id) < 0) return -EFAULT;
     return 0;
@@ -51,7 +50,7 @@ static long sys_getresuid(zb_sandbox *sb, const uint64_t a[6]) {
 static long sys_getgroups(zb_sandbox *sb, const uint64_t a[6]) {
     if ((int)a[0] < 0) return -EINVAL;
     if (a[0] == 0) return 1;
-    unsigned g = GUEST_UID;
+    unsigned g = ZB_GUEST_UID;
     return zb_copy_to_guest(sb, a[1], &g, sizeof g) < 0 ? -EFAULT : 1;
 }
 

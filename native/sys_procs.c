@@ -230,6 +230,7 @@ static long sys_waitid(zb_sandbox *sb, const uint64_t a[6]) {
 /* ---- identity, groups and sessions ---- */
 
 static long sys_getpid(zb_sandbox *sb, const uint64_t a[6]) { (void)a; return pid_of(sb); }
+int32_t zb_proc_getpid(const zb_sandbox *sb) { return pid_of(sb); }
 static long sys_getppid(zb_sandbox *sb, const uint64_t a[6]) {
     (void)a;
     zb_member *self = sb->fam ? me(sb) : NULL;

@@ -4,6 +4,7 @@
 #ifndef ZB_VM_H
 #define ZB_VM_H
 #include "memory.h"
+#include "guest_abi.h"
 
 #include <linux/kvm.h>
 #include <signal.h>
@@ -44,6 +45,9 @@ typedef struct zb_vm {
      * (KVM_RUN) instead of four (KVM_GET_REGS, KVM_SET_SREGS, KVM_SET_REGS, KVM_RUN): under PVM
      * each vCPU ioctl costs a vcpu load/put (MSR reads, CR4 writes). */
     int sync_regs;
+    /* The syscall entry answers getpid, getuid/geteuid, getgid/getegid in the guest
+     * (ZB_SYSCALLS_GUEST_ANSWERS, PVM only: guest_abi.h zb_entry_data). */
+    int guest_answers;
 } zb_vm;
 
 /* Set by the handler of ZB_KICK_SIGNAL on this thread (kvm_vm.c); the run loop clears it before KVM_RUN. */
@@ -62,6 +66,8 @@ struct zb_engine {
     zb_vm *vm;               /* the executor; created on first run */
     struct zb_net *net;      /* the network policy (net.h), NULL: no network */
     int syscall_path_off;    /* ZB_SYSCALLS_* bits switched off (zb_engine_set_syscall_path) */
+    int entry_runs_at_cpl3;  /* KVM is PVM (kvm_pvm loaded, no kvm_intel/kvm_amd): `syscall` reaches
+                              * LSTAR at CPL3, so the entry may return to user code itself */
 };
 
 int zb_vm_create(zb_engine *e, zb_vm **out, char *err);
@@ -107,6 +113,9 @@ int zb_vm_apply_syscall_path(zb_vm *vm, zb_engine *e, char *err);
 
 /* ---- guest low memory: page tables, descriptors, CPL0 stubs (guest_layout.c) ---- */
 void zb_layout_write(zb_memory *m);
+/* Write the syscall entry page's zb_entry_data (guest_abi.h): on = the entry answers its slots'
+ * syscalls in the guest with value[] (pid, uid, gid); off = every syscall exits. */
+void zb_layout_entry_answers(zb_memory *m, int on, const uint32_t value[ZB_ENTRY_SLOT_COUNT]);
 void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_base, uint64_t gs_base);
 uint64_t zb_layout_stub_addr(int vector);
 uint64_t zb_layout_exception_stack_top(void);

@@ -124,10 +124,14 @@ uint64_t zb_engine_fingerprint(zb_engine *engine);
  *   ZB_SYSCALLS_SYNC_REGS: registers through kvm_run (KVM_CAP_SYNC_REGS, where KVM has it), not
  *     the KVM_GET_REGS, KVM_SET_SREGS and KVM_SET_REGS ioctls;
  *   ZB_SYSCALLS_DIRECT_ENTRY: LSTAR at the syscall entry page (guest_abi.h), not at an unmapped
- *     address whose page fault enters the CPL0 stub of vector 14 (the path of earlier engines).
+ *     address whose page fault enters the CPL0 stub of vector 14 (the path of earlier engines);
+ *   ZB_SYSCALLS_GUEST_ANSWERS: the entry answers getpid, getuid/geteuid and getgid/getegid in the
+ *     guest without an exit (guest_abi.h zb_entry_data; only where the entry runs at CPL3, i.e. on
+ *     PVM, and with DIRECT_ENTRY).
  * Returns the flags in effect. Call between runs. */
 #define ZB_SYSCALLS_SYNC_REGS 1
 #define ZB_SYSCALLS_DIRECT_ENTRY 2
+#define ZB_SYSCALLS_GUEST_ANSWERS 4
 int zb_engine_set_syscall_path(zb_engine *engine, int flags);
 
 /* Lock the engine process down with seccomp (native/seccomp.c): SETUP allows what starting,
@@ -290,10 +294,11 @@ int zb_engine_watch_fd(int fd, int on);
  * Ctrl-C does. */
 int zb_sandbox_raise(zb_sandbox *sb, int signo, char *err);
 /* Test hook: in the next run, stop with ZB_EVENT_KICK when exception `vector` (0-31) has entered
- * its CPL0 stub, or (ZB_BREAK_SYSCALL_ENTRY) a `syscall` has reached the entry at LSTAR, before
- * the stub or the entry hands it to the host: the point a host signal can interrupt a trap. A
- * hardware breakpoint (KVM_SET_GUEST_DEBUG) does it exactly; the run returns an ERROR event if
- * KVM refuses it. */
+ * its CPL0 stub, or (ZB_BREAK_SYSCALL_ENTRY) a `syscall` the entry does not answer in the guest has
+ * reached the entry's `out`, before the stub or the entry hands it to the host: the point a host
+ * signal can interrupt a trap. A hardware breakpoint (KVM_SET_GUEST_DEBUG) does it exactly (under
+ * PVM it fires on instructions KVM emulates, such as these `out`s, only); the run returns an
+ * ERROR event if KVM refuses it. */
 #define ZB_BREAK_SYSCALL_ENTRY 32
 int zb_sandbox_test_break_in_trap(zb_sandbox *sb, int vector, char *err);
 /* Disarm the guest's alarm()/setitimer(ITIMER_REAL) timer; 1 if one was armed. A cell's alarm must

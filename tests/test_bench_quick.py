@@ -58,14 +58,14 @@ def test_bench_all_quick_writes_every_field_and_the_report(tmp_path):
     assert all(positive(r[f]) for r in res["scaling"]["forks"] for f in ("fork_p50_ms", "uss_kb_per_fork"))
     assert positive(res["scaling"]["cells_per_s_1_worker"]) and positive(res["scaling"]["cells_per_s_2_workers"])
     assert all(positive(v["guest_mb_s"]) and positive(v["exits_per_mb"]) for v in res["files"]["rows"].values())
-    assert len(res["syscalls"]["rows"]) == 7
+    assert len(res["syscalls"]["rows"]) == 8
     assert all(positive(v[f]) for v in res["syscalls"]["rows"].values()
                for f in ("guest_us_per_op", "host_us_per_op", "ratio", "syscalls_per_op", "exits_per_op"))
     per = res["syscalls"]["per_syscall"]
-    assert per["getpid"]["syscalls"]["getpid"]["per_op"] >= 1 and per["os.stat"]["syscalls"]["newfstatat"]["host_calls"] >= 1
+    assert per["getppid"]["syscalls"]["getppid"]["per_op"] >= 1 and per["os.stat"]["syscalls"]["newfstatat"]["host_calls"] >= 1
     assert all(positive(x[f]) for v in per.values() for x in v["syscalls"].values()
                for f in ("per_op", "exit_us", "dispatch_us", "host_calls", "return_us"))
-    assert len(res["syscalls"]["paths"]) == 3
+    assert len(res["syscalls"]["paths"]) == 4
     assert all(positive(us) for v in res["syscalls"]["paths"].values() for us in v.values())
     imports = res["syscalls"]["imports"]
     assert "skipped" in imports or all(positive(v["ratio"]) for v in imports.values())

@@ -77,18 +77,18 @@ def test_per_syscall_profile_counts_by_number_and_is_off_by_default(template, tm
     f = str(tmp_path / "f")
     with template.fork() as sb:
         sb.guest.mount_project(str(tmp_path), "overlay")
-        run(sb, f"[os.getpid() for _ in range(5)] + [os.stat({f!r}).st_size]")
+        run(sb, f"[os.getppid() for _ in range(5)] + [os.stat({f!r}).st_size]")
         assert sb.guest.syscall_profile_by_number() == {}  # never switched on: nothing collected
         sb.guest.set_profile(True)  # the cell's own syscalls (the agent's), to subtract
-        run(sb, f"[os.getpid() for _ in range(0)] + [os.stat({f!r}).st_size for _ in range(0)]")
+        run(sb, f"[os.getppid() for _ in range(0)] + [os.stat({f!r}).st_size for _ in range(0)]")
         sb.guest.set_profile(False)
-        base = sb.guest.syscall_profile_by_number().get("getpid", {"calls": 0})["calls"]
+        base = sb.guest.syscall_profile_by_number().get("getppid", {"calls": 0})["calls"]
         sb.guest.set_profile(True)
-        run(sb, f"[os.getpid() for _ in range(37)] + [os.stat({f!r}).st_size for _ in range(11)]")
+        run(sb, f"[os.getppid() for _ in range(37)] + [os.stat({f!r}).st_size for _ in range(11)]")
         sb.guest.set_profile(False)
         rows = sb.guest.syscall_profile_by_number()
-        assert rows["getpid"]["calls"] == 37 + base and rows["getpid"]["nr"] == 39
-        assert rows["getpid"]["host_calls"] == 0  # answered from the engine's own state
+        assert rows["getppid"]["calls"] == 37 + base and rows["getppid"]["nr"] == 110
+        assert rows["getppid"]["host_calls"] == 0  # answered from the engine's own state
         assert rows["newfstatat"]["calls"] >= 11
         assert rows["newfstatat"]["host_calls"] >= 11  # a host file: at least its lstat each time
         for v in rows.values():
@@ -115,13 +115,13 @@ prog = bytes([0xb8, 39, 0, 0, 0, 0x48, 0x8d, 0x0d, 13, 0, 0, 0, 0x49, 0xbb]) + (
 m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
 m.write(prog)
 f = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
-print([f(), os.getpid(), ctypes.string_at(0xe000, 2).hex()])
+print([f(), os.getpid(), ctypes.string_at(0xe080, 2).hex()])
 '''
     with template.fork() as sb:
         r = sb.execute(code)
         assert not r.error, r.error
         got, pid, entry = json.loads(r.stdout.strip().splitlines()[-1].replace("'", '"'))
-        assert got == pid and entry == "e6e0"  # `out %al, $0xe0`
+        assert got == pid and entry == "e6e0"  # `out %al, $0xe0` at ZB_SYSCALL_ENTRY_OUT
 
 
 @pytest.mark.parametrize("mode", ["overlay", "readwrite"])

@@ -98,15 +98,20 @@ class Engine:
     def handle(self) -> Any:
         return self._handle
 
-    def set_syscall_path(self, sync_regs: bool = True, direct_entry: bool = True) -> tuple[bool, bool]:
-        """How syscalls reach the host and return (zb_engine_set_syscall_path; both on by default,
-        off for measurements): registers through kvm_run rather than ioctls, and LSTAR at the
-        syscall entry page rather than a page fault into the CPL0 stub. Returns what is in effect."""
-        flags = (lib.ZB_SYSCALLS_SYNC_REGS if sync_regs else 0) | (lib.ZB_SYSCALLS_DIRECT_ENTRY if direct_entry else 0)
+    def set_syscall_path(self, sync_regs: bool = True, direct_entry: bool = True,
+                         guest_answers: bool = True) -> tuple[bool, bool, bool]:
+        """How syscalls reach the host and return (zb_engine_set_syscall_path; all on by default,
+        off for measurements): registers through kvm_run rather than ioctls, LSTAR at the syscall
+        entry page rather than a page fault into the CPL0 stub, and getpid/getuid/getgid (and the
+        effective ids) answered by the entry page in the guest without an exit (PVM hosts only,
+        with the direct entry). Returns what is in effect, in that order."""
+        flags = ((lib.ZB_SYSCALLS_SYNC_REGS if sync_regs else 0) | (lib.ZB_SYSCALLS_DIRECT_ENTRY if direct_entry else 0)
+                 | (lib.ZB_SYSCALLS_GUEST_ANSWERS if guest_answers else 0))
         got = int(lib.zb_engine_set_syscall_path(self._handle, flags))
         if got < 0:
             raise SandboxError("cannot change the syscall path of the executor VM (KVM_SET_MSRS or KVM_SET_REGS failed)")
-        return bool(got & lib.ZB_SYSCALLS_SYNC_REGS), bool(got & lib.ZB_SYSCALLS_DIRECT_ENTRY)
+        return (bool(got & lib.ZB_SYSCALLS_SYNC_REGS), bool(got & lib.ZB_SYSCALLS_DIRECT_ENTRY),
+                bool(got & lib.ZB_SYSCALLS_GUEST_ANSWERS))
 
     def lockdown(self, phase: str) -> None:
         """seccomp on this whole process (native/seccomp.c), irreversibly: "setup" (no exec, no
@@ -244,8 +249,8 @@ class Guest:
 
     def test_break_in_trap(self, vector: int) -> None:
         """Test hook: stop the next run (KICK) when exception `vector` (0-31) has entered its CPL0
-        stub, or (SYSCALL_ENTRY_BREAK = 32) a syscall has reached the entry at LSTAR, before the
-        host has seen it."""
+        stub, or (SYSCALL_ENTRY_BREAK = 32) a syscall has reached the entry's `out`, before the
+        host has seen it (not the syscalls the entry answers in the guest)."""
         err = _err()
         if lib.zb_sandbox_test_break_in_trap(self.handle, vector, err) < 0:
             raise SandboxError(_text(err))

@@ -3,12 +3,13 @@
 Each case runs the same Python code inside a fork of the template (the notebook's folder mounted
 as a project in overlay mode) and on the host, and reports time per operation on both sides, the
 ratio and, for the guest, the syscalls and VM exits one operation cost (from the engine's stats):
-a trivial syscall (getpid), `os.stat`, open+read+close of a 4 KiB file, `os.listdir` of a big
-folder (in the notebook's folder and in the guest's private /tmp, which lives in the overlay),
+getpid (answered by the syscall entry in the guest on PVM), a trivial syscall that exits
+(getppid), `os.stat`, open+read+close of a 4 KiB file, `os.listdir` of a big folder (in the
+notebook's folder and in the guest's private /tmp, which lives in the overlay),
 `os.walk` of a tree, reading many small CSV files (pandas when the template has it, else the
 csv module) and `import scipy` when scipy is installed (`pip install -e .[bench]`): a package the
 template has not preloaded, so every import reads and stats its files. The per-syscall profile
-(`Guest.syscall_profile_by_number`) of getpid, os.stat, open+read+close and os.walk follows.
+(`Guest.syscall_profile_by_number`) of getppid, os.stat, open+read+close and os.walk follows.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from ..template import Template
 from .common import markdown_table, results_dir, write_results
 
 # case -> (operations per repetition, repetitions); the quick mode uses QUICK
-FULL = {"listdir_entries": 50_000, "walk_files": 5_000, "csv_files": 2_000, "getpid": 5_000, "stat": 2_000,
+FULL = {"listdir_entries": 50_000, "walk_files": 5_000, "csv_files": 2_000, "getpid": 5_000, "getppid": 5_000, "stat": 2_000,
         "read4k": 1_000, "reps": 3}
-QUICK = {"listdir_entries": 2_000, "walk_files": 500, "csv_files": 100, "getpid": 500, "stat": 200,
+QUICK = {"listdir_entries": 2_000, "walk_files": 500, "csv_files": 100, "getpid": 500, "getppid": 500, "stat": 200,
          "read4k": 100, "reps": 1}
 
 # One program for both sides: `CASE` and `ARGS` are bound before it runs; it prints one JSON line
@@ -34,10 +35,10 @@ QUICK = {"listdir_entries": 2_000, "walk_files": 500, "csv_files": 100, "getpid"
 _PROGRAM = r'''
 import json, os, time
 def _run(case, a):
-    if case == "getpid":
+    if case in ("getpid", "getppid"):
         n = a["n"]
         def once():
-            g = os.getpid
+            g = getattr(os, case)
             for _ in range(n): g()
             return n
     elif case == "stat":
@@ -149,9 +150,10 @@ def _row(name: str, ops: int, guest: dict[str, Any], host: dict[str, Any]) -> di
 
 def breakdown(sb: Any, path: str, n: int) -> dict[str, dict[str, float]]:
     """Per-phase host time of one syscall (us), from the engine's syscall profile, next to the
-    time the guest measured per call: getpid (no work) and os.stat of a notebook-folder file."""
+    time the guest measured per call: getppid (no work; getpid is answered in the guest) and
+    os.stat of a notebook-folder file."""
     out = {}
-    for name, code in (("getpid", "os.getpid()"), ("os.stat", f"os.stat({path!r})")):
+    for name, code in (("getppid", "os.getppid()"), ("os.stat", f"os.stat({path!r})")):
         sb.execute(f"import os\nfor _ in range(50): {code}")  # warm
         sb.guest.set_profile(True)
         r = sb.execute(f"import os, time\nt = time.perf_counter()\nfor _ in range({n}): {code}\n"
@@ -166,7 +168,7 @@ def breakdown(sb: Any, path: str, n: int) -> dict[str, dict[str, float]]:
 
 
 # the operations whose syscalls `per_syscall` profiles, one at a time (n: repetitions)
-PROFILED = {"getpid": "os.getpid()", "os.stat": "os.stat({small!r})",
+PROFILED = {"getppid": "os.getppid()", "os.stat": "os.stat({small!r})",
             "open+read+close 4 KiB": "open({small!r}, 'rb').read()",
             "os.walk": "sum(len(f) for _, _, f in os.walk({tree!r}))"}
 
@@ -219,8 +221,10 @@ _m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
 _m.write(bytes([0x66, 0xba, 0xff, 0x03, 0xec, 0xc3]))
 in_exit = ctypes.CFUNCTYPE(None)(ctypes.addressof(ctypes.c_char.from_buffer(_m)))
 """
-PATHS = [("ioctls, page-fault entry (before)", False, False), ("kvm_run registers, page-fault entry", True, False),
-         ("kvm_run registers, entry at LSTAR (now)", True, True)]
+PATHS = [("ioctls, page-fault entry (before)", False, False, False),
+         ("kvm_run registers, page-fault entry", True, False, False),
+         ("kvm_run registers, entry at LSTAR, every syscall exits", True, True, False),
+         ("the same + getpid/getuid/getgid answered by the entry in the guest (now; PVM)", True, True, True)]
 
 
 def path_variants(sb: Any, small: str, rounds: int, n: int) -> dict[str, dict[str, float]]:
@@ -230,13 +234,14 @@ def path_variants(sb: Any, small: str, rounds: int, n: int) -> dict[str, dict[st
 
     engine = Engine.default()
     sb.execute(_IN_EXIT)
-    ops = {"in exit (floor)": "in_exit()", "getpid": "os.getpid()", "os.stat": f"os.stat({small!r})",
+    ops = {"in exit (floor)": "in_exit()", "getpid": "os.getpid()", "getppid": "os.getppid()",
+           "os.stat": f"os.stat({small!r})",
            "open+read+close 4 KiB": f"open({small!r}, 'rb').read()"}
-    out: dict[str, dict[str, float]] = {name: {} for name, _, _ in PATHS}
+    out: dict[str, dict[str, float]] = {name: {} for name, _, _, _ in PATHS}
     try:
         for _ in range(rounds):
-            for name, sync_regs, entry in PATHS:
-                engine.set_syscall_path(sync_regs, entry)
+            for name, sync_regs, entry, answers in PATHS:
+                engine.set_syscall_path(sync_regs, entry, answers)
                 for op, code in ops.items():
                     k = n // 4 if op.startswith("open") else n
                     r = sb.execute(f"import os, time\nt = time.perf_counter()\nfor _ in range({k}): {code}\n"
@@ -302,7 +307,8 @@ def measure(quick: bool = False) -> dict[str, Any]:
             for i in range(size["listdir_entries"]):
                 open(os.path.join(host_tmp, f"f{i:06d}.txt"), "w").close()
             cases: list[tuple[str, str, int, dict[str, Any], dict[str, Any] | None]] = [  # (row name, case, operations per repetition, guest args, host args)
-                ("getpid", "getpid", size["getpid"], {"n": size["getpid"]}, None),
+                ("getpid (answered in the guest on PVM)", "getpid", size["getpid"], {"n": size["getpid"]}, None),
+                ("getppid (a trivial syscall that exits)", "getppid", size["getppid"], {"n": size["getppid"]}, None),
                 ("os.stat", "stat", size["stat"], {"n": size["stat"], "path": paths["small"]}, None),
                 ("open+read+close 4 KiB", "read4k", size["read4k"], {"n": size["read4k"], "path": paths["small"]}, None),
                 (f"os.listdir {size['listdir_entries']:,} (notebook folder)", "listdir", 1, {"path": paths["big"]}, None),

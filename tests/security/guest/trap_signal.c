@@ -1,7 +1,8 @@
 /* trap_signal.c - a host signal that arrives while a syscall is on its way to the host.
  * The test stops the run inside the syscall's trap (at the entry LSTAR points at, before its
- * `out`: the host has not seen it yet), raises SIGUSR1 and resumes: getpid must still return 1 and the
- * handler must run exactly once, after it. */
+ * `out`: the host has not seen it yet), raises SIGUSR1 and resumes: getppid must still return 0 and
+ * the handler must run exactly once, after it. (getppid: getpid never reaches the `out` on PVM, the
+ * entry answers it in the guest.) */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,9 +19,9 @@ int main(void) {
     sa.sa_handler = on_usr1;
     if (sigaction(SIGUSR1, &sa, NULL) < 0) return 2;
     syscall(SYS_write, 1, "READY\n", 6);
-    long pid = syscall(SYS_getpid); /* the test stops the run in this call's trap */
+    long ppid = syscall(SYS_getppid); /* the test stops the run in this call's trap */
     char line[64];
-    int n = snprintf(line, sizeof line, "pid=%ld handled=%d\n", pid, handled);
+    int n = snprintf(line, sizeof line, "ppid=%ld handled=%d\n", ppid, handled);
     syscall(SYS_write, 1, line, (size_t)n);
     return 0;
 }
