@@ -313,3 +313,24 @@ def test_robust_mutex_of_an_exited_thread_reports_owner_died(template) -> None:
         assert out == "True 0 0\n", out
     finally:
         s.close()
+
+
+def test_threads_that_fork_at_once_get_their_own_wait_results(s: Session) -> None:
+    """Threads that each fork and wait for their child (CPython's test_reinit_tls_after_fork):
+    the family's processes take turns, so a waiting thread's run can end on a yield to another
+    process; a wake-up then writes the waiter's result into its slot, and the thread must be
+    loaded from there (run_threads.c zb_run_threads_start). Before, it ran on with its registers
+    of the blocked call, and glibc aborted on the futex "result" (the syscall number)."""
+    out = ok(cell(s, "import os, threading\n"
+                     "codes = []\n"
+                     "def fork_and_wait():\n"
+                     "    pid = os.fork()\n"
+                     "    if pid == 0:\n"
+                     "        os._exit(50)\n"
+                     "    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+                     "for _ in range(5):\n"
+                     "    ts = [threading.Thread(target=fork_and_wait) for _ in range(8)]\n"
+                     "    for t in ts: t.start()\n"
+                     "    for t in ts: t.join()\n"
+                     "print(len(codes), set(codes))", 1))
+    assert out == "40 {50}\n", out
