@@ -61,3 +61,31 @@ def test_thread_output_between_cells_goes_out_live_to_the_latest_cell(name: str)
         b = kc.execute("go.set()")
         after = stream_until(kc, "after go", {})
         assert after.get(b, "") == "after go\n", (a, b, after)  # the latest request's parent
+
+
+def test_engine_without_live_output_gives_thread_output_to_the_next_cell() -> None:
+    """Batch runs and papermill start their engine without the idle channel: what a thread prints
+    between cells is held by the engine and begins the next cell's output (never lost)."""
+    from zeroboot_kernel import engine_requests as req
+    from zeroboot_kernel.engine_client import EngineClient
+
+    def run(client: EngineClient, code: str, count: int) -> str:
+        out = []
+        for ev in client.request(req.EXECUTE, code=code, execution_count=count):
+            if ev["event"] == "stream":
+                out.append(ev["text"])
+            elif ev["event"] == "reply":
+                assert ev["content"]["status"] == "ok", ev
+        return "".join(out)
+
+    client = EngineClient()
+    try:
+        assert client.idle_sock is None
+        first = run(client, "import threading, time\ndone = threading.Event()\n"
+                            "def talk():\n    time.sleep(0.5); print('late'); done.wait()\n"
+                            "threading.Thread(target=talk, daemon=True).start()", 1)
+        time.sleep(3)  # the engine runs the thread between the cells (a hang guard, not a condition)
+        second = run(client, "print('next'); done.set()", 2)
+        assert (first + second).count("late\n") == 1 and second.endswith("next\n"), (first, second)
+    finally:
+        client.close()

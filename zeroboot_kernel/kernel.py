@@ -118,7 +118,8 @@ class EngineOwner(threading.Thread):
                                     project=self.notebook_dir, files=self.settings.files,
                                     hidden=self.settings.hidden,
                                     network=self.settings.network.to_wire() if self.settings.network.enabled else None,
-                                    on_log=lambda text: self.log.warning("zeroboot: %s", text))
+                                    on_log=lambda text: self.log.warning("zeroboot: %s", text),
+                                    live_output=True)  # threads' output between cells (_publish_idle_output)
             except EngineDied as exc:
                 # The process vanished without saying why (a ZerobootError, e.g. no /dev/kvm or a
                 # broken template, arrives as a "fatal" message instead and is not retried).
