@@ -334,3 +334,29 @@ def test_threads_that_fork_at_once_get_their_own_wait_results(s: Session) -> Non
                      "    for t in ts: t.join()\n"
                      "print(len(codes), set(codes))", 1))
     assert out == "40 {50}\n", out
+
+
+@pytest.mark.parametrize("forged", [{"idle": 99}, {"idle": 0, "seq": 0}, {"idle": "0"}])
+def test_forged_output_between_cells_rolls_the_last_cell_back(s: Session, forged: dict) -> None:
+    """User code can write frames on the channel itself: a STREAM frame between requests with a
+    wrong `idle` number, with both numberings, or with a number that is not an int, is a broken
+    channel, handled as a thread's crash between cells (the last cell rolled back, told)."""
+    got: list[tuple[str, str]] = []
+    s.sandbox.idle_stream = lambda name, text: got.append((name, text))
+    ok(cell(s, "x = 1", 1))
+    ok(cell(s, "import threading, time, sys, json\nx = 2\n"
+               "from _zeroboot_agent.frame_protocol import FrameType, pack_header\n"
+               "def forge():\n"
+               "    ch = sys.stdout._channel\n"
+               "    while ch._in_request:  # after the reply: between the cells\n"
+               "        time.sleep(0.01)\n"
+               f"    body = json.dumps({{'name': 'stdout', 'text': 'forged', **{forged!r}}}).encode()\n"
+               "    with ch.lock:\n"
+               "        ch._write_all(pack_header(FrameType.STREAM, len(body)) + body)\n"
+               "threading.Thread(target=forge, daemon=True).start()", 2))
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    assert not safety.fired
+    out = ok(cell(s, "print(x)", 3))
+    assert "the sandbox was rolled back to its state before cell [2]" in out and out.endswith("1\n"), out
+    assert ("stdout", "forged") not in got
