@@ -270,10 +270,16 @@ int zb_run_threads_start(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     zb_threads *ts = &sb->threads;
     int64_t now = zb_now_ns();
     ts->slice_start_ns = now;
+    /* The current thread waited when the last run ended (a kick, the deadline or a yield to another
+     * process stopped the wait): it is parked, and a wake-up (its timeout just now, a signal, a
+     * futex wake by another thread) wrote its result into its slot, not into sb->cpu, which still
+     * holds its state at the blocked syscall (rax: the syscall number). It must be loaded, never
+     * run from sb->cpu, even when it is runnable again. */
+    int parked = ts->t[ts->current].state != ZB_THREAD_RUNNABLE;
     expire(ts, now);
     int target = route_signals(sb);
     if (target < 0) target = input_reader(sb);
-    if (ts->t[ts->current].state != ZB_THREAD_RUNNABLE) { /* it waits (a kick or deadline stopped the idle wait) */
+    if (parked || ts->t[ts->current].state != ZB_THREAD_RUNNABLE) { /* it waits, or waited */
         if (target < 0) target = pick(ts, ts->current, 1);
         if (target < 0) return idle_wait(sb, vm, ev);
         return load(sb, vm, target, ev);

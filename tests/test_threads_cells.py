@@ -14,6 +14,7 @@ import pytest
 from session_helpers import cell, ok
 from zeroboot_kernel import engine_requests as req
 from zeroboot_kernel import engine_wire as wire
+from zeroboot_kernel import schema
 from zeroboot_kernel.engine_server import EngineServer
 from zeroboot_kernel.session import Session
 
@@ -238,6 +239,63 @@ def test_engine_server_socket_stops_the_run_between_cells(s: Session) -> None:
     assert ok(cell(s, "stop.set(); print('ok')", 2)) == "ok\n"
 
 
+def test_output_of_threads_between_cells_reaches_idle_stream_as_it_comes(s: Session) -> None:
+    """While threads run between cells, each line they print reaches Sandbox.idle_stream before
+    the next cell starts (the engine server publishes it live); the checkpoint guarantee holds
+    (the thread ran, so the state at the reply is not kept)."""
+    got: list[tuple[str, str]] = []
+    s.sandbox.idle_stream = lambda name, text: got.append((name, text))
+    ok(cell(s, "import threading, time, sys\ndone = threading.Event()\n"
+               "def talk():\n"
+               "    for i in range(3):\n"
+               "        time.sleep(0.02); print('tick', i)\n"
+               "    print('to stderr', file=sys.stderr)\n"
+               "    done.wait()\n"
+               "threading.Thread(target=talk, daemon=True).start()", 1))
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    assert not safety.fired, "the run between cells did not end when the thread waited"
+    assert "".join(t for n, t in got if n == "stdout").endswith("tick 0\ntick 1\ntick 2\n"), got
+    assert ("stderr", "to stderr\n") in got, got
+    assert ok(cell(s, "print('next'); done.set()", 2)) == "next\n"  # nothing held back for this cell
+
+
+def test_output_of_threads_between_cells_is_held_without_idle_stream(s: Session) -> None:
+    """Without an idle_stream (a batch run, not the kernel), what threads print between cells
+    goes out first with the next cell's output, as before."""
+    assert s.sandbox.idle_stream is None
+    ok(cell(s, "import threading, time\ndone = threading.Event()\n"
+               "def talk():\n"
+               "    time.sleep(0.02); print('from the thread')\n"
+               "    done.wait()\n"
+               "threading.Thread(target=talk, daemon=True).start()", 1))
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    assert ok(cell(s, "print('next'); done.set()", 2)) == "from the thread\nnext\n"
+
+
+def test_engine_server_sends_thread_output_on_its_idle_channel(s: Session) -> None:
+    """The engine server's path: output between cells goes to the kernel on the idle channel as
+    an idle_stream event (EngineClient's reader publishes it), not on the request channel."""
+    ok(cell(s, "import threading, time\ndone = threading.Event()\n"
+               "def talk():\n"
+               "    time.sleep(0.02); print('live')\n"
+               "    done.wait()\n"
+               "threading.Thread(target=talk, daemon=True).start()", 1))
+    mine, kernel_side = socket.socketpair()
+    idle_mine, idle_kernel = socket.socketpair()
+    with mine, kernel_side, idle_mine, idle_kernel, _Safety(s) as safety:
+        server = EngineServer(mine, s, idle_mine)
+        s.sandbox.idle_stream = server.idle_output
+        server.between_requests()
+        assert not safety.fired
+        idle_kernel.settimeout(30)
+        assert wire.recv(idle_kernel) == {"event": schema.IDLE_STREAM, "name": "stdout", "text": "live\n"}
+        assert not server.request_waiting()  # nothing on the request channel
+    s.sandbox.idle_stream = None
+    assert ok(cell(s, "done.set(); print('ok')", 2)) == "ok\n"
+
+
 def test_robust_mutex_of_an_exited_thread_reports_owner_died(template) -> None:
     """The engine walks an exiting thread's robust list (FUTEX_OWNER_DIED), as Linux does: the
     next lock of a robust mutex its owner left locked returns EOWNERDEAD instead of waiting
@@ -255,3 +313,50 @@ def test_robust_mutex_of_an_exited_thread_reports_owner_died(template) -> None:
         assert out == "True 0 0\n", out
     finally:
         s.close()
+
+
+def test_threads_that_fork_at_once_get_their_own_wait_results(s: Session) -> None:
+    """Threads that each fork and wait for their child (CPython's test_reinit_tls_after_fork):
+    the family's processes take turns, so a waiting thread's run can end on a yield to another
+    process; a wake-up then writes the waiter's result into its slot, and the thread must be
+    loaded from there (run_threads.c zb_run_threads_start). Before, it ran on with its registers
+    of the blocked call, and glibc aborted on the futex "result" (the syscall number)."""
+    out = ok(cell(s, "import os, threading\n"
+                     "codes = []\n"
+                     "def fork_and_wait():\n"
+                     "    pid = os.fork()\n"
+                     "    if pid == 0:\n"
+                     "        os._exit(50)\n"
+                     "    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+                     "for _ in range(5):\n"
+                     "    ts = [threading.Thread(target=fork_and_wait) for _ in range(8)]\n"
+                     "    for t in ts: t.start()\n"
+                     "    for t in ts: t.join()\n"
+                     "print(len(codes), set(codes))", 1))
+    assert out == "40 {50}\n", out
+
+
+@pytest.mark.parametrize("forged", [{"idle": 99}, {"idle": 0, "seq": 0}, {"idle": "0"}])
+def test_forged_output_between_cells_rolls_the_last_cell_back(s: Session, forged: dict) -> None:
+    """User code can write frames on the channel itself: a STREAM frame between requests with a
+    wrong `idle` number, with both numberings, or with a number that is not an int, is a broken
+    channel, handled as a thread's crash between cells (the last cell rolled back, told)."""
+    got: list[tuple[str, str]] = []
+    s.sandbox.idle_stream = lambda name, text: got.append((name, text))
+    ok(cell(s, "x = 1", 1))
+    ok(cell(s, "import threading, time, sys, json\nx = 2\n"
+               "from _zeroboot_agent.frame_protocol import FrameType, pack_header\n"
+               "def forge():\n"
+               "    ch = sys.stdout._channel\n"
+               "    while ch._in_request:  # after the reply: between the cells\n"
+               "        time.sleep(0.01)\n"
+               f"    body = json.dumps({{'name': 'stdout', 'text': 'forged', **{forged!r}}}).encode()\n"
+               "    with ch.lock:\n"
+               "        ch._write_all(pack_header(FrameType.STREAM, len(body)) + body)\n"
+               "threading.Thread(target=forge, daemon=True).start()", 2))
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    assert not safety.fired
+    out = ok(cell(s, "print(x)", 3))
+    assert "the sandbox was rolled back to its state before cell [2]" in out and out.endswith("1\n"), out
+    assert ("stdout", "forged") not in got

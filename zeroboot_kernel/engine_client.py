@@ -32,9 +32,17 @@ class EngineDied(ZerobootError):
 class EngineClient:
     def __init__(self, *, template: str = "default", mode: str = "chained", timeout: float | None = None,
                  checkpoints: int = 20, project: str | None = None, files: str = "overlay",
-                 hidden: tuple[str, ...] = (), network: str | None = None, on_log: Callable[[str], None] | None = None) -> None:
+                 hidden: tuple[str, ...] = (), network: str | None = None, on_log: Callable[[str], None] | None = None,
+                 live_output: bool = False) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = parent_end
+        # live_output (the kernel): what guest threads print between cells, as it comes, on the
+        # idle channel, read by a thread of its own (all the time, so that the engine never waits
+        # on it) and given to on_idle_stream(name, text). Without it (batch runs, papermill) the
+        # engine holds that output for the next cell, whose output it then begins.
+        idle_end, idle_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if live_output else (None, None)
+        self.idle_sock = idle_end
+        self.on_idle_stream: Callable[[str, str], None] | None = None
         self._send_lock = threading.Lock()
         self._next_id = 0
         self._in_flight: int | None = None  # the request whose reply has not arrived yet
@@ -43,16 +51,51 @@ class EngineClient:
                "--timeout", str(timeout or 0), "--checkpoints", str(checkpoints), "--files", files]
         if project:
             cmd += ["--project", project, "--hide", json.dumps(list(hidden))]
+        if idle_child is not None:
+            cmd += ["--idle-fd", str(idle_child.fileno())]
         if network:  # the kernel's parsed policy (network_policy.NetworkPolicy.to_wire)
             cmd += ["--network", network]
-        self.proc = subprocess.Popen(cmd, pass_fds=[child_end.fileno()], stdin=subprocess.DEVNULL,
+        fds = [child_end.fileno()] + ([idle_child.fileno()] if idle_child is not None else [])
+        self.proc = subprocess.Popen(cmd, pass_fds=fds, stdin=subprocess.DEVNULL,
                                      start_new_session=True)  # never in the kernel's process group
         child_end.close()
+        if idle_child is not None:
+            idle_child.close()
         try:
             self.info = self._wait_ready(on_log or (lambda text: log.info("%s", text)))
         except BaseException:
             self.close(timeout=0.2)  # a failed start must not leave the engine process behind
             raise
+        if self.idle_sock is not None:
+            threading.Thread(target=self._read_idle, args=(self.idle_sock,), name="zeroboot-idle-output",
+                             daemon=True).start()
+
+    def _read_idle(self, sock: socket.socket) -> None:
+        """The idle channel's reader: each message checked, then given to on_idle_stream (dropped
+        without one, after a debug line); ends when the engine closes the channel."""
+        while True:
+            try:
+                msg = wire.recv(sock)
+            except wire.BadMessage as exc:
+                log.error("zeroboot: dropped a malformed message from the engine's idle channel: %s", exc)
+                continue
+            except (OSError, ValueError):
+                return  # the engine is gone (the request channel reports it)
+            try:
+                if msg.get("event") != schema.IDLE_STREAM:
+                    raise schema.SchemaError(f"unknown idle channel event {str(msg.get('event'))[:40]!r}")
+                name, text = schema.idle_stream_event(msg)
+            except schema.SchemaError as exc:
+                log.error("zeroboot: dropped a malformed message from the engine's idle channel: %s", exc)
+                continue
+            callback = self.on_idle_stream
+            if callback is None:
+                log.debug("zeroboot: %d characters a thread printed between cells: nobody takes them", len(text))
+                continue
+            try:
+                callback(name, text)
+            except Exception:  # noqa: BLE001 - the reader must outlive a failed publish
+                log.exception("zeroboot: publishing output a thread printed between cells failed")
 
     def _wait_ready(self, on_log: Callable[[str], None]) -> dict[str, Any]:
         while True:
@@ -169,3 +212,5 @@ class EngineClient:
                 self.proc.kill()
                 self.proc.wait()
         self.sock.close()
+        if self.idle_sock is not None:
+            self.idle_sock.close()

@@ -27,6 +27,7 @@ from . import export
 from . import fanout
 from . import latency_trace
 from . import session_save
+from .schema import IDLE_STREAM
 from .errors import ZerobootError
 from .native import Engine, watch_fd
 from .network_policy import NetworkPolicy
@@ -47,8 +48,11 @@ def die_with_parent(parent: int) -> None:
 
 
 class EngineServer:
-    def __init__(self, sock: socket.socket, session: Session) -> None:
+    def __init__(self, sock: socket.socket, session: Session, idle_sock: socket.socket | None = None) -> None:
         self.sock = sock
+        # What guest threads print while no request runs goes to the kernel on its own channel,
+        # as it comes (idle_output); without one the sandbox holds it for the next cell.
+        self.idle_sock = idle_sock
         self.session = session
         self.pending: list[dict[str, Any]] = []   # control messages read while a cell ran
         self.current: Any = None                  # id of the request being served
@@ -69,6 +73,13 @@ class EngineServer:
 
     def send(self, msg: dict[str, Any]) -> None:
         wire.send(self.sock, msg)
+
+    def idle_output(self, name: str, text: str) -> None:
+        """What a guest thread printed while no request ran (Sandbox.idle_stream): sent at once on
+        the idle channel, which the kernel reads all the time (EngineClient.on_idle_stream) and
+        publishes live. A kernel that reads slowly slows the guest's threads (the send blocks)."""
+        assert self.idle_sock is not None
+        wire.send(self.idle_sock, {"event": IDLE_STREAM, "name": name, "text": text})
 
     def event(self, msg: dict[str, Any]) -> None:
         """An event of the current request, tagged with its id (the kernel drops events and
@@ -320,6 +331,8 @@ class EngineServer:
 
     def serve(self) -> None:
         while True:
+            if self.idle_sock is not None:  # (the session changes with new_session)
+                self.session.sandbox.idle_stream = self.idle_output
             try:
                 if not self.pending and self.session.threads_may_run():
                     self.between_requests()
@@ -390,6 +403,7 @@ def lockdown_check() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="zeroboot_kernel.engine_server")
     p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--idle-fd", type=int, default=None, help="channel for output threads print between cells")
     p.add_argument("--parent", type=int, required=True)
     p.add_argument("--template", default="default")
     p.add_argument("--mode", default="chained")
@@ -404,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel decides what an interrupt means
     logging.basicConfig(level=logging.INFO, format="[zeroboot engine] %(message)s", stream=sys.stderr)
     sock = socket.socket(fileno=args.fd)
+    idle_sock = socket.socket(fileno=args.idle_fd) if args.idle_fd is not None else None  # (before the lockdown)
     try:
         engine = Engine.default()
         network = NetworkPolicy.from_wire(args.network) if args.network else None
@@ -422,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     wire.send(sock, {"event": "ready", "language_info": template.ready.get("language_info", {}),
                      "python_version": template.ready.get("python_version"), "template": str(template.directory)})
-    server = EngineServer(sock, session)
+    server = EngineServer(sock, session, idle_sock)
     try:
         server.network_enabled = bool(network and network.enabled)
         server.serve()

@@ -118,7 +118,8 @@ class EngineOwner(threading.Thread):
                                     project=self.notebook_dir, files=self.settings.files,
                                     hidden=self.settings.hidden,
                                     network=self.settings.network.to_wire() if self.settings.network.enabled else None,
-                                    on_log=lambda text: self.log.warning("zeroboot: %s", text))
+                                    on_log=lambda text: self.log.warning("zeroboot: %s", text),
+                                    live_output=True)  # threads' output between cells (_publish_idle_output)
             except EngineDied as exc:
                 # The process vanished without saying why (a ZerobootError, e.g. no /dev/kvm or a
                 # broken template, arrives as a "fatal" message instead and is not retried).
@@ -206,6 +207,7 @@ class ZerobootKernel(Kernel):
         for msg_type in ("comm_open", "comm_msg", "comm_close"):
             self.shell_handlers[msg_type] = self.comm_request
         self._owner = EngineOwner(self.settings, self.notebook_dir, self.log, self._on_engine_exit)
+        self._owner.future.add_done_callback(self._take_idle_output)
         self._owner.start()
 
     # ---- kernel_info ----------------------------------------------------------------------
@@ -292,6 +294,17 @@ class ZerobootKernel(Kernel):
             client.close(timeout)
 
     # ---- IOPub ----------------------------------------------------------------------------
+
+    def _take_idle_output(self, future: concurrent.futures.Future[EngineClient]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            future.result().on_idle_stream = self._publish_idle_output
+
+    def _publish_idle_output(self, name: str, text: str) -> None:
+        """What a guest thread printed between cells, as it comes (the engine client's reader
+        thread): sent as ipykernel sends a background thread's output, with the parent header of
+        the latest shell request (ipykernel's OutStream falls back to it in a thread that did not
+        set its own: in practice the cell that ran last)."""
+        self._publish(self.get_parent("shell"), "stream", {"name": name, "text": text})
 
     def _publish(self, parent: dict[str, Any], msg_type: str, content: dict[str, Any]) -> None:
         if self.session is not None:

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 
 StreamCallback = Callable[[str, str], None]            # (name, text)
+# Output threads print between requests, held while nobody takes it live (Sandbox.idle_stream):
+# at most this many characters (the newest half is kept past it).
+HELD_OUTPUT_MAX = 1 << 20
 MessageCallback = Callable[[str, dict[str, Any]], None]  # (msg_type, content)
 # (prompt, password) -> reply, or None when an interrupt ended the wait (nothing is sent then:
 # the interrupt stops the guest's read)
@@ -71,6 +74,15 @@ class Sandbox:
         # counts the snapshots and restores of this sandbox (each changes the state its memory
         # shares pages with): Session keeps a bound of its checkpoints' memory while it is unchanged
         self.generation = 0
+        # Output threads print while no request runs (the agent's STREAM frames numbered `idle`,
+        # docs/PROTOCOL.md "Output between requests"): given to idle_stream as it comes (the engine
+        # server publishes it live, as ipykernel does); without one it is held, at most
+        # HELD_OUTPUT_MAX characters (the newest), and goes out first with the next request's output.
+        self.idle_stream: StreamCallback | None = None
+        self._idle_next: int | None = None  # the `idle` number the next such frame carries (None: any)
+        self._held: list[tuple[str, str]] = []
+        self._held_chars = 0
+        self._held_dropped = 0
 
     # ---- lifecycle ----
     def fork(self) -> Sandbox:
@@ -106,6 +118,7 @@ class Sandbox:
         self.broken = None
         self.fresh = fresh
         self._interrupt.clear()
+        self._idle_next = None  # the guest's count of output frames between requests is the snapshot's
 
     def close(self) -> None:
         self.guest.close()
@@ -245,20 +258,27 @@ class Sandbox:
         """Run the guest until the request's reply, acting on interrupts (see _InterruptState),
         then until the agent waits for the next request again (_settle)."""
         state = _InterruptState(grace)
+        self._give_held(run)
         while True:
             ev = self.guest.run(state.limit(deadline))
             if poll:
                 poll()
             if ev.kind is EventKind.FRAME:
-                try:  # checked against its type's shape: user code can write frames too
-                    payload = frames.decode(ev.frame_type, ev.data)
-                except ValueError as exc:
-                    raise self._break(SandboxError(str(exc)))
+                payload = self._decode(ev)
+                if "idle" in payload:
+                    # a thread's output sent before the agent began this request (it had read it,
+                    # not yet started it): never once the request's own frames have begun
+                    if run.seq:
+                        raise self._break(ChannelError("the guest sent output numbered as between requests in "
+                                                       "the middle of a request"))
+                    self._idle_output(ev.frame_type, payload)
+                    continue
                 try:
                     done = run.frame(ev.frame_type, payload, self)
                 except ChannelError as exc:
                     raise self._break(exc)
                 if done is not None:
+                    self._idle_next = 0  # the agent numbers its output between requests from 0 again
                     if run.trace is not None:
                         run.trace["e_done"] = latency_trace.now()
                     self._settle()  # an interrupt that came with the reply is dropped there
@@ -308,7 +328,9 @@ class Sandbox:
             if ev.kind is EventKind.KICK:
                 continue  # an interrupt for the request that just ended: dropped
             if ev.kind is EventKind.FRAME:
-                raise self._break(ChannelError(f"the guest sent a frame (type {ev.frame_type}) after the reply"))
+                if not self._between_requests_frame(ev):
+                    raise self._break(ChannelError(f"the guest sent a frame (type {ev.frame_type}) after the reply"))
+                continue
             if ev.kind is EventKind.OUTPUT:
                 continue  # raw console output (the agent's log): not cell output
             if ev.kind is EventKind.TIMEOUT:
@@ -327,7 +349,7 @@ class Sandbox:
         makes a request's arrival kick the run: EngineServer watches its socket), or until no
         thread can run or wake by itself (then nothing can change before a request and nothing
         spins). Call it only when the agent waits for a request (after a reply's _settle). Output
-        the threads print stays in the guest and goes out with the next request (agent_io.py).
+        the threads print goes to idle_stream as it comes (else it is held for the next request).
         Raises what a crash of a thread (or the guest sending a frame now) is; the sandbox is
         broken then and the caller restores it."""
         self._check_usable()
@@ -345,12 +367,73 @@ class Sandbox:
                 if ev.kind in (EventKind.KICK, EventKind.OUTPUT):
                     continue  # a kick: a request, or an interrupt between cells (dropped); raw console output
                 if ev.kind is EventKind.FRAME:
-                    raise self._break(ChannelError(f"the guest sent a frame (type {ev.frame_type}) between requests"))
+                    if not self._between_requests_frame(ev):
+                        raise self._break(ChannelError(f"the guest sent a frame (type {ev.frame_type}) between "
+                                                       "requests"))
+                    continue
                 raise self._break(self._failure(ev))
         finally:
             self.guest.set_input_yields(False)
         ran = self.guest.stats()["thread_switches"] != switches
         return BetweenRequests(outcome, ran)
+
+    # ---- output between requests ----
+    def _decode(self, ev: Event) -> dict[str, Any]:
+        try:  # checked against its type's shape: user code can write frames too
+            return frames.decode(ev.frame_type, ev.data)
+        except ValueError as exc:
+            raise self._break(SandboxError(str(exc)))
+
+    def _between_requests_frame(self, ev: Event) -> bool:
+        """A frame while the agent waits for a request: True if it was a thread's output (a STREAM
+        frame numbered `idle`), delivered; False for anything else (the caller breaks the channel)."""
+        if ev.frame_type != FrameType.STREAM:
+            return False
+        payload = self._decode(ev)
+        if "idle" not in payload:
+            return False
+        self._idle_output(ev.frame_type, payload)
+        return True
+
+    def _idle_output(self, ftype: int, payload: dict[str, Any]) -> None:
+        """Check and deliver one STREAM frame sent between requests (numbered `idle` 0, 1, 2, ...
+        since the last reply; after a restore the first one sets the count)."""
+        if ftype != FrameType.STREAM or "seq" in payload or "stream_chars" in payload:
+            raise self._break(ChannelError(f"the guest sent a frame (type {ftype}) numbered as output between "
+                                           f"requests that is not such output"))
+        number = payload["idle"]
+        if self._idle_next is not None and number != self._idle_next:
+            raise self._break(ChannelError(f"the cell channel lost or reordered output between requests: frame "
+                                           f"#{self._idle_next} was expected, #{number} arrived"))
+        self._idle_next = number + 1
+        name, text = str(payload.get("name", "stdout")), str(payload.get("text", ""))
+        if self.idle_stream is not None:
+            self.idle_stream(name, text)
+            return
+        self._held.append((name, text))
+        self._held_chars += len(text)
+        if self._held_chars > HELD_OUTPUT_MAX:  # keep the newest half
+            kept: list[tuple[str, str]] = []
+            room = HELD_OUTPUT_MAX // 2
+            for held_name, held_text in reversed(self._held):
+                piece = held_text[-room:] if room > 0 else ""
+                self._held_dropped += len(held_text) - len(piece)
+                room -= len(piece)
+                if piece:
+                    kept.append((held_name, piece))
+            self._held = kept[::-1]
+            self._held_chars = HELD_OUTPUT_MAX // 2 - room
+
+    def _give_held(self, run: _CellRun) -> None:
+        """Output held since the last request (no idle_stream): a cell's first output."""
+        if run.on_stream is None or not (self._held or self._held_dropped):
+            return
+        if self._held_dropped:
+            run.stream("stderr", f"[zeroboot: {self._held_dropped} characters of output that threads printed "
+                                 f"between cells were dropped; the last {self._held_chars} follow]\n")
+        for name, text in self._held:
+            run.stream(name, text)
+        self._held, self._held_chars, self._held_dropped = [], 0, 0
 
     def _failure(self, ev: Event) -> Exception:
         if ev.kind is EventKind.FAULT:

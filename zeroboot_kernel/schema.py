@@ -302,6 +302,17 @@ def session_reply(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The engine's event for what a guest thread printed while no request ran: it carries no request
+# id (EngineClient hands it to on_idle_stream whenever it comes, the kernel publishes it live).
+IDLE_STREAM = "idle_stream"
+
+
+def idle_stream_event(ev: dict[str, Any]) -> tuple[str, str]:
+    """An IDLE_STREAM event, checked: (name, text)."""
+    checked = stream(ev)
+    return checked["name"], checked["text"]
+
+
 def check_event(ev: dict[str, Any]) -> dict[str, Any]:
     """An engine event of a running request, checked: {"event": kind, ...fields}."""
     kind = ev.get("event")

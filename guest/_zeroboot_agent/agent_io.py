@@ -32,9 +32,6 @@ STREAM_INTERVAL = 0.05        # send a completed line only if the last STREAM fr
 # (\uXXXX), so a chunk always stays well below MAX_PAYLOAD however large a single write() is.
 STREAM_MAX_CHUNK = 1 << 20
 CHECK_RESERVE = 64  # bytes the self-check fields add to a payload
-# Output threads print between requests is held for the next one (Channel): at most this many
-# characters of it; past it the oldest half goes and the next request says how much was dropped.
-HELD_OUTPUT_MAX = 1 << 20
 
 READ_SIZE = 1 << 16
 
@@ -197,8 +194,10 @@ class Channel:
 
     All output goes through send(), which first flushes pending stream text, so the host sees
     output in the order the cell produced it. Output that a background thread writes while no
-    request runs (between the reply and the next request: the engine runs threads then) is kept
-    and goes out with the next request, at most HELD_OUTPUT_MAX characters of it (the newest).
+    request runs (between the reply and the next request: the engine runs threads then) goes out
+    as it comes, each completed line (or STREAM_MAX_BUFFER characters) at once, in STREAM frames
+    numbered `idle` instead of `seq` (docs/PROTOCOL.md, Output between requests): the host
+    publishes it live, as ipykernel does. A line not completed yet goes with the next request.
     """
 
     def __init__(self, fd: int, gate: InterruptGate) -> None:
@@ -224,7 +223,7 @@ class Channel:
         self.quiet_stream: Callable[[str, str], None] | None = None
         self.lock = threading.RLock()
         self._in_request = False
-        self._held_dropped = 0  # characters of held output dropped since the last request (HELD_OUTPUT_MAX)
+        self._idle_seq = 0  # the number of the next frame sent between requests (reset by each reply)
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -248,16 +247,22 @@ class Channel:
                 body = encode_payload(payload)
                 if ftype == FrameType.STREAM:  # a note instead of the output: it counts as stream text
                     self._stream_chars += len(str(payload.get("text", "")))
-            check = {"seq": self._seq}
+            # output between requests; any other frame there (READY) is numbered as a request's
+            idle = not self._in_request and ftype == FrameType.STREAM
+            check = {"idle": self._idle_seq} if idle else {"seq": self._seq}
             if ftype in REPLY_TYPES:
                 check["stream_chars"] = self._stream_chars
             body = _with_check(body, check)
             if ftype in BINARY_TYPES:
                 body = pack_binary(body, list(buffers or ()))
             self._write_all(pack_header(ftype, len(body)) + body)
-            self._seq += 1
+            if idle:
+                self._idle_seq += 1
+            else:
+                self._seq += 1
             if ftype in REPLY_TYPES:
                 self._in_request = False
+                self._idle_seq = 0
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -287,46 +292,33 @@ class Channel:
             if "\n" in text or "\r" in text:
                 self._pending_eol = True
             if not self._in_request and not self.quiet:
-                if self._pending_len > HELD_OUTPUT_MAX:
-                    self._drop_held_output()
-                return  # a background thread between requests: kept for the next one
+                # a background thread between requests: each completed line goes out at once
+                if self._pending_eol or self._pending_len >= STREAM_MAX_BUFFER:
+                    self.flush_stream()
+                return
             if self._pending_len >= STREAM_MAX_BUFFER:
                 self.flush_stream()
             elif self._pending_eol and time.monotonic() - self._last_stream >= STREAM_INTERVAL:
                 self.flush_stream()
 
-    def _drop_held_output(self) -> None:
-        """Threads printed more than HELD_OUTPUT_MAX characters since the last reply (they run
-        between cells): keep the newest half, count what went."""
-        text = "".join(self._pending)
-        keep = text[-(HELD_OUTPUT_MAX // 2):]
-        self._held_dropped += len(text) - len(keep)
-        self._pending = [keep]
-        self._pending_len = len(keep)
-
     def new_request(self) -> None:
         """A request starts: its frames are numbered from 0, its stream characters counted from
         0, and its first line of output goes out at once, however recently the previous
         request's last STREAM frame was sent. Text a background thread wrote since the last
-        reply is this request's first output (and counted in its stream characters)."""
+        reply and not sent yet (a line it did not complete) is this request's first output (and
+        counted in its stream characters)."""
         with self.lock:
-            if self._held_dropped:
-                note = (f"[zeroboot: {self._held_dropped} characters of output that threads printed between "
-                        f"cells were dropped; the last {self._pending_len} follow]\n")
-                self._pending.insert(0, note)
-                self._pending_len += len(note)
-                self._held_dropped = 0
             self._seq = 0
             self._stream_chars = self._pending_len
             self._last_stream = float("-inf")
             self._in_request = True
 
     def flush_stream(self) -> None:
-        """Send all pending stream text now (between requests: kept for the next one)."""
+        """Send all pending stream text now (between requests too: send numbers those frames `idle`)."""
         if not self._pending:
             return
         with _ChannelUpdate(self):  # taken out of the buffer means sent: no interrupt in between
-            if not self._pending or (not self._in_request and not self.quiet):
+            if not self._pending:
                 return
             text = "".join(self._pending)
             name = self._pending_name
