@@ -69,7 +69,7 @@ def run(s: Session, code: str, n: int, stderr: list[str] | None = None) -> dict:
 
 
 def test_oldest_checkpoints_go_first_and_the_user_is_told(template) -> None:
-    s = Session(template, checkpoint_memory=160 * MIB)
+    s = Session(template, checkpoint_memory=160 * MIB, checkpoint_disk=0)
     try:
         stderr: list[str] = []
         run(s, "import numpy as np", 1, stderr)
@@ -99,7 +99,7 @@ def test_oldest_checkpoints_go_first_and_the_user_is_told(template) -> None:
 
 
 def test_crash_rollback_still_works_when_the_budget_is_full(template) -> None:
-    s = Session(template, checkpoint_memory=100 * MIB)
+    s = Session(template, checkpoint_memory=100 * MIB, checkpoint_disk=0)
     try:
         run(s, "import numpy as np", 1)
         for n in range(2, 7):
@@ -113,7 +113,7 @@ def test_crash_rollback_still_works_when_the_budget_is_full(template) -> None:
 
 
 def test_a_checkpoint_alone_over_the_budget_is_kept_and_said(template) -> None:
-    s = Session(template, checkpoint_memory=16 * MIB)
+    s = Session(template, checkpoint_memory=16 * MIB, checkpoint_disk=0)
     try:
         stderr: list[str] = []
         run(s, "import numpy as np", 1, stderr)
