@@ -56,8 +56,16 @@ def test_spilled_checkpoints_rewind_exactly_and_are_listed(template) -> None:
         assert got[0] == got[1] == expect[0]
         # the rewound-past records are freed
         assert s.spill.used == sum(cp.spilled.length for cp in s.checkpoints if cp.spilled is not None)
+        fd = s.spill.fd
+        assert "/spill/" in os.readlink(f"/proc/self/fd/{fd}")
     finally:
         s.close()
+    # the session's end closes the file: its space goes with it (it never had a name)
+    assert s.spill is None
+    try:
+        assert "/spill/" not in os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:
+        pass
 
 
 def test_a_corrupt_spill_fails_that_rewind_only(template) -> None:
@@ -169,3 +177,55 @@ def test_disk_setting_is_parsed() -> None:
     assert spill.from_env({}) is None
     with pytest.raises(Exception, match=spill.ENV):
         spill.from_env({spill.ENV: "lots"})
+    from zeroboot_kernel.kernel_config import KernelConfigError, KernelSettings
+    with pytest.raises(KernelConfigError, match=spill.ENV):
+        KernelSettings.from_env({spill.ENV: "lots"})
+
+
+def _spill_fds(pid: int) -> list[str]:
+    """The engine's open files in a spill folder (an O_TMPFILE reads as '<dir>/#123 (deleted)')."""
+    out = []
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if "/spill/" in target:
+                out.append(target)
+    except OSError:
+        pass
+    return out
+
+
+@pytest.mark.kvm
+def test_spill_through_the_kernel_and_nothing_left_after_a_kill() -> None:
+    """In the locked-down engine process: spilled checkpoints, listed, `%rewind 4` from disk, and
+    the spill folder empty after the kernel is killed (the engine ends with it)."""
+    import signal
+
+    from kernel_helpers import engine_pid_of, execute, kernel, kernel_pid, stream_text, wait_until
+
+    from zeroboot_kernel.template import cache_root
+
+    with kernel("zeroboot", ZEROBOOT_CHECKPOINT_MEMORY="100M", ZEROBOOT_CHECKPOINT_DISK="1G") as (km, kc):
+        folder = spill.spill_dir(cache_root())  # the tests' private cache (kernel_helpers)
+        engine = engine_pid_of(km)
+        assert execute(kc, "import numpy as np, hashlib")[0]["status"] == "ok"
+        notices = []
+        for n in range(2, 8):
+            reply, msgs = execute(kc, CELL.format(n=n))
+            assert reply["status"] == "ok"
+            notices.append(stream_text(msgs, "stderr"))
+        assert sum("written to disk" in t for t in notices) == 1, notices
+        text = stream_text(execute(kc, "%sandbox checkpoints")[1])
+        assert "on disk" in text and " disk " in text, text
+        assert "checkpoints in memory / on disk" in stream_text(execute(kc, "%sandbox stats")[1])
+        assert _spill_fds(engine) and not [n for n in os.listdir(folder) if n.startswith(f"spill-{engine}-")]
+        reply, msgs = execute(kc, "%rewind 4")
+        assert reply["status"] == "ok", msgs
+        out = stream_text(execute(kc, "print(digest == hashlib.sha256(a.tobytes()).hexdigest(), a.size)")[1])
+        assert out.split() == ["True", str(6 * 1024 * 1024)], out
+        os.kill(kernel_pid(km), signal.SIGKILL)
+        assert wait_until(lambda: not os.path.exists(f"/proc/{engine}"), 60)
+    assert not [n for n in os.listdir(folder) if n.startswith(f"spill-{engine}-")]

@@ -86,8 +86,9 @@ def default_disk_budget(directory: Path) -> int:
     return min(DEFAULT_MAX, st.f_bavail * st.f_frsize // DEFAULT_SHARE)
 
 
-def spill_dir(cache: Path) -> Path:
-    return cache / "spill"
+def spill_dir(templates: Path) -> Path:
+    """<cache>/zeroboot-kernel/spill, next to the templates folder (template.cache_root())."""
+    return templates.parent / "spill"
 
 
 def _alive(pid: int) -> bool:
