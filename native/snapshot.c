@@ -435,6 +435,48 @@ static void snapshot_free(zb_snapshot *s) {
     free(s);
 }
 
+/* The page records of a delta (zb_snapshot_save_delta's format: u64 index << 1 | zero, then the
+ * page unless it is a zero page) into s, whose chunks are all still the image's. The records come
+ * from a file (a spilled checkpoint): every index must be within guest memory and above the one
+ * before, every page whole, before anything is allocated. */
+int zb_snapshot_fill_delta(zb_snapshot *s, const uint8_t *pages, size_t len, char *err) {
+    uint64_t npages = s->nchunks * CHUNK_PAGES, nstored = 0, last = 0, count = 0;
+    for (size_t pos = 0; pos < len; count++) {
+        uint64_t word;
+        if (len - pos < 8) { zb_seterr(err, "the saved pages are corrupt (a truncated page record)"); return -1; }
+        memcpy(&word, pages + pos, 8);
+        pos += 8;
+        uint64_t index = word >> 1;
+        if (index >= npages || (count && index <= last)) {
+            zb_seterr(err, "the saved pages are corrupt (record %llu names page %llu of %llu)",
+                      (unsigned long long)count, (unsigned long long)index, (unsigned long long)npages);
+            return -1;
+        }
+        last = index;
+        if (word & 1) continue;
+        if (len - pos < ZB_PAGE) { zb_seterr(err, "the saved pages are corrupt (a truncated page)"); return -1; }
+        pos += ZB_PAGE;
+        nstored++;
+    }
+    if (!(s->own = store_new(nstored, err))) return -1;
+    uint64_t used = 0;
+    for (size_t pos = 0; pos < len;) {
+        uint64_t word;
+        memcpy(&word, pages + pos, 8);
+        pos += 8;
+        uint64_t index = word >> 1, c = index / CHUNK_PAGES;
+        if (!s->chunks[c] && !(s->chunks[c] = chunk_copy(NULL))) { zb_seterr(err, "out of memory"); return -1; }
+        zb_page *p = &s->chunks[c]->page[index % CHUNK_PAGES];
+        if (word & 1) { page_set(p, PAGE_ZERO, NULL, 0); continue; }
+        memcpy(s->own->map + used * ZB_PAGE, pages + pos, ZB_PAGE);
+        pos += ZB_PAGE;
+        page_set(p, PAGE_STORED, s->own, (uint32_t)used);
+        used++;
+    }
+    s->state_bytes = zb_fdtable_copy_bytes(s->st.fds) + s->st.uart.rx_cap + s->st.uart.tx_cap;
+    return 0;
+}
+
 void zb_snapshot_release(zb_snapshot *s) {
     if (s && atomic_fetch_sub(&s->refs, 1) == 1) snapshot_free(s);
 }

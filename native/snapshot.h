@@ -66,5 +66,8 @@ zb_snapshot *zb_snapshot_take(zb_sandbox *sb, char *err);
 /* Free every process of process 1's family but itself (family_run.c): it ended, is restored or freed. */
 void zb_family_end(zb_sandbox *root);
 void zb_guest_state_free(zb_guest_state *st);
+/* Fill a snapshot made by a loader (all chunks the image's, no store yet) with the page records of
+ * a delta (zb_snapshot_save_delta), checked as untrusted input; -1 with err (the caller releases s). */
+int zb_snapshot_fill_delta(zb_snapshot *s, const uint8_t *pages, size_t len, char *err);
 
 #endif

@@ -319,3 +319,46 @@ zb_snapshot *zb_snapshot_load_bytes(zb_engine *e, const uint8_t *state, size_t s
     if (fd < 0) { zb_seterr(err, "cannot use the memory image: %s", strerror(errno)); return NULL; }
     return load_parts(e, state, state_len, fd, "the saved memory image", err);
 }
+
+/* A snapshot of a delta (zb_snapshot_save_delta's state and page records, e.g. a checkpoint spilled
+ * to disk and read back) over the memory image of `base`, so that sandboxes of base's lineage can be
+ * restored to it. Both parts are validated like state.bin: bounded sizes, the state by its loader,
+ * every page record in range (zb_snapshot_fill_delta). */
+zb_snapshot *zb_snapshot_load_delta(zb_snapshot *base, const uint8_t *state, size_t state_len, const uint8_t *pages,
+                                    size_t pages_len, char *err) {
+    if (!base || !base->image) { zb_seterr(err, "the base snapshot has no memory image"); return NULL; }
+    if (state_len > STATE_MAX_BYTES) { zb_seterr(err, "the saved state is implausibly large"); return NULL; }
+    if (pages_len > (base->mem_size / ZB_PAGE) * (8 + ZB_PAGE)) {
+        zb_seterr(err, "the saved pages are more than the guest's memory");
+        return NULL;
+    }
+    zb_snapshot *s = calloc(1, sizeof *s);
+    if (!s) { zb_seterr(err, "out of memory"); return NULL; }
+    atomic_init(&s->refs, 1);
+    s->engine = base->engine;
+    zb_in in = {state, state_len, 0, 0};
+    if (load_state(base->engine, &in, &s->st, &s->mem_size, &s->ws, err) < 0) {
+        zb_guest_state_free(&s->st);
+        free(s->ws);
+        free(s);
+        return NULL;
+    }
+    s->image = base->image;
+    zb_image_ref(s->image);
+    if (s->mem_size != base->mem_size) {
+        zb_seterr(err, "the saved state is of another memory size than the base snapshot");
+        zb_snapshot_release(s);
+        return NULL;
+    }
+    s->nchunks = s->mem_size / ZB_PAGE / CHUNK_PAGES;
+    if (!(s->chunks = calloc(s->nchunks, sizeof *s->chunks))) {
+        zb_seterr(err, "out of memory");
+        zb_snapshot_release(s);
+        return NULL;
+    }
+    if (zb_snapshot_fill_delta(s, pages, pages_len, err) < 0) {
+        zb_snapshot_release(s);
+        return NULL;
+    }
+    return s;
+}

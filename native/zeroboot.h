@@ -329,6 +329,11 @@ uint32_t zb_snapshot_format(void);
  * state.bin) over a memory image fd (duplicated; e.g. a memfd rebuilt from the template's image). */
 int zb_snapshot_save_delta(zb_snapshot *snap, int state_fd, int pages_fd, char *err);
 zb_snapshot *zb_snapshot_load_bytes(zb_engine *engine, const uint8_t *state, size_t state_len, int mem_fd, char *err);
+/* A spilled checkpoint read back (zeroboot_kernel/checkpoint_spill.py): a snapshot of a delta's state
+ * and page records (zb_snapshot_save_delta's two streams) over base's memory image, so that a
+ * sandbox of base's lineage can be restored to it; both validated as untrusted input. */
+zb_snapshot *zb_snapshot_load_delta(zb_snapshot *base, const uint8_t *state, size_t state_len, const uint8_t *pages,
+                                    size_t pages_len, char *err);
 void zb_snapshot_release(zb_snapshot *snap);
 /* Learn a snapshot's working set: the pages present in sb's memory after sb, forked from snap,
  * ran representative requests. Forks of snap can then prefault them (zb_sandbox_prefault). */

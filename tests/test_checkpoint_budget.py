@@ -69,7 +69,7 @@ def run(s: Session, code: str, n: int, stderr: list[str] | None = None) -> dict:
 
 
 def test_oldest_checkpoints_go_first_and_the_user_is_told(template) -> None:
-    s = Session(template, checkpoint_memory=160 * MIB)
+    s = Session(template, checkpoint_memory=160 * MIB, checkpoint_disk=0)
     try:
         stderr: list[str] = []
         run(s, "import numpy as np", 1, stderr)
@@ -99,7 +99,7 @@ def test_oldest_checkpoints_go_first_and_the_user_is_told(template) -> None:
 
 
 def test_crash_rollback_still_works_when_the_budget_is_full(template) -> None:
-    s = Session(template, checkpoint_memory=100 * MIB)
+    s = Session(template, checkpoint_memory=100 * MIB, checkpoint_disk=0)
     try:
         run(s, "import numpy as np", 1)
         for n in range(2, 7):
@@ -113,7 +113,7 @@ def test_crash_rollback_still_works_when_the_budget_is_full(template) -> None:
 
 
 def test_a_checkpoint_alone_over_the_budget_is_kept_and_said(template) -> None:
-    s = Session(template, checkpoint_memory=16 * MIB)
+    s = Session(template, checkpoint_memory=16 * MIB, checkpoint_disk=0)
     try:
         stderr: list[str] = []
         run(s, "import numpy as np", 1, stderr)
@@ -144,7 +144,10 @@ def test_raising_and_lowering_the_budget_applies_at_once(template) -> None:
         assert len(s.checkpoints) == 5 and s.budget_dropped == 0
         text = s.set_budget(80 * MIB)
         assert "80 MiB (set)" in text
-        assert len(s.checkpoints) < 5 and s.checkpoint_memory() <= 80 * MIB
+        # the oldest leave memory for the spill file: still 5 to rewind to
+        in_memory = sum(1 for cp in s.checkpoints if cp.snapshot is not None)
+        assert in_memory < 5 and len(s.checkpoints) == 5 and s.checkpoint_memory() <= 80 * MIB
+        assert s.describe_budget()["on_disk"] == 5 - in_memory
         s.set_budget(None)
         assert s.describe_budget()["budget_source"] == "default"
     finally:
@@ -157,7 +160,7 @@ def test_raising_and_lowering_the_budget_applies_at_once(template) -> None:
 def test_budget_through_the_kernel() -> None:
     from kernel_helpers import execute, kernel, stream_text
 
-    with kernel("zeroboot", ZEROBOOT_CHECKPOINT_MEMORY="100M") as (_, kc):
+    with kernel("zeroboot", ZEROBOOT_CHECKPOINT_MEMORY="100M", ZEROBOOT_CHECKPOINT_DISK="0") as (_, kc):
         reply, msgs = execute(kc, "%sandbox checkpoints budget")
         assert reply["status"] == "ok" and "100 MiB (set)" in stream_text(msgs)
         execute(kc, "import numpy as np")

@@ -62,7 +62,7 @@ def test_the_bound_never_undercounts(session: Any) -> None:
 def test_the_bound_is_used_in_the_steady_state_and_drops_still_happen(template: Any) -> None:
     """Small cells well within the budget keep a bound (no walk); a budget smaller than the
     checkpoints still drops the oldest, as before."""
-    s = Session(template, checkpoint_memory=64 << 20)
+    s = Session(template, checkpoint_memory=64 << 20, checkpoint_disk=0)
     try:
         for n in range(1, 4):
             cell(s, "1+1", n)

@@ -60,7 +60,7 @@ def cell(s: Session, code: str, n: int) -> dict:
 
 
 def test_checkpoints_within_a_full_budget_reuse_pages_and_roll_back_exactly(template) -> None:
-    s = Session(template, checkpoint_memory=200 * MIB)
+    s = Session(template, checkpoint_memory=200 * MIB, checkpoint_disk=0)
     try:
         cell(s, "import numpy as np", 1)
         before = spare_reused_bytes()
@@ -84,7 +84,7 @@ def test_checkpoints_within_a_full_budget_reuse_pages_and_roll_back_exactly(temp
 
 @pytest.mark.parametrize("budget_mib", [1, 4096])
 def test_budgets_that_drop_everything_or_nothing_keep_rollback(template, budget_mib: int) -> None:
-    s = Session(template, checkpoint_memory=budget_mib * MIB)
+    s = Session(template, checkpoint_memory=budget_mib * MIB, checkpoint_disk=0)
     try:
         cell(s, "import numpy as np", 1)
         for n in range(2, 5):

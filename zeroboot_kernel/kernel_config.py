@@ -6,6 +6,8 @@
     ZEROBOOT_CHECKPOINTS   how many checkpoints %rewind can go back to (default 20)
     ZEROBOOT_FILES         how the notebook's folder is seen: overlay (default), readonly, readwrite
     ZEROBOOT_CHECKPOINT_MEMORY  memory the checkpoints may hold (e.g. 2G; default: see checkpoint_budget.py)
+    ZEROBOOT_CHECKPOINT_DISK    disk the checkpoints spilled over that budget may use (e.g. 8G; 0: drop
+                                them instead; default: see checkpoint_spill.py)
     ZEROBOOT_HIDE          paths in the notebook's folder the sandbox does not see, ':'-separated,
                            relative to the folder; "none" hides nothing; default: DEFAULT_HIDDEN
     ZEROBOOT_OUTPUTS       trusted (default) or safe: what rich outputs may do in the browser
@@ -28,7 +30,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import checkpoint_budget, network_policy
+from . import checkpoint_budget, checkpoint_spill, network_policy
 from .errors import ZerobootError
 from .network_policy import NetworkPolicy
 
@@ -86,6 +88,7 @@ class KernelSettings:
                                     f"(how many cells %rewind can undo)")
         try:
             checkpoint_budget.from_env(env)  # read by the engine process (it inherits the env)
+            checkpoint_spill.from_env(env)
         except checkpoint_budget.BudgetSyntaxError as exc:
             raise KernelConfigError(str(exc)) from None
         files = (env.get("ZEROBOOT_FILES") or "overlay").strip().lower()

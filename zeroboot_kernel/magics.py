@@ -309,6 +309,11 @@ def format_budget(info: dict[str, Any] | None) -> str:
             f"{mib(int(info.get('budget_bytes', 0)))} ({info.get('budget_source', 'default')}; "
             f"`%sandbox checkpoints budget SIZE` changes it)\n")
     line += f"%rewind can go back {info.get('rewind_depth', 0)} cell(s): {info.get('why', '')}\n"
+    if info.get("where"):
+        line += f"where: {info['where']}\n"
+    if info.get("spilled_for_budget"):
+        line += (f"{info['spilled_for_budget']} checkpoint(s) spilled to disk for the budget in this session, oldest "
+                 f"first (ZEROBOOT_CHECKPOINT_DISK sets the disk budget)\n")
     if info.get("dropped_for_budget"):
         line += f"{info['dropped_for_budget']} checkpoint(s) dropped for the budget in this session, oldest first\n"
     return line
@@ -323,10 +328,12 @@ def format_checkpoints(rows: list[dict[str, Any]], mode: str, budget: dict[str, 
     if not rows:
         return head + "no checkpoints yet (one is taken before every cell run in chained mode)\n"
     lines = [head + f"{len(rows)} checkpoint(s), newest last; `%rewind N` returns to the N-th from the end:",
-             f"  {'N':>3}  {'before':>7}  {'private':>10}  {'age':>8}  cell"]
+             f"  {'N':>3}  {'before':>7}  {'where':>6}  {'size':>11}  {'age':>8}  cell"]
     for back, row in zip(range(len(rows), 0, -1), rows):
+        where = str(row.get("where", "memory"))
+        size = row.get("disk_kib", 0) if where == "disk" else row.get("private_kib", 0)
         lines.append(f"  {back:>3}  [{row.get('before_cell', '?')}]".ljust(15)
-                     + f"  {row.get('private_kib', 0):>7} KiB  {row.get('age_s', 0):>7}s  {row.get('code', '')}")
+                     + f"  {where:>6}  {size:>7} KiB  {row.get('age_s', 0):>7}s  {row.get('code', '')}")
     return "\n".join(lines) + "\n"
 
 
@@ -387,6 +394,8 @@ def format_stats(stats: dict[str, Any], kernel: dict[str, Any]) -> str:
          f"({stats['checkpoint_budget']['budget_source']})"),
         ("%rewind depth", "-" if not stats.get("checkpoint_budget") else
          f"{stats['checkpoint_budget']['rewind_depth']} cell(s): {stats['checkpoint_budget']['why']}"),
+        ("checkpoints in memory / on disk", "-" if not stats.get("checkpoint_budget") else
+         stats["checkpoint_budget"].get("where", "-")),
         ("checkpoint (fork point) p50", ms(stats.get("checkpoint_ms_p50"))),
         ("cell execution in the VM p50", ms(stats.get("execute_ms_p50"))),
         ("cell round trip in the kernel p50", ms(kernel.get("round_trip_ms_p50"))),

@@ -502,6 +502,16 @@ class Snapshot:
             raise SandboxError(_text(err))
         return cls(engine, handle)
 
+    def load_delta(self, state: bytes, pages: bytes) -> Snapshot:
+        """A snapshot over this snapshot's memory image of a delta's state and page records
+        (save_delta's two streams; a spilled checkpoint read back), validated by the engine: a
+        sandbox of this lineage can be restored to it."""
+        err = _err()
+        handle = lib.zb_snapshot_load_delta(self.handle, state, len(state), pages, len(pages), err)
+        if handle == ffi.NULL:
+            raise SandboxError(_text(err))
+        return Snapshot(self.engine, handle)
+
     def fork(self) -> Guest:
         err = _err()
         handle = lib.zb_snapshot_fork(self.handle, err)

@@ -5,7 +5,9 @@ Runs inside the engine process (engine_server.py). Modes:
             cell a checkpoint is taken (it costs what the previous cell wrote); the last K are
             kept for %rewind, and a cell that crashes, times out or ignores an interrupt is rolled
             back to its checkpoint, so it costs one cell, never the session. The checkpoints'
-            memory is bounded by a budget (checkpoint_budget.py): the oldest go first.
+            memory is bounded by a budget (checkpoint_budget.py): the oldest go first, spilled
+            to a per-session file on disk while its disk budget allows (checkpoint_spill.py),
+            else dropped.
   isolated  every cell starts from the clean template (teaching, grading).
 Completion and inspection run against the current state and are rolled back afterwards.
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import checkpoint_budget as budget
+from . import checkpoint_spill as spill
 from . import export
 from . import latency_trace
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
@@ -28,7 +31,7 @@ from .guest_memory_size import describe
 from .project_root import find_project_root
 from .native import Snapshot, keep_spare_pages, snapshots_memory
 from .sandbox import InputCallback, MessageCallback, Sandbox, StreamCallback
-from .template import Template
+from .template import Template, cache_root
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +42,12 @@ MODES = ("chained", "isolated")
 class Checkpoint:
     number: int            # the execution count of the cell that ran after it was taken
     code: str              # that cell's source, for %sandbox checkpoints
-    snapshot: Snapshot
+    snapshot: Snapshot | None  # None: spilled to disk (`spilled`)
     taken: float
+    spilled: spill.SpillRef | None = None
+
+    def where(self) -> str:
+        return "memory" if self.snapshot is not None else "disk"
 
 
 FILES_MODES = ("overlay", "readonly", "readwrite")
@@ -53,12 +60,15 @@ class Session:
                  timeout: float | None = None, interrupt_grace: float = 2.0,
                  project_dir: str | None = None, files: str = "overlay", hidden: tuple[str, ...] = (),
                  environ: dict[str, str] | None = None, project_root: str | None = None,
-                 checkpoint_memory: int | None = None) -> None:
+                 checkpoint_memory: int | None = None, checkpoint_disk: int | None = None) -> None:
         """project_dir: the notebook's folder (the cells' working directory); project_root: the
         folder shown in the sandbox, which contains it (default: found by project_root.py); hidden:
         paths relative to project_root the sandbox does not see (credentials, histories).
         environ: the variables the guest gets (default: this process's, by guest_environ.py).
-        checkpoint_memory: the checkpoints' memory budget (None: checkpoint_budget's default)."""
+        checkpoint_memory: the checkpoints' memory budget (None: checkpoint_budget's default);
+        checkpoint_disk: the spill file's disk budget (None: ZEROBOOT_CHECKPOINT_DISK, else
+        checkpoint_spill's default; 0: checkpoints over the memory budget are dropped, not spilled).
+        The spill file is created here, before the engine process's run-phase lockdown."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if files not in FILES_MODES:
@@ -114,7 +124,11 @@ class Session:
         self.budget_dropped = 0             # checkpoints dropped to stay within the budget, this session
         self.budget_reason = ""             # why %rewind cannot go deeper now ("" when the budget did not limit it)
         self._budget_notices: list[str] = []  # for the user (budget, a crash between cells), printed (stderr) at the start of the next cell
-        self._told_drop = self._told_over = False
+        self._told_drop = self._told_over = self._told_spill = False
+        self.budget_spilled = 0             # checkpoints spilled to disk for the budget, this session
+        self.spill: spill.SpillFile | None = None
+        self.spill_reason = ""              # why there is no spill file ("" when there is one)
+        self._open_spill(checkpoint_disk)
         self._over = False                  # the last enforcement found the kept checkpoint alone over the budget
         self._predropped: list[int] = []    # checkpoints dropped just before the next one was taken (_checkpoint_now)
         # (sandbox, its generation, bytes): an upper bound of checkpoint_memory(), valid while that
@@ -126,6 +140,21 @@ class Session:
         # the sandbox went back to an older state (rollback, %rewind, reset, mode, an isolated cell's
         # reset) since the kernel last asked (take_restored): its comms may differ from the frontend's
         self.restored = False
+
+    def _open_spill(self, disk: int | None) -> None:
+        try:
+            limit = disk if disk is not None else spill.from_env()
+            directory = spill.spill_dir(cache_root())
+            if limit is None:
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                limit = spill.default_disk_budget(directory)
+            if limit <= 0:
+                self.spill_reason = f"spilling to disk is off ({spill.ENV}=0 or no free disk space)"
+                return
+            self.spill = spill.SpillFile(directory, limit)
+        except (OSError, budget.BudgetSyntaxError) as exc:
+            self.spill_reason = f"no spill file: {exc}"
+            log.warning("checkpoints will not be spilled to disk: %s", exc)
 
     # ---- cells ----
     def execute(self, code: str, *, execution_count: int, silent: bool = False, store_history: bool = True,
@@ -187,7 +216,7 @@ class Session:
         self.checkpoints.append(Checkpoint(execution_count, code, snap, time.time()))
         self._release_retired()  # left from a cell after which prepare_next_cell did not run
         while len(self.checkpoints) > self.keep:
-            self._retired.append(self.checkpoints.popleft().snapshot)
+            self._forget(self.checkpoints.popleft(), retire=True)
         if taken_ms is None:  # taken now: prepare_next_cell did not enforce the budget with it
             self.enforce_budget(protect=snap)
         return snap, taken_ms
@@ -196,8 +225,9 @@ class Session:
         """Child processes are alive (a Popen kept from an earlier cell), and a snapshot of a
         process tree is not supported yet: the cell runs without a checkpoint of its own, and a
         crash or timeout rolls back to the last checkpoint there is (which ends the children)."""
-        if self.checkpoints:
-            target, where = self.checkpoints[-1].snapshot, f"the state before cell [{self.checkpoints[-1].number}]"
+        last = next((cp for cp in reversed(self.checkpoints) if cp.snapshot is not None), None)
+        if last is not None and last.snapshot is not None:
+            target, where = last.snapshot, f"the state before cell [{last.number}]"
         else:
             target, where = self.clean, "the clean sandbox"
         self._budget_notices.append(f"zeroboot: this cell has no checkpoint of its own ({exc}); a crash or timeout "
@@ -229,6 +259,23 @@ class Session:
         self.ready_ms = (time.perf_counter() - t0) * 1e3
         if latency_trace.ENABLED:
             self.prepared_ns = (started_ns, latency_trace.now())
+
+    def _forget(self, cp: Checkpoint, *, retire: bool = False) -> None:
+        """Let go of a checkpoint taken off the list: its memory (retire: after the next reply,
+        _release_retired) or its record in the spill file."""
+        if cp.snapshot is not None:
+            if retire:
+                self._retired.append(cp.snapshot)
+            else:
+                cp.snapshot.release()
+            cp.snapshot = None
+        if cp.spilled is not None:
+            if self.spill is not None:
+                self.spill.free(cp.spilled)
+            cp.spilled = None
+
+    def _memory_size(self) -> int:
+        return os.stat(os.path.join(str(self.template.directory), "memory.img")).st_size
 
     def _release_retired(self) -> None:
         """Release the checkpoints _before_cell took off the list (past `keep`)."""
@@ -274,10 +321,19 @@ class Session:
         self.restored = True
         self._state_changes()  # the prepared checkpoint holds the thread about to crash: dropped
         cp = self.checkpoints.pop() if self.checkpoints else None
-        self.sandbox.restore(cp.snapshot if cp is not None else self.clean, fresh=cp is None)
+        target = None
+        if cp is not None:
+            try:
+                target = self._materialize(cp)
+            except SandboxError as bad:  # a spilled one that cannot be read: the clean state then
+                log.warning("%s", bad)
+                cp = None
+        self.sandbox.restore(target if target is not None else self.clean, fresh=target is None)
         what = f"its state before cell [{cp.number}]" if cp is not None else "a clean sandbox"
         if cp is not None:
-            cp.snapshot.release()
+            if cp.snapshot is None and target is not None:
+                target.release()
+            self._forget(cp)
         self._budget_notices.append(f"[zeroboot] a thread crashed the sandbox after the last cell ended ({exc}); "
                                     f"the sandbox was rolled back to {what}.\n")
         log.warning("a thread crashed the sandbox between cells: %s", exc)
@@ -296,7 +352,7 @@ class Session:
         self.rollbacks += 1
         self.restored = True
         if self.mode == "chained" and self.checkpoints and self.checkpoints[-1].snapshot is checkpoint:
-            self.checkpoints.pop().snapshot.release()  # the cell is undone: nothing to rewind to
+            self._forget(self.checkpoints.pop())  # the cell is undone: nothing to rewind to
         what = ("The sandbox was rolled back to its state before this cell; variables from earlier cells are intact."
                 if self.mode == "chained" else "The next cell starts from a clean sandbox as usual.")
         evalue = f"{exc} {what}"
@@ -316,14 +372,44 @@ class Session:
             why = f" ({self.budget_reason})" if self.budget_reason else ""
             raise SandboxError(f"only {len(self.checkpoints)} checkpoint(s) are kept{why}; cannot rewind {n} cells "
                                f"(`%sandbox checkpoints` lists them)")
+        target = self.checkpoints[-n]
+        from_disk = target.snapshot is None
+        t0 = time.perf_counter()
+        snap = self._materialize(target)  # before anything changes: a corrupt spill leaves the state as it is
         self._state_changes()
         for _ in range(n - 1):
-            self.checkpoints.pop().snapshot.release()
-        target = self.checkpoints.pop()
-        self.sandbox.restore(target.snapshot)
-        self.restored = True
-        target.snapshot.release()
+            self._forget(self.checkpoints.pop())
+        self.checkpoints.pop()
+        try:
+            self.sandbox.restore(snap)
+        finally:
+            self.restored = True
+            if from_disk:
+                snap.release()
+            self._forget(target)
+        if from_disk:
+            return (f"rewound {n} cell(s): state as before cell [{target.number}] (read back from disk in "
+                    f"{time.perf_counter() - t0:.2f} s)")
         return f"rewound {n} cell(s): state as before cell [{target.number}]"
+
+    def _materialize(self, cp: Checkpoint) -> Snapshot:
+        """The checkpoint's snapshot: its own (released by _forget), or a spilled one read back from
+        disk (the caller releases it once restored). A spilled one that cannot be read back is taken
+        off the list and a SandboxError says why."""
+        if cp.snapshot is not None:
+            return cp.snapshot
+        if self.spill is None or cp.spilled is None:
+            raise SandboxError(f"the checkpoint before cell [{cp.number}] is neither in memory nor on disk")
+        try:
+            state, pages = self.spill.read(cp.spilled, self._memory_size())
+            return self.clean.load_delta(state, pages)
+        except (spill.SpillError, SandboxError) as exc:
+            if cp in self.checkpoints:
+                self.checkpoints.remove(cp)
+            self._forget(cp)
+            raise SandboxError(f"the checkpoint before cell [{cp.number}] was spilled to disk and cannot be read "
+                               f"back: {exc}. It was dropped; nothing changed in the sandbox, and %rewind can go back "
+                               f"{len(self.checkpoints)} cell(s) now (`%sandbox checkpoints` lists them)") from None
 
     def set_mode(self, mode: str) -> str:
         if mode not in MODES:
@@ -349,7 +435,7 @@ class Session:
         """Forget every checkpoint and the head (restart, replace_with): the state changes wholesale."""
         self._state_changes()
         for cp in self.checkpoints:
-            cp.snapshot.release()
+            self._forget(cp)
         self.checkpoints.clear()
         self.budget_reason = ""
         self._over = False
@@ -537,7 +623,7 @@ class Session:
 
     # ---- the checkpoints' memory budget ----
     def _held_snapshots(self) -> list[Snapshot]:
-        held = [cp.snapshot for cp in self.checkpoints] + [self.clean]
+        held = [cp.snapshot for cp in self.checkpoints if cp.snapshot is not None] + [self.clean]
         return held + [s for s in (self.ready, self.head) if s is not None]
 
     def checkpoint_memory(self) -> int:
@@ -605,13 +691,58 @@ class Session:
         floor = snapshots_memory(kept)          # what no drop can free
         slack = max(budget.MIB, limit // 32)    # history that adds less than this is not worth dropping
         dropped: list[int] = []
-        while (held + incoming > limit and held - floor > slack and self.checkpoints
-               and self.checkpoints[0].snapshot is not protect):
-            cp = self.checkpoints.popleft()
-            cp.snapshot.release()
-            dropped.append(cp.number)
+        while held + incoming > limit and held - floor > slack:
+            # the oldest checkpoint still in memory (the spilled ones are all older)
+            cp = next((c for c in self.checkpoints if c.snapshot is not None), None)
+            if cp is None or cp.snapshot is protect:
+                break
+            if not self._spill_out(cp, dropped):
+                self.checkpoints.remove(cp)
+                self._forget(cp)
+                dropped.append(cp.number)
             held = self.checkpoint_memory()
         return dropped
+
+    def _spill_out(self, cp: Checkpoint, dropped: list[int]) -> bool:
+        """Move a checkpoint's memory to the spill file (checkpoint_spill.py), making room there by
+        dropping the oldest spilled checkpoints (their numbers go to `dropped`). False when there is
+        no spill file, it is larger than the whole disk budget, or writing fails: then it is dropped."""
+        if self.spill is None or cp.snapshot is None:
+            return False
+        state_fd = os.memfd_create("zeroboot-spill-state", os.MFD_CLOEXEC)
+        pages_fd = os.memfd_create("zeroboot-spill-pages", os.MFD_CLOEXEC)
+        try:
+            cp.snapshot.save_delta(state_fd, pages_fd)
+            raw = os.fstat(state_fd).st_size + os.fstat(pages_fd).st_size
+            if not self.spill.fits(raw) and raw + spill.HEAD.size + spill.MAC_BYTES > self.spill.limit:
+                self.spill_reason = (f"a checkpoint of {budget.mib(raw)} is larger than the whole disk budget "
+                                     f"({budget.mib(self.spill.limit)}, {spill.ENV})")
+                return False
+            while not self.spill.fits(raw) and self.checkpoints and self.checkpoints[0].snapshot is None:
+                old = self.checkpoints.popleft()
+                self._forget(old)
+                dropped.append(old.number)
+            cp.spilled = self.spill.write(state_fd, pages_fd)
+        except (spill.SpillError, SandboxError, OSError) as exc:
+            log.warning("could not spill the checkpoint before cell [%d] to disk: %s", cp.number, exc)
+            self.spill_reason = f"spilling failed: {exc}"
+            return False
+        finally:
+            os.close(state_fd)
+            os.close(pages_fd)
+        log.info("spilled the checkpoint before cell [%d]: %d bytes (%d raw) in %.3f s", cp.number,
+                 cp.spilled.length, cp.spilled.raw_bytes, cp.spilled.write_s)
+        cp.snapshot.release()
+        cp.snapshot = None
+        self.budget_spilled += 1
+        if not self._told_spill:
+            self._told_spill = True
+            self._budget_notices.append(
+                f"[zeroboot] checkpoints hold more memory than their budget: the oldest are written to disk "
+                f"(a file of this session, removed when it ends; disk budget {budget.mib(self.spill.limit)}, "
+                f"{spill.ENV}) and %rewind reads them back. `%sandbox checkpoints` shows where each is. "
+                f"(Told once per session.)\n")
+        return True
 
     def enforce_budget(self, protect: Snapshot | None, *, notify: bool = True) -> int:
         """Drop the oldest checkpoints while the session's snapshots hold more than the budget.
@@ -664,19 +795,29 @@ class Session:
     def describe_budget(self) -> dict[str, Any]:
         limit, held = self.budget_bytes(), self.checkpoint_memory()
         depth = len(self.checkpoints) if self.mode == "chained" else 0
+        on_disk = sum(1 for cp in self.checkpoints if cp.snapshot is None)
         source = "set" if self.memory_budget is not None else "default: the notebook's data, 256 MiB to 1/8 of host RAM"
         why = self.budget_reason or (f"ZEROBOOT_CHECKPOINTS={self.keep} caps the count" if depth >= self.keep
                                      else "every checkpoint taken is kept")
+        disk = self.spill.describe() if self.spill is not None else {}
+        where = (f"{depth - on_disk} in memory, {on_disk} on disk ({budget.mib(disk.get('disk_used_bytes', 0))} of a "
+                 f"disk budget of {budget.mib(disk.get('disk_budget_bytes', 0))})" if self.spill is not None
+                 else f"all in memory ({self.spill_reason or 'no spill file'})")
         summary = (f"checkpoint memory budget {budget.mib(limit)} ({source}); the checkpoints hold {budget.mib(held)}; "
-                   f"%rewind can go back {depth} cell(s): {why}")
+                   f"%rewind can go back {depth} cell(s): {why}; checkpoints: {where}")
         return {"budget_bytes": limit, "budget_source": "set" if self.memory_budget is not None else "default",
                 "held_bytes": held, "over_budget": held > limit, "rewind_depth": depth,
-                "dropped_for_budget": self.budget_dropped, "why": why, "summary": summary}
+                "dropped_for_budget": self.budget_dropped, "why": why, "summary": summary,
+                "in_memory": depth - on_disk, "on_disk": on_disk, "spilled_for_budget": self.budget_spilled,
+                "disk_budget_bytes": disk.get("disk_budget_bytes", 0), "disk_used_bytes": disk.get("disk_used_bytes", 0),
+                "spill": "on" if self.spill is not None else (self.spill_reason or "off"), "where": where}
 
     # ---- reporting ----
     def describe_checkpoints(self) -> list[dict[str, Any]]:
         return [{"before_cell": cp.number, "code": cp.code.strip().splitlines()[0][:60] if cp.code.strip() else "",
-                 "private_kib": cp.snapshot.private_bytes >> 10, "age_s": round(time.time() - cp.taken, 1)}
+                 "private_kib": cp.snapshot.private_bytes >> 10 if cp.snapshot is not None else 0,
+                 "disk_kib": cp.spilled.length >> 10 if cp.spilled is not None else 0,
+                 "where": cp.where(), "age_s": round(time.time() - cp.taken, 1)}
                 for cp in self.checkpoints]
 
     def stats(self) -> dict[str, Any]:
@@ -696,7 +837,7 @@ class Session:
             "cells_run": self.cells_run,
             "rollbacks": self.rollbacks,
             "checkpoints": len(self.checkpoints),
-            "checkpoint_kib": sum(cp.snapshot.private_bytes for cp in self.checkpoints) >> 10,
+            "checkpoint_kib": sum(cp.snapshot.private_bytes for cp in self.checkpoints if cp.snapshot is not None) >> 10,
             "checkpoint_budget": self.describe_budget(),
             "checkpoint_ms_p50": p50("checkpoint_ms"),
             "execute_ms_p50": p50("execute_ms"),
@@ -711,8 +852,11 @@ class Session:
         self._release_retired()
         self.clean.release()
         for cp in self.checkpoints:
-            cp.snapshot.release()
+            self._forget(cp)
         self.checkpoints.clear()
+        if self.spill is not None:
+            self.spill.close()  # an O_TMPFILE: its space is given back with its last descriptor
+            self.spill = None
         if self.head is not None:
             self.head.release()
         self.sandbox.close()

@@ -9,12 +9,13 @@ Per cell: the round trip (request -> reply + idle) and the host memory the kerne
 the host's MemAvailable since just before the kernel started (processes and kernel memory, KVM's
 included), sampled after the cell once the zeroboot engine has taken the next cell's checkpoint,
 and the PSS of the kernel's process tree. After the dataframe scenario the zeroboot kernel reports
-how deep %rewind can go within its budget and tries `%rewind 5`.
+how deep %rewind can go within its budget (and how many of those checkpoints are on disk, spilled
+by checkpoint_spill.py) and tries `%rewind 5`.
 Then, in-process: `np.ones` fills in a guest vs on the host (the 2 GiB fill needs a template with
 3 GiB of guest memory, built once under the name `bench-memory`), in the guest also without its
 unlogged window (one dirty-logged memslot, as before issue 23's window), `np.ones(10_000_000) + 1.0`
-first and repeated, and what spilling checkpoints to disk would cost (write and read-back speed of
-the cache folder, O_DIRECT as a spill would write).
+first and repeated, and the raw speed of the cache folder (write and read-back, O_DIRECT) next to
+what the session's spills cost.
 The host is shared (other processes change MemAvailable too): read the memory columns as +-50 MB.
 """
 from __future__ import annotations
@@ -128,7 +129,9 @@ def run_scenario(kernel_name: str, scenario: dict[str, Any], timeout: float, rew
             _, _, listing = _cell(k, "%sandbox checkpoints")
             m = re.search(r"%rewind can go back (\d+) cell", listing)
             res["rewind_depth"] = int(m.group(1)) if m else None
-            res["checkpoints_text"] = listing.strip().splitlines()[:3]
+            res["checkpoints_text"] = listing.strip().splitlines()[:4]
+            m = re.search(r"(\d+) in memory, (\d+) on disk", listing)
+            res["in_memory"], res["on_disk"] = (int(m.group(1)), int(m.group(2))) if m else (None, None)
             secs, status, text = _cell(k, "%rewind 5")
             res["rewind_5"] = {"ok": status == "ok", "ms": round(secs * 1e3, 1), "text": text.strip()[:300]}
     finally:
@@ -198,8 +201,8 @@ def fills(fill_bytes: int) -> dict[str, Any]:
 
 
 def spill_probe(size_mb: int) -> dict[str, Any]:
-    """What writing a checkpoint's pages to a file under the cache folder (and reading them back on
-    a %rewind) costs here: the measurement behind not spilling (docs/PERFORMANCE.md)."""
+    """The raw speed of the cache folder's disk (O_DIRECT write, cold read back), to read the
+    sessions' spill timings against (docs/PERFORMANCE.md)."""
     import mmap
 
     from ..template import cache_root
@@ -263,8 +266,10 @@ WHERE_IT_GOES = """\
 Where zeroboot's extra memory and time go (docs/ARCHITECTURE.md, sections 2, 4 and 5):
 * the checkpoint the next cell rolls back to holds a copy of every page the notebook changed since
   the template (a crash must be undone), and the default budget (as much as the notebook's data)
-  keeps older checkpoints only while they fit next to it: here `%rewind` goes back a cell or so;
-  `%sandbox checkpoints budget 4G` buys depth with memory;
+  keeps older checkpoints in memory only while they fit next to it; older ones are spilled to a
+  per-session file on disk (only the pages that differ from the template; disk budget
+  ZEROBOOT_CHECKPOINT_DISK) and `%rewind` reads them back; `%sandbox checkpoints budget 4G` keeps
+  more in memory;
 * freed arrays and frames stay mapped for reuse (up to half of guest memory) so that the next
   ones are filled at memset speed instead of one KVM fault per 4 KiB page, and the engine is a
   second Python process;
@@ -277,10 +282,11 @@ Where zeroboot's extra memory and time go (docs/ARCHITECTURE.md, sections 2, 4 a
   of the window with the last checkpoint (KVM cannot say which were written), ~0.5 s per GiB kept
   unchanged; a host with fragmented memory may also make the first huge-page fill wait for
   compaction;
-* not built, because the measurements say they do not pay here: spilling checkpoints to disk (the
-  single-threaded engine would make the next cell wait for the write, see the probe above) and
-  sharing pages between the live sandbox and its checkpoint (the guest then re-faults what it
-  touches next: -570 MB but 4x slower cells for the arrays).
+* a spill is written after the reply, with the next cell's checkpoint (so "cell + checkpoint ms"
+  includes it, "cell ms" does not), through the page cache, not O_DIRECT;
+* not built, because the measurements say it does not pay here: sharing pages between the live
+  sandbox and its checkpoint (the guest then re-faults what it touches next: -570 MB but 4x slower
+  cells for the arrays).
 """
 
 
@@ -314,11 +320,12 @@ def markdown(res: dict[str, Any]) -> str:
             f"checkpoint stores included), after each cell; MemAvailable drop: since just before the kernel started "
             f"(kernel memory included, but other processes on this shared host move it too). Zeroboot runs with the "
             f"default checkpoint budget. After the dataframe cells, `%rewind` could go back {df.get('rewind_depth')} cell(s); "
-            f"`%rewind 5` {'worked' if rw.get('ok') else 'was refused'} ({rw.get('ms')} ms).\n\n"
-            f"{fill_table}\nGuest memory for the fill: {f['guest_memory_gib']} GiB. Spilling checkpoints to disk "
-            f"(probe of {s['size_mb']} MB in the cache folder, O_DIRECT): writes at {s['write_mb_s']} MB/s and reads "
-            f"back at {s['read_mb_s']} MB/s, so a 400 MB checkpoint would cost ~{s['spill_400mb_ms']} ms to spill "
-            f"and ~{s['rewind_400mb_ms']} ms to bring back.\n\n{WHERE_IT_GOES}")
+            f"({df.get('in_memory')} in memory, {df.get('on_disk')} on disk); `%rewind 5` "
+            f"{'worked' if rw.get('ok') else 'was refused'} ({rw.get('ms')} ms: {rw.get('text', '')[:120]}).\n\n"
+            f"{fill_table}\nGuest memory for the fill: {f['guest_memory_gib']} GiB. The cache folder's disk "
+            f"(probe of {s['size_mb']} MB, O_DIRECT): writes at {s['write_mb_s']} MB/s and reads "
+            f"back at {s['read_mb_s']} MB/s (~{s['spill_400mb_ms']} ms / ~{s['rewind_400mb_ms']} ms for 400 MB at "
+            f"that speed; spills go through the page cache).\n\n{WHERE_IT_GOES}")
 
 
 def main(argv: list[str] | None = None) -> int:

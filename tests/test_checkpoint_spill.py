@@ -1,0 +1,259 @@
+"""Checkpoints spilled to disk (issue 23, checkpoint_spill.py): over the memory budget the oldest
+checkpoints go to a per-session file, %rewind reads them back exactly, a corrupt spill is an error
+for that rewind only, the disk budget holds, and no file is left after the session."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from zeroboot_kernel import checkpoint_spill as spill
+from zeroboot_kernel import magics as mg
+from zeroboot_kernel.errors import SandboxError
+from zeroboot_kernel.session import Session
+
+MIB = 1 << 20
+# 48 MiB of fresh pseudo-random data per cell (replacing the last cell's), and its sha256
+CELL = ("rng = np.random.default_rng({n}); a = rng.random(6 * 1024 * 1024); "
+        "digest = hashlib.sha256(a.tobytes()).hexdigest()")
+
+
+def run(s: Session, code: str, n: int, stderr: list[str] | None = None) -> dict:
+    out: list[str] = []
+    reply = s.execute(code, execution_count=n,
+                      on_stream=lambda name, text: (stderr if name == "stderr" and stderr is not None else out).append(text))
+    s.prepare_next_cell()
+    reply["stdout"] = "".join(out)
+    return reply
+
+
+def test_spilled_checkpoints_rewind_exactly_and_are_listed(template) -> None:
+    s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30)
+    try:
+        stderr: list[str] = []
+        assert run(s, "import numpy as np, hashlib", 1, stderr)["status"] == "ok"
+        for n in range(2, 9):
+            assert run(s, CELL.format(n=n), n, stderr)["status"] == "ok"
+        assert s.spill is not None and s.budget_spilled >= 3
+        where = [cp.where() for cp in s.checkpoints]
+        assert where[0] == "disk" and where[-1] == "memory" and len(where) == 8, where
+        info = s.describe_budget()
+        assert info["on_disk"] == where.count("disk") and info["rewind_depth"] == 8
+        assert info["disk_used_bytes"] > 0 and s.checkpoint_memory() <= 120 * MIB
+        text = mg.format_checkpoints(s.describe_checkpoints(), s.mode, info)
+        assert "on disk" in text and " disk " in text
+        assert [t for t in stderr if "written to disk" in t], stderr
+        # %rewind 5 lands before cell [4]: `a` is cell 3's, byte for byte
+        msg = s.rewind(5)
+        assert "before cell [4]" in msg and "from disk" in msg
+        got = run(s, "print(hashlib.sha256(a.tobytes()).hexdigest(), digest)", 20)["stdout"].split()
+        expect = run(s, "r = np.random.default_rng(3).random(6 * 1024 * 1024); "
+                        "print(hashlib.sha256(r.tobytes()).hexdigest())", 21)["stdout"].split()
+        assert got[0] == got[1] == expect[0]
+        # the rewound-past records are freed
+        assert s.spill.used == sum(cp.spilled.length for cp in s.checkpoints if cp.spilled is not None)
+        fd = s.spill.fd
+        assert "/spill/" in os.readlink(f"/proc/self/fd/{fd}")
+    finally:
+        s.close()
+    # the session's end closes the file: its space goes with it (it never had a name)
+    assert s.spill is None
+    try:
+        assert "/spill/" not in os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:
+        pass
+
+
+def test_a_corrupt_spill_fails_that_rewind_only(template) -> None:
+    s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30)
+    try:
+        assert run(s, "import numpy as np, hashlib", 1)["status"] == "ok"
+        for n in range(2, 8):
+            assert run(s, CELL.format(n=n), n)["status"] == "ok"
+        assert s.spill is not None
+        disk = [cp for cp in s.checkpoints if cp.spilled is not None]
+        assert len(disk) >= 2
+        oldest = disk[0].spilled
+        assert oldest is not None
+        os.pwrite(s.spill.fd, b"\xff" * 64, oldest.offset + spill.HEAD.size + 4096)  # a flipped page
+        depth = len(s.checkpoints)
+        with pytest.raises(SandboxError, match="cannot be read back.*checksum"):
+            s.rewind(depth)
+        assert len(s.checkpoints) == depth - 1
+        # the session is unchanged and goes on; a sound spilled one still rewinds
+        assert run(s, "print(int(a.size))", 30)["stdout"].strip() == str(6 * 1024 * 1024)
+        assert s.checkpoints[0].spilled is not None and s.checkpoints[0].number == 2
+        assert "from disk" in s.rewind(len(s.checkpoints))  # before cell [2]: numpy imported, no `a` yet
+        assert run(s, "print('a' in dir(), np.zeros(2).sum())", 31)["stdout"].strip() == "False 0.0"
+    finally:
+        s.close()
+
+
+def test_corrupt_records_are_refused_before_the_engine_sees_them(tmp_path: Path) -> None:
+    f = spill.SpillFile(tmp_path, 64 * MIB)
+    try:
+        sfd = os.memfd_create("s")
+        pfd = os.memfd_create("p")
+        os.write(sfd, b"state" * 100)
+        os.write(pfd, (5 << 1).to_bytes(8, "little") + os.urandom(4096))
+        pages = os.pread(pfd, 1 << 20, 0)
+        ref = f.write(sfd, pfd)
+        assert f.read(ref, 1 << 30) == (b"state" * 100, pages)
+        for at in (0, 9, spill.HEAD.size + 1, ref.length - 1):  # header, codec, body, MAC
+            good = os.pread(f.fd, 1, ref.offset + at)
+            os.pwrite(f.fd, bytes([good[0] ^ 1]), ref.offset + at)
+            with pytest.raises(spill.SpillError):
+                f.read(ref, 1 << 30)
+            os.pwrite(f.fd, good, ref.offset + at)
+        os.ftruncate(f.fd, ref.offset + ref.length - 10)
+        with pytest.raises(spill.SpillError, match="truncated"):
+            f.read(ref, 1 << 30)
+        f.free(ref)
+        with pytest.raises(spill.SpillError, match="no longer"):
+            f.read(ref, 1 << 30)
+    finally:
+        f.close()
+
+
+def test_the_disk_budget_holds_and_space_is_reused(tmp_path: Path) -> None:
+    f = spill.SpillFile(tmp_path, 3 * MIB)
+    try:
+        sfd, pfd = os.memfd_create("s"), os.memfd_create("p")
+        os.write(pfd, b"".join((i << 1).to_bytes(8, "little") + os.urandom(4096) for i in range(256)))
+        a = f.write(sfd, pfd)
+        b = f.write(sfd, pfd)
+        assert not f.fits(os.fstat(pfd).st_size)
+        with pytest.raises(spill.SpillError, match="disk budget"):
+            f.write(sfd, pfd)
+        f.free(a)
+        c = f.write(sfd, pfd)
+        assert c.offset == a.offset and f.end == b.offset + b.length  # the gap was reused
+        f.free(b)
+        f.free(c)
+        assert f.end == 0 and os.fstat(f.fd).st_size == 0 and f.used == 0
+    finally:
+        f.close()
+    assert os.listdir(tmp_path) == []  # an O_TMPFILE: never a name
+
+
+def test_no_spill_file_is_left_after_a_killed_engine(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    code = textwrap.dedent(f"""
+        import os, sys
+        from pathlib import Path
+        from zeroboot_kernel import checkpoint_spill as spill
+        f = spill.SpillFile(Path({str(cache)!r}), 1 << 20)
+        os.write(f.fd, b"x" * 4096)
+        print(os.readlink(f"/proc/self/fd/{{f.fd}}"), flush=True)
+        sys.stdin.read()
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline() if p.stdout else ""
+        assert "(deleted)" in line or str(cache) in line, line
+        assert os.listdir(cache) == []
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    assert os.listdir(cache) == []
+    # a named leftover of the fallback whose process is gone is swept by the next session
+    (cache / f"spill-{p.pid}-{'0' * 16}.tmp").write_bytes(b"old")
+    (cache / f"spill-{os.getpid()}-{'1' * 16}.tmp").write_bytes(b"mine, alive")
+    f = spill.SpillFile(cache, 1 << 20)
+    try:
+        assert f.removed_leftovers == [f"spill-{p.pid}-{'0' * 16}.tmp"]
+        assert os.listdir(cache) == [f"spill-{os.getpid()}-{'1' * 16}.tmp"]
+    finally:
+        f.close()
+
+
+def test_disk_setting_is_parsed() -> None:
+    assert spill.from_env({spill.ENV: "4G"}) == 4 << 30
+    assert spill.from_env({spill.ENV: "0"}) == 0
+    assert spill.from_env({}) is None
+    with pytest.raises(Exception, match=spill.ENV):
+        spill.from_env({spill.ENV: "lots"})
+    from zeroboot_kernel.kernel_config import KernelConfigError, KernelSettings
+    with pytest.raises(KernelConfigError, match=spill.ENV):
+        KernelSettings.from_env({spill.ENV: "lots"})
+
+
+def _spill_fds(pid: int) -> list[str]:
+    """The engine's open files in a spill folder (an O_TMPFILE reads as '<dir>/#123 (deleted)')."""
+    out = []
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if "/spill/" in target:
+                out.append(target)
+    except OSError:
+        pass
+    return out
+
+
+@pytest.mark.kvm
+def test_spill_through_the_kernel_and_nothing_left_after_a_kill() -> None:
+    """In the locked-down engine process: spilled checkpoints, listed, `%rewind 4` from disk, and
+    the spill folder empty after the kernel is killed (the engine ends with it)."""
+    import signal
+
+    from kernel_helpers import engine_pid_of, execute, kernel, kernel_pid, stream_text, wait_until
+
+    from zeroboot_kernel.template import cache_root
+
+    with kernel("zeroboot", ZEROBOOT_CHECKPOINT_MEMORY="100M", ZEROBOOT_CHECKPOINT_DISK="1G") as (km, kc):
+        folder = spill.spill_dir(cache_root())  # the tests' private cache (kernel_helpers)
+        engine = engine_pid_of(km)
+        assert execute(kc, "import numpy as np, hashlib")[0]["status"] == "ok"
+        notices = []
+        for n in range(2, 8):
+            reply, msgs = execute(kc, CELL.format(n=n))
+            assert reply["status"] == "ok"
+            notices.append(stream_text(msgs, "stderr"))
+        assert sum("written to disk" in t for t in notices) == 1, notices
+        text = stream_text(execute(kc, "%sandbox checkpoints")[1])
+        assert "on disk" in text and " disk " in text, text
+        assert "checkpoints in memory / on disk" in stream_text(execute(kc, "%sandbox stats")[1])
+        assert _spill_fds(engine) and not [n for n in os.listdir(folder) if n.startswith(f"spill-{engine}-")]
+        reply, msgs = execute(kc, "%rewind 4")
+        assert reply["status"] == "ok", msgs
+        out = stream_text(execute(kc, "print(digest == hashlib.sha256(a.tobytes()).hexdigest(), a.size)")[1])
+        assert out.split() == ["True", str(6 * 1024 * 1024)], out
+        os.kill(kernel_pid(km), signal.SIGKILL)
+        assert wait_until(lambda: not os.path.exists(f"/proc/{engine}"), 60)
+    assert not [n for n in os.listdir(folder) if n.startswith(f"spill-{engine}-")]
+
+
+def test_the_engine_refuses_hostile_page_records(template) -> None:
+    """zb_snapshot_load_delta checks the records itself (as if the file's HMAC did not exist)."""
+    s = Session(template, checkpoint_disk=0)
+    try:
+        sfd, pfd = os.memfd_create("s"), os.memfd_create("p")
+        s.clean.save_delta(sfd, pfd)
+        state = os.pread(sfd, 1 << 30, 0)
+        npages = os.stat(os.path.join(str(template.directory), "memory.img")).st_size // 4096
+
+        def rec(index: int, zero: bool = False) -> bytes:
+            return (index << 1 | zero).to_bytes(8, "little") + (b"" if zero else b"\x01" * 4096)
+
+        for bad, why in ((rec(npages), "names page"), (rec(7) + rec(7), "names page"), (rec(9) + rec(3), "names page"),
+                         (rec(1)[:100], "truncated page"), (b"\x00" * 5, "truncated page record")):
+            with pytest.raises(SandboxError, match=why):
+                s.clean.load_delta(state, bad)
+        with pytest.raises(SandboxError):
+            s.clean.load_delta(state[: len(state) // 2], rec(1))
+        with pytest.raises(SandboxError, match="more than the guest"):
+            s.clean.load_delta(state, b"\x00" * (npages * 4104 + 8))
+        good = s.clean.load_delta(state, os.pread(pfd, 1 << 30, 0))  # the clean state's own records
+        s.sandbox.restore(good)  # same lineage: restores in place
+        good.release()
+        assert run(s, "print(1 + 1)", 1)["stdout"].strip() == "2"
+    finally:
+        s.close()

@@ -1,0 +1,327 @@
+"""Checkpoints spilled to disk: older %rewind checkpoints kept in a per-session file, not in memory.
+
+When the checkpoints' memory budget (checkpoint_budget.py) would drop the oldest checkpoint, the
+session writes it here instead (Session._evict) and releases its memory; `%rewind N` to it reads it
+back as a snapshot over the template's memory image (zb_snapshot_load_delta), so the live sandbox is
+restored to it like to any checkpoint of its lineage.
+
+The file:
+- is created by the engine process itself, before its run-phase lockdown (which forbids creating
+  host files), in `<cache>/zeroboot-kernel/spill/`, with O_TMPFILE: it has no name, so it is gone
+  when the engine process ends, also when it is killed (nothing is left to clean up). Where O_TMPFILE
+  is not supported it is created under a name and unlinked at once; a successor session removes any
+  such name whose process is gone (sweep_leftovers). Never a path from the guest.
+- holds one record per spilled checkpoint: only the pages that differ from the template's memory
+  image (zero pages as an index entry only; zb_snapshot_save_delta's records) and the engine's state,
+  each compressed with zstd when a sample says it pays (SAMPLE bytes must shrink to COMPRESS_BELOW).
+  Space of records that went (rewound past, dropped) is reused by later records and the file's tail is
+  truncated (the run-phase lockdown allows no hole punching); the file never exceeds the disk budget.
+- is read back as untrusted input: the record's position and length are the session's own (kept in
+  memory), every length is bounded before anything is read or decompressed, an HMAC with a key that
+  exists only in this process proves the bytes are the ones written, and the engine validates the
+  state and page records (snapshot_file.c). A corrupt record is a SpillError for that %rewind.
+
+Record layout (little-endian):
+    MAGIC (8) | u64 record id | u8 codec | u64 state raw | u64 state stored | u64 pages raw
+    | u64 pages stored | state | pages | HMAC-SHA256 (32) of the state and pages, then the header
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import logging
+import os
+import re
+import secrets
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import zstandard
+
+from .checkpoint_budget import BudgetSyntaxError, parse_size
+from .errors import ZerobootError
+
+log = logging.getLogger(__name__)
+
+ENV = "ZEROBOOT_CHECKPOINT_DISK"
+MAGIC = b"ZBSPILL\x01"
+HEAD = struct.Struct("<8sQBQQQQ")
+MAC_BYTES = 32
+PAGE = 4096
+CODEC_RAW, CODEC_ZSTD = 0, 2
+MAX_STATE = 2 << 30            # as STATE_MAX_BYTES in native/snapshot_file.c
+BLOCK = 16 << 20               # copied from the engine's memfds in blocks of this size
+SAMPLE = 1 << 20               # compressed as a trial before a record is written ...
+COMPRESS_BELOW = 0.8           # ... and the record is compressed if the trial shrank below this
+DEFAULT_MAX = 16 << 30         # the default disk budget: at most this ...
+DEFAULT_SHARE = 4              # ... and at most 1/DEFAULT_SHARE of the file system's free space
+LEFTOVER_RE = re.compile(r"spill-(\d+)-[0-9a-f]{16}\.tmp")
+
+
+class SpillError(ZerobootError):
+    """A checkpoint could not be written to or read back from the spill file."""
+
+
+def from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """The disk budget set in the environment (0: no spilling), or None for the default."""
+    value = (env if env is not None else os.environ).get(ENV, "").strip()
+    if not value or value.lower() == "auto":
+        return None
+    try:
+        return parse_size(value)
+    except BudgetSyntaxError as exc:
+        raise BudgetSyntaxError(f"{ENV}={value!r}: {exc}") from None
+
+
+def default_disk_budget(directory: Path) -> int:
+    """min(DEFAULT_MAX, the free space of the directory's file system / DEFAULT_SHARE)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 0
+    return min(DEFAULT_MAX, st.f_bavail * st.f_frsize // DEFAULT_SHARE)
+
+
+def spill_dir(templates: Path) -> Path:
+    """<cache>/zeroboot-kernel/spill, next to the templates folder (template.cache_root())."""
+    return templates.parent / "spill"
+
+
+def _alive(pid: int) -> bool:
+    return pid > 0 and os.path.exists(f"/proc/{pid}")
+
+
+def sweep_leftovers(directory: Path) -> list[str]:
+    """Remove named spill files (the O_TMPFILE fallback) whose engine process is gone; their names."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = LEFTOVER_RE.fullmatch(name)
+        if not m or _alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(directory / name)
+            removed.append(name)
+        except OSError as exc:
+            log.warning("cannot remove the leftover spill file %s: %s", directory / name, exc.strerror)
+    return removed
+
+
+@dataclass
+class SpillRef:
+    """Where a spilled checkpoint is in the file (the session's own record of it, never read back)."""
+    record: int
+    offset: int
+    length: int
+    raw_bytes: int          # state + pages before compression
+    codec: int
+    write_s: float
+
+
+def _open_file(directory: Path) -> int:
+    flags = os.O_RDWR | os.O_CLOEXEC
+    try:
+        return os.open(directory, flags | os.O_TMPFILE, 0o600)
+    except OSError:  # a file system without O_TMPFILE: a name, unlinked at once
+        path = directory / f"spill-{os.getpid()}-{secrets.token_hex(8)}.tmp"
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.unlink(path)
+        except OSError as exc:  # removed by a successor's sweep_leftovers once this process is gone
+            log.warning("cannot unlink the spill file %s: %s", path, exc.strerror)
+        return fd
+
+
+class SpillFile:
+    """One session's spill file (see the module doc); limit: the disk budget in bytes."""
+
+    def __init__(self, directory: Path, limit: int) -> None:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.directory = directory
+        self.removed_leftovers = sweep_leftovers(directory)
+        self.fd = _open_file(directory)
+        self.limit = limit
+        self._key = secrets.token_bytes(32)
+        self._next = 1
+        self._free: list[tuple[int, int]] = []   # (offset, length) gaps inside the file, sorted
+        self.end = 0                              # the file's size
+        self.used = 0                             # bytes in live records
+        self.live: dict[int, SpillRef] = {}
+
+    # ---- writing ----
+    def _place(self, length: int) -> int:
+        for i, (off, size) in enumerate(self._free):
+            if size >= length:
+                if size == length:
+                    del self._free[i]
+                else:
+                    self._free[i] = (off + length, size - length)
+                return off
+        off, self.end = self.end, self.end + length
+        return off
+
+    def fits(self, raw_bytes: int) -> bool:
+        return self.used + raw_bytes + HEAD.size + MAC_BYTES <= self.limit
+
+    def write(self, state_fd: int, pages_fd: int) -> SpillRef:
+        """A record of the two memfds zb_snapshot_save_delta wrote. SpillError if it does not fit
+        the disk budget (the caller makes room first: fits) or the write fails."""
+        t0 = time.perf_counter()
+        state_raw, pages_raw = os.fstat(state_fd).st_size, os.fstat(pages_fd).st_size
+        raw = state_raw + pages_raw
+        if not self.fits(raw):
+            raise SpillError(f"a checkpoint of {raw >> 20} MiB does not fit the spill file's disk budget "
+                             f"({self.used >> 20} of {self.limit >> 20} MiB used)")
+        sample = os.pread(pages_fd, SAMPLE, pages_raw // 2 - min(pages_raw // 2, SAMPLE // 2))
+        codec = CODEC_RAW
+        if sample and len(zstandard.ZstdCompressor(level=1).compress(sample)) < len(sample) * COMPRESS_BELOW:
+            codec = CODEC_ZSTD
+        # a raw record's length is known before it is written, so it can fill a gap; a compressed
+        # one's only after it, so it goes at the end of the file
+        off = self._place(HEAD.size + raw + MAC_BYTES) if codec == CODEC_RAW else self.end
+        record = self._next
+        self._next += 1
+        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        pos = off + HEAD.size
+        stored = []
+        try:
+            for fd, size in ((state_fd, state_raw), (pages_fd, pages_raw)):
+                start = pos
+                comp = zstandard.ZstdCompressor(level=1).compressobj() if codec == CODEC_ZSTD else None
+                done = 0
+                while done < size:
+                    block = os.pread(fd, min(BLOCK, size - done), done)
+                    if not block:
+                        raise SpillError("a checkpoint's pages were shorter than the engine said")
+                    done += len(block)
+                    out = comp.compress(block) if comp else block
+                    pos = self._pwrite(out, pos, mac)
+                if comp:
+                    pos = self._pwrite(comp.flush(), pos, mac)
+                stored.append(pos - start)
+            head = HEAD.pack(MAGIC, record, codec, state_raw, stored[0], pages_raw, stored[1])
+            mac.update(head)  # the MAC covers the bodies, then the header (written last)
+            self._pwrite_all(head, off)
+            length = HEAD.size + stored[0] + stored[1] + MAC_BYTES
+            self._pwrite_all(mac.digest(), off + length - MAC_BYTES)
+        except OSError as exc:
+            self._give_back(off, HEAD.size + raw + MAC_BYTES if codec == CODEC_RAW else pos - off)
+            raise SpillError(f"cannot write a checkpoint to the spill file: {exc.strerror}") from None
+        except BaseException:
+            self._give_back(off, HEAD.size + raw + MAC_BYTES if codec == CODEC_RAW else pos - off)
+            raise
+        if codec == CODEC_ZSTD:
+            self.end = max(self.end, off + length)
+        elif length < HEAD.size + raw + MAC_BYTES:  # cannot happen for raw records; kept exact anyway
+            self._give_back(off + length, HEAD.size + raw + MAC_BYTES - length)
+        ref = SpillRef(record, off, length, raw, codec, time.perf_counter() - t0)
+        self.used += length
+        self.live[record] = ref
+        return ref
+
+    def _pwrite(self, data: bytes, pos: int, mac: hmac.HMAC) -> int:
+        mac.update(data)
+        self._pwrite_all(data, pos)
+        return pos + len(data)
+
+    def _pwrite_all(self, data: bytes, pos: int) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.fd, view, pos)
+            if n <= 0:
+                raise OSError(28, "no space left on device")
+            view, pos = view[n:], pos + n
+
+    # ---- freeing ----
+    def _give_back(self, off: int, length: int) -> None:
+        if length <= 0:
+            return
+        gaps = sorted(self._free + [(off, length)])
+        merged: list[tuple[int, int]] = []
+        for o, n in gaps:
+            if merged and merged[-1][0] + merged[-1][1] >= o:
+                po, pn = merged[-1]
+                merged[-1] = (po, max(po + pn, o + n) - po)
+            else:
+                merged.append((o, n))
+        if merged and merged[-1][0] + merged[-1][1] >= self.end:  # the tail: the file gets shorter
+            self.end = merged.pop()[0]
+            try:
+                os.ftruncate(self.fd, self.end)
+            except OSError as exc:
+                log.warning("cannot shorten the spill file: %s", exc.strerror)
+        self._free = merged
+
+    def free(self, ref: SpillRef) -> None:
+        if self.live.pop(ref.record, None) is None:
+            return
+        self.used -= ref.length
+        self._give_back(ref.offset, ref.length)
+
+    # ---- reading back (untrusted) ----
+    def read(self, ref: SpillRef, memory_size: int) -> tuple[bytes, bytes]:
+        """(state, page records) of a record, checked; SpillError saying what is wrong."""
+        if self.live.get(ref.record) is not ref:
+            raise SpillError("this checkpoint is no longer in the spill file")
+        max_pages = (memory_size // PAGE) * (8 + PAGE)
+        if ref.length < HEAD.size + MAC_BYTES or ref.length > HEAD.size + MAX_STATE + max_pages + MAC_BYTES:
+            raise SpillError("the spilled checkpoint's record has an impossible length")
+        try:
+            data = os.pread(self.fd, ref.length, ref.offset)
+            while len(data) < ref.length:
+                more = os.pread(self.fd, ref.length - len(data), ref.offset + len(data))
+                if not more:
+                    break
+                data += more
+        except OSError as exc:
+            raise SpillError(f"cannot read the spilled checkpoint: {exc.strerror}") from None
+        if len(data) != ref.length:
+            raise SpillError("the spill file is shorter than the checkpoint written to it (truncated)")
+        body, mac = memoryview(data)[:-MAC_BYTES], data[-MAC_BYTES:]
+        check = hmac.new(self._key, body[HEAD.size:], hashlib.sha256)
+        check.update(body[:HEAD.size])
+        if not hmac.compare_digest(check.digest(), mac):
+            raise SpillError("the spilled checkpoint was changed on disk since it was written (its checksum does "
+                             "not match)")
+        magic, record, codec, state_raw, state_stored, pages_raw, pages_stored = HEAD.unpack_from(body, 0)
+        if magic != MAGIC or record != ref.record or codec not in (CODEC_RAW, CODEC_ZSTD):
+            raise SpillError("the spilled checkpoint's record header is corrupt")
+        if (state_raw > MAX_STATE or pages_raw > max_pages
+                or HEAD.size + state_stored + pages_stored != len(body)):
+            raise SpillError("the spilled checkpoint's record lengths are corrupt")
+        state = _decode(body[HEAD.size:HEAD.size + state_stored], codec, state_raw, "state")
+        pages = _decode(body[HEAD.size + state_stored:], codec, pages_raw, "pages")
+        return state, pages
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.live.clear()
+        self.used = 0
+
+    def describe(self) -> dict[str, int]:
+        return {"disk_budget_bytes": self.limit, "disk_used_bytes": self.used, "disk_file_bytes": self.end,
+                "spilled": len(self.live)}
+
+
+def _decode(stored: memoryview, codec: int, raw_len: int, what: str) -> bytes:
+    if codec == CODEC_RAW:
+        if len(stored) != raw_len:
+            raise SpillError(f"the spilled checkpoint's {what} lengths disagree")
+        return bytes(stored)
+    try:  # a bounded read: never more than the raw length says, whatever the frame claims
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(stored)) as reader:
+            out = reader.read(raw_len + 1)
+    except zstandard.ZstdError as exc:
+        raise SpillError(f"the spilled checkpoint's {what} does not decompress: {exc}") from None
+    if len(out) != raw_len:
+        raise SpillError(f"the spilled checkpoint's {what} decompresses to another length")
+    return out
