@@ -257,3 +257,41 @@ def test_the_engine_refuses_hostile_page_records(template) -> None:
         assert run(s, "print(1 + 1)", 1)["stdout"].strip() == "2"
     finally:
         s.close()
+
+
+def test_an_aborted_spill_gives_its_space_back(tmp_path: Path) -> None:
+    """`abort` (the next request arrived) ends a write between blocks; nothing of it stays."""
+    f = spill.SpillFile(tmp_path, 64 * MIB)
+    try:
+        sfd, pfd = os.memfd_create("s"), os.memfd_create("p")
+        page = b"".join((i << 1).to_bytes(8, "little") + os.urandom(4096) for i in range(256))
+        os.write(pfd, page * ((spill.BLOCK // len(page)) + 2))  # more than one block
+        asked = []
+        with pytest.raises(spill.SpillAborted):
+            f.write(sfd, pfd, abort=lambda: asked.append(1) or len(asked) > 1)  # after the first block
+        assert len(asked) == 2 and f.used == 0 and not f.live
+        whole = f.write(sfd, pfd, abort=lambda: False)
+        assert whole.offset == 0 and f.used == whole.length
+    finally:
+        f.close()
+
+
+def test_a_waiting_request_makes_the_budget_drop_instead_of_spill(template) -> None:
+    """Run All: with the next cell already waiting, a checkpoint over the budget is dropped, not
+    written to disk (a spill would make every queued cell wait for it); once nothing waits, spilling
+    goes on."""
+    s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30)
+    waiting = [True]
+    s.request_waiting = lambda: waiting[0]
+    try:
+        assert run(s, "import numpy as np, hashlib", 1)["status"] == "ok"
+        for n in range(2, 7):
+            assert run(s, CELL.format(n=n), n)["status"] == "ok"
+        assert s.budget_spilled == 0 and s.budget_dropped >= 2
+        assert all(cp.where() == "memory" for cp in s.checkpoints)
+        waiting[0] = False
+        for n in range(7, 10):
+            assert run(s, CELL.format(n=n), n)["status"] == "ok"
+        assert s.budget_spilled >= 1 and any(cp.where() == "disk" for cp in s.checkpoints)
+    finally:
+        s.close()
