@@ -237,13 +237,15 @@ int zb_mem_fits(zb_memory *m, uint64_t n) {
     if (!m->budget) return 1;
     zb_mem_budget_sync(m);
     uint64_t limit = m->budget->owner->pages_limit, total = zb_mem_budget_total(m->budget);
-    return n <= limit && total <= limit && total + n <= limit;
+    if (n <= limit && total <= limit && total + n <= limit) return 1;
+    m->budget->refusals++;
+    return 0;
 }
 
 int zb_mem_budget_join(zb_memory *m, zb_mem_budget *b) {
     if (m->budget) zb_mem_budget_leave(m);
     uint64_t want = zb_mem_charge(m), limit = b->owner->pages_limit, total = zb_mem_budget_total(b);
-    if (want > limit || total > limit || total + want > limit) return -ENOMEM;
+    if (want > limit || total > limit || total + want > limit) { b->refusals++; return -ENOMEM; }
     m->budget = b;
     m->charged = 0;
     zb_mem_budget_sync(m);

@@ -58,6 +58,8 @@ typedef struct zb_mem_budget {
                                 copy for the whole family, so they belong here, not in a member's
                                 zb_mem_charge */
     uint64_t peak;           /* the most used + shared_pages ever was (statistics) */
+    uint64_t refusals;       /* allocations and forks refused because the family's use did not leave
+                                room (within the process's own limit): the kernel tells the cell */
 } zb_mem_budget;
 /* Pages charged to b in all. */
 static inline uint64_t zb_mem_budget_total(const zb_mem_budget *b) { return b->used + b->shared_pages; }

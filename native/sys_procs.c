@@ -87,6 +87,7 @@ long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t
      * so it must fit now (zb_family_fork_sandbox checks again, with the store its snapshot made) */
     zb_mem_budget_sync(&sb->mem);
     if (zb_mem_budget_total(&fam->mem) + zb_mem_charge(&sb->mem) > fam->mem.owner->pages_limit) {
+        fam->mem.refusals++;
         zb_log(sb, "fork refused (ENOMEM): the sandbox's memory limit of %llu MiB is for all its processes, "
                    "%llu MiB are in use and this process could write %llu MiB",
                (unsigned long long)(fam->mem.owner->pages_limit * ZB_PAGE >> 20),

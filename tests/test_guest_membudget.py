@@ -57,6 +57,7 @@ def test_children_rewriting_memory_stay_in_the_budget(limit_mib: int) -> None:
         assert st["family_pages_peak"] <= st["guest_pages_limit"], st
         assert ok >= 1 and refused >= 1 and ok + refused == n, out
         assert ok * m < limit_mib, out
+        assert st["family_refusals"] >= refused, st  # what the kernel tells the cell about
         # the host's memory: the children's rewritten mappings are all inside the one limit (plus
         # the engine's bounded overhead: bitmaps and state per process, the fork snapshots)
         assert held < (limit_mib + 64) * MIB, (held >> 20, out)
