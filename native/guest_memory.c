@@ -566,8 +566,7 @@ int zb_mem_free_for_reuse(zb_memory *m, uint64_t addr, uint64_t len) {
     zb_bits_set_range(m->stale, first, n, 1);
     m->stale_pages += n;
     zb_bits_set_range(m->host_dirty, first, n, 1); /* a snapshot must see these pages freed */
-    zb_mem_budget_sync(m); /* (they were allocated: the caller's zb_mem_mark frees them) */
-    return 0;
+    return 0; /* the caller's zb_mem_mark syncs the charge: allocated pages become stale ones */
 }
 
 int zb_mem_release_stale(zb_memory *m) {
