@@ -261,7 +261,7 @@ static int place_segments(zb_sandbox *sb, const zb_exec_file *f, const zb_elf_in
 static int claim(zb_sandbox *sb, uint64_t lo, uint64_t hi, const char *what, char *err) {
     zb_memory *m = &sb->mem;
     if (lo < ZB_LOW_REGION || hi > m->mmap_top || hi <= lo || !zb_mem_range_free(m, lo, hi - lo) ||
-        m->pages_allocated + (hi - lo) / ZB_PAGE > m->pages_limit) {
+        !zb_mem_fits(m, (hi - lo) / ZB_PAGE)) {
         zb_seterr(err, "%s: its segments (0x%llx-0x%llx) do not fit this guest's memory", what,
                   (unsigned long long)lo, (unsigned long long)hi);
         return -ENOMEM;

@@ -58,8 +58,41 @@ zb_sandbox *zb_family_fork_sandbox(zb_sandbox *parent, int32_t pid, char *err) {
     zb_snapshot *snap = zb_snapshot_take(parent, err);
     if (!snap) return NULL;
     zb_sandbox *child = zb_snapshot_fork(snap, err);
+    /* The pages this snapshot copied into a store of its own are the child's base (and the
+     * parent's): another host copy of what the parent wrote since its last snapshot, charged to
+     * the family once, while any of them lives. Held before the snapshot goes. */
+    zb_family *fam = parent->fam;
+    int held = 0, has_own = snap->own != NULL;
+    if (child && has_own && fam) {
+        if (fam->nstores == fam->stores_cap) {
+            int cap = fam->stores_cap ? fam->stores_cap * 2 : 16;
+            struct zb_store **grown = cap > fam->stores_cap ? realloc(fam->stores, (size_t)cap * sizeof *grown) : NULL;
+            if (grown) { fam->stores = grown; fam->stores_cap = cap; }
+        }
+        if (fam->nstores < fam->stores_cap) {
+            zb_store_hold(snap->own);
+            fam->stores[fam->nstores++] = snap->own;
+            held = 1;
+        }
+    }
     zb_snapshot_release(snap); /* the child (and the parent: its new base) keep it */
     if (!child) return NULL;
+    if (has_own && !held) { /* what cannot be counted is not made */
+        zb_seterr(err, "out of memory for the family's list of fork snapshot stores");
+        zb_sandbox_free(child);
+        return NULL;
+    }
+    if (fam) zb_family_count_stores(fam);
+    zb_mem_budget *budget = parent->mem.budget;
+    if (budget && zb_mem_budget_join(&child->mem, budget) < 0) {
+        zb_seterr(err, "the sandbox's memory limit (%llu MiB for all its processes) cannot hold another copy "
+                  "of this process (%llu MiB it could write; %llu MiB in use by the family)",
+                  (unsigned long long)(budget->owner->pages_limit * ZB_PAGE >> 20),
+                  (unsigned long long)(zb_mem_charge(&child->mem) * ZB_PAGE >> 20),
+                  (unsigned long long)(zb_mem_budget_total(budget) * ZB_PAGE >> 20));
+        zb_sandbox_free(child);
+        return NULL;
+    }
     /* one thread: the caller's, with the new pid as its tid */
     zb_threads *ts = &child->threads;
     for (int i = 0; i < ts->cap; i++)
@@ -82,6 +115,7 @@ zb_sandbox *zb_family_fork_sandbox(zb_sandbox *parent, int32_t pid, char *err) {
     child->proc.vfork_child = 0;
     child->proc.exit_status = 0;
     child->proc.cpu_ns = child->proc.sys_ns = 0;
+    child->proc.children_utime_ns = child->proc.children_stime_ns = child->proc.children_maxrss_kib = 0;
     child->cpu.pending_syscall = 0;
     child->cpu.context_restored = 0;
     child->uart.rx_len = child->uart.rx_pos = 0; /* the host's input is process 1's */
@@ -109,12 +143,35 @@ static void take_child_log(zb_sandbox *root, zb_sandbox *p) {
 /* Member i's process ended with this wait status: free its sandbox, make it a zombie. */
 static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
     zb_sandbox *p = fam->m[i].sb;
+    if (p) { /* its rusage, for the wait that reaps it (sys_procs.c) */
+        uint64_t user, sys;
+        zb_guest_cpu_split(p, &user, &sys);
+        zb_mem_budget_sync(&p->mem);
+        fam->m[i].utime_ns = user + p->proc.children_utime_ns;
+        fam->m[i].stime_ns = sys + p->proc.children_stime_ns;
+        fam->m[i].maxrss_kib = ZB_MAX(p->mem.peak_charge * (ZB_PAGE / 1024), p->proc.children_maxrss_kib);
+    }
     zb_family_member_ended(fam, i, wstatus);
     zb_wake_gen++; /* its parent's wait, readers of its pipes: may go on */
     if (p) {
         take_child_log(root, p);
         free_child(p);
     }
+    zb_family_count_stores(fam); /* the stores only it used are gone */
+}
+
+void zb_family_count_stores(zb_family *fam) {
+    uint64_t pages = 0;
+    int w = 0;
+    for (int i = 0; i < fam->nstores; i++) {
+        struct zb_store *s = fam->stores[i];
+        if (!s->live_pages) { zb_store_release(s); continue; } /* no snapshot uses any page of it */
+        pages += s->live_pages;
+        fam->stores[w++] = s;
+    }
+    fam->nstores = w;
+    fam->mem.shared_pages = pages;
+    if (zb_mem_budget_total(&fam->mem) > fam->mem.peak) fam->mem.peak = zb_mem_budget_total(&fam->mem);
 }
 
 void zb_family_end(zb_sandbox *root) {
@@ -128,6 +185,11 @@ void zb_family_end(zb_sandbox *root) {
         }
         zb_family_remove(fam, i);
     }
+    /* process 1 alone again: what of the fork stores lives is its checkpoints' or its base's, as
+     * for a sandbox that never forked */
+    for (int i = 0; i < fam->nstores; i++) zb_store_release(fam->stores[i]);
+    fam->nstores = 0;
+    fam->mem.shared_pages = 0;
     fam->current = 0;
     fam->yielded = -1;
 }

@@ -222,6 +222,52 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     return 0;
 }
 
+void zb_mem_budget_sync(zb_memory *m) {
+    uint64_t now = zb_mem_charge(m);
+    if (now > m->peak_charge) m->peak_charge = now;
+    zb_mem_budget *b = m->budget;
+    if (!b) return;
+    b->used = b->used - m->charged + now;
+    m->charged = now;
+    if (zb_mem_budget_total(b) > b->peak) b->peak = zb_mem_budget_total(b);
+}
+
+int zb_mem_fits(zb_memory *m, uint64_t n) {
+    if (n > m->pages_limit || m->pages_allocated + n > m->pages_limit) return 0;
+    if (!m->budget) return 1;
+    zb_mem_budget_sync(m);
+    uint64_t limit = m->budget->owner->pages_limit, total = zb_mem_budget_total(m->budget);
+    if (n <= limit && total <= limit && total + n <= limit) return 1;
+    m->budget->refusals++;
+    return 0;
+}
+
+int zb_mem_budget_join(zb_memory *m, zb_mem_budget *b) {
+    if (m->budget) zb_mem_budget_leave(m);
+    uint64_t want = zb_mem_charge(m), limit = b->owner->pages_limit, total = zb_mem_budget_total(b);
+    if (want > limit || total > limit || total + want > limit) { b->refusals++; return -ENOMEM; }
+    m->budget = b;
+    m->charged = 0;
+    zb_mem_budget_sync(m);
+    return 0;
+}
+
+void zb_mem_budget_own(zb_memory *m, zb_mem_budget *b) {
+    memset(b, 0, sizeof *b);
+    b->owner = m;
+    m->budget = b;
+    m->charged = 0;
+    zb_mem_budget_sync(m);
+}
+
+void zb_mem_budget_leave(zb_memory *m) {
+    zb_mem_budget *b = m->budget;
+    if (!b) return;
+    b->used = b->used >= m->charged ? b->used - m->charged : 0;
+    m->budget = NULL;
+    m->charged = 0;
+}
+
 void zb_mem_destroy(zb_memory *m) {
     if (m->host) munmap(m->host, m->size);
     free(m->allocated);
@@ -276,6 +322,7 @@ int zb_mem_meta_apply(zb_memory *m, const zb_mem_meta *in) {
     m->mmap_top = in->mmap_top;
     m->brk_start = in->brk_start;
     m->brk_end = in->brk_end;
+    zb_mem_budget_sync(m);
     return 0;
 }
 
@@ -390,6 +437,7 @@ void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated) {
         if (allocated) { zb_bit_set(m->allocated, p); m->pages_allocated++; }
         else { zb_bit_clear(m->allocated, p); m->pages_allocated--; }
     }
+    zb_mem_budget_sync(m);
 }
 
 /* The highest free run of n pages in pages [lo, hi) whose first page is a multiple of align
@@ -408,7 +456,7 @@ static uint64_t alloc_in(const zb_memory *m, uint64_t n, uint64_t lo, uint64_t h
  * others go around it, and into it only when nothing else is left. */
 uint64_t zb_mem_alloc(zb_memory *m, uint64_t len) {
     uint64_t n = ZB_PAGE_UP(len) / ZB_PAGE, at = 0;
-    if (!n || m->pages_allocated + n > m->pages_limit) return 0;
+    if (!n || !zb_mem_fits(m, n)) return 0;
     uint64_t low = ZB_LOW_REGION / ZB_PAGE, top = m->mmap_top / ZB_PAGE;
     uint64_t wlo = ZB_MIN(m->unlogged_lo / ZB_PAGE, top), whi = ZB_MIN(m->unlogged_hi / ZB_PAGE, top);
     if (wlo >= whi) return alloc_in(m, n, low, top, 1);
@@ -497,6 +545,7 @@ int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
     }
     forget_stale(m, first, n);
     zb_bits_set_range(m->host_dirty, first, n, 1);
+    zb_mem_budget_sync(m);
     return 0;
 }
 
@@ -517,7 +566,7 @@ int zb_mem_free_for_reuse(zb_memory *m, uint64_t addr, uint64_t len) {
     zb_bits_set_range(m->stale, first, n, 1);
     m->stale_pages += n;
     zb_bits_set_range(m->host_dirty, first, n, 1); /* a snapshot must see these pages freed */
-    return 0;
+    return 0; /* the caller's zb_mem_mark syncs the charge: allocated pages become stale ones */
 }
 
 int zb_mem_release_stale(zb_memory *m) {

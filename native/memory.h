@@ -41,6 +41,29 @@ typedef struct zb_region {   /* what the guest mapped where: for fault reports a
 } zb_region;
 
 struct zb_shmap;
+/* A memory budget several guest mappings share: a process family's (issue 15; proc_family.c
+ * makes it when process 1 first forks, with process 1's pages_limit as its limit). It reserves,
+ * as Linux's strict overcommit accounting does: each member is charged every page it could come
+ * to own privately on the host (zb_mem_charge), whether or not it has written it yet, so that the
+ * family stays inside the limit even if every process rewrites all of its memory. Single
+ * threaded: the family runs one process at a time (family_run.c). */
+struct zb_memory;
+typedef struct zb_mem_budget {
+    const struct zb_memory *owner; /* process 1's memory: its pages_limit is the budget's limit (the
+                                one setting, zb_sandbox_set_memory_limit; a restore brings it back) */
+    uint64_t used;           /* pages: the sum of the members' charges */
+    uint64_t shared_pages;   /* pages charged to the family as a whole, once: the live pages of the
+                                stores its fork snapshots made (family_run.c). Hook for MAP_SHARED
+                                memory shared across fork (the `mp` work): its pages are one host
+                                copy for the whole family, so they belong here, not in a member's
+                                zb_mem_charge */
+    uint64_t peak;           /* the most used + shared_pages ever was (statistics) */
+    uint64_t refusals;       /* allocations and forks refused because the family's use did not leave
+                                room (within the process's own limit): the kernel tells the cell */
+} zb_mem_budget;
+/* Pages charged to b in all. */
+static inline uint64_t zb_mem_budget_total(const zb_mem_budget *b) { return b->used + b->shared_pages; }
+
 typedef struct zb_memory {
     uint8_t *host;           /* host address of guest physical 0 */
     uint64_t size;           /* bytes, multiple of 2 MiB */
@@ -72,7 +95,29 @@ typedef struct zb_memory {
     uint32_t window_parts;
     uint8_t *window_logged;  /* per part: 1 = it should be dirty-logged (it held still) */
     uint8_t *window_still;   /* per part: snapshots in a row that found its pages unchanged */
+    zb_mem_budget *budget;   /* the family's budget this mapping is charged to, or NULL (alone) */
+    uint64_t charged;        /* pages this mapping has charged to `budget` (zb_mem_charge as of the
+                                last zb_mem_budget_sync) */
+    uint64_t peak_charge;    /* the most zb_mem_charge ever was (ru_maxrss of a process) */
 } zb_memory;
+
+/* What m costs the host at most, in pages, counted toward its budget: every page the guest has
+ * allocated (any of them may be written, so become a private copy) and the freed pages kept for
+ * reuse (they still hold memory). Pages shared by the whole family are the budget's shared_pages:
+ * MAP_SHARED memory shared across fork (the `mp` work) must be left out of this count and charged
+ * there once, so that it counts once per family and not once per process. */
+static inline uint64_t zb_mem_charge(const zb_memory *m) { return m->pages_allocated + m->stale_pages; }
+/* Bring m's charge to its budget up to date (after its pages changed; cheap, no-op alone). */
+void zb_mem_budget_sync(zb_memory *m);
+/* Can m take n more pages: under its own pages_limit and, in a family, under the family's budget.
+ * Every allocation path asks this before zb_mem_mark (mmap, brk, mremap, the ELF loader). */
+int zb_mem_fits(zb_memory *m, uint64_t n);
+/* Charge m to budget b: -ENOMEM, and nothing charged, if that does not fit. */
+int zb_mem_budget_join(zb_memory *m, zb_mem_budget *b);
+/* Make b the budget owned by m (process 1), charged with m's pages. */
+void zb_mem_budget_own(zb_memory *m, zb_mem_budget *b);
+/* Take m's charge off its budget (before it is freed); m is alone afterwards. */
+void zb_mem_budget_leave(zb_memory *m);
 
 int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err);
 /* The unlogged window. KVM's dirty logging maps guest memory in 4 KiB pages, so a guest filling a

@@ -11,6 +11,7 @@
  * in it comes from the guest unchecked (pids are looked up, never used as indices).
  */
 #include "util.h"
+#include "memory.h"
 #include "vm.h"
 #include "process.h"
 #include "sandbox_state.h"
@@ -32,6 +33,7 @@ zb_family *zb_family_ensure(zb_sandbox *sb) {
     atomic_init(&fam->running, 0);
     sb->proc.pid = 1;
     sb->fam = fam;
+    zb_mem_budget_own(&sb->mem, &fam->mem); /* process 1's limit is the family's */
     return fam;
 }
 

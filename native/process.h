@@ -5,6 +5,7 @@
  */
 #ifndef ZB_PROCESS_H
 #define ZB_PROCESS_H
+#include "memory.h"
 #include "vm.h"
 
 #include <pthread.h>
@@ -53,6 +54,9 @@ typedef struct zb_process {
                                 snapshot restores, so an isolated cell never learns how long another ran */
     uint64_t sys_ns;         /* the part of cpu_ns the engine spent serving the guest\'s syscalls (its
                                 "system" time), restored the same way */
+    uint64_t children_utime_ns, children_stime_ns; /* getrusage(RUSAGE_CHILDREN): of the children it
+                                waited for, with what they waited for in turn (sys_procs.c) */
+    uint64_t children_maxrss_kib; /* the largest of those children's ru_maxrss */
     int64_t clock_base[3];   /* CLOCK_MONOTONIC, BOOTTIME, MONOTONIC_RAW bases of the vDSO page last
                                 published (host copies: the page itself is guest memory), */
     uint64_t clock_tsc0, clock_mult; /* with its TSC origin and scale (vdso_page.c) */
@@ -169,6 +173,8 @@ typedef struct zb_member {
     int vfork_done;          /* its vfork parent may go on (it exited or exec'ed) */
     int waits_input;         /* it read the UART with nothing queued: only process 1 gets input */
     int orphan;              /* its parent ended: reaped at once when it ends (pid 1 never waits) */
+    uint64_t utime_ns, stime_ns, maxrss_kib; /* once ended: its rusage as wait4 reports it (its own
+                                and its waited-for children's CPU time; the larger maxrss) */
 } zb_member;
 struct zb_family {
     zb_member *m;            /* cap slots; m[0] is process 1 */
@@ -182,6 +188,11 @@ struct zb_family {
     pthread_t runner;
     uint64_t forks;          /* statistics */
     uint64_t switches;
+    zb_mem_budget mem;       /* the family's one memory budget (memory.h): process 1's limit, every
+                                member charged with all it could own privately */
+    struct zb_store **stores; /* the stores its fork snapshots made, held while pages of them live:
+                                their live pages are mem.shared_pages (family_run.c) */
+    int nstores, stores_cap;
 };
 typedef struct zb_family zb_family;
 /* The family of sb, created with sb as process 1 if it has none. NULL: out of memory. */
@@ -213,6 +224,9 @@ void zb_family_signal(zb_family *fam, int i, int sig);
 void zb_family_member_ended(zb_family *fam, int i, int wstatus);
 /* sb exec'ed a new program (past the point of no return): a vfork parent waiting for it goes on. */
 void zb_family_member_execed(zb_sandbox *sb);
+/* Recount the live pages of the family's fork stores into its budget (mem.shared_pages), letting
+ * go of the stores none of whose pages live any more (family_run.c). */
+void zb_family_count_stores(zb_family *fam);
 /* Remove (reap) member slot i, a zombie. */
 void zb_family_remove(zb_family *fam, int i);
 /* A kick is pending for sb (its own, or its family's); zb_take_kick takes both. */

@@ -227,6 +227,9 @@ void zb_sandbox_stats(zb_sandbox *sb, zb_stats *out) {
     out->guest_pages_limit = sb->mem.pages_limit;
     out->threads = (uint64_t)sb->threads.count;
     out->thread_switches = sb->threads.switches;
+    out->family_pages = sb->mem.budget ? zb_mem_budget_total(sb->mem.budget) : zb_mem_charge(&sb->mem);
+    out->family_pages_peak = sb->mem.budget ? sb->mem.budget->peak : 0;
+    out->family_refusals = sb->mem.budget ? sb->mem.budget->refusals : 0;
 }
 
 size_t zb_sandbox_take_log(zb_sandbox *sb, char *buf, size_t len) {

@@ -62,6 +62,9 @@ static void store_unref(zb_store *s) {
     }
 }
 
+void zb_store_hold(zb_store *s) { atomic_fetch_add(&s->refs, 1); }
+void zb_store_release(zb_store *s) { store_unref(s); }
+
 /* A page entry starts or stops pointing at a store page. */
 static void page_hold(zb_store *s, uint32_t index) {
     atomic_fetch_add(&s->refs, 1);
@@ -757,8 +760,10 @@ fail:
  * snapshots): drop it, then let sandbox.c free the rest. */
 void zb_sandbox_free(zb_sandbox *sb) {
     if (!sb) return;
+    zb_mem_budget_leave(&sb->mem); /* a child's charge goes off its family's budget */
     if (sb->fam && sb->fam->m[0].sb == sb) { /* process 1 takes its family with it */
         zb_family_end(sb);
+        free(sb->fam->stores);
         free(sb->fam->m);
         free(sb->fam);
     }

@@ -22,6 +22,11 @@ typedef struct zb_store {
     uint64_t *counted;       /* ... and the pages it counted in that pass (freed after it) */
 } zb_store;
 
+/* A reference to a store that outlives the snapshots using it (the family's fork stores,
+ * family_run.c): its live_pages stay up to date; zb_store_release drops it. */
+void zb_store_hold(zb_store *s);
+void zb_store_release(zb_store *s);
+
 typedef struct zb_page {
     zb_store *store;
     uint32_t index;

@@ -67,14 +67,14 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         if (addr < MMAP_MIN_ADDR) return -EPERM; /* as Linux answers below vm.mmap_min_addr */
         if (!user_range(m, addr, len)) return -ENOMEM;
         if ((flags & MAP_FIXED_NOREPLACE) && !zb_mem_range_free(m, addr, len)) return -EEXIST;
-        if (m->pages_allocated + new_pages(m, addr, len) > m->pages_limit) return -ENOMEM;
+        if (!zb_mem_fits(m, new_pages(m, addr, len))) return -ENOMEM;
         at = addr;
         long rc = zb_shmap_unmap(sb, at, len); /* a shared mapping it replaces is written back first */
         if (rc < 0) return rc;
         rc = zb_mem_zero(m, at, len);
         if (rc < 0) return rc;
     } else if (addr && !(addr & (ZB_PAGE - 1)) && user_range(m, addr, len) && zb_mem_range_free(m, addr, len) &&
-               m->pages_allocated + len / ZB_PAGE <= m->pages_limit) {
+               zb_mem_fits(m, len / ZB_PAGE)) {
         at = addr; /* a free hint is honoured, as Linux does */
     } else if (!(at = zb_mem_alloc(m, len))) {
         return -ENOMEM;
@@ -156,7 +156,7 @@ static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
             return (long)old;
         }
         if (user_range(m, old + osz, nsz - osz) && zb_mem_range_free(m, old + osz, nsz - osz) &&
-            m->pages_allocated + (nsz - osz) / ZB_PAGE <= m->pages_limit) {
+            zb_mem_fits(m, (nsz - osz) / ZB_PAGE)) {
             zb_mem_mark(m, old + osz, nsz - osz, 1);
             zb_region_add(m, old, old + nsz, prot, name);
             return (long)old;
@@ -167,7 +167,7 @@ static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
     if (flags & MREMAP_FIXED) {
         if ((want & (ZB_PAGE - 1)) || !user_range(m, want, nsz)) return -EINVAL;
         if (want < old + osz && old < want + nsz) return -EINVAL; /* overlapping */
-        if (m->pages_allocated + new_pages(m, want, nsz) > m->pages_limit) return -ENOMEM;
+        if (!zb_mem_fits(m, new_pages(m, want, nsz))) return -ENOMEM;
         if (zb_shmap_unmap(sb, want, nsz) < 0 || zb_mem_zero(m, want, nsz) < 0) return -ENOMEM;
         at = want;
     } else if (!(at = zb_mem_alloc(m, nsz))) {
@@ -206,7 +206,7 @@ static long sys_brk(zb_sandbox *sb, const uint64_t a[6]) {
     if (want < m->brk_start || want >= m->size) return (long)m->brk_end;
     uint64_t cur = ZB_PAGE_UP(m->brk_end), next = ZB_PAGE_UP(want);
     if (next > cur) {
-        if (!zb_mem_range_free(m, cur, next - cur) || m->pages_allocated + (next - cur) / ZB_PAGE > m->pages_limit)
+        if (!zb_mem_range_free(m, cur, next - cur) || !zb_mem_fits(m, (next - cur) / ZB_PAGE))
             return (long)m->brk_end;
         zb_mem_mark(m, cur, next - cur, 1);
         zb_region_add(m, m->brk_start, next, PROT_READ | PROT_WRITE, "[heap]");

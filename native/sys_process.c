@@ -127,7 +127,7 @@ static long sys_getrusage(zb_sandbox *sb, const uint64_t a[6]) {
     if (who != RUSAGE_SELF && who != RUSAGE_THREAD && who != RUSAGE_CHILDREN) return -EINVAL;
     struct rusage ru;
     memset(&ru, 0, sizeof ru);
-    if (who != RUSAGE_CHILDREN) { /* no child process ever ran: its figures are zero */
+    if (who != RUSAGE_CHILDREN) {
         uint64_t user, sys;
         zb_guest_cpu_split(sb, &user, &sys);
         ru.ru_utime = ns_to_timeval(user);
@@ -136,6 +136,10 @@ static long sys_getrusage(zb_sandbox *sb, const uint64_t a[6]) {
          * faulted in once, which is what a kernel would count as a minor fault */
         ru.ru_maxrss = (long)(sb->mem.pages_allocated * 4);
         ru.ru_minflt = (long)sb->mem.pages_allocated;
+    } else { /* the children it waited for (sys_procs.c), with what they waited for */
+        ru.ru_utime = ns_to_timeval(sb->proc.children_utime_ns);
+        ru.ru_stime = ns_to_timeval(sb->proc.children_stime_ns);
+        ru.ru_maxrss = (long)ZB_MIN(sb->proc.children_maxrss_kib, (uint64_t)LONG_MAX);
     }
     return zb_copy_to_guest(sb, a[1], &ru, sizeof ru);
 }
@@ -145,7 +149,8 @@ static long sys_times(zb_sandbox *sb, const uint64_t a[6]) {
     if (a[0]) {
         uint64_t user, sys;
         zb_guest_cpu_split(sb, &user, &sys);
-        struct tms t = {(clock_t)(user / tick_ns), (clock_t)(sys / tick_ns), 0, 0};
+        struct tms t = {(clock_t)(user / tick_ns), (clock_t)(sys / tick_ns),
+                        (clock_t)(sb->proc.children_utime_ns / tick_ns), (clock_t)(sb->proc.children_stime_ns / tick_ns)};
         if (zb_copy_to_guest(sb, a[0], &t, sizeof t) < 0) return -EFAULT;
     }
     /* elapsed real time from an arbitrary point: the host's monotonic clock */
@@ -240,8 +245,8 @@ static long sys_prctl(zb_sandbox *sb, const uint64_t a[6]) {
 
 void zb_process_clone(zb_process *dst, const zb_process *src) { *dst = *src; /* plain data */ }
 
-/* Not saved: exit_status (a saved sandbox has not exited), the guest's CPU time (cpu_ns, sys_ns:
- * a loaded template starts its guest CPU clocks at zero) and the vDSO clock bases and floors (host
+/* Not saved: exit_status (a saved sandbox has not exited), the guest's CPU time (cpu_ns, sys_ns and
+ * its waited-for children's, children_*: a loaded template starts its guest CPU clocks at zero) and the vDSO clock bases and floors (host
  * CLOCK_MONOTONIC values, meaningless in another boot; the next run publishes new ones). */
 void zb_process_save(const zb_process *p, struct zb_out *o) {
     out_str(o, p->exe);

@@ -83,6 +83,18 @@ long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t
         fam->cap = cap;
         self = me(sb);
     }
+    /* the family's memory budget (memory.h): the child is charged with every page it could write,
+     * so it must fit now (zb_family_fork_sandbox checks again, with the store its snapshot made) */
+    zb_mem_budget_sync(&sb->mem);
+    if (zb_mem_budget_total(&fam->mem) + zb_mem_charge(&sb->mem) > fam->mem.owner->pages_limit) {
+        fam->mem.refusals++;
+        zb_log(sb, "fork refused (ENOMEM): the sandbox's memory limit of %llu MiB is for all its processes, "
+                   "%llu MiB are in use and this process could write %llu MiB",
+               (unsigned long long)(fam->mem.owner->pages_limit * ZB_PAGE >> 20),
+               (unsigned long long)(zb_mem_budget_total(&fam->mem) * ZB_PAGE >> 20),
+               (unsigned long long)(zb_mem_charge(&sb->mem) * ZB_PAGE >> 20));
+        return -ENOMEM;
+    }
     int32_t pid = zb_family_new_id(fam);
     char err[ZB_ERRLEN];
     zb_sandbox *child = zb_family_fork_sandbox(sb, pid, err);
@@ -154,10 +166,24 @@ static long wait_blocks(zb_sandbox *sb) {
     return r == 0 ? -EINTR : r;
 }
 
-static void zero_rusage(zb_sandbox *sb, uint64_t urusage) {
+static struct timeval timeval_of(uint64_t ns) {
+    struct timeval tv = {(time_t)(ns / 1000000000), (suseconds_t)(ns % 1000000000 / 1000)};
+    return tv;
+}
+
+/* The reaped child m's rusage to the guest (ru_utime, ru_stime, ru_maxrss; the rest zero), and
+ * counted in the caller's RUSAGE_CHILDREN if the wait reaps it. */
+static void child_rusage(zb_sandbox *sb, const zb_member *m, uint64_t urusage, int reaps) {
     struct rusage ru;
     memset(&ru, 0, sizeof ru);
+    ru.ru_utime = timeval_of(m->utime_ns);
+    ru.ru_stime = timeval_of(m->stime_ns);
+    ru.ru_maxrss = (long)ZB_MIN(m->maxrss_kib, (uint64_t)LONG_MAX);
     if (urusage) zb_copy_to_guest(sb, urusage, &ru, sizeof ru); /* validated by the caller */
+    if (!reaps) return;
+    sb->proc.children_utime_ns += m->utime_ns;
+    sb->proc.children_stime_ns += m->stime_ns;
+    sb->proc.children_maxrss_kib = ZB_MAX(sb->proc.children_maxrss_kib, m->maxrss_kib);
 }
 
 static long sys_wait4(zb_sandbox *sb, const uint64_t a[6]) {
@@ -177,7 +203,7 @@ static long sys_wait4(zb_sandbox *sb, const uint64_t a[6]) {
     zb_member *m = &sb->fam->m[slot];
     int32_t cpid = m->pid, st = m->wstatus;
     if (ustatus) zb_copy_to_guest(sb, ustatus, &st, 4);
-    zero_rusage(sb, urusage);
+    child_rusage(sb, m, urusage, 1);
     zb_family_remove(sb->fam, slot);
     return cpid;
 }
@@ -222,7 +248,7 @@ static long sys_waitid(zb_sandbox *sb, const uint64_t a[6]) {
     memcpy(info + 20, &uid, 4);
     memcpy(info + 24, &status, 4);
     if (uinfo) zb_copy_to_guest(sb, uinfo, info, sizeof info);
-    zero_rusage(sb, urusage);
+    child_rusage(sb, m, urusage, !(options & WNOWAIT));
     if (!(options & WNOWAIT)) zb_family_remove(sb->fam, slot);
     return 0;
 }

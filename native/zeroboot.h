@@ -83,6 +83,12 @@ typedef struct zb_stats {
     uint64_t guest_pages_limit;
     uint64_t threads;          /* guest threads alive */
     uint64_t thread_switches;  /* guest thread switches on the vCPU, ever */
+    uint64_t family_pages;     /* pages charged to the memory budget of the sandbox's processes (all
+                                  of them, process 1 included: every page each could own privately;
+                                  without children, process 1's own); the limit is guest_pages_limit */
+    uint64_t family_pages_peak; /* the most family_pages was since the first fork (0: never forked) */
+    uint64_t family_refusals;  /* forks and allocations of its processes refused (ENOMEM) because the
+                                  family's use left no room for them, ever */
 } zb_stats;
 
 /* Where the host-side time of guest syscalls goes, per phase (cumulative nanoseconds), collected

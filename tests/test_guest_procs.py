@@ -21,7 +21,9 @@ def test_processes(test: str) -> None:
 
 
 def test_process_limit_default_and_setting() -> None:
-    result = guest_c.check("procs", "limit", "64")
+    # 1 GiB: every process is charged its whole memory (8 MiB of stack and the program) to the
+    # sandbox's one memory budget, and 64 of them must fit in it to meet the process limit first
+    result = guest_c.check("procs", "limit", "64", mem=1 << 30)
     assert "made 63" in result.out
     with guest_c.boot("procs", "limit", "5") as sb:
         sb.set_max_processes(5)

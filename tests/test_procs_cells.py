@@ -158,3 +158,53 @@ def _ppid(pid: int) -> int:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+def test_children_share_the_sandbox_memory_limit(s: Session) -> None:
+    """Issue 15: all processes of the sandbox share its one memory limit. Four children that each
+    want a third of it: a fork that cannot be reserved is ENOMEM (OSError in the cell), a child's
+    allocation that does not fit is a MemoryError in that child only; the cell says why under its
+    output; the cell and the next go on."""
+    st = s.sandbox.guest.stats()
+    third = st["guest_pages_limit"] * 4096 // 3
+    out = ok(cell(s, "import os\n"
+                     f"third = {third}\n"
+                     "r, w = os.pipe()\n"
+                     "kids, refused = [], 0\n"
+                     "for i in range(4):\n"
+                     "    try:\n"
+                     "        pid = os.fork()\n"
+                     "    except OSError as e:\n"
+                     "        refused += e.errno == 12\n"
+                     "        continue\n"
+                     "    if pid == 0:\n"
+                     "        os.close(w)\n"
+                     "        try:\n"
+                     "            big = bytearray(third)\n"
+                     "            big[::4096] = b'x' * len(big[::4096])\n"
+                     "        except MemoryError:\n"
+                     "            os._exit(12)\n"
+                     "        os.read(r, 1)\n"
+                     "        os._exit(0)\n"
+                     "    kids.append(pid)\n"
+                     "os.close(r)\n"
+                     "codes = []\n"
+                     "try:\n"
+                     "    os.write(w, b'g' * len(kids))\n"
+                     "except BrokenPipeError:\n"
+                     "    pass\n"
+                     "for pid in kids:\n"
+                     "    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+                     "print(sorted(codes), refused)", 1))
+    result = next(line for line in out.splitlines() if line.startswith("["))
+    codes_text, refused_text = result.rsplit(" ", 1)
+    codes = [int(c) for c in codes_text.strip("[]").split(",") if c.strip()]
+    refused = int(refused_text)
+    assert len(codes) + refused == 4, out
+    assert codes.count(0) in (1, 2), out  # at most two thirds fit beside the interpreters
+    assert codes.count(12) + refused >= 2, out
+    assert set(codes) <= {0, 12}, out
+    assert s.sandbox.guest.stats()["family_pages_peak"] <= st["guest_pages_limit"]
+    assert "failed with ENOMEM: the sandbox's" in out and "shared by all its processes" in out, out
+    assert ok(cell(s, "print('after', len(bytearray(third)) == third)", 2)) == "after True\n"  # no note
+    assert s.sandbox.guest.process_count() == 1

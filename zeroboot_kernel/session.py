@@ -177,6 +177,7 @@ class Session:
             on_stream("stderr", "".join(self._budget_notices))
         self._budget_notices.clear()
         t1 = time.perf_counter()
+        refusals = self._memory_refusals()
         try:
             r = self.sandbox.execute(code, on_stream=on_stream, on_message=on_message, on_input=on_input,
                                      timeout=self.timeout, silent=silent, store_history=store_history,
@@ -194,10 +195,30 @@ class Session:
             log.exception("cell %d failed on the host side; rolling the sandbox back", execution_count)
             reply = self._rollback(SandboxError(f"the host failed while serving this cell ({type(exc).__name__}: "
                                                 f"{str(exc)[:300]})."), checkpoint, execution_count, on_message)
+        self._say_memory_refusals(refusals, on_stream, silent)
         self.cells_run += 1
         self.timings.append({"checkpoint_ms": checkpoint_ms if checkpoint_ms is not None else (t1 - t0) * 1e3,
                              "execute_ms": (time.perf_counter() - t1) * 1e3})
         return reply
+
+    def _memory_refusals(self) -> int:
+        return int(self.sandbox.guest.stats()["family_refusals"])
+
+    def _say_memory_refusals(self, before: int, on_stream: StreamCallback | None, silent: bool) -> None:
+        """Forks or allocations of the cell's processes were refused because all processes of the
+        sandbox share its one memory limit (issue 15): say so under the cell's OSError/MemoryError."""
+        try:
+            st = self.sandbox.guest.stats()
+        except Exception:  # noqa: BLE001 - the sandbox was replaced by a rollback: nothing to say
+            return
+        refused = int(st["family_refusals"]) - before
+        if refused <= 0 or not on_stream or silent:
+            return
+        limit = st["guest_pages_limit"] * 4096 >> 20
+        on_stream("stderr", f"zeroboot: {refused} fork(s) or allocation(s) in this cell failed with ENOMEM: the "
+                            f"sandbox's {limit} MiB memory limit is shared by all its processes, and each fork "
+                            f"reserves the whole memory of the process it copies. Free memory, use fewer "
+                            f"processes, or raise the limit with `%sandbox memory SIZE`.\n")
 
     def _before_cell(self, code: str, execution_count: int) -> tuple[Snapshot, float | None]:
         """The snapshot the cell rolls back to, and what taking it cost (ms) if it was taken

@@ -1,0 +1,103 @@
+"""The memory budget of a sandbox's processes (issue 15): every process of a sandbox family is
+charged with all the host memory it could own privately (its allocated pages, freed pages kept
+for reuse, its share of its fork snapshot's store), and all of them together stay inside the one
+memory limit of the sandbox. A fork that does not fit is ENOMEM, an allocation that does not fit
+is ENOMEM; the other processes go on. Measured on the host: the engine's counters and this
+process's resident memory (the engine runs in it) while every child holds its memory
+(guest_programs/membudget.c)."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+import guest_c
+from zeroboot_kernel.native import EventKind, Guest
+
+pytestmark = pytest.mark.skipif(not guest_c.have_gcc(), reason="needs gcc for the guest programs")
+
+MIB = 1 << 20
+PAGE = 4096
+
+
+def _rss() -> int:
+    """This process's resident memory, bytes (anonymous, file and shared memory pages)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmRSS line")
+
+
+def _run_until_holding(sb: Guest) -> tuple[str, list[int]]:
+    out = b""
+    deadline = time.monotonic() + 120
+    while b"holding" not in out or not out.endswith(b"\n"):
+        ev = sb.run(deadline)
+        assert ev.kind is EventKind.OUTPUT, (ev, out)
+        out += ev.data
+    ev = sb.run(deadline)
+    assert ev.kind is EventKind.INPUT, ev  # process 1 waits for the host; every child holds its memory
+    line = next(ln for ln in out.decode().splitlines() if ln.startswith("holding"))
+    return out.decode(), [int(x) for x in line.split()[1:]]
+
+
+@pytest.mark.parametrize("limit_mib", [256, 160])
+def test_children_rewriting_memory_stay_in_the_budget(limit_mib: int) -> None:
+    n, m = 8, 48  # 8 x 48 MiB = 384 MiB wanted: more than the limit
+    rss0 = _rss()
+    with guest_c.boot("membudget", "children", str(n), str(m)) as sb:
+        sb.set_memory_limit(limit_mib * MIB)
+        out, (ok, refused, forked) = _run_until_holding(sb)
+        st = sb.stats()
+        held = _rss() - rss0
+        assert st["guest_pages_limit"] * PAGE == limit_mib * MIB
+        assert 0 < st["family_pages"] <= st["guest_pages_limit"], st
+        assert st["family_pages_peak"] <= st["guest_pages_limit"], st
+        assert ok >= 1 and refused >= 1 and ok + refused == n, out
+        assert ok * m < limit_mib, out
+        assert st["family_refusals"] >= refused, st  # what the kernel tells the cell about
+        # the host's memory: the children's rewritten mappings are all inside the one limit (plus
+        # the engine's bounded overhead: bitmaps and state per process, the fork snapshots)
+        assert held < (limit_mib + 64) * MIB, (held >> 20, out)
+        assert sb.process_count() == forked + 1
+        sb.push_input(b"go\n")
+        result = guest_c.drive(sb, timeout=120)
+    assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
+    assert "PASS children" in result.out, result.describe()
+
+
+def test_without_a_child_the_limit_is_process_ones() -> None:
+    """The counter without a family: process 1's own charge (its allocated pages)."""
+    with guest_c.boot("membudget", "children", "0", "1") as sb:
+        _run_until_holding(sb)
+        st = sb.stats()
+        assert st["family_pages"] == st["guest_pages"] and st["family_pages_peak"] == 0, st
+        sb.push_input(b"go\n")
+        result = guest_c.drive(sb)
+    assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
+
+
+def test_inherited_memory_is_reserved_at_fork(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="zeroboot_kernel.native")
+    guest_c.check("membudget", "inherit", "64")
+    assert "fork refused (ENOMEM): the sandbox's memory limit of 256 MiB is for all its processes" in caplog.text
+
+
+def test_fork_bomb_with_big_memory() -> None:
+    rss0 = _rss()
+    with guest_c.boot("membudget", "bomb", "32") as sb:
+        result = guest_c.drive(sb, timeout=300)
+        st = sb.stats()
+        held = _rss() - rss0
+    assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
+    assert "PASS bomb" in result.out, result.describe()
+    assert 0 < st["family_pages_peak"] <= st["guest_pages_limit"], st
+    assert held < (guest_c.GUEST_MEM + 64 * MIB), held >> 20
+
+
+def test_children_rusage() -> None:
+    """wait4's rusage, getrusage(RUSAGE_CHILDREN) and times() of children: their CPU time and
+    maxrss (the most they could own, KiB), grandchildren counted in the parent that waited."""
+    guest_c.check("membudget", "rusage")
