@@ -106,9 +106,24 @@ static void take_child_log(zb_sandbox *root, zb_sandbox *p) {
     }
 }
 
+/* Shared mappings across the family's processes (shared_map.h): before p runs, its copies take in
+ * the latest bytes; after it ran, they are written back, so the file system holds the latest. */
+static void shared_before_run(zb_family *fam, zb_sandbox *p) {
+    if (fam->shared_latest != p && p->mem.shmap) zb_shmap_switch_in(p);
+    fam->shared_latest = p;
+}
+
+static void shared_after_run(zb_family *fam, zb_sandbox *p) {
+    /* alone in its family, nobody else reads them: written back when another process appears */
+    if (fam->count > 1 && p->mem.shmap && zb_shmap_switch_out(p) < 0)
+        zb_log(p, "a shared mapping's pages did not fit the file system: the other processes do not see them");
+    fam->shared_latest = p;
+}
+
 /* Member i's process ended with this wait status: free its sandbox, make it a zombie. */
 static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
     zb_sandbox *p = fam->m[i].sb;
+    if (fam->shared_latest == p) fam->shared_latest = NULL;
     zb_family_member_ended(fam, i, wstatus);
     zb_wake_gen++; /* its parent's wait, readers of its pipes: may go on */
     if (p) {
@@ -130,6 +145,7 @@ void zb_family_end(zb_sandbox *root) {
     }
     fam->current = 0;
     fam->yielded = -1;
+    fam->shared_latest = root; /* alone again (or restored): its copies are the latest */
 }
 
 /* The next member to run: the current one unless it yielded, then round-robin; -1 if none can. */
@@ -183,6 +199,8 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
     zb_family *fam = root->fam;
     if (!fam || root->finished) { /* the first fork makes the family during this run */
         int r = zb_run_one(root, deadline_ns, ev);
+        if (root->fam && root->fam->m[0].sb == root) /* it forked in this run: the copies of its */
+            shared_after_run(root->fam, root);        /* children are older than its own */
         if (ev->kind != ZB_EVENT_PROC_YIELD) return r;
         fam = root->fam;
         fam->yielded = 0;
@@ -210,7 +228,9 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
         zb_member *m = &fam->m[i];
         zb_sandbox *p = m->sb;
         p->threads.slice_start_ns = now;
+        shared_before_run(fam, p);
         rc = zb_run_one(p, deadline_ns, ev);
+        shared_after_run(fam, p);
         if (ev->kind == ZB_EVENT_PROC_YIELD) {
             fam->yielded = i;
             continue;
@@ -234,6 +254,9 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
         }
         break; /* output, a kick, the deadline: the caller's */
     }
+    /* between runs the host (snapshots, file export, a cell's files) sees process 1: it takes in
+     * the bytes a child wrote */
+    if (fam->m[0].sb == root) shared_before_run(fam, root);
     atomic_store(&fam->running, 0);
     return rc < 0 ? 0 : 0;
 }

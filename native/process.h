@@ -182,6 +182,8 @@ struct zb_family {
     pthread_t runner;
     uint64_t forks;          /* statistics */
     uint64_t switches;
+    zb_sandbox *shared_latest; /* the member whose copies of shared mappings are the latest (it ran
+                                  last, or took them in since); NULL: the file system has them */
 };
 typedef struct zb_family zb_family;
 /* The family of sb, created with sb as process 1 if it has none. NULL: out of memory. */

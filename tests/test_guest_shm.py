@@ -1,0 +1,15 @@
+"""Memory shared between the processes of a sandbox (issue 15, multiprocessing): MAP_SHARED
+anonymous and /dev/shm mappings that stay shared across fork, named semaphores and non-private
+futexes woken across processes, and hostile mappings (guest_programs/shm.c)."""
+from __future__ import annotations
+
+import pytest
+
+import guest_c
+
+pytestmark = pytest.mark.skipif(not guest_c.have_gcc(), reason="needs gcc for the guest programs")
+
+
+@pytest.mark.parametrize("test", ["anon_shared", "devshm", "semaphores", "futex", "hostile"])
+def test_shared_memory(test: str) -> None:
+    guest_c.check("shm", test, timeout=120.0)
