@@ -120,6 +120,29 @@ static void shared_after_run(zb_family *fam, zb_sandbox *p) {
     fam->shared_latest = p;
 }
 
+int zb_family_futex_wake_shared(zb_sandbox *sb, uint64_t addr, uint32_t bitset, int n) {
+    zb_family *fam = sb->fam;
+    const zb_shmap_entry *e = zb_shmap_find(&sb->mem, addr, 4);
+    if (!fam || !e || n <= 0 || addr < e->addr || addr + 4 > e->addr + e->len) return 0;
+    uint32_t ino = e->ino;
+    uint64_t off = e->off + (addr - e->addr); /* the futex's key: (inode, offset), as Linux's shared futexes */
+    int woken = 0;
+    for (int i = 0; i < fam->count && woken < n; i++) {
+        zb_sandbox *p = fam->m[i].sb;
+        if (!p || p == sb || fam->m[i].zombie || !p->mem.shmap) continue;
+        const struct zb_shmap *t = p->mem.shmap;
+        for (size_t k = 0; k < t->n && woken < n; k++) {
+            const zb_shmap_entry *o = &t->e[k];
+            if (o->ino != ino || off < o->off || off + 4 > o->off + o->len) continue;
+            zb_threads *ts = &p->threads;
+            int cur = ts->current, cur_waits = ts->t[cur].state == ZB_THREAD_FUTEX;
+            woken += zb_threads_futex_wake(ts, o->addr + (off - o->off), bitset, n - woken);
+            if (cur_waits && ts->t[cur].state == ZB_THREAD_RUNNABLE) zb_run_threads_load_parked(p);
+        }
+    }
+    return woken;
+}
+
 /* Member i's process ended with this wait status: free its sandbox, make it a zombie. */
 static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
     zb_sandbox *p = fam->m[i].sb;

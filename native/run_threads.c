@@ -282,10 +282,14 @@ int zb_run_threads_start(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     zb_threads *ts = &sb->threads;
     int64_t now = zb_now_ns();
     ts->slice_start_ns = now;
+    /* the current thread waits, parked (a kick or deadline stopped the idle wait, or its process
+     * yielded): judged before expire and route_signals, which may make it RUNNABLE (its timeout
+     * passed, a signal interrupts it) while its state is still in its slot, not in sb->cpu */
+    int parked = ts->t[ts->current].state != ZB_THREAD_RUNNABLE;
     expire(ts, now);
     int target = route_signals(sb);
     if (target < 0) target = input_reader(sb);
-    if (ts->t[ts->current].state != ZB_THREAD_RUNNABLE) { /* it waits (a kick or deadline stopped the idle wait) */
+    if (parked) {
         if (target < 0) target = pick(ts, ts->current, 1);
         if (target < 0) return idle_wait(sb, vm, ev);
         return load(sb, vm, target, ev);

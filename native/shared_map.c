@@ -10,11 +10,9 @@
  */
 #include "util.h"
 #include "memory.h"
-#include "process.h"
 #include "sandbox_state.h"
 #include "fs.h"
 #include "shared_map.h"
-#include "run.h"
 
 static uint64_t end_of(uint64_t a, uint64_t n) { return a + n < a ? UINT64_MAX : a + n; }
 
@@ -177,7 +175,7 @@ void zb_shmap_count_opens(const zb_memory *m, zb_fs *fs, int delta) {
     for (size_t i = 0; i < m->shmap->n; i++) zb_ovl_open_ref(fs, m->shmap->e[i].ino, delta);
 }
 
-/* ---- sharing with the other processes of a family (family_run.c, sys_threads.c) ----
+/* ---- sharing with the other processes of a family (family_run.c) ----
  * Every process of a family has its own guest memory, so a shared mapping inherited across fork is
  * one copy per process of the same (shared) file's bytes. The processes run one at a time, so the
  * copies stay coherent by handing over at each switch: the process that ran writes its mapped
@@ -210,27 +208,4 @@ uint64_t zb_shmap_pages(const zb_memory *m) {
     uint64_t n = 0;
     for (size_t i = 0; m->shmap && i < m->shmap->n; i++) n += m->shmap->e[i].len / ZB_PAGE;
     return n;
-}
-
-int zb_shmap_futex_wake_family(zb_sandbox *sb, uint64_t addr, uint32_t bitset, int n) {
-    zb_family *fam = sb->fam;
-    const zb_shmap_entry *e = zb_shmap_find(&sb->mem, addr, 4);
-    if (!fam || !e || n <= 0 || addr < e->addr || addr + 4 > e->addr + e->len) return 0;
-    uint32_t ino = e->ino;
-    uint64_t off = e->off + (addr - e->addr); /* the futex's key: (inode, offset), as Linux's shared futexes */
-    int woken = 0;
-    for (int i = 0; i < fam->count && woken < n; i++) {
-        zb_sandbox *p = fam->m[i].sb;
-        if (!p || p == sb || fam->m[i].zombie || !p->mem.shmap) continue;
-        const struct zb_shmap *t = p->mem.shmap;
-        for (size_t k = 0; k < t->n && woken < n; k++) {
-            const zb_shmap_entry *o = &t->e[k];
-            if (o->ino != ino || off < o->off || off + 4 > o->off + o->len) continue;
-            zb_threads *ts = &p->threads;
-            int cur = ts->current, cur_waits = ts->t[cur].state == ZB_THREAD_FUTEX;
-            woken += zb_threads_futex_wake(ts, o->addr + (off - o->off), bitset, n - woken);
-            if (cur_waits && ts->t[cur].state == ZB_THREAD_RUNNABLE) zb_run_threads_load_parked(p);
-        }
-    }
-    return woken;
 }

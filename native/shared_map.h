@@ -55,9 +55,6 @@ int zb_shmap_readonly_in(const zb_memory *m, uint64_t addr, uint64_t len);
  * they differ), zb_shmap_switch_in before another runs (the file's pages that differ copied in). */
 long zb_shmap_switch_out(zb_sandbox *sb);
 void zb_shmap_switch_in(zb_sandbox *sb);
-/* A non-private FUTEX_WAKE of addr in sb: wake up to n waiters of the same (inode, offset) in the
- * other processes of sb's family (through their own mappings of it). The number woken. */
-int zb_shmap_futex_wake_family(zb_sandbox *sb, uint64_t addr, uint32_t bitset, int n);
 /* Pages of m held by shared mappings. Hook for a family-wide memory budget: these pages are one
  * region of the family however many processes map it, so such a budget counts them once (in the
  * file system's bytes, or in one process) and subtracts them from each other process's pages. */

@@ -12,7 +12,6 @@
 #include "process.h"
 #include "sandbox_state.h"
 #include "linux.h"
-#include "shared_map.h"
 
 #include <linux/futex.h>
 #include <linux/sched.h>
@@ -285,7 +284,7 @@ static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
         if (!bitset) return -EINVAL;
         int n = (int)ZB_MIN(a[2] & 0xffffffff, (uint64_t)INT32_MAX);
         int woken = zb_threads_futex_wake(ts, a[0], bitset, n);
-        if (!((int)a[1] & FUTEX_PRIVATE_FLAG)) woken += zb_shmap_futex_wake_family(sb, a[0], bitset, n - woken);
+        if (!((int)a[1] & FUTEX_PRIVATE_FLAG)) woken += zb_family_futex_wake_shared(sb, a[0], bitset, n - woken);
         return woken;
     }
     case FUTEX_REQUEUE: case FUTEX_CMP_REQUEUE: {
@@ -308,10 +307,10 @@ static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
         int nwake = (int)ZB_MIN(a[2] & 0xffffffff, (uint64_t)INT32_MAX), nwake2 = (int)ZB_MIN(a[3] & 0xffffffff, (uint64_t)INT32_MAX);
         int woken = zb_threads_futex_wake(ts, a[0], FUTEX_BITSET_MATCH_ANY, nwake);
         int shared = !((int)a[1] & FUTEX_PRIVATE_FLAG);
-        if (shared) woken += zb_shmap_futex_wake_family(sb, a[0], FUTEX_BITSET_MATCH_ANY, nwake - woken);
+        if (shared) woken += zb_family_futex_wake_shared(sb, a[0], FUTEX_BITSET_MATCH_ANY, nwake - woken);
         if (cmp_true) {
             int w2 = zb_threads_futex_wake(ts, a[4], FUTEX_BITSET_MATCH_ANY, nwake2);
-            if (shared) w2 += zb_shmap_futex_wake_family(sb, a[4], FUTEX_BITSET_MATCH_ANY, nwake2 - w2);
+            if (shared) w2 += zb_family_futex_wake_shared(sb, a[4], FUTEX_BITSET_MATCH_ANY, nwake2 - w2);
             woken += w2;
         }
         return woken;

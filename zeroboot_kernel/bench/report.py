@@ -31,7 +31,7 @@ TITLES = {
     "soak": "Soak: one kernel, thousands of mixed cells",
     "comms": "Widget round trips (comms), vs stock ipykernel",
     "execve": "execve of /bin/true: the guest's exec vs process creation on the host",
-    "processes": "Processes: os.fork + os.waitpid in the guest, vs host",
+    "processes": "Processes: os.fork + os.waitpid and multiprocessing.Pool in the guest, vs host",
 }
 # the text under the comms section (its numbers come from its own run, `bench comms`)
 COMMS_NOTE = ("A slider moved in the frontend: the comm_msg, the observe callback that prints the value, the "
