@@ -122,6 +122,21 @@ def test_a_pool_kept_across_cells(s: Session) -> None:
     assert ok(cell(s, "print('alone')", 4)) == "alone\n"
 
 
+def test_a_checkpoint_holds_a_shared_regions_bytes_and_a_rewind_restores_them(s: Session) -> None:
+    """A checkpoint copies a shared region (a MAP_SHARED anonymous mmap) with the rest of the
+    sandbox, a child's writes included; a rewind puts those bytes back."""
+    out = ok(cell(s, "import mmap, os\nm = mmap.mmap(-1, 8192)\nm[:3] = b'abc'\npid = os.fork()\n"
+                     "if pid == 0:\n    m[4096:4099] = b'xyz'; os._exit(0)\n"
+                     "os.waitpid(pid, 0)\nprint(m[:3], m[4096:4099])", 1))
+    assert out == "b'abc' b'xyz'\n", out
+    assert ok(cell(s, "m[4096:4099] = b'new'; print(m[4096:4099])", 2)) == "b'new'\n"
+    s.rewind(1)
+    assert ok(cell(s, "print(m[:3], m[4096:4099])", 3)) == "b'abc' b'xyz'\n"
+    out = ok(cell(s, "pid = os.fork()\nif pid == 0:\n    m[:3] = b'kid'; os._exit(0)\n"
+                     "os.waitpid(pid, 0)\nprint(m[:3])", 4))  # still shared after the restore
+    assert out == "b'kid'\n", out
+
+
 def test_the_process_limit_says_so(s: Session) -> None:
     s.sandbox.guest.set_max_processes(3)
     reply = cell(s, "import multiprocessing as mp\nmp.Pool(4)", 1)
