@@ -10,6 +10,6 @@ import guest_c
 pytestmark = pytest.mark.skipif(not guest_c.have_gcc(), reason="needs gcc for the guest programs")
 
 
-@pytest.mark.parametrize("test", ["anon_shared", "devshm", "semaphores", "futex", "hostile"])
+@pytest.mark.parametrize("test", ["anon_shared", "devshm", "semaphores", "futex", "timed_wait", "hostile"])
 def test_shared_memory(test: str) -> None:
     guest_c.check("shm", test, timeout=120.0)

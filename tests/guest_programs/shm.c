@@ -2,7 +2,8 @@
  * of /dev/shm files that stay shared across fork (each side sees the other's writes), private
  * mappings that do not, named POSIX semaphores (sem_open: a /dev/shm file mapped shared + futexes)
  * ping-ponged between processes, and non-private futex waits woken from another process (a
- * private wake does not cross). Children report failed checks through their exit status. */
+ * private wake does not cross), and a timed wait that expires while another process runs.
+ * Children report failed checks through their exit status. */
 #include "check.h"
 
 #include <linux/futex.h>
@@ -196,6 +197,29 @@ static void test_futex(int argc, char **argv) {
     CHECK_EQ(OK(futex(&local, FUTEX_WAKE, 10)), 0);
 }
 
+/* A timed futex wait whose timeout passes while another process runs (its slice is longer): the
+ * waiter's process resumes with ETIMEDOUT, not with another register state (the waiting thread is
+ * parked while its process has yielded). */
+static void test_timed_wait(int argc, char **argv) {
+    (void)argc, (void)argv;
+    pid_t pid = fork_or_fail();
+    if (pid == 0) {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        do clock_gettime(CLOCK_MONOTONIC, &t); /* busy past the waiter's timeout and a slice */
+        while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 300000000L);
+        child_exit(0);
+    }
+    for (int i = 0; i < 3; i++) {
+        volatile uint32_t word = 0;
+        struct timespec to = {0, 20000000};
+        errno = 0;
+        long r = syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, 0, &to, NULL, 0);
+        CHECK(r == -1 && errno == ETIMEDOUT, "round %d: futex = %ld (errno %d)", i, r, errno);
+    }
+    expect_exit(pid, 0);
+}
+
 /* Hostile and edge arguments: shared anonymous mappings the size of memory, splits, fork of a split one. */
 static void test_hostile(int argc, char **argv) {
     (void)argc, (void)argv;
@@ -236,6 +260,7 @@ static const zb_test tests[] = {
     {"devshm", test_devshm},
     {"semaphores", test_semaphores},
     {"futex", test_futex},
+    {"timed_wait", test_timed_wait},
     {"hostile", test_hostile},
     {NULL, NULL},
 };
