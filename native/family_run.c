@@ -115,8 +115,12 @@ static void shared_before_run(zb_family *fam, zb_sandbox *p) {
 
 static void shared_after_run(zb_family *fam, zb_sandbox *p) {
     /* alone in its family, nobody else reads them: written back when another process appears */
-    if (fam->count > 1 && p->mem.shmap && zb_shmap_switch_out(p) < 0)
-        zb_log(p, "a shared mapping's pages did not fit the file system: the other processes do not see them");
+    if (fam->count > 1 && p->mem.shmap && zb_shmap_switch_out(p) < 0) {
+        /* as Linux answers a write to a shared page that a full tmpfs cannot hold: SIGBUS */
+        zb_log(p, "a shared mapping's pages did not fit the file system (its limit): SIGBUS");
+        int i = zb_family_self(fam, p);
+        if (i >= 0) zb_family_signal(fam, i, SIGBUS);
+    }
     fam->shared_latest = p;
 }
 

@@ -63,6 +63,8 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
                                                 cannot be mapped say so once the range is chosen) */
     } else if (type != MAP_PRIVATE) {
         shared = 1; /* an unnamed overlay file of its size, made once the range is chosen */
+        /* its bytes live in the file system once shared with another process: they must fit there */
+        if (len > sb->fs->bytes_limit - ZB_MIN(sb->fs->bytes_used, sb->fs->bytes_limit)) return -ENOMEM;
     }
     uint64_t at;
     if (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) {

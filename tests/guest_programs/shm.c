@@ -220,6 +220,22 @@ static void test_timed_wait(int argc, char **argv) {
     expect_exit(pid, 0);
 }
 
+/* A shared anonymous mapping's bytes live in the file system (256 MiB by default) once shared:
+ * one larger than that is ENOMEM at mmap, while a private one of that size is fine (run with a
+ * guest of 1 GiB). */
+static void test_fs_limit(int argc, char **argv) {
+    (void)argc, (void)argv;
+    size_t big = 300ul << 20;
+    void *p = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(p == MAP_FAILED && errno == ENOMEM, "a 300 MiB shared mapping: %p %s", p, strerror(errno));
+    p = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED, "a 300 MiB private mapping: %s", strerror(errno));
+    uint32_t *sh = mmap(NULL, 16ul << 20, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(sh != MAP_FAILED, "a 16 MiB shared mapping: %s", strerror(errno));
+    if (sh == MAP_FAILED) return;
+    check_shared(sh, 4096); /* every page of it crosses */
+}
+
 /* Hostile and edge arguments: shared anonymous mappings the size of memory, splits, fork of a split one. */
 static void test_hostile(int argc, char **argv) {
     (void)argc, (void)argv;
@@ -261,6 +277,7 @@ static const zb_test tests[] = {
     {"semaphores", test_semaphores},
     {"futex", test_futex},
     {"timed_wait", test_timed_wait},
+    {"fs_limit", test_fs_limit},
     {"hostile", test_hostile},
     {NULL, NULL},
 };
