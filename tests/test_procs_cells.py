@@ -155,6 +155,32 @@ def test_a_checkpoint_holds_a_shared_regions_bytes_and_a_rewind_restores_them(s:
     assert out == "b'kid'\n", out
 
 
+def test_a_saved_session_keeps_a_shared_region_shared(template) -> None:
+    """A session save holds a shared region's bytes (a child's writes included); in the resumed
+    session the region is still shared with a child forked there."""
+    from zeroboot_kernel import session_save as ss
+    key = bytes(range(32))
+    s = Session(template)
+    try:
+        ok(cell(s, "import mmap, os\nm = mmap.mmap(-1, 8192)\nm[:3] = b'abc'\npid = os.fork()\n"
+                   "if pid == 0:\n    m[4096:4099] = b'xyz'; os._exit(0)\nos.waitpid(pid, 0)", 1))
+        data, _ = ss.capture(s, key, "test.ipynb")
+    finally:
+        s.close()
+    s = Session(template)
+    try:
+        import tempfile
+        with tempfile.NamedTemporaryFile(suffix=".zbsave") as f:
+            f.write(data)
+            f.flush()
+            ss.resume(s, f.name, key)
+        out = ok(cell(s, "pid = os.fork()\nif pid == 0:\n    m[:3] = b'kid'; os._exit(0)\n"
+                         "os.waitpid(pid, 0)\nprint(m[:3], m[4096:4099])", 2))
+        assert out == "b'kid' b'xyz'\n", out
+    finally:
+        s.close()
+
+
 def test_the_process_limit_says_so(s: Session) -> None:
     s.sandbox.guest.set_max_processes(3)
     reply = cell(s, "import multiprocessing as mp\nmp.Pool(4)", 1)
