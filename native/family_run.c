@@ -140,6 +140,47 @@ static void take_child_log(zb_sandbox *root, zb_sandbox *p) {
     }
 }
 
+/* Shared mappings across the family's processes (shared_map.h): before p runs, its copies take in
+ * the latest bytes; after it ran, they are written back, so the file system holds the latest. */
+static void shared_before_run(zb_family *fam, zb_sandbox *p) {
+    if (fam->shared_latest != p && p->mem.shmap) zb_shmap_switch_in(p);
+    fam->shared_latest = p;
+}
+
+static void shared_after_run(zb_family *fam, zb_sandbox *p) {
+    /* alone in its family, nobody else reads them: written back when another process appears */
+    if (fam->count > 1 && p->mem.shmap && zb_shmap_switch_out(p) < 0) {
+        /* as Linux answers a write to a shared page that a full tmpfs cannot hold: SIGBUS */
+        zb_log(p, "a shared mapping's pages did not fit the file system (its limit): SIGBUS");
+        int i = zb_family_self(fam, p);
+        if (i >= 0) zb_family_signal(fam, i, SIGBUS);
+    }
+    fam->shared_latest = p;
+}
+
+int zb_family_futex_wake_shared(zb_sandbox *sb, uint64_t addr, uint32_t bitset, int n) {
+    zb_family *fam = sb->fam;
+    const zb_shmap_entry *e = zb_shmap_find(&sb->mem, addr, 4);
+    if (!fam || !e || n <= 0 || addr < e->addr || addr + 4 > e->addr + e->len) return 0;
+    uint32_t ino = e->ino;
+    uint64_t off = e->off + (addr - e->addr); /* the futex's key: (inode, offset), as Linux's shared futexes */
+    int woken = 0;
+    for (int i = 0; i < fam->count && woken < n; i++) {
+        zb_sandbox *p = fam->m[i].sb;
+        if (!p || p == sb || fam->m[i].zombie || !p->mem.shmap) continue;
+        const struct zb_shmap *t = p->mem.shmap;
+        for (size_t k = 0; k < t->n && woken < n; k++) {
+            const zb_shmap_entry *o = &t->e[k];
+            if (o->ino != ino || off < o->off || off + 4 > o->off + o->len) continue;
+            zb_threads *ts = &p->threads;
+            int cur = ts->current, cur_waits = ts->t[cur].state == ZB_THREAD_FUTEX;
+            woken += zb_threads_futex_wake(ts, o->addr + (off - o->off), bitset, n - woken);
+            if (cur_waits && ts->t[cur].state == ZB_THREAD_RUNNABLE) zb_run_threads_load_parked(p);
+        }
+    }
+    return woken;
+}
+
 /* Member i's process ended with this wait status: free its sandbox, make it a zombie. */
 static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
     zb_sandbox *p = fam->m[i].sb;
@@ -151,6 +192,8 @@ static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
         fam->m[i].stime_ns = sys + p->proc.children_stime_ns;
         fam->m[i].maxrss_kib = ZB_MAX(p->mem.peak_charge * (ZB_PAGE / 1024), p->proc.children_maxrss_kib);
     }
+
+    if (fam->shared_latest == p) fam->shared_latest = NULL;
     zb_family_member_ended(fam, i, wstatus);
     zb_wake_gen++; /* its parent's wait, readers of its pipes: may go on */
     if (p) {
@@ -192,6 +235,7 @@ void zb_family_end(zb_sandbox *root) {
     fam->mem.shared_pages = 0;
     fam->current = 0;
     fam->yielded = -1;
+    fam->shared_latest = root; /* alone again (or restored): its copies are the latest */
 }
 
 /* The next member to run: the current one unless it yielded, then round-robin; -1 if none can. */
@@ -245,6 +289,8 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
     zb_family *fam = root->fam;
     if (!fam || root->finished) { /* the first fork makes the family during this run */
         int r = zb_run_one(root, deadline_ns, ev);
+        if (root->fam && root->fam->m[0].sb == root) /* it forked in this run: the copies of its */
+            shared_after_run(root->fam, root);        /* children are older than its own */
         if (ev->kind != ZB_EVENT_PROC_YIELD) return r;
         fam = root->fam;
         fam->yielded = 0;
@@ -272,7 +318,9 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
         zb_member *m = &fam->m[i];
         zb_sandbox *p = m->sb;
         p->threads.slice_start_ns = now;
+        shared_before_run(fam, p);
         rc = zb_run_one(p, deadline_ns, ev);
+        shared_after_run(fam, p);
         if (ev->kind == ZB_EVENT_PROC_YIELD) {
             fam->yielded = i;
             continue;
@@ -296,6 +344,9 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
         }
         break; /* output, a kick, the deadline: the caller's */
     }
+    /* between runs the host (snapshots, file export, a cell's files) sees process 1: it takes in
+     * the bytes a child wrote */
+    if (fam->m[0].sb == root) shared_before_run(fam, root);
     atomic_store(&fam->running, 0);
     return rc < 0 ? 0 : 0;
 }

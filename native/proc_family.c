@@ -31,6 +31,7 @@ zb_family *zb_family_ensure(zb_sandbox *sb) {
     fam->m[0] = (zb_member){.pid = 1, .ppid = 0, .pgid = 1, .sid = 1, .sb = sb};
     atomic_init(&fam->kick, 0);
     atomic_init(&fam->running, 0);
+    fam->shared_latest = sb; /* its copies of shared mappings are the latest (shared_map.h) */
     sb->proc.pid = 1;
     sb->fam = fam;
     zb_mem_budget_own(&sb->mem, &fam->mem); /* process 1's limit is the family's */

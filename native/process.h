@@ -193,6 +193,9 @@ struct zb_family {
     struct zb_store **stores; /* the stores its fork snapshots made, held while pages of them live:
                                 their live pages are mem.shared_pages (family_run.c) */
     int nstores, stores_cap;
+
+    zb_sandbox *shared_latest; /* the member whose copies of shared mappings are the latest (it ran
+                                  last, or took them in since); NULL: the file system has them */
 };
 typedef struct zb_family zb_family;
 /* The family of sb, created with sb as process 1 if it has none. NULL: out of memory. */
@@ -237,6 +240,10 @@ int zb_kick_pending(const zb_sandbox *sb);
  * whose pipes, sockets, consoles, devices, host files and eventfds are the parent's own open file
  * descriptions (shared, as after Linux's fork). NULL with err. */
 zb_sandbox *zb_family_fork_sandbox(zb_sandbox *parent, int32_t pid, char *err);
+/* A non-private FUTEX_WAKE of addr in sb (family_run.c, for sys_threads.c): wake up to n waiters
+ * of the same (inode, offset) of a shared mapping (shared_map.h) in the other processes of sb's
+ * family, through their own mappings of it, as Linux keys shared futexes. The number woken. */
+int zb_family_futex_wake_shared(zb_sandbox *sb, uint64_t addr, uint32_t bitset, int n);
 
 /* ---- what a syscall handler asks of the run loop (run_events.c) ----
  * A handler that cannot finish now calls zb_stop_event(sb, kind, 1) and returns ZB_SYSCALL_STOP;

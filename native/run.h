@@ -27,6 +27,10 @@ int zb_run_threads_block(zb_sandbox *sb, zb_vm *vm, uint64_t nr, zb_event *ev);
 int zb_run_threads_after_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
 /* At the start of a run: route signals raised meanwhile, resume waiting threads. */
 int zb_run_threads_start(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
+/* A thread of sb, a process that is not running, was woken from another process (a shared futex,
+ * shared_map.c) and it is sb's current slot: a RUNNABLE current slot means loaded (its state in
+ * sb->cpu), so its parked state goes there, as a thread switch would load it. */
+void zb_run_threads_load_parked(zb_sandbox *sb);
 /* At every turn of the run loop with several threads: timeouts, signals, the time slice. */
 int zb_run_threads_tick(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
 

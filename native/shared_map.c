@@ -4,7 +4,9 @@
  * other pages), authoritative while it exists: the hooks in file_overlay.c, sys_fsmeta.c,
  * fs_export.c and snapshot.c write it back before the file's data is read, and refresh it after
  * the data is changed. Write-back compares page by page and writes only pages that differ, so it
- * costs a read of the mapped range, never more. See shared_map.h.
+ * costs a read of the mapped range, never more. The processes of a family share a mapping
+ * inherited across fork by handing its bytes over through the file at every process switch (the
+ * end of this file). See shared_map.h.
  */
 #include "util.h"
 #include "memory.h"
@@ -171,4 +173,39 @@ long zb_shmap_unmap(zb_sandbox *sb, uint64_t addr, uint64_t len) {
 void zb_shmap_count_opens(const zb_memory *m, zb_fs *fs, int delta) {
     if (!m->shmap) return;
     for (size_t i = 0; i < m->shmap->n; i++) zb_ovl_open_ref(fs, m->shmap->e[i].ino, delta);
+}
+
+/* ---- sharing with the other processes of a family (family_run.c) ----
+ * Every process of a family has its own guest memory, so a shared mapping inherited across fork is
+ * one copy per process of the same (shared) file's bytes. The processes run one at a time, so the
+ * copies stay coherent by handing over at each switch: the process that ran writes its mapped
+ * pages back into the file, the process about to run copies the file's pages that differ into its
+ * own copy. */
+
+/* Copy e's pages that differ from the file into the mapping (zeros past the end of the file). */
+static void entry_sync_in(zb_sandbox *sb, const zb_shmap_entry *e) {
+    if (e->addr + e->len > sb->mem.size) return; /* checked at load: never */
+    uint8_t file[ZB_PAGE];
+    for (uint64_t p = 0; p < e->len; p += ZB_PAGE) {
+        uint8_t *mapped = sb->mem.host + e->addr + p;
+        long r = zb_ovl_read(sb->fs, e->ino, file, ZB_PAGE, e->off + p);
+        size_t got = r > 0 ? (size_t)r : 0;
+        memset(file + got, 0, ZB_PAGE - got);
+        if (!memcmp(file, mapped, ZB_PAGE)) continue;
+        memcpy(mapped, file, ZB_PAGE);
+        zb_mem_dirty(&sb->mem, e->addr + p, ZB_PAGE);
+    }
+}
+
+long zb_shmap_switch_out(zb_sandbox *sb) { return zb_shmap_writeback(sb, 0, 0, UINT64_MAX); }
+
+void zb_shmap_switch_in(zb_sandbox *sb) {
+    const struct zb_shmap *t = sb->mem.shmap;
+    for (size_t i = 0; t && i < t->n; i++) entry_sync_in(sb, &t->e[i]);
+}
+
+uint64_t zb_shmap_pages(const zb_memory *m) {
+    uint64_t n = 0;
+    for (size_t i = 0; m->shmap && i < m->shmap->n; i++) n += m->shmap->e[i].len / ZB_PAGE;
+    return n;
 }

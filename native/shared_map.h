@@ -47,6 +47,19 @@ const zb_shmap_entry *zb_shmap_find(const zb_memory *m, uint64_t addr, uint64_t 
 /* 1 if a read-only shared mapping overlaps guest range [addr, addr+len) (mprotect keeps it so). */
 int zb_shmap_readonly_in(const zb_memory *m, uint64_t addr, uint64_t len);
 
+/* ---- the processes of a family (shared_map.c's last part) ----
+ * A shared mapping (a file's, or a MAP_SHARED anonymous one: an unnamed overlay file) inherited
+ * across fork is a copy in each process's guest memory of the same file bytes in the family's one
+ * file system. Processes run one at a time on the executor, so the copies are handed over through
+ * the file: zb_shmap_switch_out after a process ran (its copies are the latest: written back where
+ * they differ), zb_shmap_switch_in before another runs (the file's pages that differ copied in). */
+long zb_shmap_switch_out(zb_sandbox *sb);
+void zb_shmap_switch_in(zb_sandbox *sb);
+/* Pages of m held by shared mappings. Hook for a family-wide memory budget: these pages are one
+ * region of the family however many processes map it, so such a budget counts them once (in the
+ * file system's bytes, or in one process) and subtracts them from each other process's pages. */
+uint64_t zb_shmap_pages(const zb_memory *m);
+
 /* ftruncate/truncate/O_TRUNC/fallocate of an overlay file, with its mappings refreshed
  * (file_overlay.c). */
 long zb_overlay_truncate(zb_sandbox *sb, uint32_t ino, uint64_t size);

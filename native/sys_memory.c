@@ -3,7 +3,8 @@
  * The guest's page tables map all of guest memory once (guest_layout.c), so these calls only hand
  * out and take back guest-physical ranges: a top-down allocator, zeroing of freed ranges, and
  * copy-on-write mappings of host files for file-backed mmap. mprotect is recorded, not enforced.
- * MAP_SHARED mappings of overlay files are copies kept coherent with the file (shared_map.c).
+ * MAP_SHARED mappings of overlay files are copies kept coherent with the file (shared_map.c); a
+ * MAP_SHARED anonymous mapping is one of an unnamed overlay file, so it stays shared across fork.
  */
 #include "util.h"
 #include "memory.h"
@@ -60,6 +61,10 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         if (busy < 0) return busy;
         if (f->ops->getdents) return -ENODEV; /* a directory: before anything else (other files that
                                                 cannot be mapped say so once the range is chosen) */
+    } else if (type != MAP_PRIVATE) {
+        shared = 1; /* an unnamed overlay file of its size, made once the range is chosen */
+        /* its bytes live in the file system once shared with another process: they must fit there */
+        if (len > sb->fs->bytes_limit - ZB_MIN(sb->fs->bytes_used, sb->fs->bytes_limit)) return -ENOMEM;
     }
     uint64_t at;
     if (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) {
@@ -81,6 +86,21 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
     }
     zb_mem_mark(m, at, len, 1);
     const char *name = "[anon]";
+    if (!f && shared) {
+        /* a shared anonymous mapping is a shared mapping of an unnamed overlay file (as Linux's
+         * shmem): it stays shared with the processes forked from here (shared_map.c) */
+        long rc = -ENOMEM;
+        if ((ino = zb_ovl_new_inode(sb->fs, INO_FILE, 0600))) {
+            rc = zb_ovl_truncate(sb->fs, ino, len) < 0 ? -ENOMEM : zb_shmap_add(sb, ino, at, len, 0, 1);
+            if (rc < 0) zb_ovl_discard(sb->fs, ino);
+        }
+        if (rc < 0) {
+            zb_mem_zero(m, at, len);
+            zb_mem_mark(m, at, len, 0);
+            return rc;
+        }
+        name = "/dev/zero (deleted)";
+    }
     /* a big writable anonymous mapping is about to be filled (glibc's malloc gives numpy arrays
      * their own mapping): fault it in on the host now, at a fraction of the guest's cost.
      * MAP_NORESERVE and PROT_NONE mappings are reservations (arenas): left alone. */

@@ -282,7 +282,10 @@ static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
     case FUTEX_WAKE: case FUTEX_WAKE_BITSET: {
         uint32_t bitset = cmd == FUTEX_WAKE ? FUTEX_BITSET_MATCH_ANY : val3;
         if (!bitset) return -EINVAL;
-        return zb_threads_futex_wake(ts, a[0], bitset, (int)ZB_MIN(a[2] & 0xffffffff, (uint64_t)INT32_MAX));
+        int n = (int)ZB_MIN(a[2] & 0xffffffff, (uint64_t)INT32_MAX);
+        int woken = zb_threads_futex_wake(ts, a[0], bitset, n);
+        if (!((int)a[1] & FUTEX_PRIVATE_FLAG)) woken += zb_family_futex_wake_shared(sb, a[0], bitset, n - woken);
+        return woken;
     }
     case FUTEX_REQUEUE: case FUTEX_CMP_REQUEUE: {
         int nwake = (int)a[2], nmove = (int)a[3];
@@ -303,7 +306,13 @@ static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
         if (rc < 0) return rc;
         int nwake = (int)ZB_MIN(a[2] & 0xffffffff, (uint64_t)INT32_MAX), nwake2 = (int)ZB_MIN(a[3] & 0xffffffff, (uint64_t)INT32_MAX);
         int woken = zb_threads_futex_wake(ts, a[0], FUTEX_BITSET_MATCH_ANY, nwake);
-        if (cmp_true) woken += zb_threads_futex_wake(ts, a[4], FUTEX_BITSET_MATCH_ANY, nwake2);
+        int shared = !((int)a[1] & FUTEX_PRIVATE_FLAG);
+        if (shared) woken += zb_family_futex_wake_shared(sb, a[0], FUTEX_BITSET_MATCH_ANY, nwake - woken);
+        if (cmp_true) {
+            int w2 = zb_threads_futex_wake(ts, a[4], FUTEX_BITSET_MATCH_ANY, nwake2);
+            if (shared) w2 += zb_family_futex_wake_shared(sb, a[4], FUTEX_BITSET_MATCH_ANY, nwake2 - w2);
+            woken += w2;
+        }
         return woken;
     }
     default:

@@ -96,7 +96,7 @@ class GuestSpec:
     cwd: str = GUEST_HOME
     mem_bytes: int = 1 << 30
     memory_limit: int = 0
-    overlay_dirs: list[str] = field(default_factory=lambda: ["/tmp", GUEST_HOME])
+    overlay_dirs: list[str] = field(default_factory=lambda: ["/tmp", GUEST_HOME, "/dev/shm"])
     files: dict[str, bytes] = field(default_factory=lambda: dict(IDENTITY_FILES))
 
 

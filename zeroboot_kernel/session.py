@@ -52,7 +52,7 @@ class Checkpoint:
 
 FILES_MODES = ("overlay", "readonly", "readwrite")
 # Directories the guest has of its own (guest_view.GuestSpec.overlay_dirs): no notebook folder there.
-GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME)
+GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME, "/dev/shm")
 
 
 class Session:

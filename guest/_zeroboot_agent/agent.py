@@ -502,8 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     # where IPython's kernel app puts it.
     del sys.path[0]
     insert_cwd_entry()
-    # joblib probes for POSIX semaphores on import and warns "[Errno 2] No such file or directory.
-    # joblib will operate in serial mode", which reads like a bug: serial is all the sandbox can do.
+    # joblib stays serial: its loky backend (its own fork+exec workers) has not been run in the
+    # sandbox (joblib is not in the test environment), while multiprocessing's fork and spawn start
+    # methods have (tests/test_procs_cells.py). Unset it in a cell to try loky.
     os.environ.setdefault("JOBLIB_MULTIPROCESSING", "0")
     gate.install()
     channel.quiet = False

@@ -82,9 +82,9 @@ def _without_agent_frames(tb: TracebackType | None) -> TracebackType | None:
     return kept[0]
 
 
-SANDBOX_NOTE = ("zeroboot: multiprocessing (Pool, ProcessPoolExecutor) cannot run in the VM sandbox yet: its "
-                "locks need shared memory across processes (/dev/shm), which is not built; subprocess, os.fork, "
-                "!cmd and threads work (on one CPU).")
+SANDBOX_NOTE = ("zeroboot: the sandbox refused to start another process (EAGAIN): its limit of processes "
+                "(64 by default) is reached, exited children not yet waited for included; wait for finished "
+                "children (Popen.wait, Pool.close + join) or use a Pool with fewer workers.")
 THREAD_LIMIT_NOTE = ("zeroboot: the sandbox's limit of threads is reached (threads that have not ended count); "
                      "join finished threads, or use a ThreadPoolExecutor with fewer workers.")
 SHARED_MAPPING_NOTE = ("zeroboot: writable shared file mappings are not supported in the sandbox for the "
@@ -105,7 +105,7 @@ _PROCESS_STARTERS = frozenset({"_execute_child", "_fork_exec", "_launch", "_posi
 
 
 def _starts_a_process(tb: TracebackType | None) -> bool:
-    """Raised below a process starter, or inside multiprocessing (whose locks need /dev/shm)."""
+    """Raised below a process starter, or inside multiprocessing (which forks in its own code)."""
     while tb is not None:
         code = tb.tb_frame.f_code
         if code.co_name in _PROCESS_STARTERS or f"{os.sep}multiprocessing{os.sep}" in code.co_filename:
@@ -183,8 +183,8 @@ def _explain_sandbox_refusal(value: BaseException | None) -> None:
         if THREAD_LIMIT_NOTE not in getattr(value, "__notes__", ()):
             value.add_note(THREAD_LIMIT_NOTE)
         return
-    if isinstance(value, OSError) and _starts_a_process(value.__traceback__):
-        value.add_note(SANDBOX_NOTE)
+    if isinstance(value, BlockingIOError) and _starts_a_process(value.__traceback__):
+        value.add_note(SANDBOX_NOTE)  # fork's EAGAIN: the process limit (native/sys_procs.c)
 
 
 class FrameDisplayPublisher(DisplayPublisher):

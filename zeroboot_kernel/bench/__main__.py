@@ -20,7 +20,7 @@ SUBCOMMANDS = {
     "memory": "memory",    # data-heavy notebooks vs ipykernel: host memory, time per cell, big fills
     "batch": "batch",      # many small notebooks: zeroboot-kernel execute vs papermill vs nbconvert
     "threads": "threads",  # thread create+join, GIL ping-pong, ThreadPoolExecutor, 1+1 with idle threads
-    "processes": "processes",  # os.fork + os.waitpid of the Python process and a fork + pipe round trip, vs host
+    "processes": "processes",  # os.fork + os.waitpid, a fork + pipe round trip, Pool(2).map of 100 tasks, vs host
     "fanout": "fanout",    # a 50-value %%fanout sweep of a 10 ms cell vs a loop in one cell
     "save": "save",        # session save/resume of 100 MB of arrays vs pickling them on the host
     "execve": "execve",    # execve of /bin/true in the guest vs fork/posix_spawn+exec+wait on the host

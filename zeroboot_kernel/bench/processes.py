@@ -3,8 +3,10 @@
 os.fork() + os.waitpid() of the Python process: the guest's (the agent's CPython in a fork of the
 template, where a fork is a copy-on-write sandbox fork run on the same executor VM) against a
 fresh host CPython's (a subprocess of this one, so no engine or VM is in the forked process),
-each timed inside its own process; and a fork + pipe round trip (the child writes 1 byte, the
-parent reads it and waits).
+each timed inside its own process; a fork + pipe round trip (the child writes 1 byte, the
+parent reads it and waits); and multiprocessing.Pool(2).map of 100 small tasks with the fork start
+method (pool start, the map, close + join: its locks are semaphores in shared memory, woken across
+processes), fewer iterations of it (POOL_ITERATIONS).
 """
 from __future__ import annotations
 
@@ -34,7 +36,18 @@ SNIPPETS = {
         "    if pid == 0: os.write(w, b'x'); os._exit(0)\n"
         "    os.read(r, 1); os.waitpid(pid, 0); ts.append(time.perf_counter() - t0); os.close(r); os.close(w)\n"
         "print(*ts)"),
+    "multiprocessing.Pool(2).map, 100 tasks": (
+        "import multiprocessing as mp, time\nts = []\n"
+        "for _ in range({n}):\n"
+        "    t0 = time.perf_counter()\n"
+        "    with mp.get_context('fork').Pool(2) as p:\n"
+        "        assert p.map(abs, range(-100, 0)) == list(range(100, 0, -1))\n"
+        "        p.close(); p.join()\n"
+        "    ts.append(time.perf_counter() - t0)\n"
+        "print(*ts)"),
 }
+# A pool's start, map and join is a whole sequence of forks and hand-overs: fewer of them.
+POOL_ITERATIONS = 5
 
 
 def _times(text: str) -> list[float]:
@@ -46,7 +59,7 @@ def measure(n: int = 20) -> dict[str, Any]:
     res: dict[str, Any] = {"iterations": n, "rows": {}}
     with template.fork() as sb:
         for label, code in SNIPPETS.items():
-            src = code.format(n=n)
+            src = code.format(n=min(n, POOL_ITERATIONS) if "Pool" in label else n)
             r = sb.execute(src)
             assert r.status == "ok", r
             guest = _times(r.stdout)

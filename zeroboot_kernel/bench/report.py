@@ -31,7 +31,7 @@ TITLES = {
     "soak": "Soak: one kernel, thousands of mixed cells",
     "comms": "Widget round trips (comms), vs stock ipykernel",
     "execve": "execve of /bin/true: the guest's exec vs process creation on the host",
-    "processes": "Processes: os.fork + os.waitpid in the guest, vs host",
+    "processes": "Processes: os.fork + os.waitpid and multiprocessing.Pool in the guest, vs host",
     "hub": "A JupyterHub class on one server, vs stock ipykernel",
 }
 # the text under the comms section (its numbers come from its own run, `bench comms`)
@@ -44,7 +44,10 @@ EXECVE_NOTE = ("The guest's row is exec alone (fork+wait is the processes sectio
                "clock is the host's). A host process cannot exec without being created, so the host rows include "
                "process creation, which the guest row does not.")
 # the text under the processes section (its numbers come from its own run, `bench processes`)
-PROCESSES_NOTE = ("os.fork()+os.waitpid of the agent's CPython: a guest fork is a snapshot of the parent taken inside its fork syscall (the pages it wrote since its last snapshot: ~2 ms) and a new sandbox forked from it (~26 ms: its memory mapped and the snapshot's pages applied), after which the parent and the child run in turn on the one executor VM. Each switch re-attaches the VM to the other sandbox's memory, which drops KVM's shadow pages: the child's way from fork() to os._exit(0) costs ~60 ms of first-touch faults, the parent's way back ~35 ms (one run timed with temporary instrumentation in the engine; this host at load 11 on 2 cores). The host forks a fresh CPython in ~1 ms. The issue's target (a guest fork+wait faster than the host's) is not met: it needs the child to run without a cold VM (one executor VM per process keeps the parent's shadow pages, ~35 ms of the ~130 ms; the child's own cold start remains, since its memory is a new host mapping), which is not done. Processes yield the VM after 100 ms slices (with a thread's 10 ms slices a fork+wait took 3-11 s of parent and child re-faulting each other out).")
+PROCESSES_NOTE = ("os.fork()+os.waitpid of the agent's CPython: a guest fork is a snapshot of the parent taken inside its fork syscall (the pages it wrote since its last snapshot: ~2 ms) and a new sandbox forked from it (~26 ms: its memory mapped and the snapshot's pages applied), after which the parent and the child run in turn on the one executor VM. Each switch re-attaches the VM to the other sandbox's memory, which drops KVM's shadow pages: the child's way from fork() to os._exit(0) costs ~60 ms of first-touch faults, the parent's way back ~35 ms (one run timed with temporary instrumentation in the engine; this host at load 11 on 2 cores). The host forks a fresh CPython in ~1 ms. The issue's target (a guest fork+wait faster than the host's) is not met: it needs the child to run without a cold VM (one executor VM per process keeps the parent's shadow pages, ~35 ms of the ~130 ms; the child's own cold start remains, since its memory is a new host mapping), which is not done. Processes yield the VM after 100 ms slices (with a thread's 10 ms slices a fork+wait took 3-11 s of parent and child re-faulting each other out). "
+                  "multiprocessing.Pool(2).map of 100 small tasks (pool start, map, close + join; 5 iterations) is a "
+                  "sequence of forks and hand-overs between processes, each a process switch plus a compare of the shared "
+                  "mappings' bytes (a few pages of semaphores: microseconds): it works, it is not fast.")
 OPTIONAL = ("network", "soak", "comms", "execve", "processes", "hub")  # sections measured by their own runs, rendered when their results exist
 
 
