@@ -87,6 +87,18 @@ static int load(zb_sandbox *sb, zb_vm *vm, int slot, zb_event *ev) {
     return 0;
 }
 
+void zb_run_threads_load_parked(zb_sandbox *sb) {
+    zb_threads *ts = &sb->threads;
+    zb_thread *t = &ts->t[ts->current];
+    cpu_copy(&sb->cpu, &t->cpu, sb->engine->xsave_size);
+    sb->sig.blocked = t->blocked;
+    sb->sig.altstack_sp = t->altstack_sp;
+    sb->sig.altstack_size = t->altstack_size;
+    sb->sig.altstack_flags = t->altstack_flags;
+    sb->sig.pending |= t->pending;
+    t->pending = 0;
+}
+
 /* Waiters whose timeout passed become runnable (a futex wait fails with ETIMEDOUT; a yielded
  * syscall is served again and finds its time up). 1 if any did. */
 static int expire(zb_threads *ts, int64_t now) {
