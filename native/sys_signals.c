@@ -137,6 +137,7 @@ static long sys_rt_sigtimedwait(zb_sandbox *sb, const uint64_t a[6]) {
         wake = zb_now_ns() + ns;
     }
     for (;;) {
+        if (sb->sig.alarm_ns) zb_alarm_check(sb, zb_now_ns()); /* its SIGALRM may be what it waits for */
         uint64_t ready = sb->sig.pending & set;
         if (ready) {
             int sig = __builtin_ctzll(ready) + 1;
@@ -158,6 +159,11 @@ static long sys_rt_sigtimedwait(zb_sandbox *sb, const uint64_t a[6]) {
         long r = zb_sleep_until(sb, wake);
         sb->sig.blocked = blocked;
         if (r == 0 && !(sb->sig.pending & set)) return -EAGAIN; /* the timeout passed (at once for a zero timeout) */
+        if (r == ZB_SYSCALL_BLOCK && sb->sig.alarm_ns && (set & ZB_SIG_BIT(SIGALRM))) {
+            /* parked (its mask is its own): the scheduler runs it again at the alarm, which it waits for */
+            zb_thread *me = &sb->threads.t[sb->threads.current];
+            me->wake_ns = ZB_MIN(me->wake_ns, sb->sig.alarm_ns);
+        }
         if (r != 0 && r != -EINTR) return r; /* yielded or stopped: served again (pending_wake_ns keeps the deadline) */
         /* -EINTR: the guest's alarm went off (SIGALRM queued): taken above if it is in `set` */
     }

@@ -5,6 +5,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
 
 static volatile sig_atomic_t got_sig, got_count;
@@ -250,6 +251,21 @@ static void test_sigtimedwait(int argc, char **argv) {
     struct timespec bad = {0, 1000000000};
     CHECK_ERR(syscall(SYS_rt_sigtimedwait, &set, NULL, &bad, 8), EINVAL);
     OK(sigprocmask(SIG_SETMASK, &old, NULL));
+    /* in a child process, while its parent waits for it: the alarm still ends the wait */
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        sigset_t alrm;
+        sigemptyset(&alrm);
+        sigaddset(&alrm, SIGALRM);
+        sigprocmask(SIG_BLOCK, &alrm, NULL);
+        alarm(1);
+        int got = 0;
+        _exit(sigwait(&alrm, &got) == 0 && got == SIGALRM && got_sig == SIGALRM /* from before */ ? 0 : 1);
+    }
+    int status = 0;
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
 }
 
 /* A periodic ITIMER_REAL interrupts a computation that makes no syscalls, again and again. */
