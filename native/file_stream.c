@@ -76,6 +76,7 @@ long zb_stream_read(zb_pipe *pp, uint8_t *p, size_t n) {
 
 long zb_stream_write(zb_pipe *pp, const uint8_t *p, size_t n) {
     if (!pp->readers) return -EPIPE;
+    if (!n) return 0; /* a null write succeeds, even on a full stream (never "would block") */
     if (pp->len + n > ZB_STREAM_CAP) n = ZB_STREAM_CAP - pp->len;
     if (!n) return -EAGAIN;
     zb_bytes *b = pp->buf;

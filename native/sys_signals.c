@@ -113,6 +113,62 @@ static long sys_pause(zb_sandbox *sb, const uint64_t a[6]) {
     return r == 0 ? -EINTR : r;
 }
 
+/* rt_sigtimedwait(set, info, timeout, sigsetsize) (sigwait, sigwaitinfo, sigtimedwait): take the
+ * lowest pending signal of `set` without running its handler, and return its number (its siginfo
+ * to `info`: a signal the guest or the host raised reads as SI_USER). With none pending it waits
+ * like a sleep (served again after yielding to other threads and processes, which may send one)
+ * until one is, the timeout passes (EAGAIN; a zero timeout polls), or another signal that is not
+ * blocked ends the wait (EINTR: its handler runs). As POSIX asks, the signals of `set` should be
+ * blocked: one that is not is delivered to its handler instead (the run loop delivers unblocked
+ * signals before serving the wait again). */
+static long sys_rt_sigtimedwait(zb_sandbox *sb, const uint64_t a[6]) {
+    uint64_t set;
+    if (a[3] != 8) return -EINVAL;
+    if (zb_copy_from_guest(sb, &set, a[0], 8) < 0) return -EFAULT;
+    if (a[1] && !zb_guest_ptr(sb, a[1], 128, 1)) return -EFAULT;
+    set &= ~ZB_SIG_UNBLOCKABLE;
+    int64_t wake = INT64_MAX;
+    if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns; /* served again: the first deadline */
+    else if (a[2]) {
+        struct { int64_t sec, nsec; } ts;
+        if (zb_copy_from_guest(sb, &ts, a[2], sizeof ts) < 0) return -EFAULT;
+        if (ts.sec < 0 || ts.nsec < 0 || ts.nsec >= 1000000000) return -EINVAL;
+        int64_t ns = ts.sec > INT64_MAX / 1000000000 / 4 ? INT64_MAX / 4 : ts.sec * 1000000000 + ts.nsec;
+        wake = zb_now_ns() + ns;
+    }
+    for (;;) {
+        if (sb->sig.alarm_ns) zb_alarm_check(sb, zb_now_ns()); /* its SIGALRM may be what it waits for */
+        uint64_t ready = sb->sig.pending & set;
+        if (ready) {
+            int sig = __builtin_ctzll(ready) + 1;
+            sb->sig.pending &= ~ZB_SIG_BIT(sig);
+            if (a[1]) {
+                struct { int32_t signo, errno_, code, pad; uint8_t rest[112]; } info;
+                memset(&info, 0, sizeof info);
+                info.signo = sig; /* code 0: SI_USER */
+                if (zb_copy_to_guest(sb, a[1], &info, sizeof info) < 0) return -EFAULT;
+            }
+            return sig;
+        }
+        if (signal_ready(sb)) return -EINTR; /* another signal, handled or fatal, ends the wait */
+        /* While it sleeps the set counts as unblocked, as Linux waits (so the guest's alarm ends a
+         * wait for SIGALRM); the mask is the thread's own again whenever the syscall is not in
+         * progress, so a signal of the set that came meanwhile is taken above, never handled. */
+        uint64_t blocked = sb->sig.blocked;
+        sb->sig.blocked &= ~set;
+        long r = zb_sleep_until(sb, wake);
+        sb->sig.blocked = blocked;
+        if (r == 0 && !(sb->sig.pending & set)) return -EAGAIN; /* the timeout passed (at once for a zero timeout) */
+        if (r == ZB_SYSCALL_BLOCK && sb->sig.alarm_ns && (set & ZB_SIG_BIT(SIGALRM))) {
+            /* parked (its mask is its own): the scheduler runs it again at the alarm, which it waits for */
+            zb_thread *me = &sb->threads.t[sb->threads.current];
+            me->wake_ns = ZB_MIN(me->wake_ns, sb->sig.alarm_ns);
+        }
+        if (r != 0 && r != -EINTR) return r; /* yielded or stopped: served again (pending_wake_ns keeps the deadline) */
+        /* -EINTR: the guest's alarm went off (SIGALRM queued): taken above if it is in `set` */
+    }
+}
+
 static long sys_rt_sigreturn(zb_sandbox *sb, const uint64_t a[6]) {
     (void)a;
     return zb_signals_sigreturn(sb);
@@ -125,6 +181,7 @@ void zb_sys_signals_register(zb_syscall_fn *t) {
     t[SYS_sigaltstack] = sys_sigaltstack;
     t[SYS_rt_sigreturn] = sys_rt_sigreturn;
     t[SYS_rt_sigsuspend] = sys_rt_sigsuspend;
+    t[SYS_rt_sigtimedwait] = sys_rt_sigtimedwait;
     t[SYS_pause] = sys_pause;
     t[SYS_kill] = sys_kill;
 }

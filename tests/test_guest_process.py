@@ -45,6 +45,10 @@ def test_signals_the_guest_sends_itself():
     guest_c.check("signals", "self")
 
 
+def test_sigwait_and_sigtimedwait_take_pending_signals():
+    guest_c.check("signals", "sigtimedwait")
+
+
 def test_faults_the_guest_handles_itself():
     guest_c.check("signals", "segv_handler")
 

@@ -46,6 +46,53 @@ def test_fork_and_wait_in_a_cell(s: Session) -> None:
     assert s.sandbox.guest.process_count() == 1
 
 
+def test_a_forked_childs_print_reaches_the_cell(s: Session) -> None:
+    """A child's print() through the agent's sys.stdout/sys.stderr reaches the cell, as under
+    ipykernel (its OutStream forwards a forked child's text): text pending at the fork is printed
+    once (the parent's), a child's exception shows its traceback, and display() in a child says
+    that it cannot reach the notebook instead of vanishing."""
+    streams: list[tuple[str, str]] = []
+    reply = s.execute("import os, sys\n"
+                      "print('before', end='')  # pending in the parent's buffer at the fork\n"
+                      "pid = os.fork()\n"
+                      "if pid == 0:\n"
+                      "    print(' child says hi')\n"
+                      "    print('child err', file=sys.stderr)\n"
+                      "    sys.stdout.flush()\n"
+                      "    os._exit(0)\n"
+                      "os.waitpid(pid, 0)\n"
+                      "pid = os.fork()\n"
+                      "if pid == 0:\n"
+                      "    try:\n"
+                      "        display('shown?')\n"
+                      "    finally:\n"
+                      "        os._exit(0)\n"
+                      "os.waitpid(pid, 0)\n"
+                      "print('|parent')", execution_count=1,
+                      on_stream=lambda name, text: streams.append((name, text)))
+    assert reply["status"] == "ok", reply
+    out = "".join(t for n, t in streams if n == "stdout")
+    err = "".join(t for n, t in streams if n == "stderr")
+    assert out.count("before") == 1 and " child says hi\n" in out and out.endswith("|parent\n"), streams
+    assert "child err\n" in err, streams
+    assert "is a fork of the kernel" in err and "DISPLAY" in err, streams
+    # an exception in a child that does not catch it: its traceback is the child's stderr
+    streams.clear()
+    reply = s.execute("pid = os.fork()\n"
+                      "if pid == 0:\n"
+                      "    try:\n"
+                      "        1 / 0\n"
+                      "    except ZeroDivisionError:\n"
+                      "        import traceback; traceback.print_exc()\n"
+                      "    os._exit(1)\n"
+                      "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))", execution_count=2,
+                      on_stream=lambda name, text: streams.append((name, text)))
+    assert reply["status"] == "ok", reply
+    assert "ZeroDivisionError" in "".join(t for n, t in streams if n == "stderr"), streams
+    assert "".join(t for n, t in streams if n == "stdout").endswith("1\n"), streams
+    assert ok(cell(s, "print('after')", 3)) == "after\n"
+
+
 def test_a_child_crash_is_the_childs_only(s: Session) -> None:
     out = ok(cell(s, "import os, ctypes\n"
                      "x = 41\n"

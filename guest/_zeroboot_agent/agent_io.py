@@ -224,6 +224,38 @@ class Channel:
         self.lock = threading.RLock()
         self._in_request = False
         self._idle_seq = 0  # the number of the next frame sent between requests (reset by each reply)
+        # In a process the cell forked (os.fork()) the channel is not this process's: only the
+        # agent (process 1) talks to the host, and the engine drops a child's frames. A child's
+        # sys.stdout/sys.stderr text goes to its fd 1/2 instead, which reach the cell as output
+        # while a request runs, as a forked child's print reaches the cell under ipykernel (its
+        # OutStream forwards a child's text to the kernel process).
+        self.forked = False
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    def _after_fork_in_child(self) -> None:
+        """In the new child: text pending at the fork is the parent's to send (not sent twice),
+        and from now on this process's stream text goes to its own fd 1/2 (child_write). The
+        lock is not taken: another thread of the parent may have held it at the fork."""
+        self.forked = True
+        self._pending = []
+        self._pending_len = 0
+        self._pending_eol = False
+        self.lock = threading.RLock()
+
+    def child_write(self, name: str, text: str) -> None:
+        """A forked child's stream text: written at once to fd 1 (stdout) or 2 (stderr), as the
+        raw bytes a child's os.write would give (the host shows them in the cell). A closed or
+        broken descriptor drops the text, as a write to it would."""
+        try:
+            data = text.encode("utf-8", "surrogateescape")  # bytes a file name or os.read gave back
+        except UnicodeEncodeError:
+            data = text.encode("utf-8", "backslashreplace")
+        fd = 1 if name == "stdout" else 2
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            pass
 
     # ---- writing -------------------------------------------------------------------------
 
@@ -231,6 +263,14 @@ class Channel:
         """Send one frame (after any pending stream text). An interrupt that arrives meanwhile
         is raised once the frame is out (InterruptGate), never half-way through it. `buffers`
         (raw bytes) go with the frames of BINARY_TYPES (comm messages)."""
+        if self.forked:
+            if ftype == FrameType.ERROR:  # an exception the child's cell code raised: its traceback
+                tb = payload.get("traceback")
+                self.child_write("stderr", "\n".join(safe_str(line) for line in tb) + "\n" if isinstance(tb, list)
+                                 else f"{safe_str(payload.get('ename'))}: {safe_str(payload.get('evalue'))}\n")
+                return
+            _child_frame(ftype)
+            return
         with _ChannelUpdate(self):
             if ftype != FrameType.STREAM:
                 self.flush_stream()
@@ -280,6 +320,9 @@ class Channel:
 
     def stream_write(self, name: str, text: str) -> None:
         if not text:
+            return
+        if self.forked:
+            self.child_write(name, text)
             return
         with _ChannelUpdate(self):  # the buffer and its counters change together or not at all
             if self._pending and name != self._pending_name:
@@ -376,6 +419,28 @@ class Channel:
             if not chunk:
                 return None
             self._rbuf += chunk
+
+
+def _child_frame(ftype: int) -> None:
+    """A forked child tried to send a frame (display(), a comm message): only the agent process
+    talks to the host, so it is not sent; said once per frame type on the child's stderr, which
+    reaches the cell, instead of vanishing."""
+    if ftype in _CHILD_FRAMES_SAID or ftype in REPLY_TYPES:
+        return  # a reply: the child went on past the cell's code (it did not _exit); nobody waits for it
+    _CHILD_FRAMES_SAID.add(ftype)
+    try:
+        name = FrameType(ftype).name
+    except ValueError:
+        name = str(ftype)
+    note = (f"[zeroboot: process {os.getpid()} is a fork of the kernel; its {name} output (display, "
+            f"comm messages) cannot reach the notebook, only its printed text does]\n")
+    try:
+        os.write(2, note.encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+_CHILD_FRAMES_SAID: set[int] = set()
 
 
 def _with_check(body: bytes, check: dict[str, int]) -> bytes:

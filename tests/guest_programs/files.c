@@ -218,6 +218,7 @@ static void test_pipe(int argc, char **argv) {
     CHECK_EQ(read(p[0], buf, 4), 4);
     CHECK(!memcmp(buf, "abcd", 4), "pipe order");
     CHECK_EQ(read(p[0], buf, 16), 2);
+    CHECK_EQ(write(p[1], "", 0), 0);    /* a null write succeeds at once (it used to wait forever) */
     CHECK_ERR(write(p[0], "x", 1), EBADF);
     CHECK_ERR(read(p[1], buf, 1), EBADF);
     CHECK_ERR(lseek(p[0], 0, SEEK_SET), ESPIPE);
@@ -246,6 +247,7 @@ static void test_pipe(int argc, char **argv) {
     OK(pipe(p));
     OK(close(p[0]));
     CHECK_ERR(write(p[1], "x", 1), EPIPE);
+    CHECK_EQ(write(p[1], "", 0), 0);    /* null write: 0 before the readers are looked at */
     OK(close(p[1]));
     CHECK_ERR(pipe2(p, O_DIRECT << 4), EINVAL);
     /* a full pipe: a non-blocking write is partial, then EAGAIN */
@@ -255,6 +257,7 @@ static void test_pipe(int argc, char **argv) {
     while ((r = write(p[1], chunk, sizeof chunk)) > 0) total += r;
     CHECK_EQ(errno, EAGAIN);
     CHECK(total >= 65536, "a pipe holds %ld bytes", total);
+    CHECK_EQ(write(p[1], "", 0), 0);    /* full: a null write still succeeds */
     int avail = -1;
     OK(ioctl(p[0], FIONREAD, &avail));
     CHECK_EQ(avail, total);

@@ -5,6 +5,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
 
 static volatile sig_atomic_t got_sig, got_count;
@@ -203,6 +204,70 @@ static void test_alarm_sleep(int argc, char **argv) {
     printf("alarm after %ld ms\n", (long)(waited / 1000000));
 }
 
+/* sigwait/sigtimedwait take a blocked pending signal without its handler; a zero or short timeout
+ * gives EAGAIN; the alarm ends a wait for SIGALRM; an unblocked handled signal ends it with EINTR;
+ * bad arguments fail as in Linux. */
+static void test_sigtimedwait(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    install(SIGUSR1, 0);
+    install(SIGALRM, 0);
+    install(SIGUSR2, 0);
+    got_sig = 0;
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGALRM);
+    OK(sigprocmask(SIG_BLOCK, &set, &old));
+    OK(kill(getpid(), SIGUSR1));
+    int sig = 0;
+    CHECK_EQ(sigwait(&set, &sig), 0);
+    CHECK_EQ(sig, SIGUSR1);
+    CHECK_EQ(got_sig, 0);               /* taken, not handled */
+    struct timespec zero = {0, 0}, short_wait = {0, 50000000};
+    siginfo_t info;
+    CHECK_ERR(sigtimedwait(&set, &info, &zero), EAGAIN);
+    int64_t t0 = now_ns();
+    CHECK_ERR(sigtimedwait(&set, &info, &short_wait), EAGAIN);
+    CHECK(now_ns() - t0 >= 45000000, "a 50 ms wait took %ld ns", (long)(now_ns() - t0));
+    CHECK_EQ(alarm(1), 0u);
+    memset(&info, 0xff, sizeof info);
+    CHECK_EQ(sigwaitinfo(&set, &info), SIGALRM);
+    CHECK_EQ(info.si_signo, SIGALRM);
+    CHECK_EQ(info.si_code, 0);
+    CHECK_EQ(got_sig, 0);
+    /* a wait that an unblocked handled signal ends: the alarm's SIGALRM, unblocked now */
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    OK(sigprocmask(SIG_UNBLOCK, &set, NULL));
+    OK(sigprocmask(SIG_BLOCK, &usr1, NULL));
+    CHECK_EQ(alarm(1), 0u);
+    CHECK_ERR(sigwaitinfo(&usr1, &info), EINTR);
+    CHECK_EQ(got_sig, SIGALRM);
+    CHECK_ERR(syscall(SYS_rt_sigtimedwait, &set, NULL, NULL, 4), EINVAL);
+    CHECK_ERR(syscall(SYS_rt_sigtimedwait, (void *)8, NULL, NULL, 8), EFAULT);
+    CHECK_ERR(syscall(SYS_rt_sigtimedwait, &set, (void *)8, &zero, 8), EFAULT);
+    struct timespec bad = {0, 1000000000};
+    CHECK_ERR(syscall(SYS_rt_sigtimedwait, &set, NULL, &bad, 8), EINVAL);
+    OK(sigprocmask(SIG_SETMASK, &old, NULL));
+    /* in a child process, while its parent waits for it: the alarm still ends the wait */
+    pid_t pid = fork();
+    CHECK(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        sigset_t alrm;
+        sigemptyset(&alrm);
+        sigaddset(&alrm, SIGALRM);
+        sigprocmask(SIG_BLOCK, &alrm, NULL);
+        alarm(1);
+        int got = 0;
+        _exit(sigwait(&alrm, &got) == 0 && got == SIGALRM && got_sig == SIGALRM /* from before */ ? 0 : 1);
+    }
+    int status = 0;
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
+}
+
 /* A periodic ITIMER_REAL interrupts a computation that makes no syscalls, again and again. */
 static void test_itimer_busy(int argc, char **argv) {
     (void)argc;
@@ -332,6 +397,7 @@ static const zb_test tests[] = {
     {"self", test_self},
     {"segv_handler", test_segv_handler},
     {"alarm_sleep", test_alarm_sleep},
+    {"sigtimedwait", test_sigtimedwait},
     {"itimer_busy", test_itimer_busy},
     {"alarm_default", test_alarm_default},
     {"itimer_cpu", test_itimer_cpu},

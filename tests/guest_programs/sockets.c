@@ -34,6 +34,7 @@ static void test_pair(int argc, char **argv) {
     CHECK_EQ(read(sv[1], buf, sizeof buf), 4);
     CHECK(!memcmp(buf, "ping", 4), "read %.4s", buf);
     CHECK_ERR(recv(sv[1], buf, sizeof buf, MSG_DONTWAIT), EAGAIN); /* nothing queued */
+    CHECK_EQ(write(sv[0], "", 0), 0);   /* a null write succeeds at once */
     /* recvmsg scatters over two buffers; sendmsg gathers */
     char a[3] = {0}, b[8] = {0};
     struct iovec in[2] = {{a, 3}, {b, sizeof b}};
