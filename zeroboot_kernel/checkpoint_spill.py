@@ -38,7 +38,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 import zstandard
 
@@ -60,10 +60,6 @@ COMPRESS_BELOW = 0.8           # ... and the record is compressed if the trial s
 DEFAULT_MAX = 16 << 30         # the default disk budget: at most this ...
 DEFAULT_SHARE = 4              # ... and at most 1/DEFAULT_SHARE of the file system's free space
 LEFTOVER_RE = re.compile(r"spill-(\d+)-[0-9a-f]{16}\.tmp")
-
-
-class SpillAborted(Exception):
-    """A spill given up because `abort` said so (the next request arrived): nothing was kept."""
 
 
 class SpillError(ZerobootError):
@@ -174,10 +170,9 @@ class SpillFile:
     def fits(self, raw_bytes: int) -> bool:
         return self.used + raw_bytes + HEAD.size + MAC_BYTES <= self.limit
 
-    def write(self, state_fd: int, pages_fd: int, abort: Callable[[], bool] | None = None) -> SpillRef:
+    def write(self, state_fd: int, pages_fd: int) -> SpillRef:
         """A record of the two memfds zb_snapshot_save_delta wrote. SpillError if it does not fit
-        the disk budget (the caller makes room first: fits) or the write fails; SpillAborted (the
-        record's space given back) as soon as `abort()` is true, asked before each block."""
+        the disk budget (the caller makes room first: fits) or the write fails."""
         t0 = time.perf_counter()
         state_raw, pages_raw = os.fstat(state_fd).st_size, os.fstat(pages_fd).st_size
         raw = state_raw + pages_raw
@@ -202,8 +197,6 @@ class SpillFile:
                 comp = zstandard.ZstdCompressor(level=1).compressobj() if codec == CODEC_ZSTD else None
                 done = 0
                 while done < size:
-                    if abort is not None and abort():
-                        raise SpillAborted()
                     block = os.pread(fd, min(BLOCK, size - done), done)
                     if not block:
                         raise SpillError("a checkpoint's pages were shorter than the engine said")

@@ -54,7 +54,6 @@ class EngineServer:
         # as it comes (idle_output); without one the sandbox holds it for the next cell.
         self.idle_sock = idle_sock
         self.session = session
-        session.request_waiting = self.request_waiting  # a spill to disk gives way to the next request
         self.pending: list[dict[str, Any]] = []   # control messages read while a cell ran
         self.current: Any = None                  # id of the request being served
         self.running: Any = None                  # id of the execute request whose cell runs now
@@ -302,7 +301,6 @@ class EngineServer:
         new = Session(old.template, mode=mode, keep=old.keep, timeout=float(timeout) or None, project_dir=project,
                       files=old.files, hidden=tuple(hide))
         new.host_writes_allowed = old.host_writes_allowed
-        new.request_waiting = self.request_waiting
         self.session = new
         old.close()
         return {"status": "ok"}

@@ -127,9 +127,6 @@ class Session:
         self._told_drop = self._told_over = self._told_spill = False
         self.budget_spilled = 0             # checkpoints spilled to disk for the budget, this session
         self.spill: spill.SpillFile | None = None
-        # Whether the next request is already waiting (the engine server sets it): a spill then gives
-        # way, and the checkpoint is dropped instead, so that Run All does not wait for disk writes.
-        self.request_waiting: Callable[[], bool] = lambda: False
         self.spill_reason = ""              # why there is no spill file ("" when there is one)
         self._open_spill(checkpoint_disk)
         self._over = False                  # the last enforcement found the kept checkpoint alone over the budget
@@ -733,9 +730,6 @@ class Session:
         no spill file, it is larger than the whole disk budget, or writing fails: then it is dropped."""
         if self.spill is None or cp.snapshot is None:
             return False
-        if self.request_waiting():
-            log.info("the checkpoint before cell [%d] is dropped, not spilled: the next request is waiting", cp.number)
-            return False
         state_fd = os.memfd_create("zeroboot-spill-state", os.MFD_CLOEXEC)
         pages_fd = os.memfd_create("zeroboot-spill-pages", os.MFD_CLOEXEC)
         try:
@@ -749,10 +743,7 @@ class Session:
                 old = self.checkpoints.popleft()
                 self._forget(old)
                 dropped.append(old.number)
-            cp.spilled = self.spill.write(state_fd, pages_fd, abort=self.request_waiting)
-        except spill.SpillAborted:
-            log.info("the checkpoint before cell [%d] is dropped, not spilled: the next request arrived", cp.number)
-            return False
+            cp.spilled = self.spill.write(state_fd, pages_fd)
         except (spill.SpillError, SandboxError, OSError) as exc:
             log.warning("could not spill the checkpoint before cell [%d] to disk: %s", cp.number, exc)
             self.spill_reason = f"spilling failed: {exc}"
