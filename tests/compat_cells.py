@@ -113,6 +113,11 @@ CELLS: list[Cell] = [
     # item 13: shell commands, joblib
     Cell("shell-command", "!echo hi"),
     Cell("os-system", "os.system('true')"),
+    # issue 15: multiprocessing with the fork start method, a forked child's print
+    Cell("multiprocessing-pool", "import multiprocessing\nwith multiprocessing.Pool(2) as pool:\n"
+                                 "    print(pool.map(abs, [-3, -2, -1, 0, 1]))"),
+    Cell("fork-child-print", "pid = os.fork()\nif pid == 0:\n    print('from the child', flush=True)\n    os._exit(3)\n"
+                             "os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])"),
     Cell("proc-meminfo", "mem = {l.split(':')[0]: int(l.split()[1]) for l in open('/proc/meminfo')}\n"
                          "(mem['MemTotal'] * 1024 == os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE'), mem['MemAvailable'] > 0)"),
     Cell("proc-self-status", "st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
