@@ -280,8 +280,7 @@ static int family_idle(zb_sandbox *root, zb_family *fam, int64_t deadline_ns, zb
         ppoll(NULL, 0, &ts, &wait); /* the kick signal ends it early */
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    for (int i = 0; i < fam->count; i++) /* an alarm that expired queues its SIGALRM */
-        if (fam->m[i].sb && !fam->m[i].zombie && fam->m[i].sb->sig.alarm_ns) zb_alarm_check(fam->m[i].sb, zb_now_ns());
+    zb_family_alarms_check(fam, NULL, zb_now_ns()); /* an alarm that expired queues its SIGALRM */
     return 0;
 }
 

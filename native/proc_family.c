@@ -97,11 +97,17 @@ int zb_family_others_runnable(const zb_sandbox *sb, int64_t now) {
     return 0;
 }
 
+/* A live member: its alarm counts and can go off, even while it waits for input it will not get. */
+static int alive(const zb_member *m) { return m->sb && !m->zombie && !m->sb->finished; }
+
 int64_t zb_family_next_wake(const zb_sandbox *sb) {
     const zb_family *fam = sb->fam;
     int64_t at = INT64_MAX;
     for (int i = 0; fam && i < fam->count; i++) {
-        if (fam->m[i].sb == sb || blocked_outside(fam, i)) continue;
+        if (fam->m[i].sb == sb || !alive(&fam->m[i])) continue;
+        /* its alarm: whoever holds the VM (or sleeps on it) wakes then and queues its SIGALRM */
+        if (fam->m[i].sb->sig.alarm_ns) at = ZB_MIN(at, fam->m[i].sb->sig.alarm_ns);
+        if (blocked_outside(fam, i)) continue;
         const zb_threads *ts = &fam->m[i].sb->threads;
         for (int k = 0; k < ts->cap; k++)
             if (ts->t[k].tid && ts->t[k].state != ZB_THREAD_RUNNABLE) at = ZB_MIN(at, ts->t[k].wake_ns);
@@ -116,6 +122,17 @@ int zb_family_schedulable(const zb_family *fam, int i, int64_t now) {
     for (int k = 0; k < ts->cap; k++) /* a yielded syscall is served again: it may be able to go on now */
         if (ts->t[k].tid && ts->t[k].state == ZB_THREAD_RETRY) return 1;
     return 0;
+}
+
+int zb_family_alarms_check(zb_family *fam, const zb_sandbox *except, int64_t now) {
+    int any = 0;
+    for (int i = 0; fam && i < fam->count; i++) {
+        zb_member *m = &fam->m[i];
+        if (m->sb == except || !alive(m) || !m->sb->sig.alarm_ns || !zb_alarm_check(m->sb, now)) continue;
+        m->waits_input = 0; /* as zb_family_signal: a child waiting for input it never gets takes it */
+        any = 1;
+    }
+    return any;
 }
 
 void zb_family_signal(zb_family *fam, int i, int sig) {

@@ -214,8 +214,12 @@ int zb_family_self(const zb_family *fam, const zb_sandbox *sb);
 /* Another process than sb of its family can run now: a runnable thread, or a signal that would
  * interrupt it, or (at now) a waiter's timeout passed. */
 int zb_family_others_runnable(const zb_sandbox *sb, int64_t now);
-/* The earliest wake time of a waiting thread of another process (INT64_MAX: none). */
+/* The earliest wake time of a waiting thread of another process, or of another process's alarm
+ * (INT64_MAX: none). */
 int64_t zb_family_next_wake(const zb_sandbox *sb);
+/* Queue SIGALRM on every live member but `except` whose alarm expired by now (zb_alarm_check):
+ * a process's alarm goes off while another process holds the VM or sleeps on it. 1 if any did. */
+int zb_family_alarms_check(zb_family *fam, const zb_sandbox *except, int64_t now);
 /* Member slot i can be scheduled (not a zombie, not waiting for input or a vfork child, and a
  * thread that can run or be served again, or a signal for it). */
 int zb_family_schedulable(const zb_family *fam, int i, int64_t now);

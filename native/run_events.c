@@ -73,7 +73,9 @@ int zb_kick_pending(const zb_sandbox *sb) {
 static int yield_sleep(zb_sandbox *sb, int64_t wake_ns, int64_t now) {
     zb_threads *ts = &sb->threads;
     if (ts->count <= 1 && !sb->fam) return 0;
-    /* the same for the other processes of the family (process.h): they run in turn on the VM */
+    /* the same for the other processes of the family (process.h): they run in turn on the VM (and
+     * one whose alarm went off meanwhile can run: its SIGALRM interrupts its wait) */
+    if (sb->fam) zb_family_alarms_check(sb->fam, sb, now);
     int procs = sb->fam && (zb_family_others_runnable(sb, now) || zb_family_next_wake(sb) <= now);
     if (!procs && !zb_threads_others_runnable(ts, 0) && zb_threads_next_wake(ts) > now) return 0;
     zb_thread *me = &ts->t[ts->current];

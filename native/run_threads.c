@@ -178,6 +178,7 @@ static int idle_wait(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     for (;;) {
         int64_t now = zb_now_ns();
         expire(ts, now);
+        if (sb->fam) zb_family_alarms_check(sb->fam, sb, now); /* another process's alarm: it can run */
         int slot = route_signals(sb);
         if (slot < 0 && sb->fam && zb_family_others_runnable(sb, now)) return yield_process(sb, ev);
         if (slot < 0) slot = pick(ts, ts->current, 1);
@@ -317,6 +318,8 @@ int zb_run_threads_tick(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     if (zb_threads_timer_horizon(ts) != ts->armed_horizon) zb_run_timer_update(sb);
     int64_t now = zb_now_ns();
     if (expire(ts, now)) ts->preempt = 1;
+    /* another process's alarm went off (the wake timer): it waits for the VM now, re-armed for the slice */
+    if (sb->fam && zb_family_alarms_check(sb->fam, sb, now)) zb_run_timer_update(sb);
     int target = sb->sig.pending ? route_signals(sb) : -1;
     if (target >= 0) ts->preempt = 1; /* switched to at once, or at the next tick if mid-trap */
     int slice_end = now - ts->slice_start_ns >= ZB_THREAD_SLICE_NS;

@@ -20,6 +20,14 @@ def test_processes(test: str) -> None:
     guest_c.check("procs", test)
 
 
+@pytest.mark.parametrize("parent", ["sleep", "spin"])
+def test_child_alarm_interrupts_its_wait(parent: str) -> None:
+    """A forked child's alarm(1) ends its select/pselect/poll/ppoll/epoll_wait (20 s timeout) with
+    EINTR while the parent sleeps in a wait of its own or spins (issue 15: the SIGALRM came only at
+    the child's timeout). The guest's bounds (10 s, 30 s) are hang guards, as is the run's 240 s."""
+    guest_c.check("procs", "child_alarm", parent, timeout=240.0)
+
+
 def test_process_limit_default_and_setting() -> None:
     # 1 GiB: every process is charged its whole memory (8 MiB of stack and the program) to the
     # sandbox's one memory budget, and 64 of them must fit in it to meet the process limit first

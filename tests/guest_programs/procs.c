@@ -9,10 +9,14 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/select.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <sys/wait.h>
 
 /* A child ends: with its failures (100 + n) if any check failed, else with code. */
@@ -533,6 +537,107 @@ static void test_leave(int argc, char **argv) {
     (void)read(hold[0], &c, 1); /* nobody writes: blocks until the deadline */
 }
 
+/* ---- a child's own alarm interrupts its blocking wait (issue 15) ----
+ * A forked child arms alarm(1) and blocks in select/pselect6/poll/ppoll/epoll_wait on an empty
+ * pipe with a 20 s timeout and a SIGALRM handler (no SA_RESTART): the wait must end with EINTR
+ * after the alarm, not at its timeout, while the parent holds the VM, either sleeping in a wait of
+ * its own (poll on the child's report pipe: argv[2] "sleep") or spinning with no syscalls
+ * ("spin"). The bound (10 s) is a hang guard, not a timing check. */
+static volatile sig_atomic_t alarms_seen;
+static void on_alarm(int sig) { (void)sig; alarms_seen++; }
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+#define ALARM_WAIT_GUARD_NS 10000000000ll
+
+static void child_waits(const char *how, int rd) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm; /* no SA_RESTART: the wait fails with EINTR */
+    OK(sigaction(SIGALRM, &sa, NULL));
+    alarms_seen = 0;
+    int64_t t0 = mono_ns();
+    alarm(1);
+    long r;
+    if (!strcmp(how, "select")) {
+        fd_set set;
+        FD_ZERO(&set);
+        FD_SET(rd, &set);
+        struct timeval tv = {20, 0};
+        r = select(rd + 1, &set, NULL, NULL, &tv);
+    } else if (!strcmp(how, "pselect")) {
+        fd_set set;
+        FD_ZERO(&set);
+        FD_SET(rd, &set);
+        struct timespec ts = {20, 0};
+        r = pselect(rd + 1, &set, NULL, NULL, &ts, NULL);
+    } else if (!strcmp(how, "poll")) {
+        struct pollfd p = {.fd = rd, .events = POLLIN};
+        r = poll(&p, 1, 20000);
+    } else if (!strcmp(how, "ppoll")) {
+        struct pollfd p = {.fd = rd, .events = POLLIN};
+        struct timespec ts = {20, 0};
+        r = ppoll(&p, 1, &ts, NULL);
+    } else {
+        int ep = (int)OK(epoll_create1(0));
+        struct epoll_event want = {.events = EPOLLIN, .data.fd = rd}, got;
+        OK(epoll_ctl(ep, EPOLL_CTL_ADD, rd, &want));
+        r = epoll_wait(ep, &got, 1, 20000);
+        close(ep);
+    }
+    int e = errno;
+    int64_t waited = mono_ns() - t0;
+    alarm(0);
+    CHECK(r == -1 && e == EINTR, "%s: %ld (errno %d), want EINTR from the alarm", how, r, e);
+    CHECK_EQ(alarms_seen, 1);
+    CHECK(waited < ALARM_WAIT_GUARD_NS, "%s: the child's alarm ended its wait after %ld ms (the timeout is 20 s)",
+          how, (long)(waited / 1000000));
+}
+
+static void test_child_alarm(int argc, char **argv) {
+    int spin = argc > 2 && !strcmp(argv[2], "spin");
+    static const char *const hows[] = {"select", "pselect", "poll", "ppoll", "epoll"};
+    volatile int *done = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (done == MAP_FAILED) { FAIL("mmap: %s", strerror(errno)); return; }
+    for (size_t k = 0; k < sizeof hows / sizeof *hows; k++) {
+        int empty[2], up[2];
+        OK(pipe(empty));
+        OK(pipe(up));
+        *done = 0;
+        pid_t pid = fork_or_fail();
+        if (pid == 0) {
+            close(up[0]);
+            child_waits(hows[k], empty[0]);
+            *done = 1;
+            close(up[1]); /* the parent's poll sees EOF */
+            child_exit(0);
+        }
+        close(up[1]);
+        int64_t t0 = mono_ns();
+        if (spin) { /* the parent keeps the VM busy with no syscalls (vDSO clock): the child's alarm gets it */
+            while (!*done && mono_ns() - t0 < 3 * ALARM_WAIT_GUARD_NS) {}
+            CHECK(*done, "%s: the child's wait did not end while the parent spun", hows[k]);
+            if (!*done) kill(pid, SIGKILL);
+            int st = 0;
+            CHECK_EQ(OK(waitpid(pid, &st, 0)), pid);
+            if (*done) CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: child status 0x%x", hows[k], st);
+        } else { /* the parent sleeps in a wait of its own (as subprocess.run's communicate) */
+            struct pollfd p = {.fd = up[0], .events = POLLIN};
+            CHECK_EQ(poll(&p, 1, 30000), 1);
+            expect_exit(pid, 0);
+        }
+        close(up[0]);
+        close(empty[0]);
+        close(empty[1]);
+        printf("%s %s: %ld ms\n", spin ? "spin" : "sleep", hows[k], (long)((mono_ns() - t0) / 1000000));
+    }
+    munmap((void *)done, 4096);
+}
+
 static const zb_test tests[] = {
     {"leave", test_leave},
     {"fork_wait", test_fork_wait},
@@ -547,6 +652,7 @@ static const zb_test tests[] = {
     {"fork_in_thread", test_fork_in_thread},
     {"sigpipe_pdeathsig", test_sigpipe_pdeathsig},
     {"hostile", test_hostile},
+    {"child_alarm", test_child_alarm},
     {NULL, NULL},
 };
 
