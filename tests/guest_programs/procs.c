@@ -4,6 +4,7 @@
  * Children report failed checks through their exit status (child_exit), since only the parent
  * prints PASS. */
 #include "check.h"
+#include "children.h"
 
 #include <linux/sched.h>
 #include <pthread.h>
@@ -18,29 +19,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <sys/wait.h>
-
-/* A child ends: with its failures (100 + n) if any check failed, else with code. */
-static void child_exit(int code) { _exit(zb_failures ? 100 + zb_failures : code); }
-
-static pid_t fork_or_fail(void) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) FAIL("fork: %s", strerror(errno));
-    return pid;
-}
-
-static void expect_exit(pid_t pid, int code) {
-    int st = 0;
-    CHECK_EQ(OK(waitpid(pid, &st, 0)), pid);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == code, "pid %d: status 0x%x, want exit %d", pid, st, code);
-}
-
-static void expect_signal(pid_t pid, int sig) {
-    int st = 0;
-    CHECK_EQ(OK(waitpid(pid, &st, 0)), pid);
-    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == sig, "pid %d: status 0x%x, want signal %d", pid, st, sig);
-}
 
 static void test_fork_wait(int argc, char **argv) {
     (void)argc, (void)argv;

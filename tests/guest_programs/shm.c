@@ -5,28 +5,13 @@
  * private wake does not cross), and a timed wait that expires while another process runs.
  * Children report failed checks through their exit status. */
 #include "check.h"
+#include "children.h"
 
 #include <linux/futex.h>
 #include <semaphore.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
-
-static void child_exit(int code) { _exit(zb_failures ? 100 + zb_failures : code); }
-
-static pid_t fork_or_fail(void) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) FAIL("fork: %s", strerror(errno));
-    return pid;
-}
-
-static void expect_exit(pid_t pid, int code) {
-    int st = 0;
-    CHECK_EQ(OK(waitpid(pid, &st, 0)), pid);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == code, "pid %d: status 0x%x, want exit %d", pid, st, code);
-}
 
 /* One byte through a pipe: the other side may go on. */
 static void signal_fd(int fd) { CHECK_EQ(OK(write(fd, "x", 1)), 1); }
