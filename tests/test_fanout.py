@@ -106,6 +106,12 @@ def test_the_python_api(template) -> None:
         assert sb.execute("'lr' in globals(), base").result["text/plain"] == "(False, 10)"
         with pytest.raises(ValueError):
             sb.fanout("x", [{"not a name": 1}])
+        for jobs in (0, -1, 1.5):
+            with pytest.raises(ValueError, match="jobs is a whole number"):
+                sb.fanout("x", [{}], jobs=jobs)  # type: ignore[arg-type]
+        with pytest.raises(fanout.SandboxError, match="not implemented"):
+            sb.fanout("x", [{}], jobs=2)
+        assert [r.result["text/plain"] for r in sb.fanout("base", [{}], jobs=1)] == ["10"]
 
 
 def test_an_unpicklable_result_is_none_with_a_note(session) -> None:
@@ -291,3 +297,22 @@ def test_jobs_through_the_kernel_and_an_interrupt_stops_every_worker(tmp_path) -
         children = [c for task in Path(f"/proc/{kernel_pid}/task").iterdir()
                     for c in (task / "children").read_text().split()]
         assert len(children) == 1, children  # the kernel's own engine only: no worker is left
+
+
+def test_a_live_child_process_cannot_be_handed_to_workers(engine) -> None:
+    from zeroboot_kernel import engine_requests as req
+    client, project, tmp = engine
+    got = client.call(req.EXECUTE, code="import subprocess\np = subprocess.Popen(['sleep', '30'])", execution_count=2)
+    assert got["status"] == "ok", got
+    workers = _Workers(project)
+    text, errors, status, result = _engine_fanout(client, "%%fanout v in [1, 2] --jobs 2\nv", 3, workers)
+    assert status == "error" and workers.started == [], (text, errors)
+    events = list(fanout_jobs_run(client, "%%fanout v in [1, 2] --jobs 2\nv", workers))
+    assert "child processes (pids" in events[-1]["content"]["evalue"], events[-1]
+    assert list(tmp.iterdir()) == []
+    client.call(req.EXECUTE, code="p.kill(); p.wait()", execution_count=5)
+
+
+def fanout_jobs_run(client, code: str, workers: _Workers):
+    from zeroboot_kernel import fanout_jobs
+    return fanout_jobs.FanoutJobs(client, workers).run(code, 4, 2)

@@ -254,12 +254,18 @@ def _error(count: int, ename: str, evalue: str, on_message: Callable[[str, dict[
 
 
 def fanout_sandbox(sb: Sandbox, code: str, bindings: list[dict[str, Any]],
-                   timeout: float | None = None) -> list[Any]:
+                   timeout: float | None = None, jobs: int = 1) -> list[Any]:
     """The Python API (Sandbox.fanout): run code once per dict of bindings, each in a fork of sb's
     current state with those names bound (pickled here, unpickled in the fork); sb is unchanged.
     Each item of the result is the run's ExecuteResult, or the SandboxError that ended it."""
     import base64
     import pickle
+    if type(jobs) is not int or jobs < 1:
+        raise ValueError(f"Sandbox.fanout: jobs is a whole number of workers, 1 or more, not {jobs!r}")
+    if jobs > 1:
+        raise SandboxError("Sandbox.fanout(jobs > 1) is not implemented: the Python API runs the forks in this "
+                           "process, one after another (jobs=1); parallel worker engines are the kernel's "
+                           "(`%%fanout NAME in EXPR --jobs N`)")
     out: list[Any] = []
     for binding in bindings:
         if not all(isinstance(k, str) and k.isidentifier() for k in binding):
