@@ -74,21 +74,28 @@ def test_fanout_through_the_kernel() -> None:
         assert value_of(kc, "(_fanout, 'lr' in globals())") == "([3, 6], False)"
 
 
-def test_an_interrupt_reaches_the_running_fork_and_ends_the_fanout() -> None:
+def interrupted_once_started(km, kc, header: str) -> tuple[str, list]:
+    """Run header's fan-out of a 60 s sleep; interrupt the kernel once the first value has started;
+    (the request's id, its IOPub messages)."""
     import time
 
-    from kernel_helpers import collect, kernel, shell_reply, stream_text, value_of
+    from kernel_helpers import collect, stream_text
+    msg_id = kc.execute(f"{header}\nimport time\nprint('started', v, flush=True)\ntime.sleep(60)")
+    deadline = time.monotonic() + 120
+    seen: list = []
+    while "started 1" not in stream_text(seen):
+        assert time.monotonic() < deadline, "the first run did not start"
+        msg = kc.get_iopub_msg(timeout=120)
+        if msg["parent_header"].get("msg_id") == msg_id:
+            seen.append(msg)
+    km.interrupt_kernel()
+    return msg_id, seen + collect(kc, msg_id)
+
+
+def test_an_interrupt_reaches_the_running_fork_and_ends_the_fanout() -> None:
+    from kernel_helpers import kernel, shell_reply, stream_text, value_of
     with kernel() as (km, kc):
-        msg_id = kc.execute("%%fanout v in [1, 2, 3]\nimport time\nprint('started', v, flush=True)\ntime.sleep(60)")
-        deadline = time.monotonic() + 60
-        seen: list = []
-        while "started 1" not in stream_text(seen):
-            assert time.monotonic() < deadline, "the first run did not start"
-            msg = kc.get_iopub_msg(timeout=60)
-            if msg["parent_header"].get("msg_id") == msg_id:
-                seen.append(msg)
-        km.interrupt_kernel()
-        msgs = seen + collect(kc, msg_id)
+        msg_id, msgs = interrupted_once_started(km, kc, "%%fanout v in [1, 2, 3]")
         assert shell_reply(kc, msg_id)["content"]["status"] == "ok"
         assert "interrupted; the values after it were not run" in stream_text(msgs, "stderr")
         assert "started 2" not in stream_text(msgs)
@@ -267,26 +274,14 @@ def test_a_bad_expr_with_jobs_is_an_error_and_starts_no_worker(engine) -> None:
 
 
 def test_jobs_through_the_kernel_and_an_interrupt_stops_every_worker(tmp_path) -> None:
-    import time
-
-    from kernel_helpers import collect, execute, kernel, shell_reply, stream_text, value_of
+    from kernel_helpers import execute, kernel, shell_reply, stream_text, value_of
     with kernel(ZEROBOOT_FANOUT_JOBS="2", ZEROBOOT_SAVE_DIR=str(tmp_path / "saves"), TMPDIR=str(tmp_path)) as (km, kc):
         execute(kc, "k = 3")
         reply, msgs = execute(kc, "%%fanout lr in [1, 2, 3] --jobs 2\nk * lr")
         assert reply["status"] == "ok", reply
         assert [m["content"]["data"]["text/plain"] for m in msgs if m["msg_type"] == "execute_result"] == ["3", "6", "9"]
         assert value_of(kc, "(_fanout, 'lr' in globals())") == "([3, 6, 9], False)"
-        msg_id = kc.execute("%%fanout v in [1, 2, 3, 4] --jobs 2\nimport time\nprint('started', v, flush=True)\n"
-                            "time.sleep(60)")
-        deadline = time.monotonic() + 120
-        seen: list = []
-        while "started 1" not in stream_text(seen):
-            assert time.monotonic() < deadline, "the first run did not start"
-            msg = kc.get_iopub_msg(timeout=120)
-            if msg["parent_header"].get("msg_id") == msg_id:
-                seen.append(msg)
-        km.interrupt_kernel()
-        msgs = seen + collect(kc, msg_id)
+        msg_id, msgs = interrupted_once_started(km, kc, "%%fanout v in [1, 2, 3, 4] --jobs 2")
         assert shell_reply(kc, msg_id)["content"]["status"] == "ok"
         err = stream_text(msgs, "stderr")
         assert "[0] v: interrupted" in err and "did not run" in err and "[1]" in err, err
