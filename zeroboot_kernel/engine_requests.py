@@ -61,6 +61,7 @@ STATS = "stats"
 RESTART = "restart"
 NEW_SESSION = "new_session"
 SAVE = "save"
+FANOUT_BASE = "fanout_base"
 SAVE_CHUNK = "save_chunk"
 RESUME = "resume"
 SHUTDOWN = "shutdown"
@@ -75,7 +76,8 @@ TEXT_REPLY = '`text`: str, what the magic prints'
 REQUESTS: dict[str, Request] = {r.op: r for r in (
     Request(EXECUTE, (Field("code", "str"), Field("execution_count", "int"), _opt("silent", "bool"),
                       _opt("store_history", "bool (default true)"), _opt("user_expressions", "{name: expr}"),
-                      _opt("allow_stdin", "bool"), _opt("parent_header", "the execute_request's header")),
+                      _opt("allow_stdin", "bool"), _opt("parent_header", "the execute_request's header"),
+                      _opt("fanout_share", "[first, stop]: a %%fanout worker's values (fanout_jobs.py)")),
             "events `stream`, `display_data`, `update_display_data`, `execute_result`, `error`, "
             "`clear_output`, `input_request`, `comm`, then execute_reply's fields (`user_expressions`, `payload`; "
             "`ename`, `evalue`, `traceback` when `status` is error) and `restored`: bool (the sandbox went back "
@@ -121,6 +123,10 @@ REQUESTS: dict[str, Request] = {r.op: r for r in (
     Request(SAVE, (Field("notebook", "str"), Field("key", "hex str: the user's save key")),
             '`size`: int, the bytes of the save (held by the engine for `save_chunk`); `manifest`: {...}',
             "`%sandbox save`, autosave on shutdown"),
+    Request(FANOUT_BASE, (Field("code", "str: the %%fanout cell"), Field("key", "hex str: the user's save key")),
+            '`count`: int, the values; `size`: int, the bytes of a save of the values\' fork (held for `save_chunk`); '
+            '`timeout`: seconds or null, `memory_limit`: bytes or null (the session\'s, for the workers)',
+            "`%%fanout --jobs N` (fanout_jobs.py)"),
     Request(SAVE_CHUNK, (Field("offset", "int"), Field("size", "int")),
             '`data`: base64 of at most 1 MiB of the held save; the last chunk frees it', "`%sandbox save`"),
     Request(RESUME, (Field("path", "str: the save file, chosen by the kernel"), Field("key", "hex str")),

@@ -67,7 +67,7 @@ class EngineServer:
             req.CHECKPOINTS: self._checkpoints, req.CHECKPOINT_BUDGET: self._checkpoint_budget,
             req.STATS: self._stats, req.RESTART: self._restart, req.NEW_SESSION: self._new_session,
             req.SHUTDOWN: self._shutdown, req.COMM: self._comm, req.COMM_INFO: self._comm_info,
-            req.SAVE: self._save, req.SAVE_CHUNK: self._save_chunk, req.RESUME: self._resume,
+            req.SAVE: self._save, req.FANOUT_BASE: self._fanout_base, req.SAVE_CHUNK: self._save_chunk, req.RESUME: self._resume,
         }
         self.held_save = b""  # the save being fetched by the kernel (save_chunk)
 
@@ -170,7 +170,7 @@ class EngineServer:
             if fanout.is_fanout(str(msg["code"])):  # the user's %%fanout cell (fanout.py)
                 reply = fanout.run(s, str(msg["code"]), execution_count=int(msg["execution_count"]),
                                    on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
-                                   on_message=self.on_message, poll=self.poll)
+                                   on_message=self.on_message, poll=self.poll, share=_share(msg.get("fanout_share")))
             else:
                 reply = s.execute(
                     msg["code"], execution_count=int(msg["execution_count"]), silent=bool(msg.get("silent")),
@@ -313,6 +313,19 @@ class EngineServer:
         self.held_save = data
         return {"status": "ok", "size": len(data), "manifest": manifest}
 
+    def _fanout_base(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.held_save = b""
+        self.running = msg.get("id")  # EXPR runs: an interrupt reaches it
+        try:
+            data, count = fanout.base(self.session, str(msg["code"]), _key(msg))
+        except fanout.Failed as exc:
+            return {"status": "error", "ename": exc.ename, "evalue": exc.evalue, "traceback": []}
+        finally:
+            self.running = None
+        self.held_save = data
+        return {"status": "ok", "count": count, "size": len(data), "timeout": self.session.timeout,
+                "memory_limit": self.session.sandbox.memory_limit or None}
+
     def _save_chunk(self, msg: dict[str, Any]) -> dict[str, Any]:
         offset, size = msg.get("offset"), msg.get("size")
         if type(offset) is not int or type(size) is not int or offset < 0 or not 0 < size <= export.CHUNK:
@@ -361,6 +374,15 @@ class EngineServer:
             if msg.get("op") in (req.EXECUTE, req.COMM, req.COMM_INFO):
                 # the next cell's checkpoint, taken while the kernel sends this reply on
                 self.session.prepare_next_cell()
+
+
+def _share(value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if (not isinstance(value, list) or len(value) != 2 or not all(type(v) is int for v in value)
+            or not 0 <= value[0] <= value[1] <= fanout.MAX_VALUES):
+        raise ValueError(f"fanout_share must be [first, stop] with 0 <= first <= stop <= {fanout.MAX_VALUES}")
+    return value[0], value[1]
 
 
 def _key(msg: dict[str, Any]) -> bytes:

@@ -36,6 +36,8 @@ from traitlets import List
 from . import __version__
 from . import engine_requests as req
 from . import export
+from . import fanout
+from . import fanout_jobs
 from . import latency_trace
 from . import session_save
 from . import listing
@@ -128,6 +130,15 @@ class EngineOwner(threading.Thread):
                 self.log.warning("zeroboot: the sandbox engine died while starting (%s); starting it again", exc)
         raise AssertionError("unreachable")
 
+    def start_worker(self) -> EngineClient:
+        """A %%fanout --jobs worker engine (fanout_jobs.py): started as the kernel's own engine is
+        (the same confinement, notebook folder, files mode, network policy), without live output."""
+        return EngineClient(template=self.settings.template, mode="chained", timeout=self.settings.cell_timeout,
+                            checkpoints=1, project=self.notebook_dir, files=self.settings.files,
+                            hidden=self.settings.hidden,
+                            network=self.settings.network.to_wire() if self.settings.network.enabled else None,
+                            on_log=lambda text: self.log.info("zeroboot: fan-out worker: %s", text))
+
     def _watch(self, client: EngineClient) -> None:
         try:
             fd = os.pidfd_open(client.proc.pid)
@@ -190,6 +201,7 @@ class ZerobootKernel(Kernel):
         # accepts shell requests too. Interrupts bypass it (EngineClient.interrupt is thread-safe).
         self._engine_lock = threading.Lock()
         self._executing = threading.Event()   # a cell is running in the guest
+        self._fanout_jobs: fanout_jobs.FanoutJobs | None = None  # a %%fanout --jobs running now
         # An interrupt while a cell is accepted but has not reached the engine yet (it waits for
         # the engine to start, or runs its magics first) is held and sent once it has.
         self._cell_lock = threading.Lock()
@@ -406,10 +418,21 @@ class ZerobootKernel(Kernel):
             try:
                 # every event was checked by EngineClient.request (schema.check_event): a
                 # malformed one never gets here, and one of another request neither
-                for ev in client.request(req.EXECUTE, code=code, execution_count=count, silent=silent,
-                                         store_history=store_history, user_expressions=user_expressions,
-                                         allow_stdin=allow_stdin, parent_header=header_of(parent),
-                                         on_sent=lambda: self._cell_sent(client, trace)):
+                jobs = fanout.jobs_of(code) if fanout.is_fanout(code) else 1
+                if jobs > 1:  # the values run in worker engines (fanout_jobs.py)
+                    fj = fanout_jobs.FanoutJobs(client, self._owner.start_worker)
+                    with self._cell_lock:
+                        self._fanout_jobs = fj
+                        if self._held_interrupt:
+                            self._held_interrupt = False
+                            fj.interrupted.set()
+                    events = fj.run(code, count, jobs)
+                else:
+                    events = client.request(req.EXECUTE, code=code, execution_count=count, silent=silent,
+                                            store_history=store_history, user_expressions=user_expressions,
+                                            allow_stdin=allow_stdin, parent_header=header_of(parent),
+                                            on_sent=lambda: self._cell_sent(client, trace))
+                for ev in events:
                     kind = ev["event"]
                     if kind == "stream":
                         streams.write(ev["name"], ev["text"])
@@ -445,6 +468,8 @@ class ZerobootKernel(Kernel):
             finally:
                 streams.flush()
                 self._executing.clear()
+                with self._cell_lock:
+                    self._fanout_jobs = None
             if reply_event is not None and reply_event["content"].get("restored"):
                 self.comms.resync(client, parent)  # a rollback or an isolated cell: widgets it made are gone
         if reply_event is None:
@@ -805,6 +830,9 @@ class ZerobootKernel(Kernel):
         with self._cell_lock:
             if not self._cell_active:
                 return  # no cell: nothing to interrupt, as ipykernel between cells
+            if self._fanout_jobs is not None:  # a %%fanout --jobs: EXPR, or every worker's run
+                self._fanout_jobs.interrupt()
+                return
             client = self._client_if_ready()
             if client is not None and self._executing.is_set() and client.interrupt():
                 return

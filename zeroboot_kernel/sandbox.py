@@ -97,11 +97,14 @@ class Sandbox:
         child.execution_count = self.execution_count
         return child
 
-    def fanout(self, code: str, bindings: list[dict[str, Any]], timeout: float | None = None) -> list[Any]:
+    def fanout(self, code: str, bindings: list[dict[str, Any]], timeout: float | None = None,
+               jobs: int = 1) -> list[Any]:
         """Run code once per dict of bindings, each in its own fork of this sandbox's state (this
-        one is unchanged): a list of ExecuteResult, or the SandboxError that ended a run (fanout.py)."""
+        one is unchanged): a list of ExecuteResult, or the SandboxError that ended a run (fanout.py).
+        jobs: only 1 here (the runs go one after another in this process); parallel workers are the
+        kernel's (`%%fanout ... --jobs N`), and jobs > 1 raises SandboxError saying so."""
         from .fanout import fanout_sandbox
-        return fanout_sandbox(self, code, bindings, timeout)
+        return fanout_sandbox(self, code, bindings, timeout, jobs=jobs)
 
     def snapshot(self) -> Snapshot:
         self._check_usable()

@@ -398,11 +398,12 @@ def memory_size(session: Any) -> int:
     return os.stat(Path(session.template.directory) / "memory.img").st_size
 
 
-def capture(session: Any, key: bytes, notebook: str) -> tuple[bytes, dict[str, Any]]:
-    """The save file's bytes of the session's current state, and its manifest."""
+def capture(session: Any, key: bytes, notebook: str, snap: Any = None) -> tuple[bytes, dict[str, Any]]:
+    """The save file's bytes of the session's current state (or of snap, a snapshot of a fork of
+    it, which stays the caller's), and its manifest."""
     from .template import state_format
     t0 = time.perf_counter()
-    snap, owned = session.snapshot_for_save()
+    snap, owned = session.snapshot_for_save() if snap is None else (snap, False)
     state_fd = os.memfd_create("zeroboot-save-state", os.MFD_CLOEXEC)
     pages_fd = os.memfd_create("zeroboot-save-pages", os.MFD_CLOEXEC)
     try:
