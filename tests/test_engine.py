@@ -117,6 +117,38 @@ def test_restores_compare_pages_left_writable_and_reset_the_changed_ones(templat
         snap.release()
 
 
+SCRIBBLE_DOCSTRINGS = """
+import ctypes, hashlib, numpy, sys
+docs = sorted({f.__doc__ for f in vars(numpy).values() if isinstance(getattr(f, '__doc__', None), str)
+               and f.__doc__.isascii() and len(f.__doc__) >= 64}, key=id)
+digest = hashlib.sha256('\\0'.join(docs).encode()).hexdigest()
+"""
+
+
+def test_a_reset_rewrites_template_pages_a_cell_scribbled_over(template: Template) -> None:
+    """An isolated cell's reset copies the template's own pages back (short runs are rewritten in
+    place from the image): template data a cell overwrote, scattered over many pages (numpy's
+    docstrings, written with ctypes), reads as the template's again after the reset."""
+    with template.fork() as sb:
+        sb.execute(SCRIBBLE_DOCSTRINGS)
+        clean = text(sb.execute("digest, len(docs)"))
+        count = int(clean.split(",")[1].strip(" )"))
+        assert count >= 100, clean
+        for _ in range(3):
+            sb.restore(template.snapshot, fresh=True)
+            sb.execute(SCRIBBLE_DOCSTRINGS)
+            assert text(sb.execute("digest, len(docs)")) == clean
+            # compact ASCII str data starts sys.getsizeof('') - 1 bytes into the object
+            r = sb.execute("off = sys.getsizeof('') - 1\n"
+                           "for d in docs: ctypes.memmove(id(d) + off + 8, b'Z' * 32, 32)\n"
+                           "sum(d[8:40] == 'Z' * 32 for d in docs) == len(docs), "
+                           "hashlib.sha256('\\0'.join(docs).encode()).hexdigest() != digest")
+            assert text(r) == "(True, True)", text(r)
+        sb.restore(template.snapshot, fresh=True)
+        sb.execute(SCRIBBLE_DOCSTRINGS)
+        assert text(sb.execute("digest, len(docs)")) == clean
+
+
 def test_a_cell_that_changes_nothing_stores_next_to_nothing(sb: Sandbox) -> None:
     """A cell writes hundreds of pages (reference counts, the interpreter's caches) but changes few
     of them; a snapshot keeps only the pages whose content changed."""
