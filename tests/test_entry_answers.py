@@ -311,3 +311,21 @@ def test_a_write_to_the_answer_block_crashes_only_that_cell(template) -> None:
     with template.fork() as sb:  # the template's block is untouched: a new fork answers as before
         r = sb.execute("import os\nfd = os.open('/etc/passwd', os.O_RDONLY)\nos.read(fd, 5)\nprint(os.lseek(fd, 0, os.SEEK_CUR))")
         assert not r.error and r.stdout.strip().splitlines()[-1] == "5", (r.stdout, r.error)
+
+
+def test_the_guest_cannot_remap_or_have_the_host_write_the_answer_block(template) -> None:
+    code = ("import ctypes, json, os\n"
+            "libc = ctypes.CDLL(None, use_errno=True); libc.mmap.restype = ctypes.c_long\n"
+            "def e(r): return [r, ctypes.get_errno()]\n"
+            "fd = os.open('/etc/passwd', os.O_RDONLY)\n"
+            "out = [e(libc.mprotect(ctypes.c_void_p(0xe000), 4096, 3)),\n"
+            "       e(libc.mmap(ctypes.c_void_p(0xe000), 4096, 3, 0x32, -1, 0)),\n"
+            "       e(libc.munmap(ctypes.c_void_p(0xe000), 4096)),\n"
+            "       e(libc.read(fd, ctypes.c_void_p(0xe950), 8))]\n"  # the host's copy into the block
+            "out.append(os.lseek(fd, 0, os.SEEK_CUR))\n"
+            "print(json.dumps(out))")
+    with template.fork() as sb:
+        got = _last_json(sb.execute(code))
+    assert isinstance(got, list)
+    assert all(r == -1 and err != 0 for r, err in got[:4]), got
+    assert got[3][1] == errno.EFAULT and got[4] == 0, got

@@ -115,7 +115,7 @@ prog = bytes([0xb8, 39, 0, 0, 0, 0x48, 0x8d, 0x0d, 13, 0, 0, 0, 0x49, 0xbb]) + (
 m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
 m.write(prog)
 f = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
-print([f(), os.getpid(), ctypes.string_at(0xe080, 2).hex()])
+print([f(), os.getpid(), ctypes.string_at(0xe180, 2).hex()])
 '''
     with template.fork() as sb:
         r = sb.execute(code)
