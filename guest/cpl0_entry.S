@@ -52,7 +52,7 @@ zb_cpl0_entry:
     je slots + 2 * ZB_ENTRY_SLOT_SIZE
     cmpq $108, %rax         /* getegid */
     je slots + 2 * ZB_ENTRY_SLOT_SIZE
-    jmp 9f
+    jmp fd_code
     .set slot, 0
     .rept ZB_ENTRY_SLOT_COUNT
     .org slots + slot * ZB_ENTRY_SLOT_SIZE
@@ -63,6 +63,49 @@ zb_cpl0_entry:
     .endif
     .set slot, slot + 1
     .endr
+    /* The per-fd answers (guest_abi.h): fd (rdi) bounded, open, then the call's own checks; only
+     * compares until a slot, so rax is the syscall number everywhere before a slot's start. */
+    .set fdslots, zb_cpl0_entry + ZB_SYSCALL_ENTRY_OFFSET + ZB_ENTRY_FD_SLOTS
+    .org zb_cpl0_entry + ZB_SYSCALL_ENTRY_OFFSET + ZB_ENTRY_FD_CODE
+fd_code:
+    cmpq $ZB_ENTRY_FDS, %rdi
+    jae 9f
+    testb $ZB_EFD_OPEN, data + ZB_ENTRY_FD_STATE(%rdi)
+    jz 9f
+    cmpq $8, %rax           /* lseek */
+    je 3f
+    cmpq $16, %rax          /* ioctl */
+    je 4f
+    cmpq $72, %rax          /* fcntl */
+    jne 9f
+    cmpq $1, %rsi           /* F_GETFD */
+    je fdslots + 2 * ZB_ENTRY_FD_SLOT_SIZE
+    cmpq $3, %rsi           /* F_GETFL */
+    je fdslots + 3 * ZB_ENTRY_FD_SLOT_SIZE
+    jmp 9f
+3:  testq %rsi, %rsi        /* offset 0 */
+    jnz 9f
+    cmpq $1, %rdx           /* SEEK_CUR */
+    jne 9f
+    testb $ZB_EFD_SEEK, data + ZB_ENTRY_FD_STATE(%rdi)
+    jz 9f
+    jmp fdslots
+4:  cmpq $0x5401, %rsi      /* TCGETS */
+    je fdslots + ZB_ENTRY_FD_SLOT_SIZE
+    jmp 9f
+    .org fdslots
+    movq data + ZB_ENTRY_FD_OFFSET(, %rdi, 8), %rax
+    jmp *%rcx
+    .org fdslots + ZB_ENTRY_FD_SLOT_SIZE
+    movq $-25, %rax         /* -ENOTTY */
+    jmp *%rcx
+    .org fdslots + 2 * ZB_ENTRY_FD_SLOT_SIZE
+    movzbl data + ZB_ENTRY_FD_STATE(%rdi), %eax
+    andl $ZB_EFD_CLOEXEC, %eax
+    jmp *%rcx
+    .org fdslots + 3 * ZB_ENTRY_FD_SLOT_SIZE
+    movl data + ZB_ENTRY_FD_FLAGS(, %rdi, 4), %eax
+    jmp *%rcx
     .org zb_cpl0_entry + ZB_SYSCALL_ENTRY_OFFSET + ZB_SYSCALL_ENTRY_OUT
 9:  outb %al, $ZB_PORT_SYSCALL
 2:  hlt

@@ -33,12 +33,31 @@
  * when the host has written ZB_ENTRY_ANSWERS_ON into zb_entry_data.on (PVM, where the entry runs
  * at CPL3 so its `jmp *%rcx` back to user code keeps CPL3; never on VMX, where it runs at CPL0);
  * every other call, and every call while `on` is anything else, reaches the `out`. */
-#define ZB_SYSCALL_ENTRY_OUT 0x80
+#define ZB_SYSCALL_ENTRY_OUT 0x180
 #define ZB_ENTRY_SLOTS 0x40
 #define ZB_ENTRY_SLOT_SIZE 0x10
 #define ZB_ENTRY_SLOT_COUNT 3          /* getpid; getuid/geteuid; getgid/getegid */
 #define ZB_ENTRY_SLOT_JMP 7            /* `movl abs32, %eax` is 7 bytes */
+/* The per-fd answers (issue 24): a call on fd < ZB_ENTRY_FDS whose zb_entry_data.fd_state says
+ * ZB_EFD_OPEN is checked by the code at ZB_ENTRY_FD_CODE and, when answerable, answered by one of
+ * ZB_ENTRY_FD_SLOT_COUNT slots from ZB_ENTRY_FD_SLOTS (each ZB_ENTRY_FD_SLOT_SIZE bytes: the
+ * instructions that set rax, then `jmp *%rcx`; rax keeps the syscall number until the slot's
+ * first instruction, so a vCPU stopped past a slot's start is moved to the `out` with rax = the
+ * slot's syscall). Slots, in order: lseek(fd, 0, SEEK_CUR) of a file whose ZB_EFD_SEEK is set
+ * (its offset); ioctl(fd, TCGETS) (-ENOTTY: the sandbox has no terminals); fcntl(fd, F_GETFD);
+ * fcntl(fd, F_GETFL). */
+#define ZB_ENTRY_FD_CODE 0x70
+#define ZB_ENTRY_FD_SLOTS 0x100
+#define ZB_ENTRY_FD_SLOT_SIZE 0x20
+#define ZB_ENTRY_FD_SLOT_COUNT 4
+#define ZB_ENTRY_FDS 64
+#define ZB_EFD_CLOEXEC 0x01            /* = FD_CLOEXEC: F_GETFD's answer is fd_state & 1 */
+#define ZB_EFD_OPEN 0x02               /* the fd is open: TCGETS, F_GETFD and F_GETFL answer */
+#define ZB_EFD_SEEK 0x04               /* lseek(fd, 0, SEEK_CUR) answers fd_offset */
 #define ZB_ENTRY_DATA 0x800
+#define ZB_ENTRY_FD_STATE 16           /* offsets in struct zb_entry_data, for the assembler */
+#define ZB_ENTRY_FD_FLAGS (ZB_ENTRY_FD_STATE + ZB_ENTRY_FDS)
+#define ZB_ENTRY_FD_OFFSET (ZB_ENTRY_FD_FLAGS + 4 * ZB_ENTRY_FDS)
 #define ZB_ENTRY_ANSWERS_ON 0x7a627361 /* any other value: every syscall exits */
 #define ZB_PORT_SYSCALL 0xe0           /* above the exception ports */
 #define ZB_SYSCALL_TRAP 0x7f0000000000 /* never mapped (the LSTAR of earlier engines; the fuzzer's wild pointer) */
@@ -71,14 +90,21 @@ struct zb_vdso_data {
 _Static_assert(sizeof(struct zb_vdso_data) <= ZB_VDSO_DATA_SIZE, "the vDSO data must fit its page");
 
 /* In the syscall entry page at ZB_ENTRY_DATA, written by the host (native/guest_layout.c,
- * zb_layout_entry_answers) before each run of the process; user code can read it, nobody in the
+ * zb_layout_entry_answers) before every KVM_RUN (run_loop.c: so after every exit that could change
+ * an fd, whichever process or thread of the family runs next); user code can read it, nobody in the
  * guest can write it (the page is user read-only, CR0.WP, and the guest has no code of its own at
  * CPL0). The host never reads it back. value[i] is slot i's answer. */
 struct zb_entry_data {
     uint32_t on;          /* ZB_ENTRY_ANSWERS_ON: the slots answer */
     uint32_t value[ZB_ENTRY_SLOT_COUNT]; /* pid, uid, gid */
+    uint8_t fd_state[ZB_ENTRY_FDS];      /* ZB_EFD_*; 0: the call exits (closed, or fd >= ZB_ENTRY_FDS) */
+    uint32_t fd_flags[ZB_ENTRY_FDS];     /* F_GETFL's answer */
+    uint64_t fd_offset[ZB_ENTRY_FDS];    /* the open file description's offset (ZB_EFD_SEEK) */
 };
 _Static_assert(ZB_ENTRY_DATA + sizeof(struct zb_entry_data) <= 4096, "the entry data must fit the entry page");
+_Static_assert(__builtin_offsetof(struct zb_entry_data, fd_state) == ZB_ENTRY_FD_STATE &&
+               __builtin_offsetof(struct zb_entry_data, fd_flags) == ZB_ENTRY_FD_FLAGS &&
+               __builtin_offsetof(struct zb_entry_data, fd_offset) == ZB_ENTRY_FD_OFFSET, "the entry data's offsets");
 #endif
 
 #endif

@@ -112,11 +112,11 @@ static void write_gdt_idt_tss(zb_memory *m) {
         memcpy(m->host + ZB_SYSCALL_ENTRY, zb_cpl0_stubs + ZB_SYSCALL_ENTRY_OFFSET, ZB_MIN(n - ZB_SYSCALL_ENTRY_OFFSET, ZB_PAGE));
 }
 
-void zb_layout_entry_answers(zb_memory *m, int on, const uint32_t value[ZB_ENTRY_SLOT_COUNT]) {
+void zb_layout_entry_answers(zb_memory *m, int on, const struct zb_entry_data *data) {
     struct zb_entry_data d;
-    memset(&d, 0, sizeof d);
+    if (on) d = *data;
+    else memset(&d, 0, sizeof d);
     d.on = on ? ZB_ENTRY_ANSWERS_ON : 0;
-    if (on) memcpy(d.value, value, sizeof d.value);
     uint8_t *at = m->host + ZB_SYSCALL_ENTRY + ZB_ENTRY_DATA;
     if (!memcmp(at, &d, sizeof d)) return; /* unchanged: the page stays shared with the snapshot */
     memcpy(at, &d, sizeof d);

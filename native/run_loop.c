@@ -14,6 +14,7 @@
 #include "dev.h"
 #include "process.h"
 #include "sandbox_state.h"
+#include "fs.h"
 #include "linux.h"
 #include "run.h"
 #include "guest_abi.h"
@@ -104,6 +105,8 @@ static int in_host_trap(const struct kvm_regs *r) {
 /* The syscalls of the entry's slots (guest_abi.h), for a vCPU stopped at a slot's `jmp *%rcx`,
  * where rax already holds the answer. getuid serves geteuid's slot and getgid getegid's: same answers. */
 static const uint64_t entry_slot_nr[ZB_ENTRY_SLOT_COUNT] = {SYS_getpid, SYS_getuid, SYS_getgid};
+/* The per-fd slots' syscalls (guest_abi.h ZB_ENTRY_FD_SLOTS), for a vCPU stopped past a slot's start. */
+static const uint64_t entry_fd_slot_nr[ZB_ENTRY_FD_SLOT_COUNT] = {SYS_lseek, SYS_ioctl, SYS_fcntl, SYS_fcntl};
 
 /* sync_regs found the vCPU mid-trap (in_host_trap). In the entry's in-guest answers (before its
  * `out`) the guest would return to user code without an exit, and the signal the caller holds back
@@ -117,6 +120,9 @@ static int entry_to_out(zb_sandbox *sb, zb_vm *vm, zb_event *ev, struct kvm_regs
     if (off >= ZB_ENTRY_SLOTS && off < ZB_ENTRY_SLOTS + ZB_ENTRY_SLOT_COUNT * ZB_ENTRY_SLOT_SIZE &&
         (off - ZB_ENTRY_SLOTS) % ZB_ENTRY_SLOT_SIZE >= ZB_ENTRY_SLOT_JMP)
         r->rax = entry_slot_nr[(off - ZB_ENTRY_SLOTS) / ZB_ENTRY_SLOT_SIZE];
+    if (off >= ZB_ENTRY_FD_SLOTS && off < ZB_ENTRY_FD_SLOTS + ZB_ENTRY_FD_SLOT_COUNT * ZB_ENTRY_FD_SLOT_SIZE &&
+        (off - ZB_ENTRY_FD_SLOTS) % ZB_ENTRY_FD_SLOT_SIZE)
+        r->rax = entry_fd_slot_nr[(off - ZB_ENTRY_FD_SLOTS) / ZB_ENTRY_FD_SLOT_SIZE];
     r->rip = out;
     if (ioctl(vm->vcpu_fd, KVM_SET_REGS, r) < 0) { error_event(sb, ev, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
     return 1;
@@ -445,6 +451,34 @@ static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     }
 }
 
+/* What the syscall entry answers in the guest for the process and thread about to run (its pid;
+ * the fixed uid and gid; its fd table's per-fd answers), or off. Written before every KVM_RUN: every
+ * change to an fd (read, write, lseek, dup, close, fcntl, fork, exec, another thread's or another
+ * process's call on a shared description) happens in the host during an exit, and the next entry
+ * into the guest, whichever process or thread it is, sees the table as it is then. A forked child's
+ * memory starts as its parent's: rewritten here too. Only host files and overlay files answer
+ * lseek(fd, 0, SEEK_CUR) (their seek is zb_file_seek_sized on f->offset, without side effects). */
+static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
+    if (!vm->guest_answers) { zb_layout_entry_answers(&sb->mem, 0, NULL); return; }
+    struct zb_entry_data d;
+    memset(&d, 0, sizeof d);
+    d.value[0] = (uint32_t)zb_proc_getpid(sb);
+    d.value[1] = ZB_GUEST_UID;
+    d.value[2] = ZB_GUEST_GID;
+    _Static_assert(ZB_ENTRY_FDS <= ZB_MAX_FDS, "the entry's fds are guest fds");
+    for (int fd = 0; fd < ZB_ENTRY_FDS; fd++) {
+        const zb_file *f = sb->fds->fd[fd];
+        if (!f) continue;
+        d.fd_state[fd] = ZB_EFD_OPEN | (sb->fds->cloexec[fd] ? ZB_EFD_CLOEXEC : 0);
+        d.fd_flags[fd] = (uint32_t)(f->flags | f->ops->status_flags);
+        if ((f->kind == FILE_HOST || f->kind == FILE_OVERLAY) && f->offset <= (uint64_t)INT64_MAX) {
+            d.fd_state[fd] |= ZB_EFD_SEEK;
+            d.fd_offset[fd] = f->offset;
+        }
+    }
+    zb_layout_entry_answers(&sb->mem, 1, &d);
+}
+
 static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     if (sb->uart.frame_ready) zb_uart_consume_frame(&sb->uart); /* the caller has seen it */
     sb->has_stop = 0;
@@ -494,6 +528,7 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
             continue;
         }
         zb_kick_signal_seen = 0;
+        entry_answers_refresh(sb, vm);
         ZB_PROF_BEGIN(sb, t_run);
         int run_rc = ioctl(vm->vcpu_fd, KVM_RUN, 0);
         if (sb->profile) {
@@ -532,13 +567,6 @@ static int set_kvm_sigmask(zb_vm *vm, const sigset_t *mask) {
     m.h.len = 8; /* the kernel's sigset_t */
     memcpy(m.set, mask, 8);
     return ioctl(vm->vcpu_fd, KVM_SET_SIGNAL_MASK, &m);
-}
-
-/* What the syscall entry answers in the guest for this process (its pid; the fixed uid and gid),
- * or off. Written before each run of the process: a forked child's memory starts as its parent's. */
-static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
-    uint32_t v[ZB_ENTRY_SLOT_COUNT] = {(uint32_t)zb_proc_getpid(sb), ZB_GUEST_UID, ZB_GUEST_GID};
-    zb_layout_entry_answers(&sb->mem, vm->guest_answers, v);
 }
 
 int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
@@ -580,7 +608,6 @@ int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     }
     zb_alarm_check(sb, t0); /* an alarm that expired while the sandbox was idle goes off now */
     zb_vdso_refresh(sb, vm);
-    entry_answers_refresh(sb, vm);
     run_guest(sb, vm, ev);
     if (zb_vm_flush_user_state(vm) < 0 && ev->kind != ZB_EVENT_ERROR) /* the vCPU holds the state snapshots read */
         error_event(sb, ev, "KVM_SET_SREGS/REGS: %s", strerror(errno));

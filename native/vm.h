@@ -113,9 +113,9 @@ int zb_vm_apply_syscall_path(zb_vm *vm, zb_engine *e, char *err);
 
 /* ---- guest low memory: page tables, descriptors, CPL0 stubs (guest_layout.c) ---- */
 void zb_layout_write(zb_memory *m);
-/* Write the syscall entry page's zb_entry_data (guest_abi.h): on = the entry answers its slots'
- * syscalls in the guest with value[] (pid, uid, gid); off = every syscall exits. */
-void zb_layout_entry_answers(zb_memory *m, int on, const uint32_t value[ZB_ENTRY_SLOT_COUNT]);
+/* Write the syscall entry page's zb_entry_data (guest_abi.h): *d with on set, or (off) all zero:
+ * every syscall exits. The page is dirtied only when its data changes. */
+void zb_layout_entry_answers(zb_memory *m, int on, const struct zb_entry_data *d);
 void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_base, uint64_t gs_base);
 uint64_t zb_layout_stub_addr(int vector);
 uint64_t zb_layout_exception_stack_top(void);

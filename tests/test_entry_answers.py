@@ -4,7 +4,9 @@ host path's answers in every process of a family (fork, exec, threads), and retu
 from the entry must leave the guest in user mode (supervisor-only pages still fault)."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 
 import pytest
 
@@ -150,3 +152,180 @@ print(got[0])
         r = sb.execute(code, timeout=120)  # a hang guard only
         assert not r.error, r.error
         assert r.stdout.strip().splitlines()[-1] == "1000"
+
+
+# ---- the per-fd answers: lseek(fd, 0, SEEK_CUR), ioctl(fd, TCGETS), fcntl(F_GETFD/F_GETFL) ----
+
+_FD_PROBE = r'''
+import ctypes, errno, fcntl, json, os, socket, termios, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def raw(*a):
+    r = libc.syscall(*[ctypes.c_long(x) for x in a])
+    return r if r >= 0 else -ctypes.get_errno()
+def probe(fd):
+    buf = ctypes.create_string_buffer(64)
+    return [raw(8, fd, 0, 1), raw(16, fd, termios.TCGETS, ctypes.addressof(buf)), raw(72, fd, 1), raw(72, fd, 3)]
+os.makedirs('/tmp/efd', exist_ok=True)
+with open('/tmp/efd/data', 'wb') as f: f.write(bytes(range(256)) * 64)
+fd = os.open('/tmp/efd/data', os.O_RDONLY)
+os.read(fd, 1000)
+wfd = os.open('/tmp/efd/w', os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+os.write(wfd, b'x' * 77)
+r, w = os.pipe()
+os.set_blocking(w, False)
+d = os.open('/tmp/efd', os.O_RDONLY | os.O_DIRECTORY)
+null = os.open('/dev/null', os.O_RDWR)
+s1, s2 = socket.socketpair()
+hi = os.dup2(fd, 63)
+over = os.dup2(fd, 64)  # past the entry's table: always exits
+os.lseek(hi, 12345, os.SEEK_SET)  # moves fd's offset too: one description
+closed = os.dup(fd); os.close(closed)
+fds = {'stdin': 0, 'stdout': 1, 'stderr': 2, 'file': fd, 'append': wfd, 'pipe_r': r, 'pipe_w': w, 'dir': d,
+       'null': null, 'socket': s1.fileno(), 'fd63': hi, 'fd64': over, 'closed': closed, 'minus1': -1,
+       'high_bits': 1 << 32 | fd, 'top_bit': 1 << 63, 'fd1000': 1000, 'fd5000': 5000}
+out = {k: probe(x) for k, x in fds.items()}
+out['whence'] = raw(8, fd, 0, 1 << 32 | 1)
+out['cmd'] = raw(72, fd, 1 << 32 | 3)
+out['tcgets_hi'] = raw(16, fd, 1 << 32 | termios.TCGETS, 0)
+print(json.dumps(out))
+'''
+
+
+def _last_json(r) -> object:
+    assert not r.error, r.error
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _both_paths(template, code: str) -> tuple[object, object, int]:
+    """The cell's output with the in-guest answers off, then on (each in a fresh fork); and the
+    syscalls the second run made."""
+    engine = Engine.default()
+    with template.fork() as sb:
+        try:
+            engine.set_syscall_path(guest_answers=False)
+            host = _last_json(sb.execute(code))
+        finally:
+            engine.set_syscall_path()
+    with template.fork() as sb:
+        st0 = sb.guest.stats()
+        guest = _last_json(sb.execute(code))
+        calls = sb.guest.stats()["syscalls"] - st0["syscalls"]
+    return host, guest, calls
+
+
+def test_fd_answers_equal_the_exiting_path_for_every_kind_of_fd(template) -> None:
+    host, guest, _ = _both_paths(template, _FD_PROBE)
+    assert guest == host
+    assert isinstance(host, dict)
+    assert host["file"][:3] == [12345, -errno.ENOTTY, 1], host   # its offset (set via fd 63); O_CLOEXEC
+    assert host["fd63"][:3] == [12345, -errno.ENOTTY, 0], host   # os.dup2: inheritable
+    assert host["append"][0] == 77 and host["append"][2] == 1, host  # O_APPEND write; cloexec
+    assert host["pipe_r"][0] == -errno.ESPIPE and host["minus1"] == [-errno.EBADF] * 4, host
+    assert host["closed"] == [-errno.EBADF] * 4 and host["fd64"][0] == 12345, host
+    assert host["pipe_w"][3] & os.O_NONBLOCK and host["stdout"][1] == -errno.ENOTTY, host
+
+
+def test_fd_answers_cost_no_exit(template) -> None:
+    code = ("import os, fcntl, json\n"
+            "fd = os.open('/etc/passwd', os.O_RDONLY); os.read(fd, 10)\n"
+            "got = set()\n"
+            "for _ in range(2000):\n"
+            "    got.add((os.lseek(fd, 0, os.SEEK_CUR), fcntl.fcntl(fd, fcntl.F_GETFD), fcntl.fcntl(fd, fcntl.F_GETFL)))\n"
+            "print(json.dumps(sorted(got)))")
+    host, guest, calls = _both_paths(template, code)
+    assert guest == host and host == [[10, 1, 0]], host  # os.open sets O_CLOEXEC
+    if answers_on():
+        assert calls < 200, calls  # the cell's own, not 6,000
+    else:
+        assert calls >= 6000, calls
+
+
+_SHARED = r'''
+import json, os, sys, threading
+with open('/tmp/shared', 'wb') as f: f.write(b'y' * 10000)
+fd = os.open('/tmp/shared', os.O_RDONLY)
+os.set_inheritable(fd, True)
+seen = []
+pid = os.fork()
+if pid == 0:
+    os.read(fd, 100)                       # moves the description the parent shares
+    os._exit(0)
+os.waitpid(pid, 0)
+seen.append(os.lseek(fd, 0, os.SEEK_CUR))  # 100: the child's read
+os.lseek(fd, 500, os.SEEK_SET)
+pid = os.fork()
+if pid == 0:
+    a = os.lseek(fd, 0, os.SEEK_CUR)
+    os.lseek(fd, 0, os.SEEK_END)
+    os.write(2, b'')
+    os._exit(0 if a == 500 else 3)
+st = os.waitpid(pid, 0)[1]
+seen.append([os.lseek(fd, 0, os.SEEK_CUR), st])  # 10000: the child's seek
+os.lseek(fd, 7, os.SEEK_SET)
+t = threading.Thread(target=lambda: os.read(fd, 3)); t.start(); t.join()
+seen.append(os.lseek(fd, 0, os.SEEK_CUR))  # 10: the thread's read
+t = threading.Thread(target=lambda: os.dup2(os.open('/tmp/shared', os.O_RDONLY), fd)); t.start(); t.join()
+seen.append(os.lseek(fd, 0, os.SEEK_CUR))  # 0: the thread replaced the fd
+import fcntl
+fcntl.fcntl(fd, fcntl.F_SETFD, 0)
+os.lseek(fd, 4242, os.SEEK_SET)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.dup2(w, 1)
+    os.execv(sys.executable, [sys.executable, '-c', 'import os, fcntl; '
+             'print(os.lseek(%d, 0, os.SEEK_CUR), fcntl.fcntl(%d, fcntl.F_GETFD), flush=True)' % (fd, fd)])
+os.close(w)
+got = b''
+while True:
+    b = os.read(r, 100)
+    if not b: break
+    got += b
+os.waitpid(pid, 0)
+seen.append(got.decode().split())
+nb = os.open('/tmp/shared', os.O_RDONLY | os.O_CLOEXEC)
+os.set_blocking(nb, False)
+seen.append([fcntl.fcntl(nb, fcntl.F_GETFL) & os.O_NONBLOCK != 0, fcntl.fcntl(nb, fcntl.F_GETFD)])
+os.close(nb)
+try:
+    os.lseek(nb, 0, os.SEEK_CUR); seen.append('open')
+except OSError as e:
+    seen.append(e.errno)
+print(json.dumps(seen))
+'''
+
+
+def test_fd_answers_follow_fork_threads_dup2_exec_and_close(template) -> None:
+    host, guest, _ = _both_paths(template, _SHARED)
+    assert guest == host
+    assert host == [100, [10000, 0], 10, 0, ["4242", "0"], [True, 1], 9], host
+
+
+def test_a_write_to_the_answer_block_crashes_only_that_cell(template) -> None:
+    from zeroboot_kernel.errors import SandboxCrashed
+
+    with template.fork() as sb:
+        with pytest.raises(SandboxCrashed, match="SIGSEGV: write at address 0xe950"):
+            sb.execute("import ctypes\nctypes.memset(0xe950, 0x41, 8)\nprint('wrote')")
+    with template.fork() as sb:  # the template's block is untouched: a new fork answers as before
+        r = sb.execute("import os\nfd = os.open('/etc/passwd', os.O_RDONLY)\nos.read(fd, 5)\nprint(os.lseek(fd, 0, os.SEEK_CUR))")
+        assert not r.error and r.stdout.strip().splitlines()[-1] == "5", (r.stdout, r.error)
+
+
+def test_the_guest_cannot_remap_or_have_the_host_write_the_answer_block(template) -> None:
+    code = ("import ctypes, json, os\n"
+            "libc = ctypes.CDLL(None, use_errno=True); libc.mmap.restype = ctypes.c_long\n"
+            "def e(r): return [r, ctypes.get_errno()]\n"
+            "fd = os.open('/etc/passwd', os.O_RDONLY)\n"
+            "out = [e(libc.mprotect(ctypes.c_void_p(0xe000), 4096, 3)),\n"
+            "       e(libc.mmap(ctypes.c_void_p(0xe000), 4096, 3, 0x32, -1, 0)),\n"
+            "       e(libc.munmap(ctypes.c_void_p(0xe000), 4096)),\n"
+            "       e(libc.read(fd, ctypes.c_void_p(0xe950), 8))]\n"  # the host's copy into the block
+            "out.append(os.lseek(fd, 0, os.SEEK_CUR))\n"
+            "print(json.dumps(out))")
+    with template.fork() as sb:
+        got = _last_json(sb.execute(code))
+    assert isinstance(got, list)
+    assert all(r == -1 and err != 0 for r, err in got[:4]), got
+    assert got[3][1] == errno.EFAULT and got[4] == 0, got

@@ -115,7 +115,7 @@ prog = bytes([0xb8, 39, 0, 0, 0, 0x48, 0x8d, 0x0d, 13, 0, 0, 0, 0x49, 0xbb]) + (
 m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
 m.write(prog)
 f = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
-print([f(), os.getpid(), ctypes.string_at(0xe080, 2).hex()])
+print([f(), os.getpid(), ctypes.string_at(0xe180, 2).hex()])
 '''
     with template.fork() as sb:
         r = sb.execute(code)
@@ -156,3 +156,57 @@ def test_stat_reuses_the_walk_only_within_one_syscall(template, tmp_path, mode) 
             assert a2.read_bytes() == b"xyz" and not a.exists()
         else:
             assert a.read_bytes() == b"0123456789abcdefghij" and not a2.exists()
+
+
+
+_OPEN_DIR = """
+def open_dir(p):
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        return e.errno
+    names = sorted(os.listdir(fd))
+    os.close(fd)
+    return names
+"""
+
+
+@pytest.mark.parametrize("mode", ["overlay", "readonly"])
+def test_a_directory_open_asks_the_host_at_each_call(template, tmp_path, mode) -> None:
+    """Opening a directory is the walk's lstat of each component plus the host's open with
+    O_DIRECTORY | O_NOFOLLOW, which itself refuses anything else (no fstat after it), and a close:
+    nothing is kept between calls, so what the host changes between two guest calls is seen by the
+    second (new entries, the directory replaced by a file, by a symlink, by another directory)."""
+    import errno
+
+    d = tmp_path / "a" / "b"
+    d.mkdir(parents=True)
+    (d / "x").write_text("1")
+    code = f"open_dir({str(d)!r})"
+    with template.fork() as sb:
+        sb.guest.mount_project(str(tmp_path), mode)
+        r = sb.execute("import os" + _OPEN_DIR)
+        assert not r.error, r.error
+        sb.guest.set_profile(True)
+        assert run(sb, code) == ["x"]
+        sb.guest.set_profile(False)
+        prof = sb.guest.syscall_profile_by_number()["openat"]
+        # lstat a, a/b; the open (no fstat after it; was 4); the close is a raw close, not counted
+        assert prof["calls"] == 1 and prof["host_calls"] == 3, prof
+        (d / "y").write_text("2")  # the host adds an entry
+        assert run(sb, code) == ["x", "y"]
+        for f in ("x", "y"):
+            (d / f).unlink()
+        d.rmdir()
+        d.write_text("now a file")  # the host replaces the directory with a file
+        assert run(sb, code) == errno.ENOTDIR
+        d.unlink()
+        d.symlink_to(tmp_path / "a")  # ... with a symlink to its parent: followed by the guest's walk
+        assert run(sb, code) == ["b"]
+        d.unlink()
+        os.mkfifo(d)  # ... with a FIFO: ENOTDIR at once, as Linux (the open never waits for a writer)
+        assert run(sb, code) == errno.ENOTDIR
+        d.unlink()
+        d.mkdir()
+        (d / "z").write_text("3")  # ... with another directory
+        assert run(sb, code) == ["z"]

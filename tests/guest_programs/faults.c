@@ -104,7 +104,7 @@ static void test_write_syscall_entry(int argc, char **argv) {
     (void)argv;
     volatile unsigned char *entry = (volatile unsigned char *)0xe000;
     announce("read then write the syscall entry page");
-    if (entry[0x80] != 0xe6) fprintf(stderr, "the entry has no out at ZB_SYSCALL_ENTRY_OUT (0x%x)\n", entry[0x80]);
+    if (entry[0x180] != 0xe6) fprintf(stderr, "the entry has no out at ZB_SYSCALL_ENTRY_OUT (0x%x)\n", entry[0x180]);
     entry[0] = 0x90;
 }
 
