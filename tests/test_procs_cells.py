@@ -243,6 +243,22 @@ def test_forkserver_says_it_is_not_available(s: Session) -> None:
     assert ok(cell(s, "print(mp.get_start_method())", 3)) == "fork\n"
 
 
+@pytest.mark.parametrize("code", ["import multiprocessing as mp\nmp.Manager()",
+                                  "from multiprocessing.managers import SharedMemoryManager\n"
+                                  "SharedMemoryManager().start()",
+                                  "from multiprocessing.connection import Listener\nListener()"],
+                         ids=["manager", "shared_memory_manager", "listener"])
+def test_what_listens_on_af_unix_says_why(s: Session, code: str) -> None:
+    """Manager(), SharedMemoryManager and Listener listen on an AF_UNIX socket file, which the
+    sandbox lacks: a PermissionError in the cell that says so and what works instead (not a server
+    child's traceback followed by EOFError), and no process is left."""
+    reply = cell(s, code, 1)
+    assert reply["status"] == "error" and reply["ename"] == "PermissionError", reply
+    assert "no AF_UNIX socket files" in reply["evalue"] and "Queue" in reply["evalue"], reply
+    assert s.sandbox.guest.process_count() == 1
+    assert ok(cell(s, "print('after')", 2)) == "after\n"
+
+
 def test_a_childs_proc_files_are_its_own(s: Session) -> None:
     """/proc/<own pid> is /proc/self, whose stat and status give the child's pid, parent and group
     (psutil.Process(os.getpid()), which loky's workers call, reads them); other pids have none."""

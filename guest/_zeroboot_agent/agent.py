@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
 from . import agent_io as aio
+from . import agent_mp
 from .agent_io import log
 from .frame_protocol import FrameType
 from .agent_comm import CommBridge
@@ -400,84 +401,6 @@ def reseed(seed_hex: object) -> None:
             log(f"reseed numpy: {type(exc).__name__}: {exc}")
 
 
-def track_resources_in_the_agent() -> None:
-    """multiprocessing's resource tracker, in the sandbox, is no process of its own.
-
-    On the host, the first `shared_memory.SharedMemory` (or a pool under the spawn start method)
-    starts a tracker process that lives until the interpreter exits, to unlink named shared memory
-    and semaphores that the program leaked. In the sandbox a live process between cells means the
-    cells have no checkpoint of their own (process trees are not snapshotted), for a helper that
-    guards nothing: the sandbox's /dev/shm, with every name in it, ends with the sandbox (and a
-    rollback restores it with the rest). So the tracker's pipe is /dev/null: registrations (of this
-    process, its fork children, and the spawn children it hands the fd to) go nowhere, no tracker
-    process starts, and checkpoints and %rewind work around shared memory. What differs from the
-    host: no "leaked shared_memory objects" warning at exit (the kernel's terminal would show it).
-    """
-    try:
-        from multiprocessing import resource_tracker
-    except ImportError:  # a Python built without _multiprocessing: nothing to track
-        return
-    _null_tracker(resource_tracker)
-    sys.meta_path.insert(0, _LokyTrackerHook())
-
-
-def _null_tracker(module: object) -> None:
-    """Give a resource-tracker module's tracker /dev/null as its pipe, if it has not started."""
-    tracker = getattr(module, "_resource_tracker", None)
-    if tracker is not None and getattr(tracker, "_fd", None) is None and getattr(tracker, "_pid", None) is None:
-        tracker._fd = os.open(os.devnull, os.O_WRONLY)
-
-
-class _LokyTrackerHook:
-    """The same for loky's own tracker (joblib's default backend; a subclass of multiprocessing's
-    that also refcounts joblib's memmapped arguments): when its module is first imported, its
-    tracker gets /dev/null before any use. joblib still deletes its temporary folder (with the
-    memmaps in it) at the end of each Parallel call; without the tracker's refcounts a memmap
-    is not unlinked earlier than that."""
-    NAMES = ("joblib.externals.loky.backend.resource_tracker", "loky.backend.resource_tracker")
-
-    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
-        if name not in self.NAMES:
-            return None
-        import importlib.machinery
-        spec = importlib.machinery.PathFinder.find_spec(name, path)  # type: ignore[arg-type]
-        loader = spec.loader if spec is not None else None
-        exec_module = getattr(loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-
-        def exec_then_null(module: object) -> None:
-            exec_module(module)
-            _null_tracker(module)
-
-        loader.exec_module = exec_then_null  # type: ignore[union-attr]
-        return spec
-
-
-FORKSERVER_UNAVAILABLE = (
-    "the 'forkserver' start method is not available in the sandbox: its server listens on an AF_UNIX "
-    "socket file (bind/listen/accept, file descriptors passed with SCM_RIGHTS), which the sandbox does "
-    "not support yet (only socketpair()). Use the default 'fork' start method, or 'spawn'.")
-
-
-def refuse_forkserver() -> None:
-    """`get_context('forkserver')` and `set_start_method('forkserver')` raise ValueError saying why
-    (as multiprocessing itself does where the method is not available), instead of the
-    PermissionError of socket() from inside the server's start."""
-    try:
-        from multiprocessing import context
-    except ImportError:
-        return
-    forkserver = getattr(context, "ForkServerContext", None)
-    if forkserver is None:  # Windows-like builds: no such context
-        return
-
-    def _check_available(self: object) -> None:
-        raise ValueError(FORKSERVER_UNAVAILABLE)
-
-    forkserver._check_available = _check_available
-
-
 def run_program(request: dict[str, Any]) -> NoReturn:
     """RUN: behave like `python -c CODE`, `python -m MODULE` or `python FILE` with the given argv,
     in a fresh __main__, writing straight to fd 1 and 2, then exit the VM with the status python
@@ -580,8 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     # where IPython's kernel app puts it.
     del sys.path[0]
     insert_cwd_entry()
-    track_resources_in_the_agent()
-    refuse_forkserver()
+    agent_mp.install()
     gate.install()
     channel.quiet = False
     channel.quiet_stream = None
