@@ -271,6 +271,16 @@ int zb_walk_stat_get(const char *host_path, struct stat *st) {
  * target is copied to `link` and 1 is returned. */
 static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const char *name, zb_loc *out, char *link) {
     zb_mnode *m = dir->mnode ? zb_mnode_child(dir->mnode, name) : NULL;
+    /* /proc/<own pid> is /proc/self (psutil.Process(os.getpid()) in a fork child reads it); other
+     * processes' /proc entries do not exist */
+    if (!m && dir->mnode && dir->mnode->parent == sb->fs->root && !strcmp(dir->mnode->name, "proc")) {
+        char own[16];
+        snprintf(own, sizeof own, "%d", (int)zb_proc_getpid(sb));
+        if (!strcmp(name, own) && (m = zb_mnode_child(dir->mnode, "self"))) {
+            int r = loc_from_mnode(sb, m, out);
+            return r < 0 ? r : 0;
+        }
+    }
     if (m) {
         int r = loc_from_mnode(sb, m, out);
         if (r < 0) return r;

@@ -18,7 +18,6 @@
 #include <stdarg.h>
 #include <sys/mman.h>
 
-#define GUEST_PID 1       /* sys_process.c answers getpid() with this */
 #define PROC_MAX (4u << 20)
 
 typedef struct proc_buf {
@@ -50,6 +49,14 @@ static uint64_t kib(uint64_t pages) { return pages * (ZB_PAGE / 1024); }
 
 static const char *comm(zb_sandbox *sb) { return sb->proc.comm; }
 
+/* the pids sys_process.c answers getpid()/getppid() with (the agent is 1, with no parent) */
+static int own_pid(const zb_sandbox *sb) { return (int)zb_proc_getpid(sb); }
+static int parent_pid(zb_sandbox *sb) {
+    int32_t ppid, pgid, sid;
+    zb_proc_ids(sb, &ppid, &pgid, &sid);
+    return (int)ppid;
+}
+
 static uint64_t mapped_pages(zb_sandbox *sb) {
     uint64_t n = 0;
     for (size_t i = 0; i < sb->mem.nregions; i++) n += (sb->mem.regions[i].end - sb->mem.regions[i].start) / ZB_PAGE;
@@ -68,14 +75,14 @@ static void gen_maps(zb_sandbox *sb, proc_buf *b) {
 
 static void gen_status(zb_sandbox *sb, proc_buf *b) {
     uint64_t rss = sb->mem.pages_allocated, vm = mapped_pages(sb);
-    put(b, "Name:\t%.15s\nUmask:\t%04o\nState:\tR (running)\nTgid:\t%d\nNgid:\t0\nPid:\t%d\nPPid:\t0\n"
+    put(b, "Name:\t%.15s\nUmask:\t%04o\nState:\tR (running)\nTgid:\t%d\nNgid:\t0\nPid:\t%d\nPPid:\t%d\n"
            "TracerPid:\t0\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\nFDSize:\t%d\nGroups:\t1000\n"
            "VmPeak:\t%8llu kB\nVmSize:\t%8llu kB\nVmLck:\t       0 kB\nVmPin:\t       0 kB\n"
            "VmHWM:\t%8llu kB\nVmRSS:\t%8llu kB\nRssAnon:\t%8llu kB\nRssFile:\t       0 kB\nRssShmem:\t       0 kB\n"
            "VmData:\t%8llu kB\nVmStk:\t     132 kB\nVmExe:\t       0 kB\nVmLib:\t       0 kB\nVmSwap:\t       0 kB\n"
            "Threads:\t1\nSigQ:\t0/0\nCpus_allowed:\t1\nCpus_allowed_list:\t0\nMems_allowed_list:\t0\n"
            "voluntary_ctxt_switches:\t0\nnonvoluntary_ctxt_switches:\t0\n",
-        comm(sb), (unsigned)sb->proc.umask, GUEST_PID, GUEST_PID, ZB_MAX_FDS,
+        comm(sb), (unsigned)sb->proc.umask, own_pid(sb), own_pid(sb), parent_pid(sb), ZB_MAX_FDS,
         (unsigned long long)kib(vm), (unsigned long long)kib(vm), (unsigned long long)kib(rss),
         (unsigned long long)kib(rss), (unsigned long long)kib(rss), (unsigned long long)kib(rss));
 }
@@ -87,13 +94,15 @@ static void gen_statm(zb_sandbox *sb, proc_buf *b) {
 }
 
 static void gen_stat(zb_sandbox *sb, proc_buf *b) {
+    int32_t ppid, pgid, sid;
+    zb_proc_ids(sb, &ppid, &pgid, &sid);
     uint64_t user, sys;
     zb_guest_cpu_split(sb, &user, &sys);
     const uint64_t tick = 10000000; /* USER_HZ 100 */
     /* the 52 fields of proc(5); what the sandbox has no notion of is 0 */
-    put(b, "%d (%.15s) R 0 %d %d 0 -1 4194304 %llu 0 0 0 %llu %llu 0 0 20 0 1 0 0 %llu %llu "
+    put(b, "%d (%.15s) R %d %d %d 0 -1 4194304 %llu 0 0 0 %llu %llu 0 0 20 0 1 0 0 %llu %llu "
            "18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-        GUEST_PID, comm(sb), GUEST_PID, GUEST_PID, (unsigned long long)sb->mem.pages_allocated,
+        own_pid(sb), comm(sb), (int)ppid, (int)pgid, (int)sid, (unsigned long long)sb->mem.pages_allocated,
         (unsigned long long)(user / tick), (unsigned long long)(sys / tick),
         (unsigned long long)(mapped_pages(sb) * ZB_PAGE), (unsigned long long)sb->mem.pages_allocated);
 }

@@ -209,6 +209,9 @@ zb_family *zb_family_ensure(zb_sandbox *sb);
 #define ZB_GUEST_GID ZB_GUEST_UID
 /* What getpid returns to sb (sys_procs.c); also what the syscall entry answers in the guest. */
 int32_t zb_proc_getpid(const zb_sandbox *sb);
+/* The caller's parent pid (0 for the agent), process group and session, as getppid/getpgid/getsid
+ * answer them (fs_proc.c writes them into /proc/self/stat and status). */
+void zb_proc_ids(zb_sandbox *sb, int32_t *ppid, int32_t *pgid, int32_t *sid);
 /* A new pid or tid of the family. */
 int32_t zb_family_new_id(zb_family *fam);
 /* The member slot of pid, or -1. */

@@ -16,6 +16,10 @@
 
 static uint64_t end_of(uint64_t a, uint64_t n) { return a + n < a ? UINT64_MAX : a + n; }
 
+static int guest_overlaps(const zb_shmap_entry *e, uint64_t addr, uint64_t len) {
+    return addr < e->addr + e->len && e->addr < end_of(addr, len);
+}
+
 static int file_overlaps(const zb_shmap_entry *e, uint32_t ino, uint64_t off, uint64_t len) {
     return (!ino || e->ino == ino) && off < e->off + e->len && e->off < end_of(off, len);
 }
@@ -34,6 +38,43 @@ long zb_shmap_check(zb_sandbox *sb, uint32_t ino, uint64_t off, uint64_t len, in
     return 0;
 }
 
+uint64_t zb_shmap_alias(zb_sandbox *sb, uint32_t ino, uint64_t off, uint64_t len, int writable) {
+    struct zb_shmap *t = sb->mem.shmap;
+    zb_shmap_entry *same = NULL;
+    for (size_t i = 0; t && i < t->n; i++) {
+        zb_shmap_entry *e = &t->e[i];
+        if (!file_overlaps(e, ino, off, len)) continue;
+        if (same || e->off != off || e->len != len) return 0; /* any other overlap: no alias */
+        same = e;
+    }
+    if (!same || (writable && !same->writable) || same->aliases >= ZB_SHMAP_ALIASES_MAX) return 0;
+    same->aliases++;
+    return same->addr;
+}
+
+int zb_shmap_unalias(zb_sandbox *sb, uint64_t addr, uint64_t len) {
+    struct zb_shmap *t = sb->mem.shmap;
+    uint64_t end = end_of(addr, len);
+    for (size_t i = 0; t && i < t->n; i++) {
+        zb_shmap_entry *e = &t->e[i];
+        if (e->aliases && guest_overlaps(e, addr, len) && (addr != e->addr || end != e->addr + e->len))
+            return -EBUSY; /* not exactly the aliased mapping: its pages are also the aliases' */
+    }
+    int took = 0;
+    for (size_t i = 0; t && i < t->n; i++) {
+        zb_shmap_entry *e = &t->e[i];
+        if (e->aliases && e->addr == addr && e->len == len) { e->aliases--; took = 1; }
+    }
+    return took;
+}
+
+int zb_shmap_aliased_in(const zb_memory *m, uint64_t addr, uint64_t len) {
+    const struct zb_shmap *t = m->shmap;
+    for (size_t i = 0; t && i < t->n; i++)
+        if (t->e[i].aliases && guest_overlaps(&t->e[i], addr, len)) return 1;
+    return 0;
+}
+
 long zb_shmap_add(zb_sandbox *sb, uint32_t ino, uint64_t addr, uint64_t len, uint64_t off, int writable) {
     struct zb_shmap *t = sb->mem.shmap;
     if (!t && !(t = sb->mem.shmap = calloc(1, sizeof *t))) return -ENOMEM;
@@ -45,7 +86,7 @@ long zb_shmap_add(zb_sandbox *sb, uint32_t ino, uint64_t addr, uint64_t len, uin
         t->e = ne;
         t->cap = cap;
     }
-    t->e[t->n++] = (zb_shmap_entry){.addr = addr, .len = len, .off = off, .ino = ino, .writable = !!writable};
+    t->e[t->n++] = (zb_shmap_entry){.addr = addr, .len = len, .off = off, .ino = ino, .writable = (uint16_t)!!writable};
     zb_ovl_open_ref(sb->fs, ino, 1); /* a mapping keeps an unlinked file alive, as on Linux */
     return 0;
 }
@@ -98,9 +139,6 @@ void zb_shmap_reload(zb_sandbox *sb, uint32_t ino, uint64_t off, uint64_t len) {
         if (file_overlaps(&t->e[i], ino, off, len)) entry_reload(sb, &t->e[i], off, end_of(off, len));
 }
 
-static int guest_overlaps(const zb_shmap_entry *e, uint64_t addr, uint64_t len) {
-    return addr < e->addr + e->len && e->addr < end_of(addr, len);
-}
 
 const zb_shmap_entry *zb_shmap_find(const zb_memory *m, uint64_t addr, uint64_t len) {
     const struct zb_shmap *t = m->shmap;

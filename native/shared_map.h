@@ -21,6 +21,20 @@
  * replaces+replaces_len) (a MAP_FIXED target; length 0 for none) are about to go: not counted. */
 long zb_shmap_check(zb_sandbox *sb, uint32_t ino, uint64_t off, uint64_t len, int writable, uint64_t replaces,
                     uint64_t replaces_len);
+/* A second mmap of exactly the file range [off, off+len) of `ino` that one shared mapping of this
+ * process already holds, and nothing else overlaps (multiprocessing.shared_memory attached by name
+ * in a fork child that inherited the parent's mapping of the block): the same guest pages serve
+ * both (one copy cannot go stale beside the other), so its address is returned and the entry
+ * counts one alias more. 0 (no alias) if no such entry, another overlaps, a writable request
+ * meets a read-only mapping, or ZB_SHMAP_ALIASES_MAX is reached: the caller refuses with EBUSY. */
+uint64_t zb_shmap_alias(zb_sandbox *sb, uint32_t ino, uint64_t off, uint64_t len, int writable);
+/* munmap of guest range [addr, addr+len): 1 if it is exactly an aliased mapping (one alias taken
+ * back, the pages stay for the others), 0 if no aliased mapping overlaps it (unmap as usual),
+ * -EBUSY if it covers a part of one (the aliases share those pages: not supported). */
+int zb_shmap_unalias(zb_sandbox *sb, uint64_t addr, uint64_t len);
+/* 1 if an aliased shared mapping overlaps guest range [addr, addr+len) (MAP_FIXED over it or an
+ * mremap of it would take the pages from under its aliases: refused). */
+int zb_shmap_aliased_in(const zb_memory *m, uint64_t addr, uint64_t len);
 /* Record a filled mapping (after zb_shmap_check); takes an open reference on the inode. */
 long zb_shmap_add(zb_sandbox *sb, uint32_t ino, uint64_t addr, uint64_t len, uint64_t off, int writable);
 /* Write mapped pages of `ino` (0: every inode) overlapping file bytes [off, off+len) back into

@@ -32,6 +32,7 @@ void zb_shmap_save(const struct zb_shmap *t, zb_out *o) {
         out_u64(o, t->e[i].off);
         out_u32(o, t->e[i].ino);
         out_u32(o, t->e[i].writable);
+        out_u32(o, t->e[i].aliases);
     }
 }
 
@@ -49,10 +50,12 @@ int zb_shmap_load(struct zb_shmap **out, uint64_t mem_size, zb_in *in) {
         e->len = in_u64(in);
         e->off = in_u64(in);
         e->ino = in_u32(in);
-        e->writable = in_u32(in);
+        uint32_t w = in_u32(in), aliases = in_u32(in);
+        e->writable = (uint16_t)(w & 1);
+        e->aliases = (uint16_t)ZB_MIN(aliases, (uint32_t)ZB_SHMAP_ALIASES_MAX); /* over it: refused below */
         t->n++;
         if ((e->addr | e->len | e->off) & (ZB_PAGE - 1) || !e->len || e->addr > mem_size ||
-            e->len > mem_size - e->addr || e->off + e->len < e->off || !e->ino || e->writable > 1)
+            e->len > mem_size - e->addr || e->off + e->len < e->off || !e->ino || w > 1 || aliases > ZB_SHMAP_ALIASES_MAX)
             in->err = 1;
     }
     if (in->err) { zb_shmap_free(t); return -1; }

@@ -13,8 +13,12 @@ typedef struct zb_shmap_entry {
     uint64_t addr, len;      /* guest range, page aligned */
     uint64_t off;            /* file offset of addr, page aligned */
     uint32_t ino;            /* overlay inode; the mapping holds an open reference on it */
-    uint32_t writable;       /* mapped with PROT_WRITE: written back, and never overlapped */
+    uint16_t writable;       /* mapped with PROT_WRITE: written back, and never overlapped */
+    uint16_t aliases;        /* further mmaps of exactly this file range in this process, given this
+                                same address (zb_shmap_alias); each munmap of it takes one back */
 } zb_shmap_entry;
+
+#define ZB_SHMAP_ALIASES_MAX 64 /* aliases of one mapping (EBUSY past it) */
 
 struct zb_shmap {
     size_t n, cap;

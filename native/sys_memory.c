@@ -55,6 +55,12 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         if (!shared && type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->ops->props & ZB_FOPS_MMAP_COPIES)) return -ENODEV;
         uint64_t fixed_len = (flags & MAP_FIXED) ? len : 0;
         long busy = shared ? zb_shmap_check(sb, ino, off, len, (prot & PROT_WRITE) != 0, addr, fixed_len) : 0;
+        if (busy == -EBUSY && !(flags & (MAP_FIXED | MAP_FIXED_NOREPLACE))) {
+            /* exactly the range a mapping of this process holds (shared_memory attached by name in
+             * a fork child that inherited the block): the same pages serve both, coherent */
+            uint64_t same = zb_shmap_alias(sb, ino, off, len, (prot & PROT_WRITE) != 0);
+            if (same) return (long)same;
+        }
         if (busy == -EBUSY)
             zb_log(sb, "mmap: a second shared mapping overlapping a writable shared mapping of the same "
                        "file range cannot be kept coherent: refused (EBUSY)");
@@ -72,6 +78,11 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         if (addr < MMAP_MIN_ADDR) return -EPERM; /* as Linux answers below vm.mmap_min_addr */
         if (!user_range(m, addr, len)) return -ENOMEM;
         if ((flags & MAP_FIXED_NOREPLACE) && !zb_mem_range_free(m, addr, len)) return -EEXIST;
+        if (zb_shmap_aliased_in(m, addr, len)) {
+            zb_log(sb, "mmap: MAP_FIXED over a shared mapping that is mapped more than once (aliased) "
+                       "is not supported (EBUSY)");
+            return -EBUSY;
+        }
         if (!zb_mem_fits(m, new_pages(m, addr, len))) return -ENOMEM;
         at = addr;
         long rc = zb_shmap_unmap(sb, at, len); /* a shared mapping it replaces is written back first */
@@ -138,6 +149,11 @@ static long sys_munmap(zb_sandbox *sb, const uint64_t a[6]) {
     uint64_t addr = a[0], len = ZB_PAGE_UP(a[1]);
     if ((addr & (ZB_PAGE - 1)) || !len) return -EINVAL;
     if (!user_range(&sb->mem, addr, len)) return -EINVAL;
+    int alias = zb_shmap_unalias(sb, addr, len); /* one of several mmaps of the same range: pages stay */
+    if (alias == -EBUSY)
+        zb_log(sb, "munmap: a part of a shared mapping that is mapped more than once (aliased) is not "
+                   "supported (EBUSY)");
+    if (alias) return alias < 0 ? alias : 0;
     return unmap(sb, addr, len);
 }
 
@@ -162,6 +178,10 @@ static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
     if (nsz > m->size) return -ENOMEM;
     /* a shared file mapping shrinks in place (the tail is written back); growing or moving one is
      * not supported */
+    if (zb_shmap_aliased_in(m, old, osz) || ((flags & MREMAP_FIXED) && zb_shmap_aliased_in(m, want, nsz))) {
+        zb_log(sb, "mremap: a shared mapping that is mapped more than once (aliased) cannot change (EINVAL)");
+        return -EINVAL;
+    }
     if (zb_shmap_find(m, old, osz) && (nsz > osz || (flags & MREMAP_FIXED))) {
         zb_log(sb, "mremap: growing or moving a shared file mapping is not supported (EINVAL)");
         return -EINVAL;

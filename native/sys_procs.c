@@ -259,6 +259,12 @@ static long sys_waitid(zb_sandbox *sb, const uint64_t a[6]) {
 
 static long sys_getpid(zb_sandbox *sb, const uint64_t a[6]) { (void)a; return pid_of(sb); }
 int32_t zb_proc_getpid(const zb_sandbox *sb) { return pid_of(sb); }
+void zb_proc_ids(zb_sandbox *sb, int32_t *ppid, int32_t *pgid, int32_t *sid) {
+    zb_member *self = sb->fam ? me(sb) : NULL;
+    *ppid = self ? self->ppid : 0;
+    *pgid = self ? self->pgid : pid_of(sb);
+    *sid = self ? self->sid : pid_of(sb);
+}
 static long sys_getppid(zb_sandbox *sb, const uint64_t a[6]) {
     (void)a;
     zb_member *self = sb->fam ? me(sb) : NULL;

@@ -15,7 +15,7 @@ from zeroboot_kernel.session import Session
 
 
 @pytest.mark.parametrize("test", ["through_mapping", "write_then_map", "writeback", "truncate", "overlap",
-                                  "limits", "host_file"])
+                                  "alias", "limits", "host_file"])
 def test_shared_map_syscalls(test: str) -> None:
     guest_c.check("shared_map", test)
 

@@ -139,8 +139,8 @@ MP_QUEUE_LOCK_VALUE = ("import multiprocessing as mp, os\n"
                        "[p.start() for p in fs]; [p.join() for p in fs]\n"
                        "print(v.value, [p.exitcode for p in ps], list(a))\n")
 
-# shared_memory handed to fork children as the object itself (attaching by name in a child that
-# inherited the parent's mapping of it is EBUSY: docs/COMPATIBILITY.md)
+# shared_memory handed to fork children as the object itself, and attached by name in pool
+# workers that inherited the parent's mapping of the block (the same pages serve both mappings)
 MP_SHARED_MEMORY = ("from multiprocessing import shared_memory, Process\n"
                     "import numpy as np\n"
                     "shm = shared_memory.SharedMemory(create=True, size=8 * 1000)\n"
@@ -153,6 +153,32 @@ MP_SHARED_MEMORY = ("from multiprocessing import shared_memory, Process\n"
                     "del a; shm.close(); shm.unlink()\n")
 
 
+MP_SHARED_MEMORY_BY_NAME = ("from multiprocessing import shared_memory\n"
+                            "import multiprocessing as mp, numpy as np\n"
+                            "shm = shared_memory.SharedMemory(create=True, size=8 * 1000)\n"
+                            "a = np.ndarray((1000,), dtype=np.int64, buffer=shm.buf); a[:] = 1\n"
+                            "def work(job):\n"
+                            "    name, lo, hi = job\n"
+                            "    s = shared_memory.SharedMemory(name=name)\n"
+                            "    b = np.ndarray((1000,), dtype=np.int64, buffer=s.buf); b[lo:hi] *= 7\n"
+                            "    n = int(b[lo:hi].sum()); del b; s.close()\n"
+                            "    return n\n"
+                            "with mp.Pool(2) as p:\n"
+                            "    print(p.map(work, [(shm.name, i * 250, (i + 1) * 250) for i in range(4)]))\n"
+                            "print(int(a.sum()), shm.buf[:8].tobytes())\n"
+                            "del a; shm.close(); shm.unlink()\n")
+# joblib's default backend, loky: its workers are fork+exec'd interpreters that stay (loky's
+# reusable executor) after the call, as on the host
+JOBLIB_LOKY = ("from joblib import Parallel, delayed\n"
+               "import math, os, numpy as np\n"
+               "big = np.arange(400_000, dtype=np.float64)  # over 1 MB: the workers get a memmap of it\n"
+               "def part(a, i): return float(a[i::4].sum()), type(a).__name__\n"
+               "print(Parallel(n_jobs=2)(delayed(part)(big, i) for i in range(4)))\n"
+               "print(Parallel(n_jobs=2)(delayed(math.sqrt)(i * i) for i in range(10)))\n"
+               "print(sorted(set(Parallel(n_jobs=2)(delayed(os.getpid)() for _ in range(8)))) != [os.getpid()])\n"
+               "print(Parallel(n_jobs=2, backend='loky')(delayed(pow)(2, i) for i in range(5)))\n")
+
+
 def _host_output(code: str) -> str:
     import subprocess
     import sys
@@ -160,19 +186,96 @@ def _host_output(code: str) -> str:
                           timeout=300).stdout
 
 
-@pytest.mark.parametrize("code", [MP_POOL, MP_EXECUTOR, MP_QUEUE_LOCK_VALUE, MP_SHARED_MEMORY],
-                         ids=["pool", "executor", "queue_lock_value", "shared_memory"])
+@pytest.mark.parametrize("code", [MP_POOL, MP_EXECUTOR, MP_QUEUE_LOCK_VALUE, MP_SHARED_MEMORY,
+                                  MP_SHARED_MEMORY_BY_NAME],
+                         ids=["pool", "executor", "queue_lock_value", "shared_memory", "shared_memory_by_name"])
 def test_multiprocessing_as_on_the_host(s: Session, code: str) -> None:
     base = Guest.child_processes_alive()
     out = ok(cell(s, code, 1))
     assert out == _host_output(code), out
-    # shared_memory starts multiprocessing's resource tracker, a process that lives on (as on the
-    # host): the cells after it have no checkpoint of their own, and say so
-    tracker = 1 if code is MP_SHARED_MEMORY else 0
-    out = ok(cell(s, "print('alive')", 2))
-    assert out == "alive\n" if not tracker else out.endswith("alive\n") and "no checkpoint" in out, out
-    assert s.sandbox.guest.process_count() == 1 + tracker
-    assert Guest.child_processes_alive() == base + tracker
+    # no process is left: shared_memory's resource tracker is no process in the sandbox (the
+    # agent's), so the next cell has its checkpoint (no note)
+    assert ok(cell(s, "print('alive')", 2)) == "alive\n"
+    assert s.sandbox.guest.process_count() == 1
+    assert Guest.child_processes_alive() == base
+
+
+def test_a_rewind_across_shared_memory(s: Session) -> None:
+    """Shared memory kept in a variable: the cells after it have checkpoints (no tracker process
+    lives), and a rewind brings back the block's bytes as they were."""
+    ok(cell(s, "from multiprocessing import shared_memory, Pool\n"
+               "shm = shared_memory.SharedMemory(create=True, size=4096)\nshm.buf[:3] = b'one'", 1))
+    out = ok(cell(s, "def put(name):\n"
+                     "    s = shared_memory.SharedMemory(name=name); s.buf[:3] = b'two'; s.close()\n"
+                     "with Pool(1) as p:\n    p.apply(put, (shm.name,))\nprint(bytes(shm.buf[:3]))", 2))
+    assert out == "b'two'\n", out
+    s.rewind(1)
+    assert ok(cell(s, "print(bytes(shm.buf[:3]), shared_memory.SharedMemory(name=shm.name).size)", 3)) \
+        == "b'one' 4096\n"
+
+
+def test_joblib_loky_as_on_the_host(s: Session) -> None:
+    """joblib.Parallel(n_jobs=2) with its default loky backend gives the host's output. loky keeps
+    its workers for the next call (as on the host): while they live the cells have no checkpoint of
+    their own, and the note says how to end them; once ended, checkpoints come back."""
+    base = Guest.child_processes_alive()
+    out = ok(cell(s, JOBLIB_LOKY, 1))
+    assert out == _host_output(JOBLIB_LOKY), out
+    out = ok(cell(s, "print('kept')", 2))
+    assert out.endswith("kept\n") and "no checkpoint of its own" in out and "get_reusable_executor" in out, out
+    out = ok(cell(s, "from joblib.externals.loky import get_reusable_executor\n"
+                     "get_reusable_executor().shutdown(wait=True)\nprint('ended')", 3))
+    assert out.endswith("ended\n"), out
+    assert ok(cell(s, "print('alone')", 4)) == "alone\n"
+    assert s.sandbox.guest.process_count() == 1
+    assert Guest.child_processes_alive() == base
+
+
+def test_forkserver_says_it_is_not_available(s: Session) -> None:
+    """The forkserver start method needs AF_UNIX socket files, which the sandbox lacks: asking
+    for it is a ValueError that says so (multiprocessing's own answer where a method is missing);
+    the default start method stays fork."""
+    for n, code in enumerate(["import multiprocessing as mp\nmp.get_context('forkserver')",
+                              "mp.set_start_method('forkserver', force=True)"], start=1):
+        reply = cell(s, code, n)
+        assert reply["status"] == "error" and reply["ename"] == "ValueError", reply
+        assert "AF_UNIX" in reply["evalue"] and "'fork'" in reply["evalue"], reply
+    assert ok(cell(s, "print(mp.get_start_method())", 3)) == "fork\n"
+
+
+@pytest.mark.parametrize("code", ["import multiprocessing as mp\nmp.Manager()",
+                                  "from multiprocessing.managers import SharedMemoryManager\n"
+                                  "SharedMemoryManager().start()",
+                                  "from multiprocessing.connection import Listener\nListener()"],
+                         ids=["manager", "shared_memory_manager", "listener"])
+def test_what_listens_on_af_unix_says_why(s: Session, code: str) -> None:
+    """Manager(), SharedMemoryManager and Listener listen on an AF_UNIX socket file, which the
+    sandbox lacks: a PermissionError in the cell that says so and what works instead (not a server
+    child's traceback followed by EOFError), and no process is left."""
+    reply = cell(s, code, 1)
+    assert reply["status"] == "error" and reply["ename"] == "PermissionError", reply
+    assert "no AF_UNIX socket files" in reply["evalue"] and "Queue" in reply["evalue"], reply
+    assert s.sandbox.guest.process_count() == 1
+    assert ok(cell(s, "print('after')", 2)) == "after\n"
+
+
+def test_a_childs_proc_files_are_its_own(s: Session) -> None:
+    """/proc/<own pid> is /proc/self, whose stat and status give the child's pid, parent and group
+    (psutil.Process(os.getpid()), which loky's workers call, reads them); other pids have none."""
+    out = ok(cell(s, "import os, psutil\n"
+                     "pid = os.fork()\n"
+                     "if pid == 0:\n"
+                     "    st = open(f'/proc/{os.getpid()}/stat').read().split()\n"
+                     "    status = open('/proc/self/status').read()\n"
+                     "    good = (st[0] == str(os.getpid()) and st[3] == str(os.getppid()) == '1'\n"
+                     "            and st[4] == str(os.getpgrp()) and f'Pid:\\t{os.getpid()}\\n' in status\n"
+                     "            and 'PPid:\\t1\\n' in status and psutil.Process(os.getpid()).ppid() == 1)\n"
+                     "    os.write(1, b'child %d\\n' % good)\n"
+                     "    os._exit(0)\n"
+                     "os.waitpid(pid, 0)\n"
+                     "st = open('/proc/1/stat').read().split()\n"
+                     "print(st[0], st[3], os.path.exists(f'/proc/{pid}'), os.path.exists('/proc/2/stat'))", 1))
+    assert out == "child 1\n1 0 False False\n", out
 
 
 def test_a_pool_kept_across_cells(s: Session) -> None:

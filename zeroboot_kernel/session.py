@@ -55,6 +55,13 @@ FILES_MODES = ("overlay", "readonly", "readwrite")
 GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME, "/dev/shm")
 
 
+# What keeps processes alive between cells, most often, and how to end them (the note of a cell
+# that runs without a checkpoint of its own)
+_ENDING_HELPERS = ("Processes kept between cells are most often a multiprocessing pool (pool.close(); "
+                   "pool.join()), an executor (ex.shutdown()), joblib's reusable loky workers "
+                   "(joblib.externals.loky.get_reusable_executor().shutdown(wait=True)) or a Popen (p.wait())")
+
+
 class Session:
     def __init__(self, template: Template, *, mode: str = "chained", keep: int = 20,
                  timeout: float | None = None, interrupt_grace: float = 2.0,
@@ -252,7 +259,7 @@ class Session:
         else:
             target, where = self.clean, "the clean sandbox"
         self._budget_notices.append(f"zeroboot: this cell has no checkpoint of its own ({exc}); a crash or timeout "
-                                    f"rolls back to {where}\n")
+                                    f"rolls back to {where}. {_ENDING_HELPERS}\n")
         return target
 
     def prepare_next_cell(self) -> None:

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
 from . import agent_io as aio
+from . import agent_mp
 from .agent_io import log
 from .frame_protocol import FrameType
 from .agent_comm import CommBridge
@@ -502,10 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     # where IPython's kernel app puts it.
     del sys.path[0]
     insert_cwd_entry()
-    # joblib stays serial: its loky backend (its own fork+exec workers) has not been run in the
-    # sandbox (joblib is not in the test environment), while multiprocessing's fork and spawn start
-    # methods have (tests/test_procs_cells.py). Unset it in a cell to try loky.
-    os.environ.setdefault("JOBLIB_MULTIPROCESSING", "0")
+    agent_mp.install()
     gate.install()
     channel.quiet = False
     channel.quiet_stream = None

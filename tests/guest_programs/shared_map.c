@@ -209,6 +209,54 @@ static void test_overlap(int argc, char **argv) {
     OK(close(fd));
 }
 
+/* The same writable file range mapped twice in one process (multiprocessing.shared_memory attached
+ * by name in a fork child that inherited the block): each mapping sees the other's bytes at once,
+ * and each munmap takes back one. In the sandbox the second mmap is the first's pages (the guest's
+ * page tables cannot alias two ranges), so what would take those pages from under the other
+ * mapping is refused, and the aliases are bounded. */
+static void test_alias(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    int fd = make_file("/tmp/shm-al", 2 * PAGE);
+    char *p = map_shared(fd, 2 * PAGE, 0);
+    char *q = map_shared(fd, 2 * PAGE, 0);
+    strcpy(p + 10, "via p");
+    CHECK(!strcmp(q + 10, "via p"), "the second mapping sees the first's bytes");
+    strcpy(q + PAGE, "via q");
+    CHECK(!strcmp(p + PAGE, "via q"), "the first mapping sees the second's bytes");
+    check_pread(fd, PAGE, "via q");
+    int ro = (int)OK(open("/tmp/shm-al", O_RDONLY));
+    char *r = mmap(NULL, 2 * PAGE, PROT_READ, MAP_SHARED, ro, 0); /* read-only, same range */
+    CHECK(r != MAP_FAILED && !strcmp(r + 10, "via p"), "a read-only mapping of the same range: %s", strerror(errno));
+#ifndef ON_LINUX
+    CHECK(q == p && r == p, "the aliases are the first mapping's pages");
+    CHECK_ERR(munmap(p, PAGE), EBUSY); /* a part of an aliased mapping */
+    CHECK_ERR(munmap(p, 3 * PAGE), EBUSY); /* more than it */
+    CHECK(mmap(p, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED &&
+          errno == EBUSY, "MAP_FIXED over an aliased mapping");
+    CHECK(mremap(p, 2 * PAGE, PAGE, 0) == MAP_FAILED && errno == EINVAL, "mremap of an aliased mapping");
+    CHECK(mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED && errno == EBUSY,
+          "a part of the range is no alias");
+    char *more[80];
+    int n = 0;
+    while (n < 80 && (more[n] = mmap(NULL, 2 * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) != MAP_FAILED) n++;
+    CHECK(n == 62 && errno == EBUSY, "64 aliases of one mapping, then EBUSY: %d (%s)", n, strerror(errno));
+    for (int i = 0; i < n; i++) OK(munmap(more[i], 2 * PAGE));
+#endif
+    OK(munmap(q, 2 * PAGE));
+    OK(munmap(r, 2 * PAGE));
+    CHECK(!strcmp(p + 10, "via p") && !strcmp(p + PAGE, "via q"), "the first mapping stays after the others go");
+    strcpy(p + 20, "after");
+    check_pread(fd, 20, "after");
+    OK(munmap(p, 2 * PAGE));
+    q = map_shared(fd, PAGE, PAGE); /* the range is free again: any part of it maps */
+    check_pread(fd, 10, "via p");
+    CHECK(!strcmp(q, "via q"), "a new mapping of a part sees the file");
+    OK(munmap(q, PAGE));
+    OK(close(ro));
+    OK(close(fd));
+}
+
 /* At most 1024 shared mappings per sandbox; a file range that wraps is refused. */
 static void test_limits(int argc, char **argv) {
     (void)argc;
@@ -286,6 +334,7 @@ static const zb_test tests[] = {
     {"writeback", test_writeback},
     {"truncate", test_truncate},
     {"overlap", test_overlap},
+    {"alias", test_alias},
     {"limits", test_limits},
     {"host_file", test_host_file},
     {"snapshot_state", test_snapshot_state},

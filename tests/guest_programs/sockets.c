@@ -81,6 +81,7 @@ static void test_pair(int argc, char **argv) {
 static void test_refused(int argc, char **argv) {
     (void)argc;
     (void)argv;
+    char buf1[4];
     CHECK_ERR(socket(AF_INET, SOCK_STREAM, 0), EACCES);
     CHECK_ERR(socket(AF_INET6, SOCK_DGRAM, 0), EACCES);
     CHECK_ERR(socket(AF_UNIX, SOCK_STREAM, 0), EACCES);
@@ -98,6 +99,56 @@ static void test_refused(int argc, char **argv) {
     CHECK_ERR(send(sv[0], "x", 1, MSG_OOB), EOPNOTSUPP);
     struct msghdr m = {.msg_iovlen = 5000};
     CHECK_ERR(sendmsg(sv[0], &m, 0), EMSGSIZE);
+    /* fd passing (SCM_RIGHTS, what multiprocessing's forkserver and reduction.send_handle use) is
+     * refused whatever the control data holds, before any of it is read: huge or negative fd
+     * counts, a truncated header, a bad pointer; nothing is sent */
+    union { struct cmsghdr h; char space[CMSG_SPACE(4 * sizeof(int))]; } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec one = {"x", 1};
+    struct msghdr fds = {.msg_iov = &one, .msg_iovlen = 1, .msg_control = &ctl, .msg_controllen = sizeof ctl};
+    ctl.h.cmsg_level = SOL_SOCKET;
+    ctl.h.cmsg_type = SCM_RIGHTS;
+    ctl.h.cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(&ctl.h), &p[0], sizeof(int));
+    CHECK_ERR(sendmsg(sv[0], &fds, 0), EOPNOTSUPP);
+    ctl.h.cmsg_len = (size_t)-1; /* a huge fd count */
+    CHECK_ERR(sendmsg(sv[0], &fds, 0), EOPNOTSUPP);
+    int negative = -5;
+    ctl.h.cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(&ctl.h), &negative, sizeof(int));
+    CHECK_ERR(sendmsg(sv[0], &fds, 0), EOPNOTSUPP);
+    fds.msg_controllen = 3; /* shorter than a header */
+    CHECK_ERR(sendmsg(sv[0], &fds, 0), EOPNOTSUPP);
+    fds.msg_control = (void *)8;
+    fds.msg_controllen = (size_t)1 << 40;
+    CHECK_ERR(sendmsg(sv[0], &fds, 0), EOPNOTSUPP);
+    CHECK_ERR(syscall(SYS_sendmsg, sv[0], 8, 0), EFAULT); /* the msghdr itself */
+    CHECK_ERR(syscall(SYS_recvmsg, sv[0], 8, 0), EFAULT);
+    CHECK_ERR(recv(sv[1], buf1, 1, MSG_DONTWAIT), EAGAIN); /* none of it was sent */
+    /* a receiver's control buffer (a bad pointer too) gets nothing: msg_controllen comes back 0 */
+    CHECK_EQ(send(sv[0], "y", 1, 0), 1);
+    struct iovec in = {buf1, 1};
+    struct msghdr r = {.msg_iov = &in, .msg_iovlen = 1, .msg_control = (void *)8, .msg_controllen = 4096};
+    CHECK_EQ(recvmsg(sv[1], &r, 0), 1);
+    CHECK(buf1[0] == 'y' && r.msg_controllen == 0 && r.msg_flags == 0, "no control data received");
+    /* socket calls that need an address-bound socket, on a socketpair or a pipe */
+    struct sockaddr_un longest = {.sun_family = AF_UNIX};
+    memset(longest.sun_path, 'a', sizeof longest.sun_path); /* no terminating NUL: the maximum */
+    CHECK_ERR(bind(sv[0], (struct sockaddr *)&longest, sizeof longest), EINVAL);
+    CHECK_ERR(connect(p[0], (struct sockaddr *)&longest, sizeof longest), ENOTSOCK);
+    CHECK_ERR(bind(p[0], (struct sockaddr *)&longest, sizeof longest), ENOTSOCK);
+    CHECK_ERR(accept(sv[0], NULL, NULL), EINVAL);
+    /* too many sockets: socketpair fails with EMFILE at the fd limit, and the fds come back */
+    static int many[8192][2];
+    int n = 0;
+    while (n < 8192 && socketpair(AF_UNIX, SOCK_STREAM, 0, many[n]) == 0) n++;
+    CHECK(n > 100 && n < 8192 && errno == EMFILE, "%d socketpairs, then %s", n, strerror(errno));
+    for (int i = 0; i < n; i++) {
+        OK(close(many[i][0]));
+        OK(close(many[i][1]));
+    }
+    int again[2];
+    OK(socketpair(AF_UNIX, SOCK_STREAM, 0, again));
 }
 
 /* Level-triggered readiness, MOD/DEL, ONESHOT, timeouts, closed fds and the error cases. */

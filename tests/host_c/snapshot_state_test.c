@@ -312,7 +312,8 @@ static void mem_fill(void *p) {
     m->shmap = calloc(1, sizeof *m->shmap);
     m->shmap->e = calloc(2, sizeof *m->shmap->e);
     m->shmap->n = m->shmap->cap = 2;
-    m->shmap->e[0] = (zb_shmap_entry){.addr = 16 * ZB_PAGE, .len = 4 * ZB_PAGE, .off = 0, .ino = 7, .writable = 1};
+    m->shmap->e[0] = (zb_shmap_entry){.addr = 16 * ZB_PAGE, .len = 4 * ZB_PAGE, .off = 0, .ino = 7, .writable = 1,
+                                      .aliases = 2};
     m->shmap->e[1] = (zb_shmap_entry){.addr = 64 * ZB_PAGE, .len = ZB_PAGE, .off = 3 * ZB_PAGE, .ino = 9, .writable = 0};
 }
 static void mem_save(const void *p, zb_out *o) { zb_mem_meta_save(p, o); }
@@ -350,11 +351,13 @@ static void mem_corrupt(const uint8_t *bytes, size_t len) {
     refuse_u64_at(bytes, len, 8, NPAGES + 1, "more pages allocated than there are");
     refuse_u64_at(bytes, len, nregions_at, 1ull << 32, "2^32 regions");
     refuse_u32_at(bytes, len, nregions_at + 8 + 16 + 4, 4096, "a region name of 4096 bytes");
-    size_t shmap_at = len - 8 - 2 * 32; /* the shared-map table ends the part: a count, 2 entries */
+    size_t shmap_at = len - 8 - 2 * 36; /* the shared-map table ends the part: a count, 2 entries */
     refuse_u64_at(bytes, len, shmap_at, ZB_SHMAP_MAX + 1, "more shared mappings than the limit");
     refuse_u64_at(bytes, len, shmap_at + 8, 16 * ZB_PAGE + 1, "an unaligned shared mapping");
     refuse_u64_at(bytes, len, shmap_at + 8 + 8, NPAGES * ZB_PAGE, "a shared mapping beyond guest memory");
     refuse_u32_at(bytes, len, shmap_at + 8 + 24, 0, "a shared mapping of inode 0");
+    refuse_u32_at(bytes, len, shmap_at + 8 + 28, 2, "a shared mapping's writable flag of 2");
+    refuse_u32_at(bytes, len, shmap_at + 8 + 32, ZB_SHMAP_ALIASES_MAX + 1, "more aliases than the limit");
 }
 
 /* ---- threads ---- */
