@@ -35,7 +35,7 @@
  *   8: the program's name (zb_process.comm, exec) in the process state.
  *   9: the syscall entry page holds the in-guest answers before its `out` (guest_abi.h
  *      ZB_SYSCALL_ENTRY_OUT): an image of format 8 has the `out` where the host no longer looks. */
-#define STATE_FORMAT 9
+#define STATE_FORMAT 10
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
