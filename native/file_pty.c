@@ -436,10 +436,7 @@ static long pty_ioctl(zb_sandbox *sb, zb_file *f, uint64_t cmd, uint64_t arg) {
         if (zb_copy_from_guest(sb, &pgrp, arg, sizeof pgrp) < 0) return -EFAULT;
         if (!t->sid || t->sid != self->sid) return -ENOTTY;
         if (pgrp < 0) return -EINVAL;
-        int found = 0;
-        for (int i = 0; i < sb->fam->count && !found; i++)
-            found = !sb->fam->m[i].zombie && sb->fam->m[i].pgid == pgrp && sb->fam->m[i].sid == self->sid;
-        if (!found) return -EPERM;
+        if (!zb_family_group_in_session(sb->fam, pgrp, self->sid)) return -EPERM;
         t->pgrp = pgrp;
         return 0;
     }
