@@ -115,6 +115,7 @@ const zb_file_ops zb_file_dev_ops = {
 long zb_dev_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out) {
     int wr = (flags & O_ACCMODE) != O_RDONLY;
     zb_file *f;
+    if (r->loc.dev == DEV_PTMX) return zb_pty_open_master(sb, out);
     if (zb_dev_is_proc(r->loc.dev)) {
         if (wr || (flags & O_TRUNC)) return -EACCES;
         long ino = zb_proc_snapshot(sb, r->loc.dev);

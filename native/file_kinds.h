@@ -14,3 +14,5 @@ ZB_FILE_KIND(FILE_SOCKET, 7, zb_file_socket_ops)   /* file_socket.c: one end of 
 ZB_FILE_KIND(FILE_EPOLL, 8, zb_file_epoll_ops)     /* file_epoll.c: an epoll instance */
 ZB_FILE_KIND(FILE_EVENTFD, 9, zb_file_eventfd_ops) /* file_eventfd.c: an eventfd counter */
 ZB_FILE_KIND(FILE_INET, 10, zb_file_inet_ops)       /* file_inet.c: an internet socket (host TCP, resolver UDP) */
+ZB_FILE_KIND(FILE_PTY_MASTER, 11, zb_file_pty_master_ops) /* file_pty.c: a pty's master (/dev/ptmx) */
+ZB_FILE_KIND(FILE_PTY_SLAVE, 12, zb_file_pty_slave_ops)   /* file_pty.c: a pty's slave (/dev/pts/N) */

@@ -19,6 +19,7 @@ static void bytes_unref(zb_bytes *b) {
 void zb_pipe_free(zb_pipe *p) {
     if (!p) return;
     bytes_unref(p->buf);
+    free(p->tty);
     free(p);
 }
 
@@ -35,6 +36,10 @@ zb_pipe *zb_pipe_copy(const zb_pipe *s) {
     }
     p->start = s->start;
     p->len = s->len;
+    if (s->tty) {
+        if (!(p->tty = malloc(sizeof *p->tty))) { zb_pipe_free(p); return NULL; }
+        *p->tty = *s->tty;
+    }
     return p;
 }
 
@@ -77,6 +82,11 @@ long zb_stream_read(zb_pipe *pp, uint8_t *p, size_t n) {
 long zb_stream_write(zb_pipe *pp, const uint8_t *p, size_t n) {
     if (!pp->readers) return -EPIPE;
     if (!n) return 0; /* a null write succeeds, even on a full stream (never "would block") */
+    return zb_stream_append(pp, p, n);
+}
+
+long zb_stream_append(zb_pipe *pp, const uint8_t *p, size_t n) {
+    if (!n) return 0;
     if (pp->len + n > ZB_STREAM_CAP) n = ZB_STREAM_CAP - pp->len;
     if (!n) return -EAGAIN;
     zb_bytes *b = pp->buf;

@@ -27,7 +27,7 @@ enum { MNT_SYNTH = 1, MNT_HOST_DIR, MNT_HOST_FILE, MNT_SYMLINK, MNT_OVERLAY, MNT
 enum { PROJ_NONE = 0, PROJ_READONLY = ZB_PROJECT_READONLY, PROJ_OVERLAY = ZB_PROJECT_OVERLAY,
        PROJ_READWRITE = ZB_PROJECT_READWRITE };
 /* devices */
-enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART,
+enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART, DEV_PTMX,
        /* /proc files synthesised when opened (fs_proc.c): regular read-only files, not devices */
        DEV_PROC_FIRST = 32, DEV_PROC_MAPS = DEV_PROC_FIRST, DEV_PROC_STATUS, DEV_PROC_STAT, DEV_PROC_STATM,
        DEV_PROC_SMAPS_ROLLUP, DEV_PROC_CGROUP, DEV_PROC_MEMINFO, DEV_PROC_CPUINFO, DEV_PROC_LAST = DEV_PROC_CPUINFO };
@@ -343,11 +343,26 @@ typedef struct zb_bytes {
 /* A byte stream in one direction: a pipe, or one direction of a socketpair. Its unread bytes are
  * buf->data[start, start + len): a read only moves `start`, a write appends (copying the bytes
  * first if a snapshot shares them), so a snapshot copies no stream buffer. */
+/* A pseudo-terminal's state (file_pty.c), held by its input stream (master -> slave), which both
+ * ends reach: the master as its tx, the slave as its rx. termios is the kernel's struct termios
+ * (TCGETS), shared by both ends as in Linux (termios ioctls on the master act on the slave). */
+#define ZB_PTY_MAX 64            /* ptys per sandbox (its process family): ENOSPC past it */
+#define ZB_TTY_NCCS 19
+typedef struct zb_tty {
+    uint32_t iflag, oflag, cflag, lflag;
+    uint8_t line, cc[ZB_TTY_NCCS];
+    uint16_t rows, cols, xpixel, ypixel;
+    uint32_t index;          /* N of /dev/pts/N, < ZB_PTY_MAX */
+    uint32_t locked;         /* TIOCSPTLCK: the slave cannot be opened yet */
+    int32_t pgrp, sid;       /* foreground process group and controlling session (0: none) */
+} zb_tty;
+
 typedef struct zb_pipe {
     atomic_int refs;
     zb_bytes *buf;
     size_t start, len;
     int readers, writers;    /* open file descriptions reading / writing it */
+    zb_tty *tty;             /* a pty's input stream: the pty's state (owned; NULL for others) */
 } zb_pipe;
 
 /* An epoll instance's interest list (sys_epoll.c). An item names a guest fd and the id of the
@@ -435,6 +450,9 @@ typedef struct zb_file_ops {
     int (*unread)(zb_sandbox *sb, const zb_file *f);
     /* fcntl commands of this kind only (F_GETPIPE_SZ); NULL: F_GETPIPE_SZ is EBADF, others EINVAL. */
     long (*fcntl)(zb_sandbox *sb, zb_file *f, unsigned cmd, uint64_t arg);
+    /* ioctl commands of this kind (FIONBIO/FIOCLEX/FIONREAD are generic); NULL: ENOTTY. The kind
+     * validates arg (a guest pointer for most commands). */
+    long (*ioctl)(zb_sandbox *sb, zb_file *f, uint64_t cmd, uint64_t arg);
     /* Lifetime. What any kind may hold (host fd, overlay inode, rx/tx streams, the location) is
      * fdtable.c's to release and clone; these handle what only the kind holds (listing, epoll,
      * priv). release: before the generic parts go (fs may be NULL: a table that never ran).
@@ -534,6 +552,10 @@ zb_epoll *zb_epoll_copy(const zb_epoll *e);
  * writer exists (never blocks: see file_pipe.c), EOF (0) without; writing one nobody reads, EPIPE. */
 long zb_stream_read(zb_pipe *pp, uint8_t *p, size_t n);
 long zb_stream_write(zb_pipe *pp, const uint8_t *p, size_t n);
+/* Append up to n bytes whether or not anything reads it (ptys): the count taken, -EAGAIN if full. */
+long zb_stream_append(zb_pipe *pp, const uint8_t *p, size_t n);
+/* file_pty.c: open /dev/ptmx (a new pty's master end). */
+long zb_pty_open_master(zb_sandbox *sb, zb_file **out);
 /* A copy of a stream for a cloned fd table: its unread bytes shared until either side writes. */
 zb_pipe *zb_pipe_copy(const zb_pipe *s);
 /* FIONREAD of a stream end: the bytes its rx holds. */

@@ -47,7 +47,7 @@ zb_fs *zb_fs_new(char *err) {
     zb_mnode *self = proc ? zb_mnode_add(proc, "self", MNT_SYNTH) : NULL;
     if (no_inodes || !dev || !self || !dev_add(dev, "null", DEV_NULL) || !dev_add(dev, "zero", DEV_ZERO) ||
         !dev_add(dev, "urandom", DEV_URANDOM) || !dev_add(dev, "random", DEV_URANDOM) ||
-        !dev_add(dev, "ttyS0", DEV_UART) || !zb_mnode_add(self, "exe", MNT_PROC_EXE) ||
+        !dev_add(dev, "ttyS0", DEV_UART) || !dev_add(dev, "ptmx", DEV_PTMX) || !zb_mnode_add(self, "exe", MNT_PROC_EXE) ||
         zb_proc_add_files(proc, self) < 0) {
         zb_seterr(err, "out of memory");
         zb_fs_free(fs);

@@ -201,6 +201,21 @@ void zb_fds_save(const zb_fdtable *t, zb_out *o) {
     for (uint32_t p = 0; p < npipes; p++) {
         out_u64(o, pipes[p]->len);
         out_bytes(o, zb_pipe_bytes(pipes[p]), pipes[p]->len);
+        const zb_tty *tt = pipes[p]->tty; /* a pty's state, on its input stream (file_pty.c) */
+        out_u32(o, tt != NULL);
+        if (!tt) continue;
+        out_u32(o, tt->iflag);
+        out_u32(o, tt->oflag);
+        out_u32(o, tt->cflag);
+        out_u32(o, tt->lflag);
+        out_u32(o, tt->line);
+        out_bytes(o, tt->cc, sizeof tt->cc);
+        out_u32(o, (uint32_t)tt->rows << 16 | tt->cols);
+        out_u32(o, (uint32_t)tt->xpixel << 16 | tt->ypixel);
+        out_u32(o, tt->index);
+        out_u32(o, tt->locked);
+        out_u32(o, (uint32_t)tt->pgrp);
+        out_u32(o, (uint32_t)tt->sid);
     }
     out_u32(o, nfiles);
     for (uint32_t k = 0; k < nfiles; k++) {
@@ -276,6 +291,28 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
             in_bytes(in, pipes[p]->buf->data, len);
         }
         pipes[p]->len = len;
+        uint32_t has_tty = in_u32(in);
+        if (in->err || has_tty > 1) goto corrupt;
+        if (!has_tty) continue;
+        zb_tty *tt = pipes[p]->tty = calloc(1, sizeof *tt);
+        if (!tt) goto corrupt;
+        tt->iflag = in_u32(in);
+        tt->oflag = in_u32(in);
+        tt->cflag = in_u32(in);
+        tt->lflag = in_u32(in);
+        uint32_t line = in_u32(in);
+        in_bytes(in, tt->cc, sizeof tt->cc);
+        uint32_t size = in_u32(in), pixels = in_u32(in);
+        tt->index = in_u32(in);
+        tt->locked = in_u32(in);
+        tt->pgrp = (int32_t)in_u32(in);
+        tt->sid = (int32_t)in_u32(in);
+        if (in->err || line > 255 || tt->index >= ZB_PTY_MAX || tt->locked > 1 || tt->pgrp < 0 || tt->sid < 0) goto corrupt;
+        tt->line = (uint8_t)line;
+        tt->rows = (uint16_t)(size >> 16);
+        tt->cols = (uint16_t)size;
+        tt->xpixel = (uint16_t)(pixels >> 16);
+        tt->ypixel = (uint16_t)pixels;
     }
     nfiles = in_u32(in);
     if (in->err || nfiles > MAX_FILES || !(files = calloc(nfiles + 1, sizeof *files))) goto corrupt;

@@ -56,6 +56,12 @@ int zb_family_find(const zb_family *fam, int32_t pid) {
     return -1;
 }
 
+int zb_family_group_in_session(const zb_family *fam, int32_t pgid, int32_t sid) {
+    for (int i = 0; fam && i < fam->count; i++)
+        if (!fam->m[i].zombie && fam->m[i].pgid == pgid && fam->m[i].sid == sid) return 1;
+    return 0;
+}
+
 int zb_family_self(const zb_family *fam, const zb_sandbox *sb) {
     return zb_family_find(fam, sb->proc.pid ? sb->proc.pid : 1);
 }

@@ -216,6 +216,8 @@ void zb_proc_ids(zb_sandbox *sb, int32_t *ppid, int32_t *pgid, int32_t *sid);
 int32_t zb_family_new_id(zb_family *fam);
 /* The member slot of pid, or -1. */
 int zb_family_find(const zb_family *fam, int32_t pid);
+/* 1 if a live member of group pgid is in session sid (setpgid, TIOCSPGRP). */
+int zb_family_group_in_session(const zb_family *fam, int32_t pgid, int32_t sid);
 /* The member slot of the sandbox (its proc.pid), or -1. */
 int zb_family_self(const zb_family *fam, const zb_sandbox *sb);
 /* Another process than sb of its family can run now: a runnable thread, or a signal that would

@@ -37,8 +37,10 @@
  *      ZB_SYSCALL_ENTRY_OUT): an image of format 8 has the `out` where the host no longer looks.
  *  10: the entry page's per-fd answers (issue 24): the `out` moved to 0x180 and the data grew.
  *  11: a shared-map entry holds its alias count (a second mmap of the same file range in one
- *      process: shared_map_state.h) after its writable flag. */
-#define STATE_FORMAT 11
+ *      process: shared_map_state.h) after its writable flag.
+ *  12: pseudo-terminals (file kinds 11 and 12, file_pty.c): a pty's settings after its input
+ *      stream. */
+#define STATE_FORMAT 12
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

@@ -289,8 +289,8 @@ static long sys_ioctl(zb_sandbox *sb, const uint64_t a[6]) {
         int n = f->ops->unread ? f->ops->unread(sb, f) : 0;
         return zb_copy_to_guest(sb, a[2], &n, sizeof n);
     }
-    default:
-        return -ENOTTY; /* no terminals in the sandbox: TCGETS, TIOCGWINSZ, ... */
+    default: /* the kind's own (a pty's termios, window size, ...); else not a terminal */
+        return f->ops->ioctl ? f->ops->ioctl(sb, f, a[1], a[2]) : -ENOTTY;
     }
 }
 

@@ -308,12 +308,8 @@ static long sys_setpgid(zb_sandbox *sb, const uint64_t a[6]) {
     if (t->sid != self->sid) return -EPERM;
     if (t->pid == t->sid) return -EPERM; /* a session leader keeps its group */
     int32_t want = pgid ? (int32_t)pgid : t->pid;
-    if (want != t->pid) { /* joining a group: it must exist in the caller's session */
-        int found = 0;
-        for (int i = 0; i < sb->fam->count && !found; i++)
-            found = !sb->fam->m[i].zombie && sb->fam->m[i].pgid == want && sb->fam->m[i].sid == self->sid;
-        if (!found) return -EPERM;
-    }
+    /* joining a group: it must exist in the caller's session */
+    if (want != t->pid && !zb_family_group_in_session(sb->fam, want, self->sid)) return -EPERM;
     t->pgid = want;
     return 0;
 }
