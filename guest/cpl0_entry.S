@@ -91,7 +91,9 @@ fd_code:
     jz 9f
     jmp fdslots
 4:  cmpq $0x5401, %rsi      /* TCGETS */
-    je fdslots + ZB_ENTRY_FD_SLOT_SIZE
+    jne 9f
+    testb $ZB_EFD_NOTTY, data + ZB_ENTRY_FD_STATE(%rdi)
+    jnz fdslots + ZB_ENTRY_FD_SLOT_SIZE
     jmp 9f
     .org fdslots
     movq data + ZB_ENTRY_FD_OFFSET(, %rdi, 8), %rax

@@ -44,7 +44,8 @@
  * instructions that set rax, then `jmp *%rcx`; rax keeps the syscall number until the slot's
  * first instruction, so a vCPU stopped past a slot's start is moved to the `out` with rax = the
  * slot's syscall). Slots, in order: lseek(fd, 0, SEEK_CUR) of a file whose ZB_EFD_SEEK is set
- * (its offset); ioctl(fd, TCGETS) (-ENOTTY: the sandbox has no terminals); fcntl(fd, F_GETFD);
+ * (its offset); ioctl(fd, TCGETS) of a file whose ZB_EFD_NOTTY is set (-ENOTTY: not a terminal;
+ * a pty's ends exit to file_pty.c); fcntl(fd, F_GETFD);
  * fcntl(fd, F_GETFL). */
 #define ZB_ENTRY_FD_CODE 0x70
 #define ZB_ENTRY_FD_SLOTS 0x100
@@ -52,8 +53,9 @@
 #define ZB_ENTRY_FD_SLOT_COUNT 4
 #define ZB_ENTRY_FDS 64
 #define ZB_EFD_CLOEXEC 0x01            /* = FD_CLOEXEC: F_GETFD's answer is fd_state & 1 */
-#define ZB_EFD_OPEN 0x02               /* the fd is open: TCGETS, F_GETFD and F_GETFL answer */
+#define ZB_EFD_OPEN 0x02               /* the fd is open: F_GETFD and F_GETFL answer */
 #define ZB_EFD_SEEK 0x04               /* lseek(fd, 0, SEEK_CUR) answers fd_offset */
+#define ZB_EFD_NOTTY 0x08              /* not a terminal: ioctl(fd, TCGETS) answers -ENOTTY */
 #define ZB_ENTRY_DATA 0x800
 #define ZB_ENTRY_FD_STATE 16           /* offsets in struct zb_entry_data, for the assembler */
 #define ZB_ENTRY_FD_FLAGS (ZB_ENTRY_FD_STATE + ZB_ENTRY_FDS)

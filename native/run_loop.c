@@ -457,7 +457,8 @@ static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
  * process's call on a shared description) happens in the host during an exit, and the next entry
  * into the guest, whichever process or thread it is, sees the table as it is then. A forked child's
  * memory starts as its parent's: rewritten here too. Only host files and overlay files answer
- * lseek(fd, 0, SEEK_CUR) (their seek is zb_file_seek_sized on f->offset, without side effects). */
+ * lseek(fd, 0, SEEK_CUR) (their seek is zb_file_seek_sized on f->offset, without side effects); every
+ * kind but a pty's ends answers TCGETS with -ENOTTY. */
 static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
     if (!vm->guest_answers) { zb_layout_entry_answers(&sb->mem, 0, NULL); return; }
     struct zb_entry_data d;
@@ -470,6 +471,8 @@ static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
         const zb_file *f = sb->fds->fd[fd];
         if (!f) continue;
         d.fd_state[fd] = ZB_EFD_OPEN | (sb->fds->cloexec[fd] ? ZB_EFD_CLOEXEC : 0);
+        if (f->kind != FILE_PTY_MASTER && f->kind != FILE_PTY_SLAVE)
+            d.fd_state[fd] |= ZB_EFD_NOTTY; /* a terminal's TCGETS is file_pty.c's */
         d.fd_flags[fd] = (uint32_t)(f->flags | f->ops->status_flags);
         if ((f->kind == FILE_HOST || f->kind == FILE_OVERLAY) && f->offset <= (uint64_t)INT64_MAX) {
             d.fd_state[fd] |= ZB_EFD_SEEK;

@@ -177,12 +177,13 @@ os.set_blocking(w, False)
 d = os.open('/tmp/efd', os.O_RDONLY | os.O_DIRECTORY)
 null = os.open('/dev/null', os.O_RDWR)
 s1, s2 = socket.socketpair()
+pty_m, pty_s = os.openpty()  # a terminal: its TCGETS is the pty's answer, never the entry's ENOTTY
 hi = os.dup2(fd, 63)
 over = os.dup2(fd, 64)  # past the entry's table: always exits
 os.lseek(hi, 12345, os.SEEK_SET)  # moves fd's offset too: one description
 closed = os.dup(fd); os.close(closed)
 fds = {'stdin': 0, 'stdout': 1, 'stderr': 2, 'file': fd, 'append': wfd, 'pipe_r': r, 'pipe_w': w, 'dir': d,
-       'null': null, 'socket': s1.fileno(), 'fd63': hi, 'fd64': over, 'closed': closed, 'minus1': -1,
+       'null': null, 'socket': s1.fileno(), 'pty_master': pty_m, 'pty_slave': pty_s, 'fd63': hi, 'fd64': over, 'closed': closed, 'minus1': -1,
        'high_bits': 1 << 32 | fd, 'top_bit': 1 << 63, 'fd1000': 1000, 'fd5000': 5000}
 out = {k: probe(x) for k, x in fds.items()}
 out['whence'] = raw(8, fd, 0, 1 << 32 | 1)
@@ -224,6 +225,7 @@ def test_fd_answers_equal_the_exiting_path_for_every_kind_of_fd(template) -> Non
     assert host["pipe_r"][0] == -errno.ESPIPE and host["minus1"] == [-errno.EBADF] * 4, host
     assert host["closed"] == [-errno.EBADF] * 4 and host["fd64"][0] == 12345, host
     assert host["pipe_w"][3] & os.O_NONBLOCK and host["stdout"][1] == -errno.ENOTTY, host
+    assert host["pty_master"][1] == 0 and host["pty_slave"][1] == 0, host  # isatty() holds on a pty
 
 
 def test_fd_answers_cost_no_exit(template) -> None:
