@@ -654,7 +654,7 @@ class Session:
     # ---- the checkpoints' memory budget ----
     def _held_snapshots(self) -> list[Snapshot]:
         # a checkpoint being spilled is counted as gone (its memory is given back when the write ends,
-        # and at most one write is in flight: _spill_out); writing_bytes() says how much that is
+        # and what is in flight is bounded: _writing_cap); writing_bytes() says how much that is
         held = [cp.snapshot for cp in self.checkpoints if cp.snapshot is not None and cp.writing is None] + [self.clean]
         return held + [s for s in (self.ready, self.head) if s is not None]
 
@@ -740,16 +740,19 @@ class Session:
         """Start moving a checkpoint's memory to the spill file (checkpoint_spill.py), making room
         there by dropping the oldest spilled checkpoints (their numbers go to `dropped`). The spill
         writer writes it while the session goes on; its snapshot is released when the write is done
-        (_reap_spills). At most one write is in flight: a second waits here for the first. False
+        (_reap_spills). Writes in flight hold at most _writing_cap() bytes: one that would go over
+        waits here for those before it. False
         when there is no spill file, it is larger than the whole disk budget, or it cannot start:
         then it is dropped."""
         if self.spill is None or cp.snapshot is None or cp.writing is not None:
             return False
-        self._reap_spills(wait=True)
+        self._reap_spills()
         job = None
         try:
             job = cp.snapshot.spill_job()
             raw = job.state_len + job.pages_len
+            if self.writing_bytes() and self.writing_bytes() + raw > self._writing_cap():
+                self._reap_spills(wait=True)  # bounded: the writes in flight hold memory until they end
             if not self.spill.fits(raw) and raw + spill.HEAD.size + spill.MAC_BYTES > self.spill.limit:
                 self.spill_reason = (f"a checkpoint of {budget.mib(raw)} is larger than the whole disk budget "
                                      f"({budget.mib(self.spill.limit)}, {spill.ENV})")
@@ -810,6 +813,12 @@ class Session:
                 p.job.free()
                 if self.spill is not None:
                     self.spill.free(p.ref)
+
+    def _writing_cap(self) -> int:
+        """At most this many bytes of checkpoints are being written at once (beyond one checkpoint):
+        half the budget, at least 64 MiB. They are held in memory until their write ends, so while
+        spills are in flight the snapshots hold at most the budget plus this."""
+        return max(64 * budget.MIB, self.budget_bytes() // 2)
 
     def writing_bytes(self) -> int:
         """Bytes of checkpoints being written to disk (held in memory until the write ends)."""
