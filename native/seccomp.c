@@ -14,7 +14,9 @@
  *   ZB_LOCKDOWN_RUN    stacked on top once the session is ready: additionally no file creation,
  *                      renaming, deletion or truncation of host files, host files opened read-only
  *                      only (openat2, whose flags a filter cannot read, is gone too).
- * Filters stack: a later phase can only remove permissions.
+ * Filters stack: a later phase can only remove permissions. Each phase applies to every thread of
+ * the process (SECCOMP_FILTER_FLAG_TSYNC): the spill writer thread, started before the first phase
+ * (checkpoint_spill.py), is filtered exactly as the engine's own thread.
  */
 #include "util.h"
 
@@ -93,7 +95,7 @@ static void rule_arg_in2(prog_t *p, int nr, int arg, uint32_t v1, uint32_t v2) {
 
 /* What a running engine process needs, in either phase. */
 static const int always[] = {
-    SYS_read, SYS_write, SYS_pread64, SYS_pwrite64, SYS_readv, SYS_writev, SYS_close, SYS_close_range,
+    SYS_read, SYS_write, SYS_pread64, SYS_pwrite64, SYS_pwritev, SYS_readv, SYS_writev, SYS_close, SYS_close_range,
     SYS_fstat, SYS_newfstatat, SYS_statx, SYS_lstat, SYS_stat, SYS_lseek, SYS_getdents64, SYS_readlink,
     SYS_readlinkat, SYS_access, SYS_faccessat, SYS_faccessat2, SYS_getcwd, SYS_fcntl, SYS_dup, SYS_dup2,
     SYS_dup3, SYS_ioctl, SYS_mmap, SYS_munmap, SYS_mremap, SYS_mprotect, SYS_madvise, SYS_brk, SYS_msync,
@@ -162,9 +164,17 @@ int zb_seccomp_lockdown(int phase, int network, char *err) {
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
         zb_seterr(err, "PR_SET_NO_NEW_PRIVS: %s", strerror(errno));
         rc = -1;
-    } else if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog) < 0) {
-        zb_seterr(err, "seccomp: %s", strerror(errno));
-        rc = -1;
+    } else {
+        /* TSYNC: every thread of the process gets the filter, also threads started before it (the
+         * spill writer, checkpoint_spill.py); a thread that cannot take it fails the call */
+        long r = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &fprog);
+        if (r < 0) {
+            zb_seterr(err, "seccomp: %s", strerror(errno));
+            rc = -1;
+        } else if (r > 0) {
+            zb_seterr(err, "seccomp: thread %ld could not take the engine's filter", r);
+            rc = -1;
+        }
     }
     free(p);
     return rc;

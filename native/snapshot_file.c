@@ -367,3 +367,132 @@ zb_snapshot *zb_snapshot_load_delta(zb_snapshot *base, const uint8_t *state, siz
     }
     return s;
 }
+
+/* ---- a checkpoint spilled to disk from the engine's stores (zeroboot_kernel/checkpoint_spill.py) ----
+ *
+ * zb_spill_prepare runs on the engine's thread: it takes a reference to the snapshot (so its chunks
+ * and store pages stay alive and unchanged: a snapshot's chunks are never changed once it is taken,
+ * and a store page is rewritten only once no snapshot uses it, zb_snapshot_keep_spare), serializes
+ * its state (which shares overlay metadata with the live sandbox, so it is read on this thread) and
+ * counts its page records. zb_spill_write may then run on another thread, while the engine goes on:
+ * it reads only the job, the snapshot's chunk tables and its store pages, and writes the record
+ * (header, state, page records as zb_snapshot_save_delta writes them, keyed BLAKE2b of all of it)
+ * with pwritev straight from the stores. zb_spill_job_free, on the engine's thread again once the
+ * write has returned, drops the reference: the snapshot's memory is given back then. */
+#include "blake2b.h"
+#include <sys/uio.h>
+
+struct zb_spill_job {
+    zb_snapshot *snap;
+    char *state;
+    size_t state_len;
+    uint64_t pages_len;
+};
+
+zb_spill_job *zb_spill_prepare(zb_snapshot *s, uint64_t *state_len, uint64_t *pages_len, char *err) {
+    if (!s->image) { zb_seterr(err, "this snapshot has no memory image to save the differences from"); return NULL; }
+    zb_spill_job *j = calloc(1, sizeof *j);
+    if (!j) { zb_seterr(err, "out of memory"); return NULL; }
+    zb_out o = {open_memstream(&j->state, &j->state_len), 0};
+    if (!o.f) { free(j); zb_seterr(err, "cannot serialize the checkpoint's state: %s", strerror(errno)); return NULL; }
+    save_state(s, &o);
+    if (fclose(o.f) != 0 || o.err) { free(j->state); free(j); zb_seterr(err, "out of memory serializing the state"); return NULL; }
+    uint64_t bytes = 0;
+    for (uint64_t c = 0; c < s->nchunks; c++) {
+        const zb_chunk *ch = s->chunks[c];
+        for (uint64_t i = 0; ch && i < CHUNK_PAGES; i++)
+            bytes += ch->page[i].kind == PAGE_STORED ? 8 + ZB_PAGE : ch->page[i].kind == PAGE_ZERO ? 8 : 0;
+    }
+    atomic_fetch_add(&s->refs, 1);
+    j->snap = s;
+    j->pages_len = bytes;
+    *state_len = j->state_len;
+    *pages_len = bytes;
+    return j;
+}
+
+#define SPILL_IOV 512 /* iovecs per pwritev (<= IOV_MAX): 256 page records */
+
+typedef struct {
+    int fd;
+    uint64_t pos;
+    struct iovec iov[SPILL_IOV];
+    uint64_t words[SPILL_IOV];
+    int n, nwords, error;
+    zb_blake2b mac;
+} spill_out;
+
+static void spill_flush(spill_out *w) {
+    struct iovec *iov = w->iov;
+    int n = w->n;
+    while (!w->error && n > 0) {
+        ssize_t k = pwritev(w->fd, iov, n, (off_t)w->pos);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) { w->error = k < 0 ? errno : ENOSPC; break; }
+        w->pos += (uint64_t)k;
+        while (n > 0 && (size_t)k >= iov->iov_len) { k -= (ssize_t)iov->iov_len; iov++; n--; }
+        if (n > 0) { iov->iov_base = (uint8_t *)iov->iov_base + k; iov->iov_len -= (size_t)k; }
+    }
+    w->n = w->nwords = 0;
+}
+
+static void spill_add(spill_out *w, const void *p, size_t len) {
+    if (!len) return;
+    zb_blake2b_update(&w->mac, p, len);
+    if (w->n == SPILL_IOV) spill_flush(w);
+    w->iov[w->n++] = (struct iovec){(void *)p, len};
+}
+
+int zb_spill_write(zb_spill_job *j, int fd, uint64_t offset, const uint8_t *head, size_t head_len, const uint8_t *key,
+                   size_t key_len, uint8_t *mac_out, size_t mac_len, char *err) {
+    spill_out *w = calloc(1, sizeof *w);
+    if (!w) { zb_seterr(err, "out of memory"); return -1; }
+    if (zb_blake2b_init(&w->mac, mac_len, key, key_len) < 0) { free(w); zb_seterr(err, "bad MAC key or length"); return -1; }
+    w->fd = fd;
+    w->pos = offset + head_len;
+    spill_add(w, j->state, j->state_len);
+    const zb_snapshot *s = j->snap;
+    uint64_t written = 0;
+    for (uint64_t c = 0; c < s->nchunks && !w->error; c++) {
+        const zb_chunk *ch = s->chunks[c];
+        for (uint64_t i = 0; ch && i < CHUNK_PAGES; i++) {
+            const zb_page *p = &ch->page[i];
+            if (p->kind != PAGE_STORED && p->kind != PAGE_ZERO) continue;
+            if (w->n + 2 > SPILL_IOV || w->nwords == SPILL_IOV) spill_flush(w);
+            uint64_t *word = &w->words[w->nwords++];
+            *word = htole64((c * CHUNK_PAGES + i) << 1 | (p->kind == PAGE_ZERO));
+            spill_add(w, word, 8);
+            written += 8;
+            if (p->kind == PAGE_STORED) {
+                spill_add(w, p->store->map + (uint64_t)p->index * ZB_PAGE, ZB_PAGE);
+                written += ZB_PAGE;
+            }
+        }
+    }
+    spill_flush(w);
+    if (!w->error && written != j->pages_len) w->error = EIO; /* cannot happen: the snapshot is immutable */
+    zb_blake2b_update(&w->mac, head, head_len); /* the MAC covers the body, then the header */
+    zb_blake2b_final(&w->mac, mac_out);
+    uint64_t end = w->pos;
+    w->pos = offset;
+    if (!w->error) {
+        w->iov[w->n++] = (struct iovec){(void *)head, head_len};
+        spill_flush(w);
+    }
+    w->pos = end;
+    if (!w->error) {
+        w->iov[w->n++] = (struct iovec){mac_out, mac_len};
+        spill_flush(w);
+    }
+    int error = w->error;
+    free(w);
+    if (error) { zb_seterr(err, "cannot write a checkpoint to the spill file: %s", strerror(error)); return -1; }
+    return 0;
+}
+
+void zb_spill_job_free(zb_spill_job *j) {
+    if (!j) return;
+    zb_snapshot_release(j->snap);
+    free(j->state);
+    free(j);
+}

@@ -350,6 +350,17 @@ zb_snapshot *zb_snapshot_load_bytes(zb_engine *engine, const uint8_t *state, siz
 zb_snapshot *zb_snapshot_load_delta(zb_snapshot *base, const uint8_t *state, size_t state_len, const uint8_t *pages,
                                     size_t pages_len, char *err);
 void zb_snapshot_release(zb_snapshot *snap);
+/* A checkpoint spilled to disk without holding up the engine (checkpoint_spill.py, snapshot_file.c):
+ * prepare (engine thread) holds the snapshot and serializes its state; write (any one thread,
+ * while the engine goes on) writes the record at offset: head (head_len bytes, the caller's), the
+ * state, the page records (zb_snapshot_save_delta's format) straight from the snapshot's stores,
+ * then mac_len bytes of keyed BLAKE2b over state, pages and head, also returned in mac_out;
+ * job_free (engine thread, after write returned) releases the snapshot. */
+typedef struct zb_spill_job zb_spill_job;
+zb_spill_job *zb_spill_prepare(zb_snapshot *snap, uint64_t *state_len, uint64_t *pages_len, char *err);
+int zb_spill_write(zb_spill_job *job, int fd, uint64_t offset, const uint8_t *head, size_t head_len,
+                   const uint8_t *key, size_t key_len, uint8_t *mac_out, size_t mac_len, char *err);
+void zb_spill_job_free(zb_spill_job *job);
 /* Learn a snapshot's working set: the pages present in sb's memory after sb, forked from snap,
  * ran representative requests. Forks of snap can then prefault them (zb_sandbox_prefault). */
 int zb_snapshot_learn_working_set(zb_snapshot *snap, zb_sandbox *sb, char *err);

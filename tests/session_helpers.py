@@ -20,3 +20,14 @@ def ok(reply: dict) -> str:
     """The stdout of a cell() reply that must have succeeded."""
     assert reply["status"] == "ok", reply
     return reply["stdout"]
+
+
+def run(s: Session, code: str, n: int, stderr: list[str] | None = None) -> dict:
+    """One cell as the engine server runs it (execute, then prepare_next_cell): its reply with
+    "stdout" added; stderr text goes to `stderr` when given (else into "stdout" too)."""
+    out: list[str] = []
+    reply = s.execute(code, execution_count=n,
+                      on_stream=lambda name, text: (stderr if name == "stderr" and stderr is not None else out).append(text))
+    s.prepare_next_cell()
+    reply["stdout"] = "".join(out)
+    return reply

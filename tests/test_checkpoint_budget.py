@@ -11,6 +11,8 @@ from zeroboot_kernel.errors import SandboxError
 from zeroboot_kernel.kernel_config import KernelConfigError, KernelSettings
 from zeroboot_kernel.session import Session
 
+from session_helpers import run
+
 pytestmark = pytest.mark.without_kvm  # the parsers; the tests of sessions use `template` or say `kvm`
 
 MIB = 1 << 20
@@ -58,15 +60,6 @@ def test_budget_magic_parses() -> None:
 
 
 # ---- in a session ----
-
-def run(s: Session, code: str, n: int, stderr: list[str] | None = None) -> dict:
-    out: list[str] = []
-    reply = s.execute(code, execution_count=n,
-                      on_stream=lambda name, text: (stderr if name == "stderr" and stderr is not None else out).append(text))
-    s.prepare_next_cell()
-    reply["stdout"] = "".join(out)
-    return reply
-
 
 def test_oldest_checkpoints_go_first_and_the_user_is_told(template) -> None:
     s = Session(template, checkpoint_memory=160 * MIB, checkpoint_disk=0)

@@ -14,21 +14,15 @@ import pytest
 from zeroboot_kernel import checkpoint_spill as spill
 from zeroboot_kernel import magics as mg
 from zeroboot_kernel.errors import SandboxError
-from zeroboot_kernel.session import Session
+from zeroboot_kernel.native import snapshots_memory
+from zeroboot_kernel.session import Checkpoint, Session
+
+from session_helpers import run
 
 MIB = 1 << 20
 # 48 MiB of fresh pseudo-random data per cell (replacing the last cell's), and its sha256
 CELL = ("rng = np.random.default_rng({n}); a = rng.random(6 * 1024 * 1024); "
         "digest = hashlib.sha256(a.tobytes()).hexdigest()")
-
-
-def run(s: Session, code: str, n: int, stderr: list[str] | None = None) -> dict:
-    out: list[str] = []
-    reply = s.execute(code, execution_count=n,
-                      on_stream=lambda name, text: (stderr if name == "stderr" and stderr is not None else out).append(text))
-    s.prepare_next_cell()
-    reply["stdout"] = "".join(out)
-    return reply
 
 
 def test_spilled_checkpoints_rewind_exactly_and_are_listed(template) -> None:
@@ -256,4 +250,99 @@ def test_the_engine_refuses_hostile_page_records(template) -> None:
         good.release()
         assert run(s, "print(1 + 1)", 1)["stdout"].strip() == "2"
     finally:
+        s.close()
+
+
+
+def _one_writing(s: Session) -> Checkpoint:
+    """With the spill writer held: cells of 48 MiB under a large budget, then a budget just under
+    what the checkpoints hold, so that the oldest go to disk, all within what may be in flight at
+    once (a spill beyond it would wait for the held writer). The one of them holding an `a`."""
+    assert run(s, "import numpy as np, hashlib", 1)["status"] == "ok"
+    for n in range(2, 6):
+        assert run(s, CELL.format(n=n), n)["status"] == "ok"
+    assert not any(cp.where() != "memory" for cp in s.checkpoints)
+    spill.WRITER.hold()
+    s.set_budget(s.checkpoint_memory() - 8 * MIB)
+    writing = [cp for cp in s.checkpoints if cp.writing is not None]
+    assert writing, [cp.where() for cp in s.checkpoints]
+    return max(writing, key=lambda cp: cp.spilled.raw_bytes if cp.spilled else 0)  # the one holding an `a`
+
+
+def _exact(s: Session, cp: Checkpoint) -> None:
+    """The state is the one before cell cp.number: `a` is cell cp.number - 1's, byte for byte."""
+    notes: list[str] = []  # the budget's notices (stderr)
+    got = run(s, "print(hashlib.sha256(a.tobytes()).hexdigest(), digest)", 40, notes)["stdout"].split()
+    expect = run(s, f"r = np.random.default_rng({cp.number - 1}).random(6 * 1024 * 1024); "
+                    "print(hashlib.sha256(r.tobytes()).hexdigest())", 41, notes)["stdout"].split()
+    assert got[0] == got[1] == expect[0], (got, expect)
+
+
+def test_a_rewind_to_a_checkpoint_being_written_uses_its_memory(template) -> None:
+    """The writer is held before its write (no timing involved): the checkpoint is "writing", the
+    budget counts it as gone, its record cannot be read yet, and %rewind to it uses the memory copy
+    exactly; the record's space is freed only once the write has ended."""
+    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30)
+    try:
+        cp = _one_writing(s)
+        assert s.spill is not None and cp.spilled is not None and cp.snapshot is not None
+        info = s.describe_budget()
+        assert info["writing"] == sum(c.writing is not None for c in s.checkpoints) >= 1
+        assert info["writing_bytes"] > 40 * MIB and "being written" in info["where"]
+        assert s.checkpoint_memory() <= s.budget_bytes()  # counted as gone while it is written
+        with pytest.raises(spill.SpillError, match="still being written"):
+            s.spill.read(cp.spilled, s._memory_size())
+        used = s.spill.used
+        depth = len(s.checkpoints) - list(s.checkpoints).index(cp)
+        msg = s.rewind(depth)
+        assert f"before cell [{cp.number}]" in msg and "from disk" not in msg
+        assert s.spill.used == used  # the orphaned record keeps its space while the writer may write it
+        spill.WRITER.release()
+        s._reap_spills(wait=True)
+        assert s.spill.used == sum(c.spilled.length for c in s.checkpoints if c.spilled is not None) < used
+        _exact(s, cp)
+    finally:
+        spill.WRITER.release()
+        s.close()
+
+
+def test_a_checkpoint_whose_write_ends_is_released_and_rewinds_from_disk(template) -> None:
+    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30)
+    try:
+        cp = _one_writing(s)
+        before = snapshots_held(s)
+        spill.WRITER.release()
+        s._reap_spills(wait=True)
+        assert cp.where() == "disk" and cp.snapshot is None and cp.spilled is not None and not cp.spilled.pending
+        assert snapshots_held(s) < before - 40 * MIB  # its memory went when the write ended
+        depth = len(s.checkpoints) - list(s.checkpoints).index(cp)
+        assert "from disk" in s.rewind(depth)
+        _exact(s, cp)
+    finally:
+        spill.WRITER.release()
+        s.close()
+
+
+def snapshots_held(s: Session) -> int:
+    """Bytes all of the session's snapshots hold, those being written included."""
+    snaps = [cp.snapshot for cp in s.checkpoints if cp.snapshot is not None] + [s.clean]
+    return snapshots_memory(snaps + [x for x in (s.ready, s.head) if x is not None])
+
+
+def test_a_failed_write_drops_that_checkpoint(template) -> None:
+    """A write that fails (the spill file's descriptor is read-only here) drops the checkpoint,
+    says why, and frees its record's space."""
+    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30)
+    assert s.spill is not None
+    good_fd, s.spill.fd = s.spill.fd, os.open("/dev/null", os.O_RDONLY)
+    try:
+        cp = _one_writing(s)
+        spill.WRITER.release()
+        s._reap_spills(wait=True)
+        assert cp not in s.checkpoints and "spilling failed" in s.spill_reason
+        assert s.spill.used == 0 and not [c for c in s.checkpoints if c.spilled is not None]
+    finally:
+        spill.WRITER.release()
+        os.close(s.spill.fd)
+        s.spill.fd = good_fd
         s.close()

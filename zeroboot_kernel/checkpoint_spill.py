@@ -1,9 +1,18 @@
 """Checkpoints spilled to disk: older %rewind checkpoints kept in a per-session file, not in memory.
 
 When the checkpoints' memory budget (checkpoint_budget.py) would drop the oldest checkpoint, the
-session writes it here instead (Session._evict) and releases its memory; `%rewind N` to it reads it
-back as a snapshot over the template's memory image (zb_snapshot_load_delta), so the live sandbox is
-restored to it like to any checkpoint of its lineage.
+session writes it here instead (Session._spill_out) and releases its memory once the write is done;
+`%rewind N` to it reads it back as a snapshot over the template's memory image
+(zb_snapshot_load_delta), so the live sandbox is restored to it like to any checkpoint of its lineage.
+
+The write does not hold up the next request: the engine reserves the record's place (reserve),
+serializes the checkpoint's state and takes a reference to its snapshot (zb_spill_prepare), and the
+spill writer thread (SpillWriter, one per process, started before the engine's seccomp lockdown,
+which then filters it too) writes the record straight from the snapshot's stores (zb_spill_write,
+no copy into memfds, keyed BLAKE2b computed while writing). The session takes the result on its own
+thread (PendingSpill.done, Session._reap_spills) and only then releases the snapshot; until then
+the checkpoint is "writing": a %rewind to it uses the in-memory copy, a release of it lets the
+write finish first and then frees the record's space. Nothing depends on when the write ends.
 
 The file:
 - is created by the engine process itself, before its run-phase lockdown (which forbids creating
@@ -17,13 +26,15 @@ The file:
   Space of records that went (rewound past, dropped) is reused by later records and the file's tail is
   truncated (the run-phase lockdown allows no hole punching); the file never exceeds the disk budget.
 - is read back as untrusted input: the record's position and length are the session's own (kept in
-  memory), every length is bounded before anything is read or decompressed, an HMAC with a key that
-  exists only in this process proves the bytes are the ones written, and the engine validates the
-  state and page records (snapshot_file.c). A corrupt record is a SpillError for that %rewind.
+  memory), every length is bounded before anything is read or decompressed, a keyed BLAKE2b MAC with
+  a key that exists only in this process proves the bytes are the ones written, and the engine
+  validates the state and page records (snapshot_file.c). A corrupt record is a SpillError for that
+  %rewind.
 
 Record layout (little-endian):
     MAGIC (8) | u64 record id | u8 codec | u64 state raw | u64 state stored | u64 pages raw
-    | u64 pages stored | state | pages | HMAC-SHA256 (32) of the state and pages, then the header
+    | u64 pages stored | state | pages | keyed BLAKE2b-256 (32) of the state and pages, then the header
+Records of the spill writer are raw (codec 0); write() (from memfds) compresses where it pays.
 """
 from __future__ import annotations
 
@@ -32,13 +43,17 @@ import hmac
 import io
 import logging
 import os
+import queue
 import re
 import secrets
 import struct
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+
+from .native import SpillJob
 
 import zstandard
 
@@ -123,6 +138,7 @@ class SpillRef:
     raw_bytes: int          # state + pages before compression
     codec: int
     write_s: float
+    pending: bool = False   # reserved, being written by the spill writer (not readable yet)
 
 
 def _open_file(directory: Path) -> int:
@@ -154,6 +170,11 @@ class SpillFile:
         self.end = 0                              # the file's size
         self.used = 0                             # bytes in live records
         self.live: dict[int, SpillRef] = {}
+
+    @property
+    def key(self) -> bytes:
+        """The MAC key (this process only), for the spill writer."""
+        return self._key
 
     # ---- writing ----
     def _place(self, length: int) -> int:
@@ -188,7 +209,7 @@ class SpillFile:
         off = self._place(HEAD.size + raw + MAC_BYTES) if codec == CODEC_RAW else self.end
         record = self._next
         self._next += 1
-        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        mac = self._mac()
         pos = off + HEAD.size
         stored = []
         try:
@@ -226,7 +247,28 @@ class SpillFile:
         self.live[record] = ref
         return ref
 
-    def _pwrite(self, data: bytes, pos: int, mac: hmac.HMAC) -> int:
+    def _mac(self) -> "hashlib.blake2b":
+        return hashlib.blake2b(key=self._key, digest_size=MAC_BYTES)
+
+    def reserve(self, state_len: int, pages_len: int) -> SpillRef:
+        """The place of a raw record of these lengths, for the spill writer (PendingSpill): counted
+        as used from now, readable once finished. SpillError if it does not fit."""
+        raw = state_len + pages_len
+        if not self.fits(raw):
+            raise SpillError(f"a checkpoint of {raw >> 20} MiB does not fit the spill file's disk budget "
+                             f"({self.used >> 20} of {self.limit >> 20} MiB used)")
+        length = HEAD.size + raw + MAC_BYTES
+        ref = SpillRef(self._next, self._place(length), length, raw, CODEC_RAW, 0.0, pending=True)
+        self._next += 1
+        self.used += length
+        self.live[ref.record] = ref
+        return ref
+
+    def head(self, ref: SpillRef, state_len: int, pages_len: int) -> bytes:
+        """The header of a reserved raw record."""
+        return HEAD.pack(MAGIC, ref.record, CODEC_RAW, state_len, state_len, pages_len, pages_len)
+
+    def _pwrite(self, data: bytes, pos: int, mac: "hashlib.blake2b") -> int:
         mac.update(data)
         self._pwrite_all(data, pos)
         return pos + len(data)
@@ -270,6 +312,8 @@ class SpillFile:
         """(state, page records) of a record, checked; SpillError saying what is wrong."""
         if self.live.get(ref.record) is not ref:
             raise SpillError("this checkpoint is no longer in the spill file")
+        if ref.pending:
+            raise SpillError("this checkpoint is still being written to the spill file")
         max_pages = (memory_size // PAGE) * (8 + PAGE)
         if ref.length < HEAD.size + MAC_BYTES or ref.length > HEAD.size + MAX_STATE + max_pages + MAC_BYTES:
             raise SpillError("the spilled checkpoint's record has an impossible length")
@@ -285,7 +329,8 @@ class SpillFile:
         if len(data) != ref.length:
             raise SpillError("the spill file is shorter than the checkpoint written to it (truncated)")
         body, mac = memoryview(data)[:-MAC_BYTES], data[-MAC_BYTES:]
-        check = hmac.new(self._key, body[HEAD.size:], hashlib.sha256)
+        check = self._mac()
+        check.update(body[HEAD.size:])
         check.update(body[:HEAD.size])
         if not hmac.compare_digest(check.digest(), mac):
             raise SpillError("the spilled checkpoint was changed on disk since it was written (its checksum does "
@@ -325,3 +370,78 @@ def _decode(stored: memoryview, codec: int, raw_len: int, what: str) -> bytes:
     if len(out) != raw_len:
         raise SpillError(f"the spilled checkpoint's {what} decompresses to another length")
     return out
+
+
+@dataclass
+class PendingSpill:
+    """A checkpoint's record being written by the spill writer. The session's thread makes it
+    (Session._spill_out) and, once `done` is set, reads `error` and frees the job (Session._reap_spills)."""
+    job: SpillJob
+    ref: SpillRef
+    fd: int
+    head: bytes
+    key: bytes
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str = ""
+    seconds: float = 0.0
+
+    def run(self) -> None:
+        """The write itself (the writer's thread, or the caller's where no writer thread exists)."""
+        t0 = time.perf_counter()
+        try:
+            self.job.write(self.fd, self.ref.offset, self.head, self.key, MAC_BYTES)
+        except Exception as exc:  # noqa: BLE001 - reported to the session's thread, never lost here
+            self.error = str(exc) or type(exc).__name__
+        finally:
+            self.seconds = time.perf_counter() - t0
+            self.done.set()
+
+
+class SpillWriter:
+    """The process's spill writer: one thread that runs PendingSpills in order. Started before the
+    engine's seccomp lockdown (engine_server.main; the filters forbid new threads, and apply to this
+    one too); where no thread can be started, a spill is written on the caller's thread.
+    hold()/release() stop it before its next write, so tests can fix what is in flight."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[PendingSpill] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._gate = threading.Event()
+        self._gate.set()
+        self._lock = threading.Lock()
+        self.start_error = ""
+
+    def start(self) -> bool:
+        with self._lock:
+            if self._thread is None and not self.start_error:
+                t = threading.Thread(target=self._run, name="zeroboot-spill-writer", daemon=True)
+                try:
+                    t.start()
+                except RuntimeError as exc:  # after the lockdown: no new threads
+                    self.start_error = str(exc)
+                    log.warning("no spill writer thread (%s): spills are written before the next request", exc)
+                else:
+                    self._thread = t
+            return self._thread is not None
+
+    def submit(self, p: PendingSpill) -> None:
+        if self.start():
+            self._queue.put(p)
+        else:
+            p.run()
+
+    def hold(self) -> None:
+        """Tests: the writer waits before its next write until release()."""
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    def _run(self) -> None:
+        while True:
+            p = self._queue.get()
+            self._gate.wait()
+            p.run()
+
+
+WRITER = SpillWriter()

@@ -21,6 +21,7 @@ import sys
 from typing import Any, Callable, NoReturn
 
 from . import checkpoint_budget
+from . import checkpoint_spill as spill
 from . import engine_requests as req
 from . import engine_wire as wire
 from . import export
@@ -446,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         network = NetworkPolicy.from_wire(args.network) if args.network else None
         engine.set_network(network)  # before the lockdown: its filters allow sockets only with a policy
         python_view()  # computed before the lockdown: it may run ldconfig
+        spill.WRITER.start()  # its thread, before the lockdown forbids new ones (and then filters it too)
         engine.lockdown("setup")
         config = TemplateConfig(args.template, default_preload())
         template = Template.ensure(config, engine, progress=lambda m: wire.send(sock, {"event": "log", "text": m}))

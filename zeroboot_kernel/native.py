@@ -492,6 +492,16 @@ class Snapshot:
         if lib.zb_snapshot_save_delta(self.handle, state_fd, pages_fd, err) < 0:
             raise SandboxError(_text(err))
 
+    def spill_job(self) -> SpillJob:
+        """A job that writes this snapshot to a spill file (zb_spill_prepare): it holds the
+        snapshot until freed, whatever happens to this object."""
+        err = _err()
+        state_len, pages_len = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        handle = lib.zb_spill_prepare(self.handle, state_len, pages_len, err)
+        if handle == ffi.NULL:
+            raise SandboxError(_text(err))
+        return SpillJob(handle, int(state_len[0]), int(pages_len[0]))
+
     @classmethod
     def load_bytes(cls, state: bytes, mem_fd: int, engine: Engine | None = None) -> Snapshot:
         """A snapshot of saved state bytes (validated by the engine) over a memory image fd."""
@@ -530,6 +540,33 @@ class Snapshot:
     @property
     def released(self) -> bool:
         return not self._finalizer.alive
+
+
+class SpillJob:
+    """A snapshot being written to a spill file (checkpoint_spill.py). prepare (Snapshot.spill_job)
+    and free run on the engine's thread; write, on the spill writer's thread, while the engine goes
+    on (the call releases the GIL). free only after write returned (or was never called)."""
+
+    def __init__(self, handle: Any, state_len: int, pages_len: int) -> None:
+        self.handle = handle
+        self.state_len = state_len
+        self.pages_len = pages_len
+
+    def write(self, fd: int, offset: int, head: bytes, key: bytes, mac_len: int) -> bytes:
+        """Write the record at offset (head, state, page records, MAC); the MAC. OSError-free:
+        SandboxError saying what failed."""
+        if self.handle is None:
+            raise SandboxError("this spill job was freed")
+        err = _err()
+        mac = ffi.new("uint8_t[]", mac_len)
+        if lib.zb_spill_write(self.handle, fd, offset, head, len(head), key, len(key), mac, mac_len, err) < 0:
+            raise SandboxError(_text(err))
+        return bytes(ffi.buffer(mac, mac_len))
+
+    def free(self) -> None:
+        if self.handle is not None:
+            lib.zb_spill_job_free(self.handle)
+            self.handle = None
 
 
 def snapshots_memory(snapshots: list[Snapshot]) -> int:

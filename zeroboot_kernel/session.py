@@ -45,9 +45,10 @@ class Checkpoint:
     snapshot: Snapshot | None  # None: spilled to disk (`spilled`)
     taken: float
     spilled: spill.SpillRef | None = None
+    writing: spill.PendingSpill | None = None  # being spilled: `snapshot` stays until the write is done
 
     def where(self) -> str:
-        return "memory" if self.snapshot is not None else "disk"
+        return "writing" if self.writing is not None else "memory" if self.snapshot is not None else "disk"
 
 
 FILES_MODES = ("overlay", "readonly", "readwrite")
@@ -138,6 +139,9 @@ class Session:
         self._open_spill(checkpoint_disk)
         self._over = False                  # the last enforcement found the kept checkpoint alone over the budget
         self._predropped: list[int] = []    # checkpoints dropped just before the next one was taken (_checkpoint_now)
+        # spills of checkpoints taken off the list while their write was in flight: their record's
+        # space is freed once the write ends (_reap_spills)
+        self._orphans: list[spill.PendingSpill] = []
         # (sandbox, its generation, bytes): an upper bound of checkpoint_memory(), valid while that
         # sandbox has taken no snapshot and made no restore since (_held_upper)
         self._held_bound: tuple[Sandbox, int, int] | None = None
@@ -271,6 +275,7 @@ class Session:
         t0 = time.perf_counter()
         started_ns = latency_trace.now() if latency_trace.ENABLED else 0
         self._release_retired()
+        self._reap_spills()
         try:
             if self.mode == "isolated" and not self.reset_done:
                 self.sandbox.restore(self.clean, fresh=True)
@@ -295,8 +300,12 @@ class Session:
             if retire:
                 self._retired.append(cp.snapshot)
             else:
-                cp.snapshot.release()
+                cp.snapshot.release()  # a spill in flight holds the snapshot itself (its job)
             cp.snapshot = None
+        if cp.writing is not None:  # its record is freed once the write has ended (_reap_spills)
+            self._orphans.append(cp.writing)
+            cp.writing = None
+            cp.spilled = None
         if cp.spilled is not None:
             if self.spill is not None:
                 self.spill.free(cp.spilled)
@@ -651,7 +660,9 @@ class Session:
 
     # ---- the checkpoints' memory budget ----
     def _held_snapshots(self) -> list[Snapshot]:
-        held = [cp.snapshot for cp in self.checkpoints if cp.snapshot is not None] + [self.clean]
+        # a checkpoint being spilled is counted as gone (its memory is given back when the write ends,
+        # and what is in flight is bounded: _writing_cap); writing_bytes() says how much that is
+        held = [cp.snapshot for cp in self.checkpoints if cp.snapshot is not None and cp.writing is None] + [self.clean]
         return held + [s for s in (self.ready, self.head) if s is not None]
 
     def checkpoint_memory(self) -> int:
@@ -693,6 +704,7 @@ class Session:
         incoming = self.sandbox.guest.pending_bytes()
         keep_spare_pages(True)
         try:
+            self._reap_spills()  # finished spills give their pages back now: this snapshot reuses them
             limit, held = self.budget_bytes(), self._held_upper()
             fits = held + incoming <= limit
             if not fits:  # maybe over: decided on the exact count, as before
@@ -720,8 +732,8 @@ class Session:
         slack = max(budget.MIB, limit // 32)    # history that adds less than this is not worth dropping
         dropped: list[int] = []
         while held + incoming > limit and held - floor > slack:
-            # the oldest checkpoint still in memory (the spilled ones are all older)
-            cp = next((c for c in self.checkpoints if c.snapshot is not None), None)
+            # the oldest checkpoint still in memory (the spilled ones and the one being spilled are older)
+            cp = next((c for c in self.checkpoints if c.snapshot is not None and c.writing is None), None)
             if cp is None or cp.snapshot is protect:
                 break
             if not self._spill_out(cp, dropped):
@@ -732,36 +744,42 @@ class Session:
         return dropped
 
     def _spill_out(self, cp: Checkpoint, dropped: list[int]) -> bool:
-        """Move a checkpoint's memory to the spill file (checkpoint_spill.py), making room there by
-        dropping the oldest spilled checkpoints (their numbers go to `dropped`). False when there is
-        no spill file, it is larger than the whole disk budget, or writing fails: then it is dropped."""
-        if self.spill is None or cp.snapshot is None:
+        """Start moving a checkpoint's memory to the spill file (checkpoint_spill.py), making room
+        there by dropping the oldest spilled checkpoints (their numbers go to `dropped`). The spill
+        writer writes it while the session goes on; its snapshot is released when the write is done
+        (_reap_spills). Writes in flight hold at most _writing_cap() bytes: one that would go over
+        waits here for those before it. False
+        when there is no spill file, it is larger than the whole disk budget, or it cannot start:
+        then it is dropped."""
+        if self.spill is None or cp.snapshot is None or cp.writing is not None:
             return False
-        state_fd = os.memfd_create("zeroboot-spill-state", os.MFD_CLOEXEC)
-        pages_fd = os.memfd_create("zeroboot-spill-pages", os.MFD_CLOEXEC)
+        self._reap_spills()
+        job = None
         try:
-            cp.snapshot.save_delta(state_fd, pages_fd)
-            raw = os.fstat(state_fd).st_size + os.fstat(pages_fd).st_size
+            job = cp.snapshot.spill_job()
+            raw = job.state_len + job.pages_len
+            if self.writing_bytes() and self.writing_bytes() + raw > self._writing_cap():
+                self._reap_spills(wait=True)  # bounded: the writes in flight hold memory until they end
             if not self.spill.fits(raw) and raw + spill.HEAD.size + spill.MAC_BYTES > self.spill.limit:
                 self.spill_reason = (f"a checkpoint of {budget.mib(raw)} is larger than the whole disk budget "
                                      f"({budget.mib(self.spill.limit)}, {spill.ENV})")
+                job.free()
                 return False
             while not self.spill.fits(raw) and self.checkpoints and self.checkpoints[0].snapshot is None:
                 old = self.checkpoints.popleft()
                 self._forget(old)
                 dropped.append(old.number)
-            cp.spilled = self.spill.write(state_fd, pages_fd)
+            ref = self.spill.reserve(job.state_len, job.pages_len)
         except (spill.SpillError, SandboxError, OSError) as exc:
+            if job is not None:
+                job.free()
             log.warning("could not spill the checkpoint before cell [%d] to disk: %s", cp.number, exc)
             self.spill_reason = f"spilling failed: {exc}"
             return False
-        finally:
-            os.close(state_fd)
-            os.close(pages_fd)
-        log.info("spilled the checkpoint before cell [%d]: %d bytes (%d raw) in %.3f s", cp.number,
-                 cp.spilled.length, cp.spilled.raw_bytes, cp.spilled.write_s)
-        cp.snapshot.release()
-        cp.snapshot = None
+        cp.spilled = ref
+        cp.writing = spill.PendingSpill(job, ref, self.spill.fd, self.spill.head(ref, job.state_len, job.pages_len),
+                                        self.spill.key)
+        spill.WRITER.submit(cp.writing)
         self.budget_spilled += 1
         if not self._told_spill:
             self._told_spill = True
@@ -771,6 +789,47 @@ class Session:
                 f"{spill.ENV}) and %rewind reads them back. `%sandbox checkpoints` shows where each is. "
                 f"(Told once per session.)\n")
         return True
+
+    def _reap_spills(self, wait: bool = False) -> None:
+        """Take the results of the spill writer (on the session's thread, which alone touches
+        snapshots): a finished write releases its checkpoint's memory and makes its record readable;
+        a failed one drops the checkpoint; an orphan's record is freed. wait: until none is in flight."""
+        for cp in list(self.checkpoints):
+            p = cp.writing
+            if p is None or not (p.done.is_set() or (wait and p.done.wait())):
+                continue
+            cp.writing = None
+            p.job.free()
+            if p.error:
+                log.warning("could not spill the checkpoint before cell [%d] to disk: %s", cp.number, p.error)
+                self.spill_reason = f"spilling failed: {p.error}"
+                self.checkpoints.remove(cp)
+                self._forget(cp)
+                self.budget_dropped += 1
+                self.budget_reason = self._dropped_reason(self.budget_bytes())
+                continue
+            p.ref.pending = False
+            p.ref.write_s = p.seconds
+            if cp.snapshot is not None:
+                cp.snapshot.release()
+                cp.snapshot = None
+            log.info("spilled the checkpoint before cell [%d]: %d bytes in %.3f s", cp.number, p.ref.length, p.seconds)
+        for p in list(self._orphans):
+            if p.done.is_set() or (wait and p.done.wait()):
+                self._orphans.remove(p)
+                p.job.free()
+                if self.spill is not None:
+                    self.spill.free(p.ref)
+
+    def _writing_cap(self) -> int:
+        """At most this many bytes of checkpoints are being written at once (beyond one checkpoint):
+        half the budget, at least 64 MiB. They are held in memory until their write ends, so while
+        spills are in flight the snapshots hold at most the budget plus this."""
+        return max(64 * budget.MIB, self.budget_bytes() // 2)
+
+    def writing_bytes(self) -> int:
+        """Bytes of checkpoints being written to disk (held in memory until the write ends)."""
+        return sum(cp.spilled.raw_bytes for cp in self.checkpoints if cp.writing is not None and cp.spilled is not None)
 
     def enforce_budget(self, protect: Snapshot | None, *, notify: bool = True) -> int:
         """Drop the oldest checkpoints while the session's snapshots hold more than the budget.
@@ -821,6 +880,7 @@ class Session:
         return f"older checkpoints were dropped to keep the checkpoints' memory within the budget of {budget.mib(limit)}"
 
     def describe_budget(self) -> dict[str, Any]:
+        self._reap_spills()
         limit, held = self.budget_bytes(), self.checkpoint_memory()
         depth = len(self.checkpoints) if self.mode == "chained" else 0
         on_disk = sum(1 for cp in self.checkpoints if cp.snapshot is None)
@@ -828,7 +888,8 @@ class Session:
         why = self.budget_reason or (f"ZEROBOOT_CHECKPOINTS={self.keep} caps the count" if depth >= self.keep
                                      else "every checkpoint taken is kept")
         disk = self.spill.describe() if self.spill is not None else {}
-        where = (f"{depth - on_disk} in memory, {on_disk} on disk ({budget.mib(disk.get('disk_used_bytes', 0))} of a "
+        writing = sum(1 for cp in self.checkpoints if cp.writing is not None)
+        where = (f"{depth - on_disk - writing} in memory, {on_disk} on disk{f', {writing} being written' if writing else ''} ({budget.mib(disk.get('disk_used_bytes', 0))} of a "
                  f"disk budget of {budget.mib(disk.get('disk_budget_bytes', 0))})" if self.spill is not None
                  else f"all in memory ({self.spill_reason or 'no spill file'})")
         summary = (f"checkpoint memory budget {budget.mib(limit)} ({source}); the checkpoints hold {budget.mib(held)}; "
@@ -836,7 +897,8 @@ class Session:
         return {"budget_bytes": limit, "budget_source": "set" if self.memory_budget is not None else "default",
                 "held_bytes": held, "over_budget": held > limit, "rewind_depth": depth,
                 "dropped_for_budget": self.budget_dropped, "why": why, "summary": summary,
-                "in_memory": depth - on_disk, "on_disk": on_disk, "spilled_for_budget": self.budget_spilled,
+                "in_memory": depth - on_disk - writing, "on_disk": on_disk, "writing": writing,
+                "writing_bytes": self.writing_bytes(), "spilled_for_budget": self.budget_spilled,
                 "disk_budget_bytes": disk.get("disk_budget_bytes", 0), "disk_used_bytes": disk.get("disk_used_bytes", 0),
                 "spill": "on" if self.spill is not None else (self.spill_reason or "off"), "where": where}
 
@@ -882,6 +944,7 @@ class Session:
         for cp in self.checkpoints:
             self._forget(cp)
         self.checkpoints.clear()
+        self._reap_spills(wait=True)  # the writer must be done with the file and the snapshots
         if self.spill is not None:
             self.spill.close()  # an O_TMPFILE: its space is given back with its last descriptor
             self.spill = None
