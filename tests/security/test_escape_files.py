@@ -58,8 +58,9 @@ def test_reads_outside_the_view_fail(host):
             continue
         assert outcome == "err", (name, detail)
     assert got["view_parent_listing"] == ("ok", ".,..,view,")  # only the path that leads to the view
-    # shm: the guest's own in-memory /dev/shm (an overlay directory), never the host's
-    assert got["dev_listing"] == ("ok", ".,..,null,zero,urandom,random,ttyS0,shm,")
+    # shm: the guest's own in-memory /dev/shm (an overlay directory), never the host's; ptmx: the
+    # sandbox's own pty multiplexer (file_pty.c), never the host's
+    assert got["dev_listing"] == ("ok", ".,..,null,zero,urandom,random,ttyS0,ptmx,shm,")
     assert got["proc_self_listing"][0] == "ok"
     assert sorted(got["proc_self_listing"][1].split(",")) == sorted(
         ".,..,exe,maps,status,stat,statm,smaps_rollup,cgroup,".split(","))
