@@ -2,6 +2,8 @@
  * (zb_spill_write): the same function as Python's hashlib.blake2b(key=..., digest_size=...). */
 #ifndef ZB_BLAKE2B_H
 #define ZB_BLAKE2B_H
+#include "util.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
