@@ -1,12 +1,14 @@
 """%%fanout NAME in EXPR (zeroboot_kernel/fanout.py): one fork of the live state per value."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from session_helpers import cell
-from zeroboot_kernel import fanout
+from zeroboot_kernel import engine_requests as req
+from zeroboot_kernel import fanout, fanout_jobs
 from zeroboot_kernel.session import Session
 
 
@@ -259,6 +261,48 @@ def test_a_dead_worker_costs_only_its_values(engine) -> None:
     failed, missing = shares[result]
     assert f"the worker for values {failed} failed" in text, text
     assert f"2 values did not run (or did not report): {missing}" in text, text
+    _no_pid_left(workers)
+    assert list(tmp.iterdir()) == []
+
+
+class _GatedWorkers(_Workers):
+    """make_worker whose workers hold the execute request of every share but the first until
+    `gate` is set: an interrupt can come while such a worker is about to start its share."""
+
+    def __init__(self, project: str) -> None:
+        super().__init__(project)
+        self.gate = threading.Event()
+
+    def __call__(self):
+        w = super().__call__()
+        request, gate = w.request, self.gate
+
+        def gated(op, **fields):
+            if op == req.EXECUTE and fields.get("fanout_share", [0])[0] > 0:
+                assert gate.wait(120), "the test never opened the gate"
+            yield from request(op, **fields)
+        w.request = gated
+        return w
+
+
+def test_an_interrupt_while_a_worker_starts_its_share_stops_that_share(engine) -> None:
+    """The interrupt comes after the second worker checked for one and before its execute request
+    is out (its engine would drop an interrupt naming another request): that share still stops,
+    and no value of it runs (the cell timeout is 4 s, so without the fix values 3 and 4 would run)."""
+    client, project, tmp = engine
+    workers = _GatedWorkers(project)
+    jobs = fanout_jobs.FanoutJobs(client, workers)
+    code = "%%fanout v in [1, 2, 3, 4] --jobs 2\nimport time\nprint('started', v, flush=True)\ntime.sleep(60)"
+    events, text = [], ""
+    for ev in jobs.run(code, 2, 2):
+        events.append(ev)
+        text += ev.get("text", "")
+        if "started 1" in text and not workers.gate.is_set():
+            jobs.interrupt()
+            workers.gate.set()
+    assert events[-1]["content"]["status"] == "ok", events[-1]
+    assert "[0] v: interrupted" in text and "started 2" not in text and "started 3" not in text, text
+    assert "(interrupted): 3 values did not run" in text, text
     _no_pid_left(workers)
     assert list(tmp.iterdir()) == []
 

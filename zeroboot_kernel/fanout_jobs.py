@@ -84,17 +84,21 @@ class FanoutJobs:
         self.client = client
         self.make_worker = make_worker
         self.workers: list[EngineClient] = []
+        self.executing: list[EngineClient] = []   # workers whose share's execute request is out
         self.lock = threading.Lock()
         self.interrupted = threading.Event()
         self.closed = False                        # run() ended: a worker that starts now closes itself
         self.threads: list[threading.Thread] = []
 
     def interrupt(self) -> bool:
-        """Interrupt EXPR in the kernel's engine, or every worker's running value."""
-        self.interrupted.set()
-        done = self.client.interrupt()
+        """Interrupt EXPR in the kernel's engine, or every worker's running value. An engine drops
+        an interrupt that names a request other than the running cell, so only workers whose
+        execute request is out are interrupted here; one still starting or resuming sees the flag
+        (under the same lock, see _share_sent) and interrupts its own share or never starts it."""
         with self.lock:
-            workers = list(self.workers)
+            self.interrupted.set()
+            workers = list(self.executing)
+        done = self.client.interrupt()
         for w in workers:
             try:
                 done = w.interrupt() or done
@@ -226,8 +230,10 @@ class FanoutJobs:
             if type(memory) is int and memory > 0:
                 self._checked(w.call(req.MEMORY, bytes=memory), "set the memory limit")
             self._checked(w.call(req.RESUME, path=str(path), key=key.hex()), "resume the fan-out's save")
+            if self.interrupted.is_set():
+                return
             for ev in w.request(req.EXECUTE, code=code, execution_count=count, silent=False, store_history=False,
-                                fanout_share=[first, stop]):
+                                fanout_share=[first, stop], on_sent=lambda: self._share_sent(w)):
                 if ev["event"] == "reply":
                     content = ev["content"]
                     if content.get("status") != "ok":
@@ -242,6 +248,16 @@ class FanoutJobs:
         finally:
             q.put(_DONE)
 
+    def _share_sent(self, w: EngineClient) -> None:
+        """w's execute request is out. Under the lock interrupt() takes, so exactly one of the two
+        interrupts it: interrupt() if it came after this, else this (it came while w was starting
+        or resuming, when w's engine would have dropped it)."""
+        with self.lock:
+            self.executing.append(w)
+            late = self.interrupted.is_set()
+        if late:
+            w.interrupt()
+
     @staticmethod
     def _checked(content: dict[str, Any], what: str) -> None:
         if content.get("status") != "ok":
@@ -251,7 +267,7 @@ class FanoutJobs:
         """Every worker closed (the ones still starting close themselves), their threads ended."""
         with self.lock:
             self.closed = True
-            workers, self.workers = list(self.workers), []
+            workers, self.workers, self.executing = list(self.workers), [], []
         for w in workers:
             try:
                 w.close(timeout=2)
