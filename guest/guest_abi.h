@@ -26,6 +26,7 @@
  * ZB_STUB_OUT_LEN as a syscall (rcx = the return address); user code that jumps there itself has
  * made a syscall by other means, nothing more, and any other use of the port ends the sandbox. */
 #define ZB_SYSCALL_ENTRY 0xe000        /* LSTAR */
+#define ZB_LOW_REGION_BYTES 0x200000   /* the low 2 MiB: supervisor-only but this page; no user buffer */
 /* The entry page's layout (offsets from ZB_SYSCALL_ENTRY; cpl0_entry.S checks them with .org):
  * at 0 the dispatch of the syscalls answered in the guest, each slot ZB_ENTRY_SLOT_SIZE bytes from
  * ZB_ENTRY_SLOTS (`movl <data>, %eax` then, ZB_ENTRY_SLOT_JMP bytes in, `jmp *%rcx`), the `out`
@@ -46,7 +47,24 @@
  * slot's syscall). Slots, in order: lseek(fd, 0, SEEK_CUR) of a file whose ZB_EFD_SEEK is set
  * (its offset); ioctl(fd, TCGETS) of a file whose ZB_EFD_NOTTY is set (-ENOTTY: not a terminal;
  * a pty's ends exit to file_pty.c); fcntl(fd, F_GETFD);
- * fcntl(fd, F_GETFL). */
+ * fcntl(fd, F_GETFL).
+ *
+ * Two answers hold only until zb_entry_data.deadline_tsc (guest TSC), a moment the host sets a
+ * 2 ms after the exit that took them, because the host file behind them can change (the
+ * user edits it in JupyterLab): as if the call had run at that exit, which Linux allows a call
+ * racing with another writer. From ZB_ENTRY_TIMED: read(fd, buf, count) = 0 of a file whose
+ * ZB_EFD_EOF is set (a regular file whose last read, in that exit, ended at its end), and
+ * newfstatat(stat_fd, "", buf, AT_EMPTY_PATH) = 0 with the bytes of `stat` (the file the exit
+ * opened as stat_fd, stated in that exit), the copy done by the entry with the user's own rights.
+ * A directory's getdents64 = 0 once its listing is read to the end (ZB_EFD_DIR_END) has no
+ * deadline: a listing is taken once and kept (file_dir.c). A buffer below ZB_LOW_REGION_BYTES or
+ * past the user half goes to the host (EFAULT); one in memory the process has not mapped does
+ * not (the guest's page tables map all its memory): there read and getdents64 say 0 and the
+ * fstat is written, where the host says EFAULT. Each timed code block is
+ * ZB_ENTRY_TIMED_SIZE bytes from ZB_ENTRY_TIMED, in the order read, newfstatat, getdents64; in a
+ * block rax is the block's syscall number except between ZB_ENTRY_TSC and ZB_ENTRY_TSC_END bytes
+ * in (the TSC read, with rdx kept in r11 there), so a vCPU stopped or faulting in a block is moved
+ * to the `out` with rax = the block's syscall and, in that window, rdx = r11. */
 #define ZB_ENTRY_FD_CODE 0x70
 #define ZB_ENTRY_FD_SLOTS 0x100
 #define ZB_ENTRY_FD_SLOT_SIZE 0x20
@@ -56,10 +74,22 @@
 #define ZB_EFD_OPEN 0x02               /* the fd is open: F_GETFD and F_GETFL answer */
 #define ZB_EFD_SEEK 0x04               /* lseek(fd, 0, SEEK_CUR) answers fd_offset */
 #define ZB_EFD_NOTTY 0x08              /* not a terminal: ioctl(fd, TCGETS) answers -ENOTTY */
+#define ZB_EFD_EOF 0x10                /* read(fd, ...) answers 0 until deadline_tsc */
+#define ZB_EFD_DIR_END 0x20            /* getdents64(fd, ...) answers 0 */
+#define ZB_ENTRY_TIMED_DISPATCH 0x1c0 /* the fd code's jump to the timed blocks */
+#define ZB_ENTRY_TIMED 0x200
+#define ZB_ENTRY_TIMED_SIZE 0x180
+#define ZB_ENTRY_TIMED_COUNT 3         /* read, newfstatat, getdents64 */
+#define ZB_ENTRY_TSC 0x30              /* the TSC read in a block that has one (read, newfstatat) */
+#define ZB_ENTRY_TSC_END 0x50
+#define ZB_ENTRY_STAT_BYTES 144        /* struct stat on x86-64 */
 #define ZB_ENTRY_DATA 0x800
 #define ZB_ENTRY_FD_STATE 16           /* offsets in struct zb_entry_data, for the assembler */
 #define ZB_ENTRY_FD_FLAGS (ZB_ENTRY_FD_STATE + ZB_ENTRY_FDS)
 #define ZB_ENTRY_FD_OFFSET (ZB_ENTRY_FD_FLAGS + 4 * ZB_ENTRY_FDS)
+#define ZB_ENTRY_DEADLINE (ZB_ENTRY_FD_OFFSET + 8 * ZB_ENTRY_FDS)
+#define ZB_ENTRY_STAT_FD (ZB_ENTRY_DEADLINE + 8)
+#define ZB_ENTRY_STAT (ZB_ENTRY_STAT_FD + 8)
 #define ZB_ENTRY_ANSWERS_ON 0x7a627361 /* any other value: every syscall exits */
 #define ZB_PORT_SYSCALL 0xe0           /* above the exception ports */
 #define ZB_SYSCALL_TRAP 0x7f0000000000 /* never mapped (the LSTAR of earlier engines; the fuzzer's wild pointer) */
@@ -102,11 +132,18 @@ struct zb_entry_data {
     uint8_t fd_state[ZB_ENTRY_FDS];      /* ZB_EFD_*; 0: the call exits (closed, or fd >= ZB_ENTRY_FDS) */
     uint32_t fd_flags[ZB_ENTRY_FDS];     /* F_GETFL's answer */
     uint64_t fd_offset[ZB_ENTRY_FDS];    /* the open file description's offset (ZB_EFD_SEEK) */
+    uint64_t deadline_tsc;               /* the timed answers hold while the guest TSC is below it */
+    int32_t stat_fd, pad;                /* newfstatat's fd (-1: none), and nothing */
+    uint8_t stat[ZB_ENTRY_STAT_BYTES];   /* its struct stat */
 };
 _Static_assert(ZB_ENTRY_DATA + sizeof(struct zb_entry_data) <= 4096, "the entry data must fit the entry page");
 _Static_assert(__builtin_offsetof(struct zb_entry_data, fd_state) == ZB_ENTRY_FD_STATE &&
                __builtin_offsetof(struct zb_entry_data, fd_flags) == ZB_ENTRY_FD_FLAGS &&
-               __builtin_offsetof(struct zb_entry_data, fd_offset) == ZB_ENTRY_FD_OFFSET, "the entry data's offsets");
+               __builtin_offsetof(struct zb_entry_data, fd_offset) == ZB_ENTRY_FD_OFFSET &&
+               __builtin_offsetof(struct zb_entry_data, deadline_tsc) == ZB_ENTRY_DEADLINE &&
+               __builtin_offsetof(struct zb_entry_data, stat_fd) == ZB_ENTRY_STAT_FD &&
+               __builtin_offsetof(struct zb_entry_data, stat) == ZB_ENTRY_STAT, "the entry data's offsets");
+_Static_assert(ZB_ENTRY_TIMED + ZB_ENTRY_TIMED_COUNT * ZB_ENTRY_TIMED_SIZE <= ZB_ENTRY_DATA, "the timed blocks overlap the data");
 #endif
 
 #endif

@@ -403,6 +403,10 @@ typedef struct zb_file {
                                 zb_where_new, shared by the table's clones (copy before changing) */
     zb_listing *listing;     /* FILE_DIR: taken at the first getdents64 */
     void *priv;              /* a kind's own state (FILE_EVENTFD: its counter), owned by its ops */
+    /* the timed answers (guest_abi.h): a read in syscall eof_seq (zb_syscall_seq), at host time
+     * eof_ns, ended at the end of this regular file; never saved */
+    uint64_t eof_seq;
+    int64_t eof_ns;
 } zb_file;
 
 struct zb_fdtable {
@@ -517,6 +521,8 @@ void zb_fdtable_free(zb_fdtable *t, zb_fs *fs);
 zb_file *zb_file_new(int kind);
 void zb_file_unref(zb_fs *fs, zb_file *f);
 zb_file *zb_fd_get(zb_sandbox *sb, uint64_t fd);
+/* fstat of an open file: what newfstatat(fd, "", buf, AT_EMPTY_PATH) gives (sys_fsmeta.c). */
+long zb_file_stat(zb_sandbox *sb, zb_file *f, struct stat *st);
 /* Install f at the lowest free fd >= min; returns the fd or -EMFILE. Takes the reference. */
 int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec);
 int zb_fd_close(zb_sandbox *sb, int fd);

@@ -16,6 +16,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#define MSR_IA32_TSC 0x10
 #define MSR_STAR 0xc0000081
 #define MSR_LSTAR 0xc0000082
 #define MSR_SFMASK 0xc0000084
@@ -526,4 +527,15 @@ int zb_engine_vcpu_stat(zb_engine *e, const char *name, uint64_t *value) {
     }
     close(fd);
     return rc;
+}
+
+uint64_t zb_vm_guest_tsc(zb_vm *vm) {
+    struct {
+        struct kvm_msrs h;
+        struct kvm_msr_entry e[1];
+    } m;
+    memset(&m, 0, sizeof m);
+    m.h.nmsrs = 1;
+    m.e[0].index = MSR_IA32_TSC;
+    return ioctl(vm->vcpu_fd, KVM_GET_MSRS, &m) == 1 ? m.e[0].data : 0;
 }

@@ -5,9 +5,10 @@
 #ifndef ZB_MEMORY_H
 #define ZB_MEMORY_H
 #include "util.h"
+#include "guest_abi.h"
 
 /* ---- guest physical (= virtual) layout; see guest_layout.c and docs/ARCHITECTURE.md ---- */
-#define ZB_LOW_REGION (2ul << 20)        /* supervisor-only: page tables, GDT/IDT/TSS, CPL0 stubs */
+#define ZB_LOW_REGION ((unsigned long)ZB_LOW_REGION_BYTES) /* supervisor-only: page tables, GDT/IDT/TSS, CPL0 stubs */
 #define ZB_MEM_MIN (64ul << 20)
 #define ZB_MEM_MAX (64ul << 30)
 #define ZB_STACK_SIZE (8ul << 20)

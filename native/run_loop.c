@@ -97,8 +97,15 @@ static int set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
  * entry page holds nothing but the entry, its in-guest answers and their data: user code that
  * jumps in there is making a syscall, which entry_to_out treats as one; ZB_SYSCALL_TRAP, the LSTAR without
  * ZB_SYSCALLS_DIRECT_ENTRY, is never mapped), so the test needs no CPL, which PVM does not report. */
+/* RIP in the entry's timed answers (guest_abi.h ZB_ENTRY_TIMED_DISPATCH onwards), past its `out`. */
+static int in_entry_timed(uint64_t rip) {
+    return rip >= ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED_DISPATCH &&
+           rip < ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED + ZB_ENTRY_TIMED_COUNT * ZB_ENTRY_TIMED_SIZE;
+}
+
 static int in_host_trap(const struct kvm_regs *r) {
-    return (r->rip >= ZB_SYSCALL_ENTRY && r->rip <= ZB_SYSCALL_ENTRY + ZB_SYSCALL_ENTRY_OUT) || r->rip == ZB_SYSCALL_TRAP ||
+    return (r->rip >= ZB_SYSCALL_ENTRY && r->rip <= ZB_SYSCALL_ENTRY + ZB_SYSCALL_ENTRY_OUT) || in_entry_timed(r->rip) ||
+           r->rip == ZB_SYSCALL_TRAP ||
            (r->rip >= zb_layout_stub_addr(0) && r->rip < zb_layout_stub_addr(ZB_STUB_VECTORS));
 }
 
@@ -113,8 +120,30 @@ static const uint64_t entry_fd_slot_nr[ZB_ENTRY_FD_SLOT_COUNT] = {SYS_lseek, SYS
  * for the trap's exit would wait for some later exit: move it to the `out`, with the syscall
  * number in rax, so that the host serves this call and delivers the signal after it. Returns 1
  * (still mid-trap) or -1. */
+/* The timed blocks' syscalls (guest_abi.h ZB_ENTRY_TIMED): read, newfstatat, getdents64. */
+static const uint64_t entry_timed_nr[ZB_ENTRY_TIMED_COUNT] = {SYS_read, SYS_newfstatat, SYS_getdents64};
+
+/* A vCPU stopped or faulting at rip in the timed answers gets the registers of the syscall it was
+ * answering: rax its number, in the TSC window of a block (where rdtsc took rdx) rdx back from
+ * r11, and r11 what PVM reports at the `out` (the blocks use it as scratch). (The dispatch before
+ * the blocks only compares: rax is still the number there.) */
+static void entry_timed_regs(struct kvm_regs *r) {
+    if (r->rip < ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED) return;
+    uint64_t off = r->rip - ZB_SYSCALL_ENTRY - ZB_ENTRY_TIMED, block = off / ZB_ENTRY_TIMED_SIZE, in = off % ZB_ENTRY_TIMED_SIZE;
+    if (block >= ZB_ENTRY_TIMED_COUNT) return;
+    r->rax = entry_timed_nr[block];
+    if (entry_timed_nr[block] != SYS_getdents64 && in > ZB_ENTRY_TSC && in < ZB_ENTRY_TSC_END) r->rdx = r->r11;
+    r->r11 = 0x202; /* the blocks' scratch: RFLAGS as PVM reports them at the `out` */
+}
+
 static int entry_to_out(zb_sandbox *sb, zb_vm *vm, zb_event *ev, struct kvm_regs *r) {
     uint64_t out = ZB_SYSCALL_ENTRY + ZB_SYSCALL_ENTRY_OUT;
+    if (in_entry_timed(r->rip)) {
+        entry_timed_regs(r);
+        r->rip = out;
+        if (ioctl(vm->vcpu_fd, KVM_SET_REGS, r) < 0) { error_event(sb, ev, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
+        return 1;
+    }
     if (r->rip < ZB_SYSCALL_ENTRY || r->rip >= out) return 1;
     uint64_t off = r->rip - ZB_SYSCALL_ENTRY;
     if (off >= ZB_ENTRY_SLOTS && off < ZB_ENTRY_SLOTS + ZB_ENTRY_SLOT_COUNT * ZB_ENTRY_SLOT_SIZE &&
@@ -219,6 +248,7 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     sb->has_stop = 0;
     sb->stop_retry = 0;
     sb->cpu.context_restored = 0;
+    atomic_fetch_add(&zb_syscall_seq, 1); /* ends every timed answer's hint */
     long ret = zb_syscall_dispatch(sb, nr, a);
     int64_t dt = zb_now_ns() - t0;
     sb->stats.syscalls++;
@@ -316,6 +346,15 @@ static int handle_exception(zb_sandbox *sb, zb_vm *vm, int vector, const struct 
     uint64_t err = ec ? frame[0] : 0, rip = frame[ec], rflags = frame[ec + 2], rsp = frame[ec + 3];
     if (vector == 14 && rip == ZB_SYSCALL_TRAP) { /* LSTAR unmapped (ZB_SYSCALLS_DIRECT_ENTRY off) */
         vr.rsp = rsp;
+        return handle_syscall_entry(sb, vm, &vr, ev);
+    }
+    if ((vector == 13 || vector == 14) && in_entry_timed(rip)) {
+        /* a timed answer touched the user's memory (the path, the buffer) and faulted: the host
+         * serves the call, which says EFAULT as Linux does */
+        vr.rip = rip;
+        entry_timed_regs(&vr);
+        vr.rsp = rsp;
+        vr.r11 = rflags; /* r11 was the answer's scratch: the flags come from the frame */
         return handle_syscall_entry(sb, vm, &vr, ev);
     }
     sb->cpu.regs = vr;
@@ -459,6 +498,48 @@ static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
  * memory starts as its parent's: rewritten here too. Only host files and overlay files answer
  * lseek(fd, 0, SEEK_CUR) (their seek is zb_file_seek_sized on f->offset, without side effects); every
  * kind but a pty's ends answers TCGETS with -ENOTTY. */
+/* How long a timed answer (guest_abi.h ZB_ENTRY_TIMED) holds after the host saw its state. */
+#define ENTRY_TIMED_NS 2000000
+
+/* The timed answers for the run about to start: each is the state the syscall just served left
+ * (zb_syscall_seq: any later syscall, of any thread or process, ends them), and holds until the
+ * guest TSC passes deadline_tsc, ENTRY_TIMED_NS after the host saw that state. Needs the TSC's
+ * rate and value (no timed answers without them). */
+static void entry_timed_answers(zb_sandbox *sb, zb_vm *vm, struct zb_entry_data *d) {
+    uint64_t seq = atomic_load(&zb_syscall_seq);
+    int64_t now = zb_now_ns(), seen = now;
+    int any = 0;
+    d->stat_fd = -1;
+    for (int fd = 0; fd < ZB_ENTRY_FDS; fd++) {
+        zb_file *f = sb->fds->fd[fd];
+        if (f && f->eof_seq == seq && now - f->eof_ns < ENTRY_TIMED_NS) {
+            d->fd_state[fd] |= ZB_EFD_EOF;
+            seen = ZB_MIN(seen, f->eof_ns);
+            any = 1;
+        }
+    }
+    int fd = sb->entry_stat_fd;
+    if (sb->entry_stat_seq == seq && fd >= 0 && fd < ZB_ENTRY_FDS && sb->fds->fd[fd] == sb->entry_stat_file) {
+        zb_file *f = sb->fds->fd[fd];
+        struct stat st;
+        _Static_assert(sizeof st == ZB_ENTRY_STAT_BYTES, "the entry's struct stat is the host's");
+        if ((f->kind == FILE_HOST || f->kind == FILE_OVERLAY || f->kind == FILE_DIR) && zb_file_stat(sb, f, &st) == 0) {
+            memcpy(d->stat, &st, sizeof st);
+            d->stat_fd = fd;
+            any = 1;
+        }
+    }
+    uint64_t tsc = any && vm->tsc_khz ? zb_vm_guest_tsc(vm) : 0;
+    if (!tsc) { /* no deadline: no timed answer */
+        for (int i = 0; i < ZB_ENTRY_FDS; i++) d->fd_state[i] &= (uint8_t)~ZB_EFD_EOF;
+        d->stat_fd = -1;
+        memset(d->stat, 0, sizeof d->stat);
+        return;
+    }
+    int64_t left = ENTRY_TIMED_NS - (now - seen);
+    d->deadline_tsc = tsc + (uint64_t)left * vm->tsc_khz / 1000000;
+}
+
 static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
     if (!vm->guest_answers) { zb_layout_entry_answers(&sb->mem, 0, NULL); return; }
     struct zb_entry_data d;
@@ -478,7 +559,10 @@ static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
             d.fd_state[fd] |= ZB_EFD_SEEK;
             d.fd_offset[fd] = f->offset;
         }
+        if (f->kind == FILE_DIR && f->listing && f->offset >= f->listing->n)
+            d.fd_state[fd] |= ZB_EFD_DIR_END; /* a listing is kept once taken (file_dir.c): no deadline */
     }
+    entry_timed_answers(sb, vm, &d);
     zb_layout_entry_answers(&sb->mem, 1, &d);
 }
 

@@ -55,6 +55,12 @@ struct zb_sandbox {
     int64_t prof_exit_ns;    /* profiling: when the last KVM_RUN returned, and how long it took */
     int64_t prof_run_ns;
     int test_break_vector;   /* zb_sandbox_test_break_in_trap: the stub's vector + 1, 0 = off */
+    /* the timed answers' hint (guest_abi.h ZB_ENTRY_TIMED): the fd this syscall opened (its
+     * newfstatat can be answered in the guest until the next exit), valid while stat_seq is the
+     * syscall being served (zb_syscall_seq) */
+    uint64_t entry_stat_seq;
+    int entry_stat_fd;
+    const struct zb_file *entry_stat_file;
 
     /* an event a syscall handler asks the run loop to return after the syscall */
     zb_event stop_ev;

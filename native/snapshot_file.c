@@ -39,8 +39,10 @@
  *  11: a shared-map entry holds its alias count (a second mmap of the same file range in one
  *      process: shared_map_state.h) after its writable flag.
  *  12: pseudo-terminals (file kinds 11 and 12, file_pty.c): a pty's settings after its input
- *      stream. */
-#define STATE_FORMAT 12
+ *      stream.
+ *  13: the entry page's timed answers (guest_abi.h ZB_ENTRY_TIMED: read at the end of a file,
+ *      fstat of the file just opened, getdents64 at the end of a listing) past its `out`. */
+#define STATE_FORMAT 13
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

@@ -59,7 +59,13 @@ static long install_opened(zb_sandbox *sb, zb_file *f, const zb_resolved *r, int
     f->flags = flags;
     if (!(f->where = zb_where_new())) { zb_file_unref(sb->fs, f); return -ENOMEM; }
     *f->where = *r;
-    return zb_fd_install(sb, f, 0, open_flags & O_CLOEXEC);
+    long fd = zb_fd_install(sb, f, 0, open_flags & O_CLOEXEC);
+    if (fd >= 0) { /* its fstat, which usually comes next, can be answered in the guest (guest_abi.h) */
+        sb->entry_stat_seq = atomic_load(&zb_syscall_seq);
+        sb->entry_stat_fd = (int)fd;
+        sb->entry_stat_file = f;
+    }
+    return fd;
 }
 
 static long do_open(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t flags, uint64_t mode) {
@@ -146,7 +152,14 @@ static long write_from(zb_sandbox *sb, zb_file *f, uint64_t addr, size_t n, int6
 
 static long sys_read(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
-    return f ? zb_io_would_block(sb, f, read_into(sb, f, a[1], a[2], -1), 0, 0, 0) : -EBADF;
+    if (!f) return -EBADF;
+    long got = read_into(sb, f, a[1], a[2], -1);
+    if ((f->kind == FILE_HOST || f->kind == FILE_OVERLAY) && got >= 0 && (uint64_t)got < ZB_MIN(a[2], IO_MAX)) {
+        /* a regular file read to its end: the next read can say 0 in the guest (guest_abi.h) */
+        f->eof_seq = atomic_load(&zb_syscall_seq);
+        f->eof_ns = zb_now_ns();
+    }
+    return zb_io_would_block(sb, f, got, 0, 0, 0);
 }
 /* Whether the positional calls (pread, pwrite, preadv, pwritev) apply: as in Linux, files,
  * directories (which then say EISDIR) and the memory-like devices (/dev/null, zero, urandom) have a

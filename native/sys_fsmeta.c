@@ -20,7 +20,7 @@ static long stat_to_guest(zb_sandbox *sb, const struct stat *st, uint64_t addr) 
 }
 
 /* fstat: the open file's kind knows (a file without stat of its own is its location's). */
-static long stat_file(zb_sandbox *sb, zb_file *f, struct stat *st) {
+long zb_file_stat(zb_sandbox *sb, zb_file *f, struct stat *st) {
     if (f->ops->stat) return f->ops->stat(sb, f, st);
     memset(st, 0, sizeof *st);
     return f->where ? zb_fs_stat(sb, f->where, st) : -EBADF;
@@ -36,7 +36,7 @@ static long do_fstatat(zb_sandbox *sb, int64_t dirfd, uint64_t upath, int flags,
             long rc = zb_fs_resolve(sb, "/", sb->proc.cwd, 0, &r);
             return rc < 0 ? rc : zb_fs_stat(sb, &r, st);
         }
-        return f ? stat_file(sb, f, st) : -EBADF;
+        return f ? zb_file_stat(sb, f, st) : -EBADF;
     }
     zb_resolved r;
     long rc = zb_path_arg(sb, dirfd, upath, (flags & AT_SYMLINK_NOFOLLOW) ? ZB_RESOLVE_NOFOLLOW : 0, 0, &r);
@@ -59,7 +59,7 @@ static long sys_fstat(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
     if (!f) return -EBADF;
     struct stat st;
-    long rc = stat_file(sb, f, &st);
+    long rc = zb_file_stat(sb, f, &st);
     return rc < 0 ? rc : stat_to_guest(sb, &st, a[1]);
 }
 static long sys_newfstatat(zb_sandbox *sb, const uint64_t a[6]) {

@@ -13,6 +13,7 @@ void zb_seterr(char *err, const char *fmt, ...) {
 }
 
 __thread uint64_t zb_host_calls;
+_Atomic uint64_t zb_syscall_seq = 1;
 __thread uint64_t zb_syscall_serial;
 
 int64_t zb_now_ns(void) {

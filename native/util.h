@@ -40,6 +40,10 @@ int zb_seccomp_lockdown(int phase, int network, char *err);
  * (zb_syscall_nr_profile.host_calls): the file layer wraps each call it makes while serving a
  * guest syscall in ZB_HOSTCALL. A thread-local increment: free whether profiling is on or not. */
 extern __thread uint64_t zb_host_calls;
+/* Bumped by every syscall the host serves (run_loop.c serve_syscall), from 1: a hint stamped with
+ * it (the timed answers, guest_abi.h) holds only until the next one. Atomic: the executors of a
+ * family may run on other threads, and a file can be shared between them. */
+extern _Atomic uint64_t zb_syscall_seq;
 #define ZB_HOSTCALL(call) (zb_host_calls++, (call))
 /* Odd while this thread serves a guest syscall (zb_syscall_dispatch bumps it on entry and on
  * return): what one syscall learned from the host (a path walk's lstat, fs.h zb_walk_stat_get)

@@ -22,8 +22,6 @@
 #include <sys/ioctl.h>
 #include <time.h>
 
-#define MSR_IA32_TSC 0x10
-
 _Static_assert(ZB_VDSO_DATA_SIZE == ZB_PAGE, "the vDSO data is one guest page ([vvar])");
 
 extern const unsigned char zb_vdso_image[];
@@ -64,18 +62,6 @@ static int64_t clock_ns(clockid_t c) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* The guest's TSC now (on VMX it carries an offset from the host's); 0 if KVM does not say. */
-static uint64_t guest_tsc(zb_vm *vm) {
-    struct {
-        struct kvm_msrs h;
-        struct kvm_msr_entry e[1];
-    } m;
-    memset(&m, 0, sizeof m);
-    m.h.nmsrs = 1;
-    m.e[0].index = MSR_IA32_TSC;
-    return ioctl(vm->vcpu_fd, KVM_GET_MSRS, &m) == 1 ? m.e[0].data : 0;
-}
-
 /* What a page's base gives at guest TSC `tsc` (what a guest reading then got). */
 static int64_t extrapolate(int64_t base, uint64_t tsc0, uint64_t mult, uint64_t tsc) {
     uint64_t ticks = tsc > tsc0 ? ZB_MIN(tsc - tsc0, 1ull << 52) : 0; /* (years of TSC: no overflow) */
@@ -85,7 +71,7 @@ static int64_t extrapolate(int64_t base, uint64_t tsc0, uint64_t mult, uint64_t 
 void zb_vdso_note_stop(zb_sandbox *sb, zb_vm *vm) {
     zb_process *p = &sb->proc;
     if (!sb->vdso_data || !vm->tsc_khz || !p->clock_mult) return;
-    uint64_t tsc = guest_tsc(vm);
+    uint64_t tsc = zb_vm_guest_tsc(vm);
     if (!tsc) return;
     for (int i = 0; i < 3; i++) p->clock_floor[i] = extrapolate(p->clock_base[i], p->clock_tsc0, p->clock_mult, tsc);
 }
@@ -97,7 +83,7 @@ void zb_vdso_refresh(zb_sandbox *sb, zb_vm *vm) {
     int64_t best = INT64_MAX;
     for (int i = 0; i < SAMPLE_TRIES && best > SAMPLE_WINDOW_NS; i++) {
         int64_t before = clock_ns(CLOCK_MONOTONIC);
-        uint64_t tsc = vm->tsc_khz ? guest_tsc(vm) : 0;
+        uint64_t tsc = vm->tsc_khz ? zb_vm_guest_tsc(vm) : 0;
         int64_t after = clock_ns(CLOCK_MONOTONIC);
         /* the other clocks as offsets from CLOCK_MONOTONIC read right after each */
         int64_t real = clock_ns(CLOCK_REALTIME) - clock_ns(CLOCK_MONOTONIC);

@@ -115,6 +115,8 @@ int zb_vm_apply_syscall_path(zb_vm *vm, zb_engine *e, char *err);
 void zb_layout_write(zb_memory *m);
 /* Write the syscall entry page's zb_entry_data (guest_abi.h): *d with on set, or (off) all zero:
  * every syscall exits. The page is dirtied only when its data changes. */
+/* The guest's TSC now (on VMX it carries an offset from the host's); 0 if KVM does not say. */
+uint64_t zb_vm_guest_tsc(zb_vm *vm);
 void zb_layout_entry_answers(zb_memory *m, int on, const struct zb_entry_data *d);
 void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_base, uint64_t gs_base);
 uint64_t zb_layout_stub_addr(int vector);

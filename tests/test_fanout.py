@@ -288,18 +288,25 @@ class _GatedWorkers(_Workers):
 def test_an_interrupt_while_a_worker_starts_its_share_stops_that_share(engine) -> None:
     """The interrupt comes after the second worker checked for one and before its execute request
     is out (its engine would drop an interrupt naming another request): that share still stops,
-    and no value of it runs (the cell timeout is 4 s, so without the fix values 3 and 4 would run)."""
-    client, project, tmp = engine
+    and no value of it runs (without the fix values 3 and 4 would run, each until the cell timeout).
+    Its own engine with a timeout far above a loaded host's delays: the fixture's 4 s could end
+    value 1 before the interrupt reaches it, and value 2 would start."""
+    from zeroboot_kernel.engine_client import EngineClient
+    _, project, tmp = engine
+    client = EngineClient(project=project, timeout=90)
     workers = _GatedWorkers(project)
     jobs = fanout_jobs.FanoutJobs(client, workers)
     code = "%%fanout v in [1, 2, 3, 4] --jobs 2\nimport time\nprint('started', v, flush=True)\ntime.sleep(60)"
     events, text = [], ""
-    for ev in jobs.run(code, 2, 2):
-        events.append(ev)
-        text += ev.get("text", "")
-        if "started 1" in text and not workers.gate.is_set():
-            jobs.interrupt()
-            workers.gate.set()
+    try:
+        for ev in jobs.run(code, 2, 2):
+            events.append(ev)
+            text += ev.get("text", "")
+            if "started 1" in text and not workers.gate.is_set():
+                jobs.interrupt()
+                workers.gate.set()
+    finally:
+        client.close()
     assert events[-1]["content"]["status"] == "ok", events[-1]
     assert "[0] v: interrupted" in text and "started 2" not in text and "started 3" not in text, text
     assert "(interrupted): 3 values did not run" in text, text

@@ -224,7 +224,8 @@ in_exit = ctypes.CFUNCTYPE(None)(ctypes.addressof(ctypes.c_char.from_buffer(_m))
 PATHS = [("ioctls, page-fault entry (before)", False, False, False),
          ("kvm_run registers, page-fault entry", True, False, False),
          ("kvm_run registers, entry at LSTAR, every syscall exits", True, True, False),
-         ("the same + answered by the entry in the guest: getpid/getuid/getgid, lseek(SEEK_CUR), TCGETS, F_GETFD/F_GETFL (now; PVM)", True, True, True)]
+         ("the same + answered by the entry in the guest: getpid/getuid/getgid, lseek(SEEK_CUR), TCGETS, F_GETFD/F_GETFL, "
+          "read at the end, fstat of the file just opened, getdents64 at the end (now; PVM)", True, True, True)]
 
 
 def path_variants(sb: Any, small: str, rounds: int, n: int) -> dict[str, dict[str, float]]:
