@@ -41,8 +41,8 @@ PR_SET_PDEATHSIG = 1
 MAX_DIFF_BYTES = 8 << 20  # of relative paths in one %sandbox diff reply
 # Seconds without a request after which the engine gives back the idle session's unchanged pages:
 # longer than the gap between the cells of a Run All (their requests are queued), shorter than a
-# person's pause between two cells. The next cell then re-copies the pages it writes (~1,000 host
-# faults, a few ms).
+# person's pause between two cells. The next cell then re-faults the pages it touches again (a small
+# cell took 22 instead of 5.4 ms here: docs/ARCHITECTURE.md section 5).
 IDLE_RELEASE_S = 1.0
 IDLE_RELEASE_ENV = "ZEROBOOT_IDLE_RELEASE"  # seconds instead of IDLE_RELEASE_S; 0: never (for measurements)
 
