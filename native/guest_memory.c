@@ -625,6 +625,107 @@ int zb_mem_revert_to_image(zb_memory *m, uint64_t addr, uint64_t len) {
     return 0;
 }
 
+/* pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst): present, and "file page or shared
+ * anonymous"; a private copy-on-write copy of a file page is present and not that. */
+#define PM_PRESENT (1ull << 63)
+#define PM_FILE_OR_SHARED (1ull << 61)
+
+static int same_as_image(const zb_memory *m, uint64_t pfn) {
+    const uint8_t *now = m->host + pfn * ZB_PAGE;
+    if (zb_image_page_is_hole(m->image, pfn)) {
+        const uint64_t *w = (const uint64_t *)now;
+        for (size_t i = 0; i < ZB_PAGE / 8; i++)
+            if (w[i]) return 0;
+        return 1;
+    }
+    return !memcmp(now, m->image->map + pfn * ZB_PAGE, ZB_PAGE);
+}
+
+/* MADV_DONTNEED on pages [first, first+n): they are mapped from the image at their own offset and
+ * hold its bytes, so the guest reads the same bytes afterwards (from the shared page cache). */
+static int64_t release_run(zb_memory *m, uint64_t first, uint64_t n) {
+    if (!n) return 0;
+    return madvise(m->host + first * ZB_PAGE, n * ZB_PAGE, MADV_DONTNEED) < 0 ? 0 : (int64_t)n;
+}
+
+/* The releaser's pass over one candidate page: extends the run of pages to release, or releases
+ * the run so far and starts a new one. */
+typedef struct { zb_memory *m; uint64_t run, len; int64_t released; } release_pass;
+
+static void release_consider(release_pass *r, uint64_t pfn) {
+    zb_memory *m = r->m;
+    if (!zb_bit(m->from_image, pfn) || !zb_bit(m->file_backed, pfn) || !same_as_image(m, pfn)) return;
+    if (r->len && r->run + r->len == pfn) { r->len++; return; }
+    r->released += release_run(m, r->run, r->len);
+    r->run = pfn;
+    r->len = 1;
+}
+
+#define ZB_PAGE_IS_FILE (1ull << 2)
+
+/* The private copies among pages [0, limit) with PAGEMAP_SCAN (present and not a file page, in
+ * one call per 256 runs); -1 if this kernel has none. */
+static int release_scan(release_pass *r, int fd, uint64_t limit) {
+    enum { NREGIONS = 256 };
+    struct zb_page_region vec[NREGIONS];
+    uint64_t base = (uint64_t)(uintptr_t)r->m->host, end = base + limit * ZB_PAGE;
+    struct zb_pm_scan_arg arg;
+    memset(&arg, 0, sizeof arg);
+    arg.size = sizeof arg;
+    arg.start = base;
+    arg.end = end;
+    arg.vec = (uint64_t)(uintptr_t)vec;
+    arg.vec_len = NREGIONS;
+    arg.category_inverted = ZB_PAGE_IS_FILE;
+    arg.category_mask = ZB_PAGE_IS_FILE | ZB_PAGE_IS_PRESENT;
+    arg.return_mask = ZB_PAGE_IS_FILE | ZB_PAGE_IS_PRESENT;
+    while (arg.start < end) {
+        int got = ioctl(fd, ZB_PAGEMAP_SCAN, &arg);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return -1;
+        for (int i = 0; i < got && i < NREGIONS; i++) {
+            if (vec[i].start < arg.start || vec[i].end > end || vec[i].start >= vec[i].end) return -1;
+            for (uint64_t a = vec[i].start; a < vec[i].end; a += ZB_PAGE) release_consider(r, (a - base) / ZB_PAGE);
+        }
+        if (arg.walk_end <= arg.start || arg.walk_end > end) return -1;
+        arg.start = arg.walk_end;
+    }
+    return 0;
+}
+
+/* The same with 8 bytes of /proc/self/pagemap per page. */
+static void release_read(release_pass *r, int fd, uint64_t limit) {
+    enum { BATCH = 4096 };
+    uint64_t *e = malloc(BATCH * sizeof *e);
+    for (uint64_t first = 0; e && first < limit; first += BATCH) {
+        uint64_t k = ZB_MIN((uint64_t)BATCH, limit - first), got = 0;
+        if (bits_all(r->m->from_image, first, k, 0)) continue; /* nothing here is the image's */
+        while (got < k * 8) {
+            off_t at = (off_t)(((uintptr_t)r->m->host / ZB_PAGE + first) * 8 + got);
+            ssize_t n = pread(fd, (uint8_t *)e + got, k * 8 - got, at);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            got += (uint64_t)n;
+        }
+        for (uint64_t i = 0; i < got / 8; i++)
+            if ((e[i] & PM_PRESENT) && !(e[i] & PM_FILE_OR_SHARED)) release_consider(r, first + i);
+        if (got < k * 8) break; /* cannot read further: release what was found */
+    }
+    free(e);
+}
+
+int64_t zb_mem_release_image_copies(zb_memory *m) {
+    if (!m->image || !m->image->map) return 0;
+    uint64_t limit = ZB_MIN(m->npages, m->image->size / ZB_PAGE);
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC); /* bound to the process that opens it */
+    if (fd < 0) return -errno;
+    release_pass r = {m, 0, 0, 0};
+    if (release_scan(&r, fd, limit) < 0) release_read(&r, fd, limit);
+    r.released += release_run(m, r.run, r.len);
+    close(fd);
+    return r.released;
+}
+
 void *zb_guest_ptr(zb_sandbox *sb, uint64_t addr, uint64_t len, int write) {
     zb_memory *m = &sb->mem;
     if (!len) return m->host + ZB_LOW_REGION; /* never dereferenced for an empty buffer */
@@ -750,4 +851,10 @@ uint64_t zb_sandbox_window_logged_bytes(zb_sandbox *sb) {
         if (m->window_logged[k]) pages += ZB_MIN(first + m->window_part_pages, m->unlogged_hi / ZB_PAGE) - first;
     }
     return pages * ZB_PAGE;
+}
+
+int64_t zb_sandbox_release_template_copies(zb_sandbox *sb, char *err) {
+    int64_t n = zb_mem_release_image_copies(&sb->mem);
+    if (n < 0) zb_seterr(err, "cannot release the guest's unchanged pages: %s", strerror((int)-n));
+    return n < 0 ? -1 : n;
 }

@@ -191,6 +191,12 @@ void zb_mem_prefault_anonymous(zb_memory *m, uint64_t addr, uint64_t len);
 int zb_mem_map_file(zb_memory *m, uint64_t addr, uint64_t len, int fd, uint64_t offset);
 /* Make [addr, addr+len) read the base image's bytes again (no-op copy where already mapped). */
 int zb_mem_revert_to_image(zb_memory *m, uint64_t addr, uint64_t len);
+/* Give back the host's private copies of pages mapped from the image at their own offset that
+ * hold the image's bytes again (CPython raises and lowers reference counts, so most pages a cell
+ * writes end as they were): the guest then reads the same bytes from the image's shared page
+ * cache, and a later write copies the page again. Content-preserving, so snapshots, restores and
+ * dirty tracking are unaffected. Only while the sandbox does not run. Pages released, or -errno. */
+int64_t zb_mem_release_image_copies(zb_memory *m);
 void zb_mem_dirty(zb_memory *m, uint64_t addr, uint64_t len);
 void zb_region_add(zb_memory *m, uint64_t start, uint64_t end, int prot, const char *name);
 void zb_region_remove(zb_memory *m, uint64_t start, uint64_t end);

@@ -384,6 +384,12 @@ uint64_t zb_snapshot_spare_reused_bytes(void);
 int zb_mem_unlogged_window(int on);
 /* Bytes of sb's unlogged window that should be dirty-logged now, because they held still (memory.h). */
 uint64_t zb_sandbox_window_logged_bytes(zb_sandbox *sb);
+/* Give back the host's private copies of sb's pages that hold its template's bytes again (a cell
+ * writes ~1,000 pages and most end as they were: CPython's reference counts go up and back down),
+ * so an idle live sandbox holds only what its cells changed. The guest reads the same bytes
+ * afterwards; its next write to such a page copies it again (a host fault). Only between runs.
+ * Returns the pages given back, or -1 with err. */
+int64_t zb_sandbox_release_template_copies(zb_sandbox *sb, char *err);
 /* CFFI-END */
 
 #endif

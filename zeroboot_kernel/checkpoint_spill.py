@@ -51,14 +51,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
-
-from .native import SpillJob
+from typing import TYPE_CHECKING, Mapping
 
 import zstandard
 
 from .checkpoint_budget import BudgetSyntaxError, parse_size
 from .errors import ZerobootError
+
+if TYPE_CHECKING:  # the kernel process reads this module's settings without the engine (native library)
+    from .native import SpillJob
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import select
 import signal
 import socket
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Mapping, NoReturn
 
 from . import checkpoint_budget
 from . import checkpoint_spill as spill
@@ -39,6 +39,27 @@ from .template import Template, TemplateConfig, default_preload
 log = logging.getLogger("zeroboot_kernel.engine_server")
 PR_SET_PDEATHSIG = 1
 MAX_DIFF_BYTES = 8 << 20  # of relative paths in one %sandbox diff reply
+# Seconds without a request after which the engine gives back the idle session's unchanged pages.
+# The next cell then re-faults the pages it touches again (a small cell took 22 instead of 5.4 ms
+# here: docs/ARCHITECTURE.md section 5), so not after every pause of a person working through a
+# notebook (the round trip is issue 20's): after half a minute, as a class's idle sessions are.
+IDLE_RELEASE_S = 30.0
+IDLE_RELEASE_ENV = "ZEROBOOT_IDLE_RELEASE"  # seconds instead of IDLE_RELEASE_S; 0: never (for measurements)
+
+
+def idle_release_seconds(env: Mapping[str, str] = os.environ) -> float:
+    """How long the engine waits idle before it gives back unchanged pages (0: never)."""
+    text = env.get(IDLE_RELEASE_ENV, "").strip()
+    if not text:
+        return IDLE_RELEASE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        log.warning("%s=%r is not seconds between 0 and 86400: using %s", IDLE_RELEASE_ENV, text, IDLE_RELEASE_S)
+        return IDLE_RELEASE_S
+    return value
 
 
 def die_with_parent(parent: int) -> None:
@@ -71,6 +92,8 @@ class EngineServer:
             req.SAVE: self._save, req.FANOUT_BASE: self._fanout_base, req.SAVE_CHUNK: self._save_chunk, req.RESUME: self._resume,
         }
         self.held_save = b""  # the save being fetched by the kernel (save_chunk)
+        self.idle_release_due = False  # a request ran since the last release_idle_memory
+        self.idle_release_s = idle_release_seconds()
 
     def send(self, msg: dict[str, Any]) -> None:
         wire.send(self.sock, msg)
@@ -343,6 +366,14 @@ class EngineServer:
     def _shutdown(self, msg: dict[str, Any]) -> NoReturn:
         raise SystemExit(0)
 
+    def release_idle_memory(self) -> None:
+        """No request for IDLE_RELEASE_S: give back what the idle session does not need (the
+        sandbox's pages that hold the template's bytes again, and this process's freed heap)."""
+        self.idle_release_due = False
+        pages = self.session.release_idle_memory()
+        trimmed = _malloc_trim()
+        log.debug("idle: gave back %d unchanged guest pages; malloc_trim: %s", pages, trimmed)
+
     def serve(self) -> None:
         while True:
             if self.idle_sock is not None:  # (the session changes with new_session)
@@ -350,16 +381,20 @@ class EngineServer:
             try:
                 if not self.pending and self.session.threads_may_run():
                     self.between_requests()
+                elif self.idle_release_due and self.idle_release_s and not self.pending \
+                        and not select.select([self.sock], [], [], self.idle_release_s)[0]:
+                    self.release_idle_memory()
             except (SystemExit, wire.ChannelClosed):
                 raise
             except Exception:  # noqa: BLE001 - as a request's: the next request is still served
-                log.exception("running the guest's threads between requests failed")
+                log.exception("running the guest's threads (or giving back idle memory) between requests failed")
             try:
                 msg = self.pending.pop(0) if self.pending else wire.recv(self.sock)
             except wire.BadMessage as exc:
                 log.error("dropped a malformed request from the kernel: %s", exc)
                 continue
             self.current = msg.get("id")
+            self.idle_release_due = True
             try:
                 reply = self.handle(msg)
             except (SystemExit, wire.ChannelClosed):
@@ -375,6 +410,17 @@ class EngineServer:
             if msg.get("op") in (req.EXECUTE, req.COMM, req.COMM_INFO):
                 # the next cell's checkpoint, taken while the kernel sends this reply on
                 self.session.prepare_next_cell()
+
+
+def _malloc_trim() -> bool:
+    """glibc's malloc_trim(0): return the heap's free pages (a cell's big messages, a PNG's base64)
+    to the host. False where there is no such function (another C library)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    return bool(trim(0))
 
 
 def _share(value: Any) -> tuple[int, int] | None:

@@ -28,11 +28,13 @@ import stat
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from . import listing
 from .errors import SandboxError
-from .native import Guest
+
+if TYPE_CHECKING:  # the kernel process uses this module without the engine's native library
+    from .native import Guest
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
 
 from .errors import SandboxError
-from .sandbox import Sandbox
+
+if TYPE_CHECKING:  # the kernel process parses %%fanout headers without the engine (native library)
+    from .sandbox import Sandbox
 
 log = logging.getLogger("zeroboot_kernel.fanout")
 
@@ -120,6 +122,8 @@ class Failed(Exception):
 def _values(session: Any, expr: str) -> tuple[int, Any]:
     """EXPR's values in a fork of the live state: (how many, a snapshot of that fork holding them as
     VALUES, which the caller releases); Failed says why not."""
+    from .sandbox import Sandbox
+
     base, owned = session.snapshot_for_save()
     try:
         values_fork = Sandbox(base.fork(), session.template, fresh=False)
@@ -200,6 +204,8 @@ def run(session: Any, code: str, *, execution_count: int, on_stream: Callable[[s
             return _error(execution_count, "ValueError", f"%%fanout: bad share {share!r}", on_message)
         values, owned = session.snapshot_for_save()  # not owned: isolated mode's, kept by the session
         indices = range(first, stop)
+    from .sandbox import Sandbox
+
     results: list[str | None] = []
     total = 0
     try:

@@ -402,6 +402,7 @@ def format_stats(stats: dict[str, Any], kernel: dict[str, Any]) -> str:
         ("cell round trip in the kernel p50", ms(kernel.get("round_trip_ms_p50"))),
         ("memory of the live fork",
          f"{stats.get('guest_memory_mib')} MiB of {stats.get('guest_memory_limit_mib')} MiB"),
+        ("unchanged pages given back while idle", f"{stats.get('released_mib', 0)} MiB"),
         ("guest syscalls / VM exits", f"{stats.get('syscalls')} / {stats.get('exits')}"),
         ("network (%sandbox network)", "none" if not stats.get("network") else
          format_network_counters(stats["network"]).strip().removeprefix("this session: ")),

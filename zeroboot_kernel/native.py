@@ -340,6 +340,17 @@ class Guest:
             raise SandboxError(_text(err))
         return n
 
+    def release_template_copies(self) -> int:
+        """Give back the host's private copies of pages that hold the template's bytes again
+        (zb_sandbox_release_template_copies): what an idle live sandbox costs drops to the pages
+        its cells changed. The guest reads the same bytes; its next write to one re-copies it.
+        Returns the pages given back."""
+        err = _err()
+        n = int(lib.zb_sandbox_release_template_copies(self.handle, err))
+        if n < 0:
+            raise SandboxError(_text(err))
+        return n
+
     def window_logged_bytes(self) -> int:
         """Bytes of the unlogged window that are dirty-logged now because they held still
         (zb_sandbox_window_logged_bytes; docs/ARCHITECTURE.md section 4)."""

@@ -126,6 +126,7 @@ class Session:
         self.timings: deque[dict[str, float]] = deque(maxlen=200)
         self.cells_run = 0
         self.rollbacks = 0
+        self.released_pages = 0  # private page copies given back while idle (release_idle_memory)
         # the checkpoints' memory budget in bytes (given, else ZEROBOOT_CHECKPOINT_MEMORY); None: the
         # default, which follows the notebook's data (checkpoint_budget.default_budget)
         self.memory_budget = checkpoint_memory if checkpoint_memory is not None else budget.from_env()
@@ -318,6 +319,23 @@ class Session:
         """Release the checkpoints _before_cell took off the list (past `keep`)."""
         while self._retired:
             self._retired.pop().release()
+
+    def release_idle_memory(self) -> int:
+        """While the notebook is idle: give back the host's private copies of the sandbox's pages
+        that hold the template's bytes again (Guest.release_template_copies; a cell writes ~1,000
+        pages and most end as they were, CPython's reference counts going up and back down). The
+        guest's state is unchanged, so every checkpoint, rollback and %rewind stays as it was; the
+        next cell pays a host fault for each of those pages it writes again. Not while threads of
+        user code may run (the guest runs between requests then). Returns the pages given back."""
+        if self.sandbox.broken or self.threads_may_run():
+            return 0
+        try:
+            n = self.sandbox.guest.release_template_copies()
+        except SandboxError as exc:  # only memory is at stake: say so, and go on
+            log.warning("could not give back the idle sandbox's unchanged pages: %s", exc)
+            return 0
+        self.released_pages += n
+        return n
 
     def threads_may_run(self) -> bool:
         """Threads of user code are alive in the chained sandbox (between_cells has work: isolated
@@ -932,6 +950,7 @@ class Session:
             "checkpoint_ms_p50": p50("checkpoint_ms"),
             "execute_ms_p50": p50("execute_ms"),
             "guest_memory_mib": round(st["guest_pages"] * 4096 / 2**20, 1),
+            "released_mib": round(self.released_pages * 4096 / 2**20, 1),
             "guest_memory_limit_mib": round(st["guest_pages_limit"] * 4096 / 2**20, 1),
             "syscalls": st["syscalls"],
             "exits": st["exits"],

@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "peers": "peers",      # the same cells in a fork, a subprocess, a bubblewrap sandbox
     "scaling": "scaling",  # forks and memory as live forks grow; cells/s with 1 and 2 workers
     "memory": "memory",    # data-heavy notebooks vs ipykernel: host memory, time per cell, big fills
+    "sessions": "sessions",  # host memory per live notebook session and where it goes, vs ipykernel; live forks after x = 1
     "batch": "batch",      # many small notebooks: zeroboot-kernel execute vs papermill vs nbconvert
     "threads": "threads",  # thread create+join, GIL ping-pong, ThreadPoolExecutor, 1+1 with idle threads
     "processes": "processes",  # os.fork + os.waitpid, a fork + pipe round trip, Pool(2).map of 100 tasks, vs host
