@@ -1,6 +1,7 @@
 """Shell commands in cells (issue 15): `!cmd`, `x = !cmd`, `%%bash`, `os.system` and `subprocess` run
 as guest processes (a fork of the sandbox that execs the system view's /bin/sh), their output
-streams into the cell with a terminal's line ends as under ipykernel, and an interrupt stops them."""
+streams into the cell as under ipykernel (`!cmd` on a pseudo-terminal through IPython's own
+pexpect-based `system`, with a terminal's line ends), and an interrupt stops them."""
 from __future__ import annotations
 
 import threading
@@ -8,7 +9,10 @@ import threading
 import pytest
 
 from session_helpers import cell, ok
+from zeroboot_kernel import fanout
 from zeroboot_kernel.session import Session
+
+LISTED = ["alpha.txt", "bravo.csv", "charlie", "delta.py", "echo.json", "foxtrot.md"]
 
 
 @pytest.fixture
@@ -26,6 +30,64 @@ def test_bang_commands_print_as_under_ipykernel(s: Session) -> None:
     assert ok(cell(s, "name = 'data.csv'\n!grep -c , $name", 4)) == "3\r\n"  # IPython's $var expansion
     assert ok(cell(s, "!exit 3\nprint(_exit_code)", 5)) == "3\n"
     assert cell(s, "lines = !cat data.csv\nlines", 6)["result"] == "['a,b', '1,2', '3,4']"
+
+
+def test_bang_commands_run_on_a_terminal_as_under_ipykernel(s: Session, tmp_path) -> None:
+    """IPython's system runs the command on a pty (pexpect, 80 columns): ls prints columns, the
+    command's stdout is a terminal, a carriage return is the command's own, the exit code is kept."""
+    listing = tmp_path / "listing"
+    listing.mkdir()
+    for name in LISTED:
+        (listing / name).write_text("x")
+    assert ok(cell(s, "!ls listing", 1)) == "  ".join(LISTED) + "\r\n"  # one row of columns
+    assert ok(cell(s, "!python3 -c 'import sys; print(sys.stdout.isatty(), sys.stdin.isatty())'", 2)) == "True True\r\n"
+    assert ok(cell(s, "!printf 'a\\rb\\n'", 3)) == "a\rb\r\n"
+    assert ok(cell(s, "!stty size", 4)) == "24 80\r\n"  # pexpect's window size
+    assert ok(cell(s, "!false\nprint(_exit_code)", 5)) == "1\n"
+    assert ok(cell(s, "!kill -TERM $$\nprint(_exit_code)", 6)) == "-15\n"  # killed by a signal: minus it
+    r = cell(s, "!sleep 1 &", 7)
+    assert r["status"] == "error" and r["ename"] == "OSError", r  # as ipykernel: no background `!cmd`
+
+
+def test_bash_cell_streams_a_slow_loop(s: Session) -> None:
+    """%%bash (IPython's script magic, on pipes as under ipykernel): each line reaches the host as
+    it is printed: the loop waits for the host to have seen the previous line before printing the next."""
+    out: list[str] = []
+    seen = threading.Condition()
+
+    def on_stream(name: str, text: str) -> None:
+        with seen:
+            out.append(text)
+            seen.notify_all()
+
+    # the loop prints i, then waits until the file `ack_i` exists, which the host writes once
+    # it has received line i: without streaming, the cell could never end.
+    code = "%%bash\nfor i in 1 2 3; do echo line $i; while [ ! -e ack_$i ]; do sleep 0.05; done; done; echo done"
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(
+        s.execute(code, execution_count=1, on_stream=on_stream)), daemon=True)
+    runner.start()
+    project = s.project_dir
+    for i in (1, 2, 3):
+        with seen:
+            assert seen.wait_for(lambda: f"line {i}" in "".join(out), timeout=120), out
+        open(f"{project}/ack_{i}", "w").close()
+    runner.join(120)
+    assert result.get("status") == "ok", result
+    assert "".join(out) == "line 1\nline 2\nline 3\ndone\n"
+
+
+def test_bang_commands_in_isolated_mode_and_in_fanout(s: Session) -> None:
+    s.set_mode("isolated")
+    assert ok(cell(s, "!echo isolated; test -t 1 && echo tty", 1)) == "isolated\r\ntty\r\n"
+    assert ok(cell(s, "!false\nprint(_exit_code)", 2)) == "1\n"
+    s.set_mode("chained")
+    out: list[str] = []
+    reply = fanout.run(s, "%%fanout v in [1, 2]\n!echo value $v; test -t 1 && echo tty", execution_count=3,
+                       on_stream=lambda name, t: out.append(t), on_message=lambda mt, c: None)
+    assert reply["status"] == "ok", reply
+    text = "".join(out)
+    assert "value 1\r\ntty\r\n" in text and "value 2\r\ntty\r\n" in text, text
 
 
 def test_os_system_and_subprocess(s: Session) -> None:
@@ -71,6 +133,29 @@ def test_output_streams_and_an_interrupt_stops_the_command(s: Session, code: str
     else:  # the %%bash magic reports the interrupt as ipykernel's does (no error either)
         assert reply["status"] in ("ok", "error"), reply
     assert ok(cell(s, "print('alive')", 3)) == "alive\n"
+
+
+def test_an_interrupt_is_ctrl_c_on_the_commands_terminal(s: Session) -> None:
+    """As under ipykernel, the interrupt makes IPython write ^C to the pty: the line discipline echoes
+    it and sends SIGINT to the command's foreground process group, whose shell runs its trap."""
+    started = threading.Event()
+    out: list[str] = []
+
+    def on_stream(name: str, text: str) -> None:
+        out.append(text)
+        if "started" in "".join(out):
+            started.set()
+
+    def interrupt_when_started() -> None:
+        if started.wait(60):
+            s.sandbox.interrupt()
+
+    threading.Thread(target=interrupt_when_started, daemon=True).start()
+    code = "!trap 'echo got-int; exit 7' INT; echo started; while :; do sleep 0.1; done"
+    reply = s.execute(code, execution_count=1, on_stream=on_stream)
+    assert reply["status"] == "ok", reply
+    assert "".join(out) == "started\r\n^C\r\ngot-int\r\n", out
+    assert cell(s, "_exit_code", 2)["result"] == "7"
 
 
 def test_files_a_command_writes_are_the_notebooks(s: Session) -> None:
