@@ -105,13 +105,8 @@ def test_a_popen_kept_across_cells(s: Session) -> None:
     assert cell(s, "p.returncode", 3)["result"] == "0"
 
 
-@pytest.mark.parametrize("code, exit_check", [
-    ("!echo started; sleep 100", "_exit_code"),
-    ("%%bash\necho started\nsleep 100", None),
-])
-def test_output_streams_and_an_interrupt_stops_the_command(s: Session, code: str, exit_check: str | None) -> None:
-    """The first line reaches the host while the command still runs (it cannot end by itself before
-    the cell's timeout): that is streaming; the interrupt sent then stops it and the cell ends."""
+def interrupted_once_started(s: Session, code: str) -> tuple[dict, str]:
+    """Run code, interrupting it once "started" reached the host: (its reply, its stream text)."""
     started = threading.Event()
     out: list[str] = []
 
@@ -126,7 +121,19 @@ def test_output_streams_and_an_interrupt_stops_the_command(s: Session, code: str
 
     threading.Thread(target=interrupt_when_started, daemon=True).start()
     reply = s.execute(code, execution_count=1, on_stream=on_stream)
-    assert started.is_set() and "started" in "".join(out), (reply, out)
+    assert started.is_set(), (reply, out)
+    return reply, "".join(out)
+
+
+@pytest.mark.parametrize("code, exit_check", [
+    ("!echo started; sleep 100", "_exit_code"),
+    ("%%bash\necho started\nsleep 100", None),
+])
+def test_output_streams_and_an_interrupt_stops_the_command(s: Session, code: str, exit_check: str | None) -> None:
+    """The first line reaches the host while the command still runs (it cannot end by itself before
+    the cell's timeout): that is streaming; the interrupt sent then stops it and the cell ends."""
+    reply, text = interrupted_once_started(s, code)
+    assert "started" in text, (reply, text)
     if exit_check:  # IPython's system: the interrupt stops the command, the cell ends normally
         assert reply["status"] == "ok", reply
         assert cell(s, exit_check, 2)["result"] == "-2"
@@ -138,24 +145,21 @@ def test_output_streams_and_an_interrupt_stops_the_command(s: Session, code: str
 def test_an_interrupt_is_ctrl_c_on_the_commands_terminal(s: Session) -> None:
     """As under ipykernel, the interrupt makes IPython write ^C to the pty: the line discipline echoes
     it and sends SIGINT to the command's foreground process group, whose shell runs its trap."""
-    started = threading.Event()
-    out: list[str] = []
-
-    def on_stream(name: str, text: str) -> None:
-        out.append(text)
-        if "started" in "".join(out):
-            started.set()
-
-    def interrupt_when_started() -> None:
-        if started.wait(60):
-            s.sandbox.interrupt()
-
-    threading.Thread(target=interrupt_when_started, daemon=True).start()
-    code = "!trap 'echo got-int; exit 7' INT; echo started; while :; do sleep 0.1; done"
-    reply = s.execute(code, execution_count=1, on_stream=on_stream)
+    reply, text = interrupted_once_started(s, "!trap 'echo got-int; exit 7' INT; echo started; while :; do sleep 0.1; done")
     assert reply["status"] == "ok", reply
-    assert "".join(out) == "started\r\n^C\r\ngot-int\r\n", out
+    assert text == "started\r\n^C\r\ngot-int\r\n", text
     assert cell(s, "_exit_code", 2)["result"] == "7"
+
+
+def test_a_command_ignoring_ctrl_c_is_terminated_with_its_group(s: Session) -> None:
+    """^C is ignored, so IPython terminates the shell (SIGHUP, or SIGKILL if it is slow to go); the
+    shell led the terminal's session, so its exit hangs up the foreground group as on Linux: the
+    `sleep 100` it started goes too, no process is left (the next cell has its checkpoint, no note)."""
+    reply, text = interrupted_once_started(s, "!trap '' INT; echo started; sleep 100")
+    assert reply["status"] == "ok", reply
+    assert text == "started\r\n^C\r\n", text
+    r = cell(s, "_exit_code", 2)
+    assert r["result"] in ("-1", "-9") and r["stdout"] == "", r  # a process left would be noted here
 
 
 def test_files_a_command_writes_are_the_notebooks(s: Session) -> None:

@@ -35,7 +35,7 @@ from .frame_protocol import FrameType
 
 
 # How long an interrupted `!cmd` may take to end after its ^C (_prepare_system).
-_INTERRUPTED_COMMAND_GRACE_S = 1.0
+_INTERRUPTED_COMMAND_GRACE_S = 0.5
 
 
 class CellCompiler(XCachingCompiler):
@@ -387,7 +387,7 @@ def _prepare_system() -> None:
     more time to end after its ^C than IPython's 0.2 s before it is terminated (SIGHUP, then
     SIGKILL), since a guest process is slower to reach its handler (a shell's `trap ... INT` runs,
     as it does under ipykernel). Bounded well below the session's 2 s interrupt grace, after which
-    the cell would be rolled back: 1 s here plus terminate's 0.4 s."""
+    the cell would be rolled back: 0.5 s here plus terminate's 0.4 s."""
     try:
         import pexpect  # noqa: F401
         from IPython.utils import _process_posix
