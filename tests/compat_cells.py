@@ -119,6 +119,7 @@ CELLS: list[Cell] = [
     Cell("shell-carriage-return", "!printf 'a\\rb\\n'"),
     Cell("shell-exit-code", "!false\nprint(_exit_code)"),
     Cell("bash-slow-loop", "%%bash\nfor i in 1 2 3; do echo line $i; sleep 0.2; done"),
+    Cell("sh-stdout-kind", "%%sh\ntest -t 1 && echo terminal || echo pipe"),
     Cell("os-system", "os.system('true')"),
     # issue 15: multiprocessing with the fork start method, a forked child's print
     Cell("multiprocessing-pool", "import multiprocessing\nwith multiprocessing.Pool(2) as pool:\n"

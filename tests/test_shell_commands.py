@@ -47,6 +47,7 @@ def test_bang_commands_run_on_a_terminal_as_under_ipykernel(s: Session, tmp_path
     assert ok(cell(s, "!kill -TERM $$\nprint(_exit_code)", 6)) == "-15\n"  # killed by a signal: minus it
     r = cell(s, "!sleep 1 &", 7)
     assert r["status"] == "error" and r["ename"] == "OSError", r  # as ipykernel: no background `!cmd`
+    assert ok(cell(s, "%%sh\ntest -t 1 && echo terminal || echo pipe", 8)) == "pipe\n"  # %%sh: pipes, as ipykernel
 
 
 def test_bash_cell_streams_a_slow_loop(s: Session) -> None:
