@@ -194,6 +194,7 @@ static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
     }
 
     if (fam->shared_latest == p) fam->shared_latest = NULL;
+    if (p) zb_pty_session_leader_ends(fam, i); /* before its fds go: they may hold its terminal */
     zb_family_member_ended(fam, i, wstatus);
     zb_wake_gen++; /* its parent's wait, readers of its pipes: may go on */
     if (p) {

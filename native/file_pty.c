@@ -12,7 +12,8 @@
  * read returns what is there, as VMIN=1 VTIME=0), flow control (IXON), IUCLC/OLCUC and other
  * output delays, packet mode, /dev/pts/N by name (ptsname's answer; openpty uses TIOCGPTPEER).
  * Closing: the slave's read after the master closed is EOF and its write EIO; the master's read
- * with no slave open and nothing queued is EIO (POLLHUP), as in Linux.
+ * with no slave open and nothing queued is EIO (POLLHUP), as in Linux. The exit of the session
+ * leader whose controlling terminal a pty is sends SIGHUP to the pty's foreground group.
  * Everything is bounded: a stream holds at most ZB_STREAM_CAP bytes (a full one makes writes wait
  * or EAGAIN), a sandbox has at most ZB_PTY_MAX ptys, each ioctl's guest pointer is copied through
  * zb_copy_from/to_guest.
@@ -106,6 +107,25 @@ static void signal_group(zb_sandbox *sb, int32_t pgrp, int sig) {
         if (m->zombie || !m->sb || m->pgid != pgrp) continue;
         if (m->sb == sb) sb->sig.pending |= ZB_SIG_BIT(sig);
         else zb_family_signal(sb->fam, i, sig);
+    }
+}
+
+void zb_pty_session_leader_ends(zb_family *fam, int i) {
+    const zb_member *leader = &fam->m[i];
+    if (leader->pid != leader->sid) return; /* only a session leader is a controlling process */
+    for (int k = 0; k < fam->count; k++) {
+        const zb_member *holder = &fam->m[k];
+        const zb_fdtable *t = holder->zombie || !holder->sb ? NULL : holder->sb->fds;
+        for (int fd = 0; t && fd < ZB_MAX_FDS; fd++) {
+            const zb_file *f = t->fd[fd];
+            if (!f || (f->kind != FILE_PTY_MASTER && f->kind != FILE_PTY_SLAVE) || !input_of(f)) continue;
+            zb_tty *tty = tty_of(f);
+            if (!tty || tty->sid != leader->sid) continue;
+            int32_t pgrp = tty->pgrp;
+            tty->sid = tty->pgrp = 0; /* so each pty is hung up once */
+            for (int j = 0; pgrp > 0 && j < fam->count; j++)
+                if (j != i && fam->m[j].pgid == pgrp) zb_family_signal(fam, j, SIGHUP);
+        }
     }
 }
 

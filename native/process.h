@@ -234,6 +234,10 @@ void zb_family_signal(zb_family *fam, int i, int sig);
  * are orphans, its parent gets its exit signal; it becomes a zombie, or is removed at once when
  * nobody will wait for it (orphans, a parent ignoring SIGCHLD or with SA_NOCLDWAIT). */
 void zb_family_member_ended(zb_family *fam, int i, int wstatus);
+/* Member i, still with its sandbox, is ending (file_pty.c): if it leads a session with a controlling
+ * pty, SIGHUP goes to that pty's foreground group and the pty has no session any more (Linux's
+ * disassociate_ctty on exit), so a command whose shell was terminated does not outlive it. */
+void zb_pty_session_leader_ends(zb_family *fam, int i);
 /* sb exec'ed a new program (past the point of no return): a vfork parent waiting for it goes on. */
 void zb_family_member_execed(zb_sandbox *sb);
 /* Recount the live pages of the family's fork stores into its budget (mem.shared_pages), letting

@@ -29,6 +29,8 @@ ENV = {"MY_NOTEBOOK_VAR": "hello", "OPENBLAS_CORETYPE": "Haswell", "LANG": "C.UT
 PROJECT = {
     "pyproject.toml": "[project]\nname = 'course'\n",
     "data/x.csv": "a,b\n1,2\n3,4\n",
+    **{f"data/listing/{name}": "x\n" for name in ("alpha.txt", "bravo.csv", "charlie", "delta.py", "echo.json",
+                                                  "foxtrot.md", "golf", "hotel.txt", "india_long_name.py")},
     "src/__init__.py": "",
     "src/features.py": "def double(x):\n    return 2 * x\n",
     "notebooks/helper.py": "ANSWER = 42\n",
@@ -112,6 +114,12 @@ CELLS: list[Cell] = [
     Cell("list-parent", "sorted(os.listdir('..'))"),
     # item 13: shell commands, joblib
     Cell("shell-command", "!echo hi"),
+    Cell("shell-ls-columns", "!ls ../data/listing"),
+    Cell("shell-isatty", "!python3 -c 'import sys; print(sys.stdout.isatty())'"),
+    Cell("shell-carriage-return", "!printf 'a\\rb\\n'"),
+    Cell("shell-exit-code", "!false\nprint(_exit_code)"),
+    Cell("bash-slow-loop", "%%bash\nfor i in 1 2 3; do echo line $i; sleep 0.2; done"),
+    Cell("sh-stdout-kind", "%%sh\ntest -t 1 && echo terminal || echo pipe"),
     Cell("os-system", "os.system('true')"),
     # issue 15: multiprocessing with the fork start method, a forked child's print
     Cell("multiprocessing-pool", "import multiprocessing\nwith multiprocessing.Pool(2) as pool:\n"

@@ -1,6 +1,7 @@
 """Shell commands in cells (issue 15): `!cmd`, `x = !cmd`, `%%bash`, `os.system` and `subprocess` run
 as guest processes (a fork of the sandbox that execs the system view's /bin/sh), their output
-streams into the cell with a terminal's line ends as under ipykernel, and an interrupt stops them."""
+streams into the cell as under ipykernel (`!cmd` on a pseudo-terminal through IPython's own
+pexpect-based `system`, with a terminal's line ends), and an interrupt stops them."""
 from __future__ import annotations
 
 import threading
@@ -8,7 +9,10 @@ import threading
 import pytest
 
 from session_helpers import cell, ok
+from zeroboot_kernel import fanout
 from zeroboot_kernel.session import Session
+
+LISTED = ["alpha.txt", "bravo.csv", "charlie", "delta.py", "echo.json", "foxtrot.md"]
 
 
 @pytest.fixture
@@ -28,6 +32,65 @@ def test_bang_commands_print_as_under_ipykernel(s: Session) -> None:
     assert cell(s, "lines = !cat data.csv\nlines", 6)["result"] == "['a,b', '1,2', '3,4']"
 
 
+def test_bang_commands_run_on_a_terminal_as_under_ipykernel(s: Session, tmp_path) -> None:
+    """IPython's system runs the command on a pty (pexpect, 80 columns): ls prints columns, the
+    command's stdout is a terminal, a carriage return is the command's own, the exit code is kept."""
+    listing = tmp_path / "listing"
+    listing.mkdir()
+    for name in LISTED:
+        (listing / name).write_text("x")
+    assert ok(cell(s, "!ls listing", 1)) == "  ".join(LISTED) + "\r\n"  # one row of columns
+    assert ok(cell(s, "!python3 -c 'import sys; print(sys.stdout.isatty(), sys.stdin.isatty())'", 2)) == "True True\r\n"
+    assert ok(cell(s, "!printf 'a\\rb\\n'", 3)) == "a\rb\r\n"
+    assert ok(cell(s, "!stty size", 4)) == "24 80\r\n"  # pexpect's window size
+    assert ok(cell(s, "!false\nprint(_exit_code)", 5)) == "1\n"
+    assert ok(cell(s, "!kill -TERM $$\nprint(_exit_code)", 6)) == "-15\n"  # killed by a signal: minus it
+    r = cell(s, "!sleep 1 &", 7)
+    assert r["status"] == "error" and r["ename"] == "OSError", r  # as ipykernel: no background `!cmd`
+    assert ok(cell(s, "%%sh\ntest -t 1 && echo terminal || echo pipe", 8)) == "pipe\n"  # %%sh: pipes, as ipykernel
+
+
+def test_bash_cell_streams_a_slow_loop(s: Session) -> None:
+    """%%bash (IPython's script magic, on pipes as under ipykernel): each line reaches the host as
+    it is printed: the loop waits for the host to have seen the previous line before printing the next."""
+    out: list[str] = []
+    seen = threading.Condition()
+
+    def on_stream(name: str, text: str) -> None:
+        with seen:
+            out.append(text)
+            seen.notify_all()
+
+    # the loop prints i, then waits until the file `ack_i` exists, which the host writes once
+    # it has received line i: without streaming, the cell could never end.
+    code = "%%bash\nfor i in 1 2 3; do echo line $i; while [ ! -e ack_$i ]; do sleep 0.05; done; done; echo done"
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(
+        s.execute(code, execution_count=1, on_stream=on_stream)), daemon=True)
+    runner.start()
+    project = s.project_dir
+    for i in (1, 2, 3):
+        with seen:
+            assert seen.wait_for(lambda: f"line {i}" in "".join(out), timeout=120), out
+        open(f"{project}/ack_{i}", "w").close()
+    runner.join(120)
+    assert result.get("status") == "ok", result
+    assert "".join(out) == "line 1\nline 2\nline 3\ndone\n"
+
+
+def test_bang_commands_in_isolated_mode_and_in_fanout(s: Session) -> None:
+    s.set_mode("isolated")
+    assert ok(cell(s, "!echo isolated; test -t 1 && echo tty", 1)) == "isolated\r\ntty\r\n"
+    assert ok(cell(s, "!false\nprint(_exit_code)", 2)) == "1\n"
+    s.set_mode("chained")
+    out: list[str] = []
+    reply = fanout.run(s, "%%fanout v in [1, 2]\n!echo value $v; test -t 1 && echo tty", execution_count=3,
+                       on_stream=lambda name, t: out.append(t), on_message=lambda mt, c: None)
+    assert reply["status"] == "ok", reply
+    text = "".join(out)
+    assert "value 1\r\ntty\r\n" in text and "value 2\r\ntty\r\n" in text, text
+
+
 def test_os_system_and_subprocess(s: Session) -> None:
     assert cell(s, "import os\nos.system('exit 5') >> 8", 1)["result"] == "5"
     assert cell(s, "import subprocess\nsubprocess.run(['sh', '-c', 'echo $((6*7))'], capture_output=True, "
@@ -43,13 +106,8 @@ def test_a_popen_kept_across_cells(s: Session) -> None:
     assert cell(s, "p.returncode", 3)["result"] == "0"
 
 
-@pytest.mark.parametrize("code, exit_check", [
-    ("!echo started; sleep 100", "_exit_code"),
-    ("%%bash\necho started\nsleep 100", None),
-])
-def test_output_streams_and_an_interrupt_stops_the_command(s: Session, code: str, exit_check: str | None) -> None:
-    """The first line reaches the host while the command still runs (it cannot end by itself before
-    the cell's timeout): that is streaming; the interrupt sent then stops it and the cell ends."""
+def interrupted_once_started(s: Session, code: str) -> tuple[dict, str]:
+    """Run code, interrupting it once "started" reached the host: (its reply, its stream text)."""
     started = threading.Event()
     out: list[str] = []
 
@@ -64,13 +122,45 @@ def test_output_streams_and_an_interrupt_stops_the_command(s: Session, code: str
 
     threading.Thread(target=interrupt_when_started, daemon=True).start()
     reply = s.execute(code, execution_count=1, on_stream=on_stream)
-    assert started.is_set() and "started" in "".join(out), (reply, out)
+    assert started.is_set(), (reply, out)
+    return reply, "".join(out)
+
+
+@pytest.mark.parametrize("code, exit_check", [
+    ("!echo started; sleep 100", "_exit_code"),
+    ("%%bash\necho started\nsleep 100", None),
+])
+def test_output_streams_and_an_interrupt_stops_the_command(s: Session, code: str, exit_check: str | None) -> None:
+    """The first line reaches the host while the command still runs (it cannot end by itself before
+    the cell's timeout): that is streaming; the interrupt sent then stops it and the cell ends."""
+    reply, text = interrupted_once_started(s, code)
+    assert "started" in text, (reply, text)
     if exit_check:  # IPython's system: the interrupt stops the command, the cell ends normally
         assert reply["status"] == "ok", reply
         assert cell(s, exit_check, 2)["result"] == "-2"
     else:  # the %%bash magic reports the interrupt as ipykernel's does (no error either)
         assert reply["status"] in ("ok", "error"), reply
     assert ok(cell(s, "print('alive')", 3)) == "alive\n"
+
+
+def test_an_interrupt_is_ctrl_c_on_the_commands_terminal(s: Session) -> None:
+    """As under ipykernel, the interrupt makes IPython write ^C to the pty: the line discipline echoes
+    it and sends SIGINT to the command's foreground process group, whose shell runs its trap."""
+    reply, text = interrupted_once_started(s, "!trap 'echo got-int; exit 7' INT; echo started; while :; do sleep 0.1; done")
+    assert reply["status"] == "ok", reply
+    assert text == "started\r\n^C\r\ngot-int\r\n", text
+    assert cell(s, "_exit_code", 2)["result"] == "7"
+
+
+def test_a_command_ignoring_ctrl_c_is_terminated_with_its_group(s: Session) -> None:
+    """^C is ignored, so IPython terminates the shell (SIGHUP, or SIGKILL if it is slow to go); the
+    shell led the terminal's session, so its exit hangs up the foreground group as on Linux: the
+    `sleep 100` it started goes too, no process is left (the next cell has its checkpoint, no note)."""
+    reply, text = interrupted_once_started(s, "!trap '' INT; echo started; sleep 100")
+    assert reply["status"] == "ok", reply
+    assert text == "started\r\n^C\r\n", text
+    r = cell(s, "_exit_code", 2)
+    assert r["result"] in ("-1", "-9") and r["stdout"] == "", r  # a process left would be noted here
 
 
 def test_files_a_command_writes_are_the_notebooks(s: Session) -> None:

@@ -30,8 +30,12 @@ from traitlets import CBool, Type
 from traitlets.config import Config
 
 from . import agent_io as aio
-from . import agent_pip, agent_system
+from . import agent_pip
 from .frame_protocol import FrameType
+
+
+# How long an interrupted `!cmd` may take to end after its ^C (_prepare_system).
+_INTERRUPTED_COMMAND_GRACE_S = 0.5
 
 
 class CellCompiler(XCachingCompiler):
@@ -342,18 +346,6 @@ class ZMQInteractiveShell(zmqshell.ZMQInteractiveShell):
         finally:
             gate.leave_user_code(previous)
 
-    def system_piped(self, cmd: str) -> None:  # type: ignore[override]
-        """IPython's system_piped (what ipykernel runs for `!cmd`) over a pipe: no ptys here."""
-        if cmd.rstrip().endswith("&"):
-            raise OSError("Background processes not supported.")  # IPython's words
-        exit_code = agent_system.run_streamed(self.var_expand(cmd, depth=1))
-        self.user_ns["_exit_code"] = exit_code
-        if self.system_raise_on_error and exit_code != 0:
-            from subprocess import CalledProcessError
-            raise CalledProcessError(exit_code, cmd)
-
-    system = system_piped
-
     def enable_gui(self, gui: str | None = None) -> None:
         # No GUI toolkit can run in the VM; inline matplotlib needs no event loop.
         if gui not in (None, "inline"):
@@ -388,6 +380,23 @@ InteractiveShellABC.register(ZMQInteractiveShell)
 AgentShell = ZMQInteractiveShell
 
 
+def _prepare_system() -> None:
+    """`!cmd` is ipykernel's own (IPython's pexpect-based ProcessHandler.system, on one of the
+    sandbox's ptys). Two guest adaptations: pexpect is imported now, so that the template holds it
+    instead of every fork paying the import at its first `!cmd`; and an interrupted command gets
+    more time to end after its ^C than IPython's 0.2 s before it is terminated (SIGHUP, then
+    SIGKILL), since a guest process is slower to reach its handler (a shell's `trap ... INT` runs,
+    as it does under ipykernel). Bounded well below the session's 2 s interrupt grace, after which
+    the cell would be rolled back: 0.5 s here plus terminate's 0.4 s."""
+    try:
+        import pexpect  # noqa: F401
+        from IPython.utils import _process_posix
+    except ImportError as exc:  # without pexpect IPython's system reports it at the first `!cmd`
+        aio.log(f"!cmd: {type(exc).__name__}: {exc}")
+        return
+    _process_posix.ProcessHandler.terminate_timeout = _INTERRUPTED_COMMAND_GRACE_S
+
+
 def make_shell(channel: aio.Channel) -> ZMQInteractiveShell:
     global _agent_files
     _agent_files = _find_agent_files()
@@ -405,6 +414,7 @@ def make_shell(channel: aio.Channel) -> ZMQInteractiveShell:
     # %pip: IPython's, installing into the sandbox's own site-packages (agent_pip.py)
     agent_pip.enable_site()
     shell.register_magic_function(lambda line: agent_pip.pip_magic(shell, line), "line", "pip")
+    _prepare_system()
     # As ipykernel's kernel app (IPython's default_extensions): %store.
     try:
         shell.extension_manager.load_extension("storemagic")

@@ -1,7 +1,7 @@
 /* pty.c - pseudo-terminals: /dev/ptmx with glibc's posix_openpt/grantpt/unlockpt/ptsname and
  * openpty/forkpty, the line discipline (canonical lines, erase, EOF, echo, ONLCR, raw mode),
- * termios and window size, poll readiness, ISIG to the foreground group, closing one end, the
- * pty limit, and hostile arguments (bad pointers, writes nobody reads, bad TIOCGPTPEER flags). */
+ * termios and window size, poll readiness, ISIG to the foreground group, closing one end, SIGHUP to
+ * the foreground group when the session leader exits, the pty limit, and hostile arguments (bad pointers, writes nobody reads, bad TIOCGPTPEER flags). */
 #include "check.h"
 #include "children.h"
 
@@ -297,6 +297,26 @@ static void test_fork(int argc, char **argv) {
     CHECK_EQ(read(m, &c, 1), 1);
     CHECK_EQ(write(m, "\x03", 1), 1);
     expect_signal(pid, SIGINT);
+    OK(close(m));
+
+    /* the session leader's exit hangs up its terminal's foreground group: a process of that group
+     * it leaves behind (holding a pipe's write end until it ends) gets SIGHUP */
+    int hup[2];
+    OK(pipe(hup));
+    fflush(stdout);
+    pid = forkpty(&m, NULL, NULL, NULL);
+    if (pid < 0) { FAIL("forkpty: %s", strerror(errno)); return; }
+    if (pid == 0) {
+        close(hup[0]);
+        if (fork_or_fail() == 0) {
+            for (;;) pause(); /* ended only by a signal */
+        }
+        child_exit(0);
+    }
+    OK(close(hup[1]));
+    CHECK_EQ(read(hup[0], &c, 1), 0); /* EOF: the process left behind ended */
+    expect_exit(pid, 0);
+    OK(close(hup[0]));
     OK(close(m));
 
     /* closing the master while a reader waits: its read ends with EOF */
