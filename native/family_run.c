@@ -140,6 +140,22 @@ static void take_child_log(zb_sandbox *root, zb_sandbox *p) {
     }
 }
 
+/* After a run of p: p stays attached to its executor (process 1's or the children's, run_loop.c)
+ * while others run, keeping its memslots and KVM's shadow pages; what a detach would save (XSAVE)
+ * is saved now, so that whatever the host does to its state before it runs again (a signal frame, a
+ * parked thread loaded) works on cpu, and its next run reloads the vCPU from cpu. */
+static void keep_attached(zb_sandbox *p) {
+    zb_vm *vm = zb_vm_of(p);
+    if (!vm || vm->attached != p || p->finished) return;
+    char err[ZB_ERRLEN];
+    if (zb_vm_flush_user_state(vm) < 0 || zb_vm_save_xsave(vm, p, err) < 0) {
+        /* cannot keep it: detached, as every switch did (its next run attaches it again) */
+        if (zb_vm_detach(vm, err) < 0) zb_log(p, "cannot detach the executor VM: %s", err);
+        return;
+    }
+    p->vcpu_stale = 1;
+}
+
 /* Shared mappings across the family's processes (shared_map.h): before p runs, its copies take in
  * the latest bytes; after it ran, they are written back, so the file system holds the latest. */
 static void shared_before_run(zb_family *fam, zb_sandbox *p) {
@@ -183,6 +199,7 @@ int zb_family_futex_wake_shared(zb_sandbox *sb, uint64_t addr, uint32_t bitset, 
 
 /* Member i's process ended with this wait status: free its sandbox, make it a zombie. */
 static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
+    int64_t t_end = zb_now_ns();
     zb_sandbox *p = fam->m[i].sb;
     if (p) { /* its rusage, for the wait that reaps it (sys_procs.c) */
         uint64_t user, sys;
@@ -201,6 +218,7 @@ static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
         free_child(p);
     }
     zb_family_count_stores(fam); /* the stores only it used are gone */
+    fam->end_ns += (uint64_t)(zb_now_ns() - t_end);
 }
 
 void zb_family_count_stores(zb_family *fam) {
@@ -318,7 +336,10 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
         zb_sandbox *p = m->sb;
         p->threads.slice_start_ns = now;
         shared_before_run(fam, p);
+        int64_t t_run = zb_now_ns();
         rc = zb_run_one(p, deadline_ns, ev);
+        if (p != root) fam->child_run_ns += (uint64_t)(zb_now_ns() - t_run);
+        keep_attached(p);
         shared_after_run(fam, p);
         if (ev->kind == ZB_EVENT_PROC_YIELD) {
             fam->yielded = i;

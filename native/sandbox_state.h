@@ -43,6 +43,9 @@ struct zb_sandbox {
 
     int finished;            /* exited, crashed or broke a rule: cannot run again */
     int fs_borrowed;         /* a child process: fs is its family's (process 1's), not freed with it */
+    int vcpu_stale;          /* a process of a family that stayed attached to its executor while another
+                                ran (family_run.c): its XSAVE was saved into cpu and the vCPU is reloaded
+                                from cpu before it runs again, as an attach would (not its memslots) */
     atomic_int kick_requested;
     atomic_int running;
     int64_t run_started_ns;  /* while zb_sandbox_run runs: when it started (guest CPU clocks) */
