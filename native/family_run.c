@@ -140,22 +140,6 @@ static void take_child_log(zb_sandbox *root, zb_sandbox *p) {
     }
 }
 
-/* After a run of p: p stays attached to its executor (process 1's or the children's, run_loop.c)
- * while others run, keeping its memslots and KVM's shadow pages; what a detach would save (XSAVE)
- * is saved now, so that whatever the host does to its state before it runs again (a signal frame, a
- * parked thread loaded) works on cpu, and its next run reloads the vCPU from cpu. */
-static void keep_attached(zb_sandbox *p) {
-    zb_vm *vm = zb_vm_of(p);
-    if (!vm || vm->attached != p || p->finished) return;
-    char err[ZB_ERRLEN];
-    if (zb_vm_flush_user_state(vm) < 0 || zb_vm_save_xsave(vm, p, err) < 0) {
-        /* cannot keep it: detached, as every switch did (its next run attaches it again) */
-        if (zb_vm_detach(vm, err) < 0) zb_log(p, "cannot detach the executor VM: %s", err);
-        return;
-    }
-    p->vcpu_stale = 1;
-}
-
 /* Shared mappings across the family's processes (shared_map.h): before p runs, its copies take in
  * the latest bytes; after it ran, they are written back, so the file system holds the latest. */
 static void shared_before_run(zb_family *fam, zb_sandbox *p) {
@@ -339,7 +323,6 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
         int64_t t_run = zb_now_ns();
         rc = zb_run_one(p, deadline_ns, ev);
         if (p != root) fam->child_run_ns += (uint64_t)(zb_now_ns() - t_run);
-        keep_attached(p);
         shared_after_run(fam, p);
         if (ev->kind == ZB_EVENT_PROC_YIELD) {
             fam->yielded = i;

@@ -594,6 +594,10 @@ int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
         error_event(sb, ev, "cannot move the sandbox between executor VMs: %s", err);
         return 0;
     }
+    /* Still attached (process 1 while children ran, or a child no other child displaced): the vCPU
+     * is the process's state, whatever stopped its last run; after a stop in user code (a kick, the
+     * deadline) or mid-trap, sb->cpu holds only its last syscall's registers. Reloaded from sb->cpu
+     * only when the host changed that since (vcpu_stale), as an attach loads it. */
     int switching = (*slot)->attached != sb;
     int64_t t_attach = zb_now_ns();
     if (!switching && sb->vcpu_stale && zb_vm_load_cpu(*slot, sb, err) < 0) {
