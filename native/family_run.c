@@ -1,10 +1,11 @@
 /* family_run.c - the processes of a sandbox: forking a process (a copy-on-write fork of the live
  * sandbox), running the whole family when the host runs process 1, and ending it.
  *
- * zb_sandbox_run(process 1) is the family's scheduler: one process at a time is attached to the
- * engine's executor VM and run (zb_run_one, run_loop.c) until it ends, stops for the host (output,
- * input, a frame, a kick, the deadline), or yields the VM (ZB_EVENT_PROC_YIELD: all its threads
- * wait while another process can run, or its time slice ended while another waits). Output of any
+ * zb_sandbox_run(process 1) is the family's scheduler: one process at a time runs (zb_run_one,
+ * run_loop.c: process 1 on the engine's executor VM, children on the children's, vm.h) until it
+ * ends, stops for the host (output, input, a frame, a kick, the deadline), or yields the VM
+ * (ZB_EVENT_PROC_YIELD: all its threads wait while another process can run, or its time slice
+ * ended while another waits). Output of any
  * process is an event of the host's run; only process 1 talks to the host over the UART (a
  * child's frames are dropped with a log line, a child waiting for UART input waits until it gets
  * a signal). A process that ends becomes a zombie for its parent (proc_family.c) and its sandbox
