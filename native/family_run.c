@@ -1,10 +1,11 @@
 /* family_run.c - the processes of a sandbox: forking a process (a copy-on-write fork of the live
  * sandbox), running the whole family when the host runs process 1, and ending it.
  *
- * zb_sandbox_run(process 1) is the family's scheduler: one process at a time is attached to the
- * engine's executor VM and run (zb_run_one, run_loop.c) until it ends, stops for the host (output,
- * input, a frame, a kick, the deadline), or yields the VM (ZB_EVENT_PROC_YIELD: all its threads
- * wait while another process can run, or its time slice ended while another waits). Output of any
+ * zb_sandbox_run(process 1) is the family's scheduler: one process at a time runs (zb_run_one,
+ * run_loop.c: process 1 on the engine's executor VM, children on the children's, vm.h) until it
+ * ends, stops for the host (output, input, a frame, a kick, the deadline), or yields the VM
+ * (ZB_EVENT_PROC_YIELD: all its threads wait while another process can run, or its time slice
+ * ended while another waits). Output of any
  * process is an event of the host's run; only process 1 talks to the host over the UART (a
  * child's frames are dropped with a log line, a child waiting for UART input waits until it gets
  * a signal). A process that ends becomes a zombie for its parent (proc_family.c) and its sandbox
@@ -183,6 +184,7 @@ int zb_family_futex_wake_shared(zb_sandbox *sb, uint64_t addr, uint32_t bitset, 
 
 /* Member i's process ended with this wait status: free its sandbox, make it a zombie. */
 static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
+    int64_t t_end = zb_now_ns();
     zb_sandbox *p = fam->m[i].sb;
     if (p) { /* its rusage, for the wait that reaps it (sys_procs.c) */
         uint64_t user, sys;
@@ -202,6 +204,7 @@ static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
         free_child(p);
     }
     zb_family_count_stores(fam); /* the stores only it used are gone */
+    fam->end_ns += (uint64_t)(zb_now_ns() - t_end);
 }
 
 void zb_family_count_stores(zb_family *fam) {
@@ -319,7 +322,9 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
         zb_sandbox *p = m->sb;
         p->threads.slice_start_ns = now;
         shared_before_run(fam, p);
+        int64_t t_run = zb_now_ns();
         rc = zb_run_one(p, deadline_ns, ev);
+        if (p != root) fam->child_run_ns += (uint64_t)(zb_now_ns() - t_run);
         shared_after_run(fam, p);
         if (ev->kind == ZB_EVENT_PROC_YIELD) {
             fam->yielded = i;

@@ -155,6 +155,7 @@ uint64_t zb_engine_fingerprint(zb_engine *e) {
 void zb_engine_close(zb_engine *e) {
     if (!e) return;
     if (e->vm) zb_vm_destroy(e->vm);
+    if (e->child_vm) zb_vm_destroy(e->child_vm);
     zb_net_free(e->net);
     if (e->kvm_fd >= 0 && e->kvm_fd != 0) close(e->kvm_fd);
     free(e->cpuid);
@@ -384,6 +385,7 @@ int zb_engine_set_syscall_path(zb_engine *e, int flags) {
     char err[ZB_ERRLEN];
     e->syscall_path_off = (ZB_SYSCALLS_SYNC_REGS | ZB_SYSCALLS_DIRECT_ENTRY | ZB_SYSCALLS_GUEST_ANSWERS) & ~flags;
     if (e->vm && zb_vm_apply_syscall_path(e->vm, e, err) < 0) return -1;
+    if (e->child_vm && zb_vm_apply_syscall_path(e->child_vm, e, err) < 0) return -1;
     int sync = e->vm ? e->vm->sync_regs : sync_regs_supported(e) && (flags & ZB_SYSCALLS_SYNC_REGS);
     return (sync ? ZB_SYSCALLS_SYNC_REGS : 0) | (flags & ZB_SYSCALLS_DIRECT_ENTRY) |
            (guest_answers(e) ? ZB_SYSCALLS_GUEST_ANSWERS : 0);
@@ -440,6 +442,12 @@ int zb_vm_load_thread(zb_vm *vm, zb_sandbox *sb, char *err) {
     zb_layout_user_sregs(&sb->mem, &s, sb->cpu.fs_base, sb->cpu.gs_base);
     if (zb_vm_set_user_state(vm, &sb->cpu.regs, &s) < 0) { zb_seterr(err, "KVM_SET_SREGS/REGS: %s", strerror(errno)); return -1; }
     return 0;
+}
+
+zb_vm *zb_vm_of(const zb_sandbox *sb) {
+    zb_engine *e = sb->engine;
+    if (e->child_vm && e->child_vm->attached == sb) return e->child_vm;
+    return e->vm;
 }
 
 int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err) {
@@ -504,9 +512,8 @@ int zb_vm_forget(zb_vm *vm, zb_sandbox *sb, char *err) {
     return set_slots(vm, NULL, err);
 }
 
-int zb_engine_vcpu_stat(zb_engine *e, const char *name, uint64_t *value) {
-    if (!e->vm) return -1;
-    int fd = ioctl(e->vm->vcpu_fd, KVM_GET_STATS_FD, 0);
+static int vcpu_stat(zb_vm *vm, const char *name, uint64_t *value) {
+    int fd = ioctl(vm->vcpu_fd, KVM_GET_STATS_FD, 0);
     if (fd < 0) return -1;
     int rc = -1;
     struct kvm_stats_header h;
@@ -538,4 +545,13 @@ uint64_t zb_vm_guest_tsc(zb_vm *vm) {
     m.h.nmsrs = 1;
     m.e[0].index = MSR_IA32_TSC;
     return ioctl(vm->vcpu_fd, KVM_GET_MSRS, &m) == 1 ? m.e[0].data : 0;
+}
+
+/* Summed over the executors (process 1's and the children's). */
+int zb_engine_vcpu_stat(zb_engine *e, const char *name, uint64_t *value) {
+    uint64_t main_v = 0, child_v = 0;
+    if (!e->vm || vcpu_stat(e->vm, name, &main_v) < 0) return -1;
+    if (e->child_vm && vcpu_stat(e->child_vm, name, &child_v) < 0) return -1;
+    *value = main_v + child_v;
+    return 0;
 }

@@ -188,6 +188,10 @@ struct zb_family {
     pthread_t runner;
     uint64_t forks;          /* statistics */
     uint64_t switches;
+    /* where a process fork's host time goes (zb_stats proc_*): making the child (snapshot + fork +
+     * fork(2)'s changes), attaching a process to the executor VM on a switch, the children's runs
+     * (their first-touch shadow faults are in them), ending children */
+    uint64_t fork_ns, attach_ns, attaches, child_run_ns, end_ns;
     zb_mem_budget mem;       /* the family's one memory budget (memory.h): process 1's limit, every
                                 member charged with all it could own privately */
     struct zb_store **stores; /* the stores its fork snapshots made, held while pages of them live:

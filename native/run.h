@@ -29,7 +29,8 @@ int zb_run_threads_after_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
 int zb_run_threads_start(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
 /* A thread of sb, a process that is not running, was woken from another process (a shared futex,
  * shared_map.c) and it is sb's current slot: a RUNNABLE current slot means loaded (its state in
- * sb->cpu), so its parked state goes there, as a thread switch would load it. */
+ * sb->cpu), so its parked state goes there, as a thread switch would load it, and sb's vCPU is
+ * reloaded from it before sb runs again (vcpu_stale: sb may have stayed attached to its executor). */
 void zb_run_threads_load_parked(zb_sandbox *sb);
 /* At every turn of the run loop with several threads: timeouts, signals, the time slice. */
 int zb_run_threads_tick(zb_sandbox *sb, zb_vm *vm, zb_event *ev);

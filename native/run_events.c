@@ -196,7 +196,7 @@ int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
 }
 
 void zb_run_timer_update(zb_sandbox *sb) {
-    zb_vm *vm = sb->engine->vm;
+    zb_vm *vm = zb_vm_of(sb);
     if (!vm || vm->attached != sb || !atomic_load(&sb->running)) return; /* armed when it next runs */
     if (zb_run_arm_wake_timer(sb, vm) < 0) zb_log(sb, "cannot arm the alarm timer: %s", strerror(errno));
 }

@@ -230,6 +230,16 @@ void zb_sandbox_stats(zb_sandbox *sb, zb_stats *out) {
     out->family_pages = sb->mem.budget ? zb_mem_budget_total(sb->mem.budget) : zb_mem_charge(&sb->mem);
     out->family_pages_peak = sb->mem.budget ? sb->mem.budget->peak : 0;
     out->family_refusals = sb->mem.budget ? sb->mem.budget->refusals : 0;
+    const zb_family *fam = sb->fam;
+    if (fam) {
+        out->proc_forks = fam->forks;
+        out->proc_switches = fam->switches;
+        out->proc_fork_ns = fam->fork_ns;
+        out->proc_attaches = fam->attaches;
+        out->proc_attach_ns = fam->attach_ns;
+        out->proc_child_run_ns = fam->child_run_ns;
+        out->proc_end_ns = fam->end_ns;
+    }
 }
 
 size_t zb_sandbox_take_log(zb_sandbox *sb, char *buf, size_t len) {
@@ -261,7 +271,7 @@ void zb_sandbox_free_state(zb_sandbox *sb) {
 void zb_sandbox_destroy(zb_sandbox *sb) {
     if (!sb) return;
     char err[ZB_ERRLEN];
-    (void)zb_vm_forget(sb->engine->vm, sb, err); /* fails only to delete the slot, which the next attach replaces */
+    (void)zb_vm_forget(zb_vm_of(sb), sb, err); /* fails only to delete the slot, which the next attach replaces */
     zb_sandbox_free_state(sb);
     zb_mem_destroy(&sb->mem);
     zb_uart_destroy(&sb->uart);

@@ -43,6 +43,11 @@ struct zb_sandbox {
 
     int finished;            /* exited, crashed or broke a rule: cannot run again */
     int fs_borrowed;         /* a child process: fs is its family's (process 1's), not freed with it */
+    int vcpu_stale;          /* the host changed `cpu` while the process did not run and its executor VM
+                                stayed attached to it (a parked thread loaded, run_threads.c): the vCPU
+                                is reloaded from `cpu` before its next run. Never set otherwise: while
+                                attached, the vCPU is the process's state (after a stop in user code or
+                                mid-trap `cpu` holds only its last syscall's registers) */
     atomic_int kick_requested;
     atomic_int running;
     int64_t run_started_ns;  /* while zb_sandbox_run runs: when it started (guest CPU clocks) */

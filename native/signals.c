@@ -75,13 +75,13 @@ int zb_signal_interrupts_mask(const zb_sandbox *sb, int sig, uint64_t blocked) {
 }
 
 static int get_xsave(zb_sandbox *sb) {
-    zb_vm *vm = sb->engine->vm;
+    zb_vm *vm = zb_vm_of(sb);
     char err[ZB_ERRLEN];
     return (vm && vm->attached == sb) ? zb_vm_save_xsave(vm, sb, err) : 0;
 }
 
 static int set_xsave(zb_sandbox *sb) {
-    zb_vm *vm = sb->engine->vm;
+    zb_vm *vm = zb_vm_of(sb);
     if (vm && vm->attached == sb && ioctl(vm->vcpu_fd, KVM_SET_XSAVE, sb->cpu.xsave) < 0) return -1;
     return 0;
 }

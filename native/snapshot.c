@@ -545,7 +545,7 @@ out:
 
 /* Bring the sandbox's dirty set and XSAVE image up to date from the VM it is attached to. */
 static int sync_from_vm(zb_sandbox *sb, char *err) {
-    zb_vm *vm = sb->engine->vm;
+    zb_vm *vm = zb_vm_of(sb);
     if (!vm || vm->attached != sb) return 0;
     if (zb_vm_collect_dirty(vm, 1, err) < 0) return -1;
     return sb->finished ? 0 : zb_vm_save_xsave(vm, sb, err);
@@ -754,7 +754,7 @@ zb_snapshot *zb_snapshot_take(zb_sandbox *sb, char *err) {
     /* Pages found unchanged several times in a row are write-protected again, so that a later write
      * is logged; the others stay writable and stay in KVM's log, to be compared at the next
      * snapshot. If this fails they stay in the log too, which is only slower. */
-    zb_vm *vm = sb->engine->vm;
+    zb_vm *vm = zb_vm_of(sb);
     char ignored[ZB_ERRLEN];
     if (protect && vm && vm->attached == sb) (void)zb_vm_protect_pages(vm, protect, ignored);
     free(protect);
@@ -809,7 +809,7 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
     }
     /* the snapshot has no other processes (zb_sandbox_snapshot refuses them): the family's go */
     zb_family_end(sb);
-    zb_vm *vm = sb->engine->vm;
+    zb_vm *vm = zb_vm_of(sb);
     int attached = vm && vm->attached == sb;
     /* Attached, with manual dirty-log protection: logged pages stay writable, and the restore
      * compares them instead of rewriting them all (a page rewritten by the host stays mapped too). */

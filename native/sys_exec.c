@@ -158,7 +158,7 @@ static void close_on_exec(zb_sandbox *sb) {
 static long reset_fpu(zb_sandbox *sb) {
     char err[ZB_ERRLEN];
     zb_cpu_init_fpu(sb->cpu.xsave, sb->engine->xsave_size);
-    zb_vm *vm = sb->engine->vm;
+    zb_vm *vm = zb_vm_of(sb);
     if (vm && vm->attached == sb && zb_vm_load_xsave(vm, sb, err) < 0) {
         zb_log(sb, "execve: %s", err);
         return -EIO;

@@ -117,7 +117,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
      * MAP_NORESERVE and PROT_NONE mappings are reservations (arenas): left alone. */
     if (!f && (prot & PROT_WRITE) && !(flags & MAP_NORESERVE)) {
         zb_mem_prefault_anonymous(m, at, len);
-        zb_vm_sync_window(sb->engine->vm, sb, 0); /* window parts it lies in: unlogged for the fill */
+        zb_vm_sync_window(zb_vm_of(sb), sb, 0); /* window parts it lies in: unlogged for the fill */
     }
     if (f) {
         /* the kind fills the range (file_host.c maps view files copy-on-write) */

@@ -97,7 +97,9 @@ long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t
     }
     int32_t pid = zb_family_new_id(fam);
     char err[ZB_ERRLEN];
+    int64_t t_fork = zb_now_ns();
     zb_sandbox *child = zb_family_fork_sandbox(sb, pid, err);
+    fam->fork_ns += (uint64_t)(zb_now_ns() - t_fork);
     if (!child) {
         zb_log(sb, "fork failed: %s", err);
         return -ENOMEM;

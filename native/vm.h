@@ -64,6 +64,9 @@ struct zb_engine {
     int have_xsave2;
     uint64_t xcr0;
     zb_vm *vm;               /* the executor; created on first run */
+    zb_vm *child_vm;         /* the executor of child processes (family_run.c), created at a child's
+                                first run: process 1 keeps `vm` and its shadow page tables while its
+                                children run, instead of both re-attaching one VM at each switch */
     struct zb_net *net;      /* the network policy (net.h), NULL: no network */
     int syscall_path_off;    /* ZB_SYSCALLS_* bits switched off (zb_engine_set_syscall_path) */
     int entry_runs_at_cpl3;  /* KVM is PVM (kvm_pvm loaded, no kvm_intel/kvm_amd): `syscall` reaches
@@ -73,6 +76,8 @@ struct zb_engine {
 int zb_vm_create(zb_engine *e, zb_vm **out, char *err);
 void zb_vm_destroy(zb_vm *vm);
 /* Point the memslots at the sandbox's memory and load its vCPU state (no-op if already attached). */
+/* The executor VM the sandbox is attached to, or the engine's main one if none is. */
+zb_vm *zb_vm_of(const zb_sandbox *sb);
 int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err);
 /* Save the attached sandbox's vCPU state and dirty log back into it and detach. */
 int zb_vm_detach(zb_vm *vm, char *err);

@@ -89,6 +89,15 @@ typedef struct zb_stats {
     uint64_t family_pages_peak; /* the most family_pages was since the first fork (0: never forked) */
     uint64_t family_refusals;  /* forks and allocations of its processes refused (ENOMEM) because the
                                   family's use left no room for them, ever */
+    /* Where the host time of the sandbox's processes goes (cumulative, its family's; 0 before the
+     * first fork), for the fork breakdown of `bench processes`: */
+    uint64_t proc_forks;       /* processes forked */
+    uint64_t proc_switches;    /* switches of the executor between processes */
+    uint64_t proc_fork_ns;     /* making children: snapshot of the parent, fork of it, fork(2)'s changes */
+    uint64_t proc_attaches;    /* attaches of a process to the executor VM (memslots + registers) */
+    uint64_t proc_attach_ns;
+    uint64_t proc_child_run_ns; /* children's runs on the executor (their first-touch faults included) */
+    uint64_t proc_end_ns;      /* ending children: zombie, log, freeing their sandboxes */
 } zb_stats;
 
 /* Where the host-side time of guest syscalls goes, per phase (cumulative nanoseconds), collected

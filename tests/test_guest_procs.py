@@ -80,3 +80,36 @@ def test_snapshot_refuses_children_and_restore_ends_them() -> None:
         sb.restore(snap)  # a rollback: the children are gone, process 1 is as it was
         assert sb.process_count() == 1
         assert Guest.child_processes_alive() == base
+
+
+SYSCALL_ENTRY = 32  # Guest.test_break_in_trap: a syscall that has reached the entry's `out`
+SIGINT = 2
+
+
+@pytest.mark.parametrize("mode", ["parent", "child", "trap"])
+def test_stop_in_user_code_resumes_from_the_vcpu(mode: str) -> None:
+    """Runs that stop in user code (the deadline, here: deterministic, as a kick is) or inside a
+    syscall's trap leave the process's registers in the vCPU only. With children on a second
+    executor VM, process 1 stays attached to its own while others run; it (or a child, on the
+    children's executor) must resume from the vCPU, not from its last syscall's registers (issue 15:
+    reloading those crashed the agent with SIGILL after an interrupted `!echo started; sleep 100`).
+    Then SIGINT, as an interrupt raises it, ends the guest's spin through its handler."""
+    with guest_c.boot("procs", "stopped_in_user_code", mode) as sb:
+        out = b""
+        deadline = time.monotonic() + 60
+        while b"spinning\n" not in out:
+            ev = sb.run(deadline)
+            assert ev.kind is EventKind.OUTPUT, (ev, out)
+            out += ev.data
+        if mode == "trap":
+            sb.test_break_in_trap(SYSCALL_ENTRY)
+            ev = sb.run(time.monotonic() + 60)
+            assert ev.kind is EventKind.KICK, ev  # stopped inside getppid's trap
+        for _ in range(3):  # it spins: each run ends at its deadline, in user code
+            ev = sb.run(time.monotonic() + 0.05)
+            assert ev.kind is EventKind.TIMEOUT, ev
+        sb.raise_signal(SIGINT)
+        result = guest_c.drive(sb)
+    result.stdout = out + result.stdout
+    assert result.kind is EventKind.EXIT and result.status == 0, result.describe()
+    assert "PASS stopped_in_user_code" in result.out, result.describe()

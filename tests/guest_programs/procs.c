@@ -616,6 +616,64 @@ static void test_child_alarm(int argc, char **argv) {
     munmap((void *)done, 4096);
 }
 
+/* ---- a process stopped in user code resumes where it stopped (issue 15) ----
+ * The host stops a run anywhere in user code (its deadline, a kick) without reading the vCPU's
+ * registers: the vCPU holds them, the sandbox's copy is its last syscall's. The process must go on
+ * from the vCPU, whether it is process 1 kept attached to its executor while a child exists
+ * (argv[2] "parent"), a child on the children's executor while process 1 waits ("child"), or
+ * process 1 stopped inside a syscall's trap, before the host saw it ("trap"). A process resumed
+ * from its last syscall's registers instead runs the code after that syscall again: `passes`
+ * counts that. The host raises SIGINT after the stops (as an interrupt does); the handler ends
+ * the spin. */
+static volatile sig_atomic_t sigints;
+static void on_sigint(int sig) { (void)sig; sigints++; }
+
+static void spin_after_last_syscall(const char *who, int trap) {
+    static volatile int passes;
+    char line[64];
+    int n = snprintf(line, sizeof line, "%s spinning\n", who);
+    syscall(SYS_write, 1, line, (size_t)n); /* the last syscall before the stops */
+    if (++passes != 1) {
+        static const char msg[] = "FAIL resumed at its last syscall's registers (stale vCPU reload)\n";
+        syscall(SYS_write, 2, msg, sizeof msg - 1);
+        _exit(3);
+    }
+    if (trap) CHECK_EQ(syscall(SYS_getppid), 0); /* the host stops it inside this syscall's trap */
+    while (!sigints) {} /* no syscalls: the host's stops land in user code */
+}
+
+static void test_stopped_in_user_code(int argc, char **argv) {
+    const char *mode = argc > 2 ? argv[2] : "parent";
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint; /* no SA_RESTART: a blocked read fails with EINTR */
+    OK(sigaction(SIGINT, &sa, NULL));
+    if (!strcmp(mode, "child")) {
+        pid_t pid = fork_or_fail();
+        if (pid == 0) {
+            spin_after_last_syscall("child", 0);
+            child_exit(sigints == 1 ? 0 : 4);
+        }
+        int st = 0;
+        pid_t r;
+        while ((r = waitpid(pid, &st, 0)) < 0 && errno == EINTR) {} /* SIGINT reaches it too */
+        CHECK_EQ(r, pid);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status 0x%x, want exit 0", st);
+        return;
+    }
+    int hold[2];
+    OK(pipe(hold));
+    pid_t pid = fork_or_fail();
+    if (pid == 0) { /* blocked for good: the family lives while process 1 spins */
+        char c;
+        for (;;) (void)read(hold[0], &c, 1);
+    }
+    spin_after_last_syscall("parent", !strcmp(mode, "trap"));
+    CHECK_EQ(sigints, 1);
+    OK(kill(pid, SIGKILL));
+    expect_signal(pid, SIGKILL);
+}
+
 static const zb_test tests[] = {
     {"leave", test_leave},
     {"fork_wait", test_fork_wait},
@@ -631,6 +689,7 @@ static const zb_test tests[] = {
     {"sigpipe_pdeathsig", test_sigpipe_pdeathsig},
     {"hostile", test_hostile},
     {"child_alarm", test_child_alarm},
+    {"stopped_in_user_code", test_stopped_in_user_code},
     {NULL, NULL},
 };
 

@@ -7,6 +7,13 @@ each timed inside its own process; a fork + pipe round trip (the child writes 1 
 parent reads it and waits); and multiprocessing.Pool(2).map of 100 small tasks with the fork start
 method (pool start, the map, close + join: its locks are semaphores in shared memory, woken across
 processes), fewer iterations of it (POOL_ITERATIONS).
+
+Then where a guest fork+wait's time goes (BREAKDOWN): perf_counter_ns stamps in the parent (before
+fork, when fork returns, when waitpid returns) and in the child (when fork returns 0, before
+_exit; written to a MAP_SHARED page the parent reads), and the engine's counters of the family
+(zb_stats proc_*: making the child, attaching a process to the executor VM, the child's run,
+ending it) with KVM's fixed page faults of the executor vCPU (pf_fixed), per fork. On the host the
+parent and child run at once on two cores, so its child-side phases overlap the parent's.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..native import Engine, ffi, lib
 from ..template import Template
 from .common import markdown_table, results_dir, write_results
 
@@ -49,6 +57,59 @@ SNIPPETS = {
 # A pool's start, map and join is a whole sequence of forks and hand-overs: fewer of them.
 POOL_ITERATIONS = 5
 
+# The timeline of one fork + wait: one line per iteration, five ns values (see PHASES).
+BREAKDOWN = (
+    "import os, time, mmap\nm = mmap.mmap(-1, 16)\n"
+    "for _ in range({n}):\n"
+    "    t0 = time.perf_counter_ns(); pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        c0 = time.perf_counter_ns(); m[0:8] = c0.to_bytes(8, 'little')\n"
+    "        m[8:16] = time.perf_counter_ns().to_bytes(8, 'little'); os._exit(0)\n"
+    "    t1 = time.perf_counter_ns(); os.waitpid(pid, 0); t2 = time.perf_counter_ns()\n"
+    "    c0 = int.from_bytes(m[0:8], 'little'); c1 = int.from_bytes(m[8:16], 'little')\n"
+    "    print(t1 - t0, c0 - t1, c1 - c0, t2 - c1, t2 - t0)\n")
+PHASES = ("fork() returns in the parent (the child is made)",
+          "parent to waitpid + the child's first run to its first stamp",
+          "the child's Python (two stamps, a shared-page write)",
+          "child's _exit to the parent's waitpid return (exit, reaping, wake)",
+          "total fork + wait")
+# engine counters of the family (zb_stats), per fork: (label, stat, divisor to ms or count)
+COUNTERS = (("making the child (snapshot + fork)", "proc_fork_ns"),
+            ("attaching a process to the executor VM", "proc_attach_ns"),
+            ("the child's run on the executor (its faults in it)", "proc_child_run_ns"),
+            ("ending the child (zombie, free)", "proc_end_ns"))
+
+
+def _vcpu_stat(engine: Engine, name: str) -> int:
+    v = ffi.new("uint64_t *")
+    return int(v[0]) if lib.zb_engine_vcpu_stat(engine.handle, name.encode(), v) == 0 else -1
+
+
+def _phase_medians(text: str) -> list[float]:
+    rows = [[int(x) for x in line.split()] for line in text.strip().splitlines()]
+    if not rows or any(len(r) != len(PHASES) for r in rows):
+        raise RuntimeError(f"the breakdown snippet printed {text!r}, not {len(PHASES)} numbers a line")
+    return [round(statistics.median(r[k] for r in rows) / 1e6, 3) for k in range(len(PHASES))]
+
+
+def breakdown(sb: Any, engine: Engine, n: int) -> dict[str, Any]:
+    """Where the guest's fork + wait goes, against the host's same timeline (see the module's doc)."""
+    src = BREAKDOWN.format(n=n)
+    st0, pf0 = sb.guest.stats(), _vcpu_stat(engine, "pf_fixed")
+    r = sb.execute(src)
+    st1, pf1 = sb.guest.stats(), _vcpu_stat(engine, "pf_fixed")
+    assert r.status == "ok", r
+    forks = st1["proc_forks"] - st0["proc_forks"]
+    if forks != n:
+        raise RuntimeError(f"the breakdown made {forks} forks, not {n}: the counters would not be per fork")
+    host = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, check=True).stdout
+    engine_rows = {label: round((st1[k] - st0[k]) / n / 1e6, 3) for label, k in COUNTERS}
+    return {"phases": dict(zip(PHASES, zip(_phase_medians(r.stdout), _phase_medians(host)))),
+            "engine_ms_per_fork": engine_rows,
+            "attaches_per_fork": round((st1["proc_attaches"] - st0["proc_attaches"]) / n, 2),
+            "switches_per_fork": round((st1["proc_switches"] - st0["proc_switches"]) / n, 2),
+            "pf_fixed_per_fork": round((pf1 - pf0) / n) if pf0 >= 0 and pf1 >= 0 else None}
+
 
 def _times(text: str) -> list[float]:
     return [float(x) for x in text.split()]
@@ -56,8 +117,11 @@ def _times(text: str) -> list[float]:
 
 def measure(n: int = 20) -> dict[str, Any]:
     template = Template.ensure()
+    engine = Engine.default()
     res: dict[str, Any] = {"iterations": n, "rows": {}}
     with template.fork() as sb:
+        sb.execute("0")  # the executor exists (its KVM counters can be read) and the agent is warm
+        res["breakdown"] = breakdown(sb, engine, n)
         for label, code in SNIPPETS.items():
             src = code.format(n=min(n, POOL_ITERATIONS) if "Pool" in label else n)
             r = sb.execute(src)
@@ -76,8 +140,19 @@ def markdown(res: dict[str, Any]) -> str:
     rows = [[label, v["guest_ms_median"], v["guest_ms_min"], v["host_ms_median"], v["host_ms_min"],
              round(v["guest_ms_median"] / v["host_ms_median"], 1) if v["host_ms_median"] else "-"]
             for label, v in res["rows"].items()]
-    return markdown_table([f"processes (x{res['iterations']})", "guest ms (median)", "guest ms (min)",
-                           "host ms (median)", "host ms (min)", "guest / host"], rows)
+    out = markdown_table([f"processes (x{res['iterations']})", "guest ms (median)", "guest ms (min)",
+                          "host ms (median)", "host ms (min)", "guest / host"], rows)
+    b = res.get("breakdown")
+    if not b:
+        return out
+    phase_rows = [[label, g, h] for label, (g, h) in b["phases"].items()]
+    out += "\n" + markdown_table(["os.fork + os.waitpid, phase (median)", "guest ms", "host ms"], phase_rows)
+    eng = [[label, ms] for label, ms in b["engine_ms_per_fork"].items()]
+    eng.append(["executor attaches / switches per fork", f"{b['attaches_per_fork']} / {b['switches_per_fork']}"])
+    if b.get("pf_fixed_per_fork") is not None:
+        eng.append(["KVM page faults fixed per fork (pf_fixed)", b["pf_fixed_per_fork"]])
+    out += "\n" + markdown_table(["engine, per fork (mean)", "host ms"], eng)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,19 @@ EXECVE_NOTE = ("The guest's row is exec alone (fork+wait is the processes sectio
                "clock is the host's). A host process cannot exec without being created, so the host rows include "
                "process creation, which the guest row does not.")
 # the text under the processes section (its numbers come from its own run, `bench processes`)
-PROCESSES_NOTE = ("os.fork()+os.waitpid of the agent's CPython: a guest fork is a snapshot of the parent taken inside its fork syscall (the pages it wrote since its last snapshot: ~2 ms) and a new sandbox forked from it (~26 ms: its memory mapped and the snapshot's pages applied), after which the parent and the child run in turn on the one executor VM. Each switch re-attaches the VM to the other sandbox's memory, which drops KVM's shadow pages: the child's way from fork() to os._exit(0) costs ~60 ms of first-touch faults, the parent's way back ~35 ms (one run timed with temporary instrumentation in the engine; this host at load 11 on 2 cores). The host forks a fresh CPython in ~1 ms. The issue's target (a guest fork+wait faster than the host's) is not met: it needs the child to run without a cold VM (one executor VM per process keeps the parent's shadow pages, ~35 ms of the ~130 ms; the child's own cold start remains, since its memory is a new host mapping), which is not done. Processes yield the VM after 100 ms slices (with a thread's 10 ms slices a fork+wait took 3-11 s of parent and child re-faulting each other out). "
+PROCESSES_NOTE = ("os.fork()+os.waitpid of the agent's CPython: a guest fork is a snapshot of the parent taken inside its "
+                  "fork syscall (the pages it wrote since its last snapshot) and a new sandbox forked from it (its memory "
+                  "mapped, the snapshot's pages applied); the child then runs on the engine's second executor VM (the "
+                  "children's) while process 1 stays attached to its own, keeping its memslots and KVM's shadow pages "
+                  "(before this, both re-attached one VM at each switch: two attaches per fork+wait and ~1,570 instead of "
+                  "~1,060 first-touch faults). The second and third tables split one fork+wait: stamps in the parent and "
+                  "the child (perf_counter_ns; the host's child runs on the other core at once, so its phases overlap), and "
+                  "the engine's counters per fork (zb_stats proc_*; KVM's pf_fixed of both executors). What is left: "
+                  "making the child (4-5.5 ms in these runs: the snapshot's dirty-page copy and the new sandbox's "
+                  "mapping), the child's first run on a VM whose memslot is new to it (6-8 ms: its attach, 1-2 ms, and "
+                  "~900-1,060 shadow faults), ending it (2-5 ms: its memory unmapped, its memslot deleted); the host's "
+                  "load moves each by 1.5x between runs. The issue's target (a guest fork+wait "
+                  "faster than the host's) is not met. "
                   "multiprocessing.Pool(2).map of 100 small tasks (pool start, map, close + join; 5 iterations) is a "
                   "sequence of forks and hand-overs between processes, each a process switch plus a compare of the shared "
                   "mappings' bytes (a few pages of semaphores: microseconds): it works, it is not fast.")
