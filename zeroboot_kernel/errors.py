@@ -29,7 +29,12 @@ class ChannelError(SandboxError):
 
 
 class SandboxTimeout(SandboxError):
-    """The guest ran past its deadline and was stopped."""
+    """The guest ran past its deadline and was stopped; after_interrupt: the deadline was an
+    interrupt's grace period (the cell was interrupted and did not stop in time)."""
+
+    def __init__(self, message: str, *, after_interrupt: bool = False) -> None:
+        super().__init__(message)
+        self.after_interrupt = after_interrupt
 
 
 class SandboxMemoryError(SandboxError):

@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any, Callable, TYPE_CHECKING
 
-from .errors import SandboxError
+from .errors import SandboxError, SandboxTimeout
 
 if TYPE_CHECKING:  # the kernel process parses %%fanout headers without the engine (native library)
     from .sandbox import Sandbox
@@ -234,6 +234,13 @@ def run(session: Any, code: str, *, execution_count: int, on_stream: Callable[[s
                     continue
                 total += len(pickled)
                 results.append(pickled)
+            except SandboxTimeout as exc:
+                if exc.after_interrupt:  # interrupted, and stopped after the grace: ends the fan-out too
+                    say("stderr", f"[{i}] {name}: interrupted ({exc}); the values after it were not run\n")
+                    results.append(None)
+                    break
+                say("stderr", f"[{i}] {name}: {type(exc).__name__}: {exc}\n")  # this run's time limit
+                results.append(None)
             except SandboxError as exc:  # a crash, timeout or memory error of this run only
                 say("stderr", f"[{i}] {name}: {type(exc).__name__}: {exc}\n")
                 results.append(None)

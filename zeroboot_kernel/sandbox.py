@@ -294,7 +294,8 @@ class Sandbox:
                 pass  # interrupt() woke the run: handled below
             elif ev.kind is EventKind.TIMEOUT:
                 if state.grace_over():
-                    raise self._break(SandboxTimeout(f"the cell did not stop within {grace:g} s of the interrupt"))
+                    raise self._break(SandboxTimeout(f"the cell did not stop within {grace:g} s of the interrupt",
+                                                      after_interrupt=True))
                 raise self._break(SandboxTimeout("the cell ran past its time limit and was stopped"))
             elif ev.kind is EventKind.INPUT:
                 if run.asked is None:
