@@ -476,33 +476,44 @@ struct zb_pm_scan_arg {
     uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
 };
 
-/* Set in dirty the populated pages of the window's pages [first, first+n) with PAGEMAP_SCAN; -1 if
- * this kernel has none (nothing set then). */
-static int scan_populated(const zb_memory *m, int fd, uint64_t first, uint64_t n, uint64_t *dirty) {
+/* PAGEMAP_SCAN over the guest's pages [first, end_page) with the filter's categories
+ * (category_inverted/mask/anyof_mask, return_mask): each matching run of pages, as page numbers,
+ * goes to each(ctx, first_page, pages). -1 if this kernel has no PAGEMAP_SCAN or answered
+ * something out of the range asked (each may have seen some runs then). */
+typedef void (*pm_run_fn)(void *ctx, uint64_t first, uint64_t pages);
+static int pagemap_scan(const zb_memory *m, int fd, uint64_t first, uint64_t end_page, const struct zb_pm_scan_arg *filter,
+                        pm_run_fn each, void *ctx) {
     enum { NREGIONS = 256 };
     struct zb_page_region vec[NREGIONS];
-    uint64_t base = (uint64_t)(uintptr_t)m->host, end = base + (first + n) * ZB_PAGE;
-    struct zb_pm_scan_arg arg;
-    memset(&arg, 0, sizeof arg);
+    uint64_t base = (uint64_t)(uintptr_t)m->host, end = base + end_page * ZB_PAGE;
+    struct zb_pm_scan_arg arg = *filter;
     arg.size = sizeof arg;
     arg.start = base + first * ZB_PAGE;
     arg.end = end;
     arg.vec = (uint64_t)(uintptr_t)vec;
     arg.vec_len = NREGIONS;
-    arg.category_anyof_mask = ZB_PAGE_IS_PRESENT | ZB_PAGE_IS_SWAPPED;
-    arg.return_mask = ZB_PAGE_IS_PRESENT | ZB_PAGE_IS_SWAPPED;
     while (arg.start < end) {
         int got = ioctl(fd, ZB_PAGEMAP_SCAN, &arg);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) return -1;
         for (int i = 0; i < got && i < NREGIONS; i++) {
             if (vec[i].start < arg.start || vec[i].end > end || vec[i].start >= vec[i].end) return -1;
-            zb_bits_set_range(dirty, (vec[i].start - base) / ZB_PAGE, (vec[i].end - vec[i].start) / ZB_PAGE, 1);
+            each(ctx, (vec[i].start - base) / ZB_PAGE, (vec[i].end - vec[i].start) / ZB_PAGE);
         }
         if (arg.walk_end <= arg.start || arg.walk_end > end) return -1;
         arg.start = arg.walk_end;
     }
     return 0;
+}
+
+static void set_populated(void *dirty, uint64_t first, uint64_t pages) { zb_bits_set_range(dirty, first, pages, 1); }
+
+/* Set in dirty the populated pages of the window's pages [first, first+n) with PAGEMAP_SCAN; -1 if
+ * this kernel has none (nothing set then). */
+static int scan_populated(const zb_memory *m, int fd, uint64_t first, uint64_t n, uint64_t *dirty) {
+    struct zb_pm_scan_arg filter = {.category_anyof_mask = ZB_PAGE_IS_PRESENT | ZB_PAGE_IS_SWAPPED,
+                                    .return_mask = ZB_PAGE_IS_PRESENT | ZB_PAGE_IS_SWAPPED};
+    return pagemap_scan(m, fd, first, first + n, &filter, set_populated, dirty);
 }
 
 void zb_mem_populated(const zb_memory *m, uint64_t first, uint64_t n, uint64_t *dirty) {
@@ -663,34 +674,17 @@ static void release_consider(release_pass *r, uint64_t pfn) {
 
 #define ZB_PAGE_IS_FILE (1ull << 2)
 
+static void consider_run(void *r, uint64_t first, uint64_t pages) {
+    for (uint64_t pfn = first; pfn < first + pages; pfn++) release_consider(r, pfn);
+}
+
 /* The private copies among pages [0, limit) with PAGEMAP_SCAN (present and not a file page, in
  * one call per 256 runs); -1 if this kernel has none. */
 static int release_scan(release_pass *r, int fd, uint64_t limit) {
-    enum { NREGIONS = 256 };
-    struct zb_page_region vec[NREGIONS];
-    uint64_t base = (uint64_t)(uintptr_t)r->m->host, end = base + limit * ZB_PAGE;
-    struct zb_pm_scan_arg arg;
-    memset(&arg, 0, sizeof arg);
-    arg.size = sizeof arg;
-    arg.start = base;
-    arg.end = end;
-    arg.vec = (uint64_t)(uintptr_t)vec;
-    arg.vec_len = NREGIONS;
-    arg.category_inverted = ZB_PAGE_IS_FILE;
-    arg.category_mask = ZB_PAGE_IS_FILE | ZB_PAGE_IS_PRESENT;
-    arg.return_mask = ZB_PAGE_IS_FILE | ZB_PAGE_IS_PRESENT;
-    while (arg.start < end) {
-        int got = ioctl(fd, ZB_PAGEMAP_SCAN, &arg);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) return -1;
-        for (int i = 0; i < got && i < NREGIONS; i++) {
-            if (vec[i].start < arg.start || vec[i].end > end || vec[i].start >= vec[i].end) return -1;
-            for (uint64_t a = vec[i].start; a < vec[i].end; a += ZB_PAGE) release_consider(r, (a - base) / ZB_PAGE);
-        }
-        if (arg.walk_end <= arg.start || arg.walk_end > end) return -1;
-        arg.start = arg.walk_end;
-    }
-    return 0;
+    struct zb_pm_scan_arg filter = {.category_inverted = ZB_PAGE_IS_FILE,
+                                    .category_mask = ZB_PAGE_IS_FILE | ZB_PAGE_IS_PRESENT,
+                                    .return_mask = ZB_PAGE_IS_FILE | ZB_PAGE_IS_PRESENT};
+    return pagemap_scan(r->m, fd, 0, limit, &filter, consider_run, r);
 }
 
 /* The same with 8 bytes of /proc/self/pagemap per page. */
