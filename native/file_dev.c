@@ -1,7 +1,8 @@
 /* file_dev.c - the devices: /dev/null, /dev/zero, /dev/urandom (memory-like: positional, always
  * ready) and the UART (/dev/ttyS0, the agent's channel to the host: a tty, so not positional; it
  * is readable when the host queued input, and a read with none stops the guest for an INPUT event).
- * Opening a device location is here too; /proc files (fs_proc.c) are opened as overlay files.
+ * Opening a device location is here too; /proc files (fs_proc.c) are opened as overlay files, /dev/ptmx
+ * and /dev/pts/N as the ends of a pty (file_pty.c).
  */
 #include "dev.h"
 #include "process.h"
@@ -116,6 +117,8 @@ long zb_dev_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out) 
     int wr = (flags & O_ACCMODE) != O_RDONLY;
     zb_file *f;
     if (r->loc.dev == DEV_PTMX) return zb_pty_open_master(sb, out);
+    if (r->loc.dev == DEV_PTS_PTMX) return -EACCES; /* mode 0000 and root's, as devpts has it */
+    if (r->loc.dev >= DEV_PTS_FIRST) return zb_pty_open_slave(sb, r->loc.dev, flags, out);
     if (zb_dev_is_proc(r->loc.dev)) {
         if (wr || (flags & O_TRUNC)) return -EACCES;
         long ino = zb_proc_snapshot(sb, r->loc.dev);

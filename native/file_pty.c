@@ -10,7 +10,13 @@
  * being typed, VEOF ends a read); ECHO, ECHOE, ECHOCTL, ECHONL; ISIG (VINTR, VQUIT and VSUSP signal
  * the foreground process group); output OPOST|ONLCR ("\n" -> "\r\n"). Not done: VMIN/VTIME (a raw
  * read returns what is there, as VMIN=1 VTIME=0), flow control (IXON), IUCLC/OLCUC and other
- * output delays, packet mode, /dev/pts/N by name (ptsname's answer; openpty uses TIOCGPTPEER).
+ * output delays, packet mode.
+ * /dev/pts lists pty N as `N` while its master is open (with `ptmx`, mode 0000 as devpts has it);
+ * opening /dev/pts/N opens another slave end as TIOCGPTPEER does (EIO while locked, ENOENT once the
+ * master closed). A slave's fstat is its /dev/pts/N's stat (same st_dev, st_ino, st_rdev 136:N) and
+ * a master's is /dev/ptmx's, so glibc's ttyname finds the name by scanning /dev/pts then /dev (the
+ * guest has no /proc/self/fd for its first try). Opening a slave end without O_NOCTTY, either way,
+ * makes it the controlling terminal of a session leader that has none, as Linux's tty_open does.
  * Closing: the slave's read after the master closed is EOF and its write EIO; the master's read
  * with no slave open and nothing queued is EIO (POLLHUP), as in Linux. The exit of the session
  * leader whose controlling terminal a pty is sends SIGHUP to the pty's foreground group.
@@ -22,6 +28,7 @@
 #include "sandbox_state.h"
 #include "fs.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -129,23 +136,51 @@ void zb_pty_session_leader_ends(zb_family *fam, int i) {
     }
 }
 
-/* Mark the indices the ptys of fds use. */
-static void mark_used(const zb_fdtable *t, uint8_t used[ZB_PTY_MAX]) {
-    for (int i = 0; t && i < ZB_MAX_FDS; i++) {
-        const zb_file *f = t->fd[i];
-        if (f && (f->kind == FILE_PTY_MASTER || f->kind == FILE_PTY_SLAVE) && input_of(f) && tty_of(f))
-            used[tty_of(f)->index % ZB_PTY_MAX] = 1;
+/* The fd tables of the sandbox's processes: table k of tables(sb), NULL for a process that ended
+ * (its own table alone before it ever forked). */
+static int tables(const zb_sandbox *sb) { return sb->fam ? sb->fam->count : 1; }
+static const zb_fdtable *table(const zb_sandbox *sb, int k) {
+    if (!sb->fam) return sb->fds;
+    const zb_member *m = &sb->fam->m[k];
+    return m->zombie || !m->sb ? NULL : m->sb->fds;
+}
+
+static int is_pty(const zb_file *f) {
+    return f && (f->kind == FILE_PTY_MASTER || f->kind == FILE_PTY_SLAVE) && input_of(f) && tty_of(f);
+}
+
+/* Mark the indices of the ptys the sandbox's processes hold an end of (masters only: only_masters). */
+static void mark_used(const zb_sandbox *sb, uint8_t used[ZB_PTY_MAX], int only_masters) {
+    for (int k = 0; k < tables(sb); k++) {
+        const zb_fdtable *t = table(sb, k);
+        for (int i = 0; t && i < ZB_MAX_FDS; i++)
+            if (is_pty(t->fd[i]) && (!only_masters || is_master(t->fd[i]))) used[tty_of(t->fd[i])->index % ZB_PTY_MAX] = 1;
     }
+}
+
+/* An open master end of pty `index` in the sandbox's processes, or NULL. */
+static zb_file *find_master(const zb_sandbox *sb, uint32_t index) {
+    for (int k = 0; k < tables(sb); k++) {
+        const zb_fdtable *t = table(sb, k);
+        for (int i = 0; t && i < ZB_MAX_FDS; i++)
+            if (is_pty(t->fd[i]) && is_master(t->fd[i]) && tty_of(t->fd[i])->index == index) return t->fd[i];
+    }
+    return NULL;
+}
+
+/* Whether session sid has a controlling terminal (a pty whose session it is). */
+static int session_has_tty(const zb_sandbox *sb, int32_t sid) {
+    for (int k = 0; k < tables(sb); k++) {
+        const zb_fdtable *t = table(sb, k);
+        for (int i = 0; t && i < ZB_MAX_FDS; i++)
+            if (is_pty(t->fd[i]) && tty_of(t->fd[i])->sid == sid) return 1;
+    }
+    return 0;
 }
 
 long zb_pty_open_master(zb_sandbox *sb, zb_file **out) {
     uint8_t used[ZB_PTY_MAX] = {0};
-    if (sb->fam) {
-        for (int i = 0; i < sb->fam->count; i++)
-            if (!sb->fam->m[i].zombie && sb->fam->m[i].sb) mark_used(sb->fam->m[i].sb->fds, used);
-    } else {
-        mark_used(sb->fds, used);
-    }
+    mark_used(sb, used, 0);
     uint32_t index = 0;
     while (index < ZB_PTY_MAX && used[index]) index++;
     if (index == ZB_PTY_MAX) return -ENOSPC; /* as Linux past /proc/sys/kernel/pty/max */
@@ -334,23 +369,74 @@ static int pty_unread(zb_sandbox *sb, const zb_file *f) {
     return (int)k;
 }
 
+/* What stat of its name says (/dev/ptmx, /dev/pts/N): ttyname compares st_dev, st_ino and st_rdev. */
 static long pty_stat(zb_sandbox *sb, zb_file *f, struct stat *st) {
     (void)sb;
-    zb_file_stat_anon(st, S_IFCHR | (is_master(f) ? 0666 : 0620));
-    st->st_rdev = is_master(f) ? makedev(5, 2) : makedev(136, tty_of(f)->index);
+    zb_dev_stat(is_master(f) ? DEV_PTMX : DEV_PTS_FIRST + (int)(tty_of(f)->index % ZB_PTY_MAX), st);
+    return 0;
+}
+
+/* A new slave end of master m's pty (TIOCGPTPEER, or /dev/pts/N by name) into *out. Without
+ * O_NOCTTY, a session leader with no controlling terminal gets this one if no session has it
+ * (Linux's tty_open_proc_set_tty). */
+static long new_slave(zb_sandbox *sb, zb_file *m, uint64_t flags, zb_file **out) {
+    zb_tty *t = tty_of(m);
+    if (t->locked) return -EIO; /* until unlockpt */
+    zb_member *self = flags & O_NOCTTY ? NULL : caller(sb);
+    zb_file *s = zb_file_new(FILE_PTY_SLAVE);
+    if (!s || (!(flags & O_NOCTTY) && !self)) {
+        zb_file_unref(sb->fs, s);
+        return -ENOMEM;
+    }
+    if (self && self->pid == self->sid && (t->sid <= 0 || zb_family_find(sb->fam, t->sid) < 0) &&
+        !session_has_tty(sb, self->sid)) {
+        t->sid = self->sid;
+        t->pgrp = self->pgid;
+    }
+    s->flags = (int)(flags & (O_ACCMODE | O_NONBLOCK));
+    zb_file_attach_rx(s, m->tx);
+    zb_file_attach_tx(s, m->rx);
+    *out = s;
     return 0;
 }
 
 static long open_peer(zb_sandbox *sb, zb_file *m, uint64_t flags) {
-    zb_tty *t = tty_of(m);
-    /* Linux takes any flags here and uses the access mode, O_NONBLOCK and O_CLOEXEC */
-    if (t->locked) return -EIO; /* as opening a locked /dev/pts/N */
-    zb_file *s = zb_file_new(FILE_PTY_SLAVE);
-    if (!s) return -ENOMEM;
-    s->flags = (int)(flags & (O_ACCMODE | O_NONBLOCK));
-    zb_file_attach_rx(s, m->tx);
-    zb_file_attach_tx(s, m->rx);
-    return zb_fd_install(sb, s, 0, (flags & O_CLOEXEC) != 0);
+    /* Linux takes any flags here and uses the access mode, O_NONBLOCK, O_NOCTTY and O_CLOEXEC */
+    zb_file *s;
+    long r = new_slave(sb, m, flags, &s);
+    return r < 0 ? r : zb_fd_install(sb, s, 0, (flags & O_CLOEXEC) != 0);
+}
+
+/* ---- /dev/pts ---- */
+
+int zb_pty_lookup(zb_sandbox *sb, const char *name) {
+    /* devpts names are the decimal index, no sign, no leading zero: anything else is no entry */
+    uint32_t index = 0;
+    size_t len = 0;
+    for (; name[len]; len++) {
+        if (name[len] < '0' || name[len] > '9' || len >= 3 || (len && !index)) return -ENOENT;
+        index = index * 10 + (uint32_t)(name[len] - '0');
+    }
+    if (!len || index >= ZB_PTY_MAX || !find_master(sb, index)) return -ENOENT;
+    return DEV_PTS_FIRST + (int)index;
+}
+
+int zb_pty_list(zb_sandbox *sb, zb_listing *out) {
+    uint8_t open[ZB_PTY_MAX] = {0};
+    mark_used(sb, open, 1);
+    for (int i = 0; i < ZB_PTY_MAX; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "%d", i);
+        int r = open[i] ? zb_listing_add(out, name, DT_CHR, ZB_DEV_INO(DEV_PTS_FIRST + i)) : 0;
+        if (r < 0) return r;
+    }
+    return 0;
+}
+
+long zb_pty_open_slave(zb_sandbox *sb, int dev, uint64_t flags, zb_file **out) {
+    zb_file *m = dev >= DEV_PTS_FIRST && dev < DEV_PTS_FIRST + ZB_PTY_MAX ? find_master(sb, (uint32_t)(dev - DEV_PTS_FIRST)) : NULL;
+    if (!m) return -ENOENT; /* its master closed between the lookup and the open */
+    return new_slave(sb, m, flags, out);
 }
 
 static long set_termios(zb_tty *t, const k_termios *k, zb_pipe *in, int flush) {

@@ -22,15 +22,21 @@
 #define ZB_MAX_FDS 1024 /* the fd table's size */
 
 /* mount trie node kinds */
-enum { MNT_SYNTH = 1, MNT_HOST_DIR, MNT_HOST_FILE, MNT_SYMLINK, MNT_OVERLAY, MNT_DEV, MNT_PROC_EXE, MNT_PROJECT };
+enum { MNT_SYNTH = 1, MNT_HOST_DIR, MNT_HOST_FILE, MNT_SYMLINK, MNT_OVERLAY, MNT_DEV, MNT_PROC_EXE, MNT_PROJECT,
+       MNT_PTS /* /dev/pts: its numbered entries are the sandbox's ptys (file_pty.c zb_pty_lookup) */ };
 /* how a project directory (the notebook's folder, fs_project.c) is seen: ZB_PROJECT_* */
 enum { PROJ_NONE = 0, PROJ_READONLY = ZB_PROJECT_READONLY, PROJ_OVERLAY = ZB_PROJECT_OVERLAY,
        PROJ_READWRITE = ZB_PROJECT_READWRITE };
 /* devices */
 enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART, DEV_PTMX,
+       DEV_PTS_PTMX, /* /dev/pts/ptmx: mode 0000 and root's, as devpts makes it (EACCES to the guest) */
        /* /proc files synthesised when opened (fs_proc.c): regular read-only files, not devices */
        DEV_PROC_FIRST = 32, DEV_PROC_MAPS = DEV_PROC_FIRST, DEV_PROC_STATUS, DEV_PROC_STAT, DEV_PROC_STATM,
-       DEV_PROC_SMAPS_ROLLUP, DEV_PROC_CGROUP, DEV_PROC_MEMINFO, DEV_PROC_CPUINFO, DEV_PROC_LAST = DEV_PROC_CPUINFO };
+       DEV_PROC_SMAPS_ROLLUP, DEV_PROC_CGROUP, DEV_PROC_MEMINFO, DEV_PROC_CPUINFO, DEV_PROC_LAST = DEV_PROC_CPUINFO,
+       /* /dev/pts/N, the slave end of pty N (N < ZB_PTY_MAX): opened by file_pty.c zb_pty_open_slave */
+       DEV_PTS_FIRST = 64 };
+/* st_ino of a device (stat of its path, fstat of what it opened, d_ino of its /dev/pts entry) */
+#define ZB_DEV_INO(dev) (100u + (unsigned)(dev))
 
 /* How a mounted project is seen (PROJ_*). One object per mount, shared by every copy of the trie
  * (snapshots, restores, rewinds): the files mode is a property of the session, not of the state a
@@ -562,6 +568,13 @@ long zb_stream_write(zb_pipe *pp, const uint8_t *p, size_t n);
 long zb_stream_append(zb_pipe *pp, const uint8_t *p, size_t n);
 /* file_pty.c: open /dev/ptmx (a new pty's master end). */
 long zb_pty_open_master(zb_sandbox *sb, zb_file **out);
+/* file_pty.c, /dev/pts: the device (DEV_PTS_FIRST + N) of the entry `name` (a guest string) of the
+ * directory, or -ENOENT: an entry exists while pty N's master is open in the sandbox's processes. */
+int zb_pty_lookup(zb_sandbox *sb, const char *name);
+/* Add the entries of the open ptys to a listing of /dev/pts: 0 or -errno. */
+int zb_pty_list(zb_sandbox *sb, zb_listing *out);
+/* Open /dev/pts/N (dev DEV_PTS_FIRST + N): another slave end of pty N, as TIOCGPTPEER opens one. */
+long zb_pty_open_slave(zb_sandbox *sb, int dev, uint64_t flags, zb_file **out);
 /* A copy of a stream for a cloned fd table: its unread bytes shared until either side writes. */
 zb_pipe *zb_pipe_copy(const zb_pipe *s);
 /* FIONREAD of a stream end: the bytes its rx holds. */

@@ -45,9 +45,11 @@ zb_fs *zb_fs_new(char *err) {
     zb_mnode *dev = zb_mnode_add(fs->root, "dev", MNT_SYNTH);
     zb_mnode *proc = zb_mnode_add(fs->root, "proc", MNT_SYNTH);
     zb_mnode *self = proc ? zb_mnode_add(proc, "self", MNT_SYNTH) : NULL;
+    zb_mnode *pts = NULL;
     if (no_inodes || !dev || !self || !dev_add(dev, "null", DEV_NULL) || !dev_add(dev, "zero", DEV_ZERO) ||
         !dev_add(dev, "urandom", DEV_URANDOM) || !dev_add(dev, "random", DEV_URANDOM) ||
-        !dev_add(dev, "ttyS0", DEV_UART) || !dev_add(dev, "ptmx", DEV_PTMX) || !zb_mnode_add(self, "exe", MNT_PROC_EXE) ||
+        !dev_add(dev, "ttyS0", DEV_UART) || !dev_add(dev, "ptmx", DEV_PTMX) ||
+        !(pts = zb_mnode_add(dev, "pts", MNT_PTS)) || !dev_add(pts, "ptmx", DEV_PTS_PTMX) || !zb_mnode_add(self, "exe", MNT_PROC_EXE) ||
         zb_proc_add_files(proc, self) < 0) {
         zb_seterr(err, "out of memory");
         zb_fs_free(fs);
@@ -224,7 +226,7 @@ static int loc_from_mnode(zb_sandbox *sb, zb_mnode *m, zb_loc *loc) {
     memset(loc, 0, sizeof *loc);
     loc->mnode = m;
     switch (m->kind) {
-    case MNT_SYNTH: loc->kind = LOC_SYNTH; loc->is_dir = 1; break;
+    case MNT_SYNTH: case MNT_PTS: loc->kind = LOC_SYNTH; loc->is_dir = 1; break;
     case MNT_HOST_DIR: loc->kind = LOC_HOST; loc->is_dir = loc->host_is_dir = 1; break;
     case MNT_HOST_FILE: loc->kind = LOC_HOST; break;
     case MNT_SYMLINK: case MNT_PROC_EXE: loc->kind = LOC_SYMLINK; break;
@@ -280,6 +282,14 @@ static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const cha
             int r = loc_from_mnode(sb, m, out);
             return r < 0 ? r : 0;
         }
+    }
+    if (!m && dir->mnode && dir->mnode->kind == MNT_PTS) { /* /dev/pts/N: pty N, while its master is open */
+        int dev = zb_pty_lookup(sb, name);
+        if (dev < 0) return dev;
+        memset(out, 0, sizeof *out);
+        out->kind = LOC_DEV;
+        out->dev = dev;
+        return 0;
     }
     if (m) {
         int r = loc_from_mnode(sb, m, out);
@@ -413,10 +423,21 @@ done:
 void zb_dev_stat(int dev, struct stat *st) {
     memset(st, 0, sizeof *st);
     st->st_dev = ZB_DEV_ID;
-    st->st_ino = 100 + (unsigned)dev;
+    st->st_ino = ZB_DEV_INO(dev);
     st->st_nlink = 1;
     st->st_blksize = 4096;
     st->st_mode = S_IFCHR | 0666;
+    if (dev >= DEV_PTS_FIRST) { /* /dev/pts/N as devpts makes it: the owner's, group tty (here the guest's gid) */
+        st->st_mode = S_IFCHR | 0620;
+        st->st_uid = st->st_gid = 1000;
+        st->st_rdev = makedev(136, (unsigned)(dev - DEV_PTS_FIRST));
+        return;
+    }
+    if (dev == DEV_PTMX || dev == DEV_PTS_PTMX) {
+        if (dev == DEV_PTS_PTMX) st->st_mode = S_IFCHR;
+        st->st_rdev = makedev(5, 2);
+        return;
+    }
     if (zb_dev_is_proc(dev)) { /* /proc files: regular, read-only, size 0 as Linux reports them */
         st->st_mode = S_IFREG | 0444;
         st->st_blksize = 1024;
@@ -486,7 +507,7 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
 
 static unsigned char mnode_dtype(zb_sandbox *sb, const zb_mnode *m) {
     switch (m->kind) {
-    case MNT_SYNTH: case MNT_HOST_DIR: return DT_DIR;
+    case MNT_SYNTH: case MNT_HOST_DIR: case MNT_PTS: return DT_DIR;
     case MNT_HOST_FILE: return DT_REG;
     case MNT_SYMLINK: case MNT_PROC_EXE: return DT_LNK;
     case MNT_DEV: return zb_dev_is_proc(m->dev) ? DT_REG : DT_CHR;
@@ -509,6 +530,7 @@ int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
     if (!l->is_dir) return -ENOTDIR;
     int ret = 0;
     if ((ret = zb_listing_add(out, ".", DT_DIR, 0)) < 0 || (ret = zb_listing_add(out, "..", DT_DIR, 0)) < 0) goto fail;
+    if (l->mnode && l->mnode->kind == MNT_PTS && (ret = zb_pty_list(sb, out)) < 0) goto fail; /* then its ptmx */
     for (size_t i = 0; l->mnode && i < l->mnode->nchildren; i++) {
         zb_mnode *c = l->mnode->children[i];
         if ((ret = zb_listing_add(out, c->name, mnode_dtype(sb, c), 0)) < 0) goto fail;

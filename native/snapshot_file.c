@@ -41,8 +41,9 @@
  *  12: pseudo-terminals (file kinds 11 and 12, file_pty.c): a pty's settings after its input
  *      stream.
  *  13: the entry page's timed answers (guest_abi.h ZB_ENTRY_TIMED: read at the end of a file,
- *      fstat of the file just opened, getdents64 at the end of a listing) past its `out`. */
-#define STATE_FORMAT 13
+ *      fstat of the file just opened, getdents64 at the end of a listing) past its `out`.
+ *  14: the namespace's trie has /dev/pts (node kind MNT_PTS, its ptmx device DEV_PTS_PTMX). */
+#define STATE_FORMAT 14
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

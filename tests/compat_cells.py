@@ -116,6 +116,8 @@ CELLS: list[Cell] = [
     Cell("shell-command", "!echo hi"),
     Cell("shell-ls-columns", "!ls ../data/listing"),
     Cell("shell-isatty", "!python3 -c 'import sys; print(sys.stdout.isatty())'"),
+    Cell("shell-tty", "!tty | sed 's,[0-9][0-9]*,N,'"),  # /dev/pts/N: the number varies on the host
+    Cell("shell-ttyname", "!python3 -c 'import os; print(os.ttyname(0).rstrip(\"0123456789\"), os.ttyname(1) == os.ttyname(0))'"),
     Cell("shell-carriage-return", "!printf 'a\\rb\\n'"),
     Cell("shell-exit-code", "!false\nprint(_exit_code)"),
     Cell("bash-slow-loop", "%%bash\nfor i in 1 2 3; do echo line $i; sleep 0.2; done"),

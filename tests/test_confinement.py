@@ -81,7 +81,7 @@ def test_host_secrets_are_invisible():
     assert r["hostname"] == ["ok", "zeroboot\n"]
     assert r["root_listing"] == ["ok", sorted({p.split("/")[2] for p in python_view() if p.startswith("/root/")})]
     assert r["home_root"] == ["ok", ["sandbox"]]
-    assert r["dev"] == ["ok", ["null", "ptmx", "random", "shm", "ttyS0", "urandom", "zero"]]
+    assert r["dev"] == ["ok", ["null", "ptmx", "pts", "random", "shm", "ttyS0", "urandom", "zero"]]
     # the view's top-level directories (the Python view's and the system view's), and those its
     # host symlinks lead to (/lib -> usr/lib)
     view = list(python_view()) + system_view()

@@ -8,7 +8,7 @@ import pytest
 import guest_c
 
 
-@pytest.mark.parametrize("test", ["openpt", "limit", "io", "termios", "hostile", "fork"])
+@pytest.mark.parametrize("test", ["openpt", "limit", "io", "termios", "hostile", "fork", "pts"])
 def test_pty_syscalls(test: str) -> None:
     guest_c.check("pty", test)
 

@@ -50,6 +50,19 @@ def test_bang_commands_run_on_a_terminal_as_under_ipykernel(s: Session, tmp_path
     assert ok(cell(s, "%%sh\ntest -t 1 && echo terminal || echo pipe", 8)) == "pipe\n"  # %%sh: pipes, as ipykernel
 
 
+def test_a_commands_terminal_has_its_name_as_under_ipykernel(s: Session) -> None:
+    """The pty `!cmd` runs on is /dev/pts/N (tty, os.ttyname through the /dev/pts listing), a name
+    the guest can open and stat; a cell's own Python sees the entries of the ptys it opens."""
+    tty = ok(cell(s, "!tty", 1))
+    assert tty.startswith("/dev/pts/") and tty[len("/dev/pts/"):-2].isdigit() and tty.endswith("\r\n"), tty
+    code = "!python3 -c 'import os; n = os.ttyname(0); print(n[:9], os.stat(n).st_rdev == os.fstat(0).st_rdev, n in os.popen(\"tty\").read())'"
+    assert ok(cell(s, code, 2)) == "/dev/pts/ True True\r\n"
+    code = ("m, t = os.openpty()\nname = os.ttyname(t)\nfd = os.open(name, os.O_RDWR | os.O_NOCTTY)\n"
+            "os.write(m, b'ping\\n')\nprint(name[:9], os.read(fd, 10), os.ttyname(m), os.path.basename(name) in os.listdir('/dev/pts'))\n"
+            "os.close(m); print(os.path.exists(name)); os.close(t); os.close(fd)")
+    assert ok(cell(s, "import os\n" + code, 3)) == "/dev/pts/ b'ping\\n' /dev/ptmx True\nFalse\n"
+
+
 def test_bash_cell_streams_a_slow_loop(s: Session) -> None:
     """%%bash (IPython's script magic, on pipes as under ipykernel): each line reaches the host as
     it is printed: the loop waits for the host to have seen the previous line before printing the next."""

@@ -1,15 +1,19 @@
 /* pty.c - pseudo-terminals: /dev/ptmx with glibc's posix_openpt/grantpt/unlockpt/ptsname and
  * openpty/forkpty, the line discipline (canonical lines, erase, EOF, echo, ONLCR, raw mode),
  * termios and window size, poll readiness, ISIG to the foreground group, closing one end, SIGHUP to
- * the foreground group when the session leader exits, the pty limit, and hostile arguments (bad pointers, writes nobody reads, bad TIOCGPTPEER flags). */
+ * the foreground group when the session leader exits, the pty limit, /dev/pts (names, stat, ttyname,
+ * opening a slave by name), and hostile arguments (bad pointers, writes nobody reads, bad TIOCGPTPEER
+ * flags). */
 #include "check.h"
 #include "children.h"
 
+#include <dirent.h>
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <termios.h>
 
 #ifndef TIOCGPTPEER
@@ -339,6 +343,109 @@ static void test_fork(int argc, char **argv) {
 }
 
 /* A pty across a snapshot: window size, queued input and its echo, the index. */
+/* Read exactly n bytes (blocking; Linux's pty delivers in pieces). */
+static void read_all(int fd, char *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        long r = read(fd, buf + got, n - got);
+        if (r <= 0) { FAIL("read: %ld %s", r, strerror(errno)); return; }
+        got += (size_t)r;
+    }
+    buf[n] = 0;
+}
+
+static int pts_lists(const char *name) {
+    DIR *d = opendir("/dev/pts");
+    if (!d) { FAIL("opendir /dev/pts: %s", strerror(errno)); return 0; }
+    int found = 0;
+    for (struct dirent *e; (e = readdir(d));) found |= !strcmp(e->d_name, name);
+    closedir(d);
+    return found;
+}
+
+/* /dev/pts: the entries, stat of a name and fstat of a slave agreeing, ttyname of both ends, opening a
+ * slave by name (EIO while locked, ENOENT after the master closed), O_NOCTTY and the controlling
+ * terminal, hostile names. */
+static void test_pts(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    struct stat st, fst;
+    OK(stat("/dev/pts", &st));
+    CHECK(S_ISDIR(st.st_mode), "mode 0%o", st.st_mode);
+    OK(stat("/dev/pts/ptmx", &st));
+    CHECK(S_ISCHR(st.st_mode) && (st.st_mode & 07777) == 0, "mode 0%o", st.st_mode);
+    CHECK_EQ(major(st.st_rdev), 5);
+    CHECK_EQ(minor(st.st_rdev), 2);
+    CHECK_EQ(pts_lists("ptmx"), 1);
+
+    int m = (int)OK(posix_openpt(O_RDWR | O_NOCTTY));
+    unsigned n;
+    OK(ioctl(m, TIOCGPTN, &n));
+    char name[32], num[16];
+    snprintf(name, sizeof name, "/dev/pts/%u", n);
+    snprintf(num, sizeof num, "%u", n);
+    CHECK_EQ(pts_lists(num), 1); /* listed from the open of ptmx, locked or not */
+    OK(stat(name, &st));
+    CHECK(S_ISCHR(st.st_mode), "mode 0%o", st.st_mode);
+    CHECK_EQ(major(st.st_rdev), 136);
+    CHECK_EQ(minor(st.st_rdev), n);
+    CHECK_ERR(open(name, O_RDWR | O_NOCTTY), EIO); /* locked until unlockpt */
+    OK(unlockpt(m));
+    int s = (int)OK(open(name, O_RDWR | O_NOCTTY));
+    CHECK_EQ(isatty(s), 1);
+    OK(fstat(s, &fst));
+    CHECK(fst.st_rdev == st.st_rdev && fst.st_ino == st.st_ino && fst.st_dev == st.st_dev,
+          "fstat %lx/%lu/%lx, stat %lx/%lu/%lx", (long)fst.st_rdev, (unsigned long)fst.st_ino, (long)fst.st_dev,
+          (long)st.st_rdev, (unsigned long)st.st_ino, (long)st.st_dev);
+    CHECK_STR(ttyname(s), name);
+    CHECK_STR(ttyname(m), "/dev/ptmx");
+    int peer = (int)OK(ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY));
+    CHECK_STR(ttyname(peer), name);
+    OK(close(peer));
+
+    /* talk through the slave opened by name */
+    char buf[64];
+    CHECK_EQ(write(m, "hi\n", 3), 3);
+    read_all(s, buf, 3);
+    CHECK_STR(buf, "hi\n");
+    read_all(m, buf, 4); /* the echo */
+    CHECK_STR(buf, "hi\r\n");
+    CHECK_EQ(write(s, "yo\n", 3), 3);
+    read_all(m, buf, 4);
+    CHECK_STR(buf, "yo\r\n");
+
+    /* names devpts never makes */
+    const char *bad[] = {"/dev/pts/00", "/dev/pts/-1", "/dev/pts/+0", "/dev/pts/ 0", "/dev/pts/0x0", "/dev/pts/64",
+                         "/dev/pts/4294967296", "/dev/pts/99999999999999999999999", "/dev/pts/0/", "/dev/pts/0/x"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        if (!strcmp(bad[i], name)) continue;
+        errno = 0;
+        CHECK(stat(bad[i], &st) < 0 && (errno == ENOENT || errno == ENOTDIR), "stat %s: errno %d", bad[i], errno);
+    }
+
+    /* without O_NOCTTY, a session leader with no terminal gets this one */
+    pid_t pid = fork_or_fail();
+    if (pid == 0) {
+        CHECK_EQ(setsid(), getpid());
+        int a = (int)OK(open(name, O_RDWR | O_NOCTTY));
+        pid_t sid;
+        CHECK_ERR(ioctl(a, TIOCGSID, &sid), ENOTTY);
+        int b = (int)OK(open(name, O_RDWR));
+        OK(ioctl(b, TIOCGSID, &sid));
+        CHECK_EQ(sid, getpid());
+        CHECK_EQ(tcgetpgrp(b), getpgrp());
+        child_exit(0);
+    }
+    expect_exit(pid, 0);
+
+    /* the master closed: the name is gone */
+    OK(close(m));
+    CHECK_ERR(stat(name, &st), ENOENT);
+    CHECK_ERR(open(name, O_RDWR | O_NOCTTY), ENOENT);
+    CHECK_EQ(pts_lists(num), 0);
+    OK(close(s));
+}
+
 static void test_snapshot_state(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -365,6 +472,11 @@ static void test_snapshot_state(int argc, char **argv) {
     OK(ioctl(m, TIOCGPTN, &n));
     CHECK_EQ(n, 0);
     CHECK_EQ(isatty(s), 1);
+    CHECK_STR(ttyname(s), "/dev/pts/0"); /* the restored pty has its /dev/pts entry */
+    int again = (int)OK(open("/dev/pts/0", O_RDWR | O_NOCTTY));
+    CHECK_EQ(write(again, "x\n", 2), 2);
+    read_all(m, buf, 3);
+    CHECK_STR(buf, "x\r\n");
 }
 
 static const zb_test tests[] = {
@@ -374,6 +486,7 @@ static const zb_test tests[] = {
     {"termios", test_termios},
     {"hostile", test_hostile},
     {"fork", test_fork},
+    {"pts", test_pts},
     {"snapshot_state", test_snapshot_state},
     {NULL, NULL},
 };

@@ -36,7 +36,7 @@ def host(tmp_path):
 
 
 # attempts that succeed by design: the guest's own objects, or listings of what it may see
-READ_OK = {"view_parent_listing", "readlink_overlay", "readlink_proc_exe", "dev_listing", "proc_self_listing"}
+READ_OK = {"view_parent_listing", "readlink_overlay", "readlink_proc_exe", "dev_listing", "pts_listing", "proc_self_listing"}
 # written by the engine in guest terms when opened (native/fs_proc.c), never the host's
 SYNTHESISED = {"/proc/self/maps": "000000400000-", "/proc/cpuinfo": "processor\t: 0"}
 
@@ -59,8 +59,10 @@ def test_reads_outside_the_view_fail(host):
         assert outcome == "err", (name, detail)
     assert got["view_parent_listing"] == ("ok", ".,..,view,")  # only the path that leads to the view
     # shm: the guest's own in-memory /dev/shm (an overlay directory), never the host's; ptmx: the
-    # sandbox's own pty multiplexer (file_pty.c), never the host's
-    assert got["dev_listing"] == ("ok", ".,..,null,zero,urandom,random,ttyS0,ptmx,shm,")
+    # sandbox's own pty multiplexer (file_pty.c), never the host's; pts: the sandbox's own ptys
+    # (none open here, so only its mode-0000 ptmx), never the host's
+    assert got["dev_listing"] == ("ok", ".,..,null,zero,urandom,random,ttyS0,ptmx,pts,shm,")
+    assert got["pts_listing"] == ("ok", ".,..,ptmx,")
     assert got["proc_self_listing"][0] == "ok"
     assert sorted(got["proc_self_listing"][1].split(",")) == sorted(
         ".,..,exe,maps,status,stat,statm,smaps_rollup,cgroup,".split(","))

@@ -138,9 +138,11 @@ static void test_read(int argc, char **argv) {
                            "/proc/self/root/etc/shadow", "/proc/1/root/etc/shadow", "/proc/self/cwd/x",
                            "/proc/self/fd/0", "/proc/self/fd/3", "/proc/self/exe/../../../etc/shadow",
                            "/proc/kcore", "/proc/cpuinfo", "/sys/kernel/notes", "/dev/mem", "/dev/kvm",
-                           "/dev/sda", "/dev/tty", "/dev/stdin", NULL};
+                           "/dev/sda", "/dev/tty", "/dev/stdin", "/dev/pts/0", "/dev/pts/ptmx",
+                           "/dev/pts/../../etc/shadow", "/dev/pts/0/../../etc/shadow", NULL};
     for (int i = 0; procs[i]; i++) try_openat(procs[i], AT_FDCWD, procs[i], O_RDONLY);
     list_dir("dev_listing", "/dev");
+    list_dir("pts_listing", "/dev/pts");
     list_dir("proc_self_listing", "/proc/self");
 
     /* dirfd tricks */
