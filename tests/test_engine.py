@@ -117,10 +117,13 @@ def test_restores_compare_pages_left_writable_and_reset_the_changed_ones(templat
         snap.release()
 
 
+# Only docstrings that live in the template's memory: a ufunc's __doc__ is a new string at every
+# access, whose address (and so its place in the id order of the digest) depends on the allocator's
+# state when the cell runs, which the agent's own per-request work moves (a flaky digest before).
 SCRIBBLE_DOCSTRINGS = """
 import ctypes, hashlib, numpy, sys
 docs = sorted({f.__doc__ for f in vars(numpy).values() if isinstance(getattr(f, '__doc__', None), str)
-               and f.__doc__.isascii() and len(f.__doc__) >= 64}, key=id)
+               and f.__doc__.isascii() and len(f.__doc__) >= 64 and f.__doc__ is f.__doc__}, key=id)
 digest = hashlib.sha256('\\0'.join(docs).encode()).hexdigest()
 """
 
