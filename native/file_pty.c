@@ -425,7 +425,7 @@ int zb_pty_list(zb_sandbox *sb, zb_listing *out) {
     uint8_t open[ZB_PTY_MAX] = {0};
     mark_used(sb, open, 1);
     for (int i = 0; i < ZB_PTY_MAX; i++) {
-        char name[8];
+        char name[12]; /* an int's digits and sign (the compiler cannot see i < ZB_PTY_MAX at -O1) */
         snprintf(name, sizeof name, "%d", i);
         int r = open[i] ? zb_listing_add(out, name, DT_CHR, ZB_DEV_INO(DEV_PTS_FIRST + i)) : 0;
         if (r < 0) return r;
