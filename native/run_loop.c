@@ -504,20 +504,16 @@ static int handle_exit(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
 /* The timed answers for the run about to start: each is the state the syscall just served left
  * (zb_syscall_seq: any later syscall, of any thread or process, ends them), and holds until the
  * guest TSC passes deadline_tsc, ENTRY_TIMED_NS after the host saw that state. Needs the TSC's
- * rate and value (no timed answers without them). */
-static void entry_timed_answers(zb_sandbox *sb, zb_vm *vm, struct zb_entry_data *d) {
-    uint64_t seq = atomic_load(&zb_syscall_seq);
-    int64_t now = zb_now_ns(), seen = now;
-    int any = 0;
+ * rate and value (no timed answers without them). The caller's fd loop set ZB_EFD_EOF where
+ * entry_eof_fresh said so, with `seen` the earliest of those files' eof_ns (now if none). */
+static int entry_eof_fresh(const zb_file *f, uint64_t seq, int64_t now) {
+    return f->eof_seq == seq && now - f->eof_ns < ENTRY_TIMED_NS;
+}
+
+static void entry_timed_answers(zb_sandbox *sb, zb_vm *vm, struct zb_entry_data *d, uint64_t seq, int64_t now,
+                                int64_t seen) {
+    int any = seen < now;
     d->stat_fd = -1;
-    for (int fd = 0; fd < ZB_ENTRY_FDS; fd++) {
-        zb_file *f = sb->fds->fd[fd];
-        if (f && f->eof_seq == seq && now - f->eof_ns < ENTRY_TIMED_NS) {
-            d->fd_state[fd] |= ZB_EFD_EOF;
-            seen = ZB_MIN(seen, f->eof_ns);
-            any = 1;
-        }
-    }
     int fd = sb->entry_stat_fd;
     if (sb->entry_stat_seq == seq && fd >= 0 && fd < ZB_ENTRY_FDS && sb->fds->fd[fd] == sb->entry_stat_file) {
         zb_file *f = sb->fds->fd[fd];
@@ -548,10 +544,16 @@ static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
     d.value[1] = ZB_GUEST_UID;
     d.value[2] = ZB_GUEST_GID;
     _Static_assert(ZB_ENTRY_FDS <= ZB_MAX_FDS, "the entry's fds are guest fds");
+    uint64_t seq = atomic_load(&zb_syscall_seq);
+    int64_t now = zb_now_ns(), seen = now;
     for (int fd = 0; fd < ZB_ENTRY_FDS; fd++) {
         const zb_file *f = sb->fds->fd[fd];
         if (!f) continue;
-        d.fd_state[fd] = ZB_EFD_OPEN | (sb->fds->cloexec[fd] ? ZB_EFD_CLOEXEC : 0);
+        if (entry_eof_fresh(f, seq, now)) { /* a timed answer: entry_timed_answers sets its deadline */
+            d.fd_state[fd] |= ZB_EFD_EOF;
+            seen = ZB_MIN(seen, f->eof_ns);
+        }
+        d.fd_state[fd] |= ZB_EFD_OPEN | (sb->fds->cloexec[fd] ? ZB_EFD_CLOEXEC : 0);
         if (f->kind != FILE_PTY_MASTER && f->kind != FILE_PTY_SLAVE)
             d.fd_state[fd] |= ZB_EFD_NOTTY; /* a terminal's TCGETS is file_pty.c's */
         d.fd_flags[fd] = (uint32_t)(f->flags | f->ops->status_flags);
@@ -562,7 +564,7 @@ static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
         if (f->kind == FILE_DIR && f->listing && f->offset >= f->listing->n)
             d.fd_state[fd] |= ZB_EFD_DIR_END; /* a listing is kept once taken (file_dir.c): no deadline */
     }
-    entry_timed_answers(sb, vm, &d);
+    entry_timed_answers(sb, vm, &d, seq, now, seen);
     zb_layout_entry_answers(&sb->mem, 1, &d);
 }
 
