@@ -68,6 +68,8 @@ zb_cpl0_entry:
     .set fdslots, zb_cpl0_entry + ZB_SYSCALL_ENTRY_OFFSET + ZB_ENTRY_FD_SLOTS
     .org zb_cpl0_entry + ZB_SYSCALL_ENTRY_OFFSET + ZB_ENTRY_FD_CODE
 fd_code:
+    cmpl $ZB_ENTRY_CLOSE_NONE, ZB_ENTRY_CLOSE_SLOT /* a close waits: the host answers */
+    jne 9f
     cmpq $ZB_ENTRY_FDS, %rdi
     jae 9f
     testb $ZB_EFD_OPEN, data + ZB_ENTRY_FD_STATE(%rdi)
@@ -129,6 +131,8 @@ timed_dispatch:
     je timed + ZB_ENTRY_TIMED_SIZE
     cmpq $217, %rax         /* getdents64 */
     je timed + 2 * ZB_ENTRY_TIMED_SIZE
+    cmpq $3, %rax           /* close */
+    je timed + 3 * ZB_ENTRY_TIMED_SIZE
     jmp 9b
     /* rax (the TSC) compared with the deadline; then rax = nr again (mov keeps the flags) */
     .macro tsc_window block, nr
@@ -193,4 +197,15 @@ timed_dispatch:
     jmp *%rcx
 8:  movl $0x202, %r11d
     jmp 9b
+    .set block, timed + 3 * ZB_ENTRY_TIMED_SIZE
+    .org block, 0x90        /* close(fd) of a read-only file: deferred through the close slot */
+    testb $ZB_EFD_CLOSE, data + ZB_ENTRY_FD_STATE(%rdi)
+    jz 9b
+    .org block + ZB_ENTRY_CLOSE_DONE - 7, 0x90
+1:  movl %edi, ZB_ENTRY_CLOSE_SLOT /* the commit (fd_code saw the slot empty) */
+2:  xorl %eax, %eax
+    jmp *%rcx
+    .if 2b - 1b - 7 /* the .org put 1b at ZB_ENTRY_CLOSE_DONE - 7 */
+    .error "the close slot's store must end ZB_ENTRY_CLOSE_DONE bytes into its block"
+    .endif
     .org timed + ZB_ENTRY_TIMED_COUNT * ZB_ENTRY_TIMED_SIZE, 0x90

@@ -64,10 +64,21 @@
  * ZB_ENTRY_TIMED_SIZE bytes from ZB_ENTRY_TIMED, in the order read, newfstatat, getdents64; in a
  * block rax is the block's syscall number except between ZB_ENTRY_TSC and ZB_ENTRY_TSC_END bytes
  * in (the TSC read, with rdx kept in r11 there), so a vCPU stopped or faulting in a block is moved
- * to the `out` with rax = the block's syscall and, in that window, rdx = r11. */
+ * to the `out` with rax = the block's syscall and, in that window, rdx = r11.
+ *
+ * close(fd) of a file whose ZB_EFD_CLOSE is set (a read-only host, overlay or directory file:
+ * closing it only drops the fd, nothing else can observe it) is deferred, not served: the fourth
+ * timed block (it has no deadline) stores fd into the int32 at ZB_ENTRY_CLOSE_SLOT, which must
+ * hold ZB_ENTRY_CLOSE_NONE, and answers 0. The host takes that slot right after every KVM_RUN,
+ * before it serves anything or looks at the fd table, closes the fd if ZB_EFD_CLOSE still allows
+ * it (user code can write the slot: any other value is ignored) and writes ZB_ENTRY_CLOSE_NONE
+ * back. While a close waits, the per-fd code sends every call to the `out` (fd_state still says
+ * the fd is open). The store is the commit: a vCPU stopped before ZB_ENTRY_CLOSE_DONE bytes into
+ * the block is moved to the `out` with rax = close; one stopped at or past it has closed the fd
+ * and returns to user code with rax = 0. A close pays no exit; the next exit pays the close. */
 #define ZB_ENTRY_FD_CODE 0x70
-#define ZB_ENTRY_FD_SLOTS 0x100
-#define ZB_ENTRY_FD_SLOT_SIZE 0x20
+#define ZB_ENTRY_FD_SLOTS 0x110
+#define ZB_ENTRY_FD_SLOT_SIZE 0x10
 #define ZB_ENTRY_FD_SLOT_COUNT 4
 #define ZB_ENTRY_FDS 64
 #define ZB_EFD_CLOEXEC 0x01            /* = FD_CLOEXEC: F_GETFD's answer is fd_state & 1 */
@@ -76,12 +87,16 @@
 #define ZB_EFD_NOTTY 0x08              /* not a terminal: ioctl(fd, TCGETS) answers -ENOTTY */
 #define ZB_EFD_EOF 0x10                /* read(fd, ...) answers 0 until deadline_tsc */
 #define ZB_EFD_DIR_END 0x20            /* getdents64(fd, ...) answers 0 */
+#define ZB_EFD_CLOSE 0x40              /* close(fd) may be deferred through the close slot */
 #define ZB_ENTRY_TIMED_DISPATCH 0x1c0 /* the fd code's jump to the timed blocks */
 #define ZB_ENTRY_TIMED 0x200
 #define ZB_ENTRY_TIMED_SIZE 0x180
-#define ZB_ENTRY_TIMED_COUNT 3         /* read, newfstatat, getdents64 */
+#define ZB_ENTRY_TIMED_COUNT 4         /* read, newfstatat, getdents64, close */
 #define ZB_ENTRY_TSC 0x30              /* the TSC read in a block that has one (read, newfstatat) */
 #define ZB_ENTRY_TSC_END 0x50
+#define ZB_ENTRY_CLOSE_DONE 0x20       /* in the close block: the slot's store ends here (committed) */
+#define ZB_ENTRY_CLOSE_SLOT 0xf000     /* the page after the entry: user read-write, the deferred close */
+#define ZB_ENTRY_CLOSE_NONE (-1)       /* the slot's value when no close waits */
 #define ZB_ENTRY_STAT_BYTES 144        /* struct stat on x86-64 */
 #define ZB_ENTRY_DATA 0x800
 #define ZB_ENTRY_FD_STATE 16           /* offsets in struct zb_entry_data, for the assembler */

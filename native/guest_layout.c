@@ -5,7 +5,8 @@
  * shadow-paged KVM (PVM) does not see host edits of present entries. The first 2 MiB are
  * supervisor-only, so user code cannot read or write these structures (and a NULL dereference
  * faults), except the syscall entry page (ZB_SYSCALL_ENTRY), which user code may read and execute
- * but nobody may write.
+ * but nobody may write, and the page after it, the deferred close's slot (ZB_ENTRY_CLOSE_SLOT),
+ * which user code may read and write: the host takes nothing from it but a checked fd.
  */
 #include "util.h"
 #include "memory.h"
@@ -24,11 +25,14 @@
 #define PD_GPA 0x10000ul       /* one page directory per GiB, up to ZB_MEM_MAX */
 _Static_assert(ZB_SYSCALL_ENTRY % 4096 == 0 && ZB_SYSCALL_ENTRY > XSTACK_TOP && ZB_SYSCALL_ENTRY < PD_GPA &&
                ZB_SYSCALL_ENTRY != LOWPT_GPA, "the syscall entry page must be a free page of its own");
+_Static_assert(ZB_ENTRY_CLOSE_SLOT == ZB_SYSCALL_ENTRY + 4096 && ZB_ENTRY_CLOSE_SLOT < PD_GPA,
+               "the close slot must be the free page right after the entry");
 
 #define PTE_P 0x1ull
 #define PTE_RW 0x2ull
 #define PTE_US 0x4ull
 #define PTE_PS 0x80ull
+#define PTE_NX (1ull << 63)
 
 #define SEL_KCODE 0x08
 #define SEL_UDATA 0x2b
@@ -61,6 +65,9 @@ static void write_page_tables(zb_memory *m) {
     uint64_t *pt = (uint64_t *)(m->host + LOWPT_GPA);
     for (uint64_t i = 0; i < 512; i++) pt[i] = (i << 12) | PTE_P | PTE_RW;
     pt[ZB_SYSCALL_ENTRY >> 12] = ZB_SYSCALL_ENTRY | PTE_P | PTE_US; /* user read/execute, no write (CR0.WP) */
+    /* the deferred close's slot: user read-write, so the entry's user-mode code can store to it;
+     * data only (EFER.NXE) */
+    pt[ZB_ENTRY_CLOSE_SLOT >> 12] = ZB_ENTRY_CLOSE_SLOT | PTE_P | PTE_RW | PTE_US | PTE_NX;
     ((uint64_t *)(m->host + PD_GPA))[0] = LOWPT_GPA | PTE_P | PTE_RW | PTE_US;
 }
 
@@ -123,11 +130,24 @@ void zb_layout_entry_answers(zb_memory *m, int on, const struct zb_entry_data *d
     zb_mem_dirty(m, ZB_SYSCALL_ENTRY + ZB_ENTRY_DATA, sizeof d);
 }
 
+int zb_layout_take_deferred_close(zb_memory *m) {
+    int32_t fd;
+    uint8_t *at = m->host + ZB_ENTRY_CLOSE_SLOT;
+    memcpy(&fd, at, sizeof fd);
+    if (fd == ZB_ENTRY_CLOSE_NONE) return -1;
+    const int32_t none = ZB_ENTRY_CLOSE_NONE;
+    memcpy(at, &none, sizeof none);
+    zb_mem_dirty(m, ZB_ENTRY_CLOSE_SLOT, sizeof none);
+    return fd < 0 ? -1 : fd;
+}
+
 void zb_layout_write(zb_memory *m) {
     uint64_t used = PD_GPA + ZB_PAGE * ((m->size + (1ul << 30) - 1) >> 30);
     memset(m->host, 0, used);
     write_page_tables(m);
     write_gdt_idt_tss(m);
+    const int32_t none = ZB_ENTRY_CLOSE_NONE; /* no close waits */
+    memcpy(m->host + ZB_ENTRY_CLOSE_SLOT, &none, sizeof none);
     zb_mem_dirty(m, 0, used); /* part of every snapshot of this sandbox */
 }
 

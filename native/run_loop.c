@@ -19,6 +19,7 @@
 #include "run.h"
 #include "guest_abi.h"
 
+#include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -121,7 +122,7 @@ static const uint64_t entry_fd_slot_nr[ZB_ENTRY_FD_SLOT_COUNT] = {SYS_lseek, SYS
  * number in rax, so that the host serves this call and delivers the signal after it. Returns 1
  * (still mid-trap) or -1. */
 /* The timed blocks' syscalls (guest_abi.h ZB_ENTRY_TIMED): read, newfstatat, getdents64. */
-static const uint64_t entry_timed_nr[ZB_ENTRY_TIMED_COUNT] = {SYS_read, SYS_newfstatat, SYS_getdents64};
+static const uint64_t entry_timed_nr[ZB_ENTRY_TIMED_COUNT] = {SYS_read, SYS_newfstatat, SYS_getdents64, SYS_close};
 
 /* A vCPU stopped or faulting at rip in the timed answers gets the registers of the syscall it was
  * answering: rax its number, in the TSC window of a block (where rdtsc took rdx) rdx back from
@@ -132,8 +133,16 @@ static void entry_timed_regs(struct kvm_regs *r) {
     uint64_t off = r->rip - ZB_SYSCALL_ENTRY - ZB_ENTRY_TIMED, block = off / ZB_ENTRY_TIMED_SIZE, in = off % ZB_ENTRY_TIMED_SIZE;
     if (block >= ZB_ENTRY_TIMED_COUNT) return;
     r->rax = entry_timed_nr[block];
-    if (entry_timed_nr[block] != SYS_getdents64 && in > ZB_ENTRY_TSC && in < ZB_ENTRY_TSC_END) r->rdx = r->r11;
+    if (r->rax == SYS_close) return; /* before its commit: it changed nothing (entry_close_committed) */
+    if (r->rax != SYS_getdents64 && in > ZB_ENTRY_TSC && in < ZB_ENTRY_TSC_END) r->rdx = r->r11;
     r->r11 = 0x202; /* the blocks' scratch: RFLAGS as PVM reports them at the `out` */
+}
+
+/* 1 if rip is in the close block past its store (guest_abi.h ZB_ENTRY_CLOSE_DONE): the close has
+ * happened (the slot holds it), and what is left is returning 0 to user code. */
+static int entry_close_committed(uint64_t rip) {
+    uint64_t block = ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED + 3 * ZB_ENTRY_TIMED_SIZE;
+    return rip >= block + ZB_ENTRY_CLOSE_DONE && rip < block + ZB_ENTRY_TIMED_SIZE;
 }
 
 static int entry_to_out(zb_sandbox *sb, zb_vm *vm, zb_event *ev, struct kvm_regs *r) {
@@ -175,6 +184,11 @@ static int sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         return -1;
     }
     if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &r) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return -1; }
+    if (entry_close_committed(r.rip)) { /* a deferred close made: finish its return (rax = 0) */
+        r.rax = 0;
+        r.rip = r.rcx;
+        if (ioctl(vm->vcpu_fd, KVM_SET_REGS, &r) < 0) { error_event(sb, ev, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
+    }
     if (in_host_trap(&r)) return entry_to_out(sb, vm, ev, &r);
     sb->cpu.regs = r;
     return 0;
@@ -536,6 +550,22 @@ static void entry_timed_answers(zb_sandbox *sb, zb_vm *vm, struct zb_entry_data 
     d->deadline_tsc = tsc + (uint64_t)left * vm->tsc_khz / 1000000;
 }
 
+/* A close the entry may defer (ZB_EFD_CLOSE): dropping the fd is all it does, and nothing else in
+ * the sandbox can see it before this process's next exit (threads share the one vCPU). */
+static int close_deferrable(const zb_file *f) {
+    return (f->kind == FILE_HOST || f->kind == FILE_OVERLAY || f->kind == FILE_DIR) && (f->flags & O_ACCMODE) == O_RDONLY;
+}
+
+/* Right after every KVM_RUN, before the exit is served: the close the entry deferred, made now.
+ * The slot is guest-writable, so its fd is checked against what the entry was allowed to defer
+ * (the table has not changed since entry_answers_refresh wrote ZB_EFD_CLOSE: only exits change it).
+ * Taken with the answers off too, so that a user write to the slot means the same on every path. */
+static void take_deferred_close(zb_sandbox *sb) {
+    int fd = zb_layout_take_deferred_close(&sb->mem);
+    if (fd < 0 || fd >= ZB_ENTRY_FDS || !sb->fds->fd[fd] || !close_deferrable(sb->fds->fd[fd])) return;
+    zb_fd_close(sb, fd);
+}
+
 static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
     if (!vm->guest_answers) { zb_layout_entry_answers(&sb->mem, 0, NULL); return; }
     struct zb_entry_data d;
@@ -561,6 +591,7 @@ static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
             d.fd_state[fd] |= ZB_EFD_SEEK;
             d.fd_offset[fd] = f->offset;
         }
+        if (close_deferrable(f)) d.fd_state[fd] |= ZB_EFD_CLOSE;
         if (f->kind == FILE_DIR && f->listing && f->offset >= f->listing->n)
             d.fd_state[fd] |= ZB_EFD_DIR_END; /* a listing is kept once taken (file_dir.c): no deadline */
     }
@@ -620,6 +651,7 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         entry_answers_refresh(sb, vm);
         ZB_PROF_BEGIN(sb, t_run);
         int run_rc = ioctl(vm->vcpu_fd, KVM_RUN, 0);
+        take_deferred_close(sb);
         if (sb->profile) {
             sb->prof_exit_ns = zb_now_ns();
             sb->prof_run_ns = sb->prof_exit_ns - t_run;

@@ -42,8 +42,10 @@
  *      stream.
  *  13: the entry page's timed answers (guest_abi.h ZB_ENTRY_TIMED: read at the end of a file,
  *      fstat of the file just opened, getdents64 at the end of a listing) past its `out`.
- *  14: the namespace's trie has /dev/pts (node kind MNT_PTS, its ptmx device DEV_PTS_PTMX). */
-#define STATE_FORMAT 14
+ *  14: the namespace's trie has /dev/pts (node kind MNT_PTS, its ptmx device DEV_PTS_PTMX).
+ *  15: the entry's deferred close (guest_abi.h ZB_ENTRY_CLOSE_SLOT, a user-writable low page that
+ *      holds ZB_ENTRY_CLOSE_NONE) and its per-fd slots moved (ZB_ENTRY_FD_SLOTS). */
+#define STATE_FORMAT 15
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

@@ -123,6 +123,9 @@ void zb_layout_write(zb_memory *m);
 /* The guest's TSC now (on VMX it carries an offset from the host's); 0 if KVM does not say. */
 uint64_t zb_vm_guest_tsc(zb_vm *vm);
 void zb_layout_entry_answers(zb_memory *m, int on, const struct zb_entry_data *d);
+/* The fd of the close the guest's entry deferred (guest_abi.h ZB_ENTRY_CLOSE_SLOT), or -1; the
+ * slot is emptied. A guest-written value: the caller checks it is a deferrable fd. */
+int zb_layout_take_deferred_close(zb_memory *m);
 void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_base, uint64_t gs_base);
 uint64_t zb_layout_stub_addr(int vector);
 uint64_t zb_layout_exception_stack_top(void);

@@ -21,6 +21,7 @@
 #define LOW_STUBS 0x8000ul
 #define LOW_XSTACK 0x9000ul
 #define LSTAR 0xe000ul /* guest_abi.h ZB_SYSCALL_ENTRY: user-executable, read-only */
+#define CLOSE_SLOT 0xf000ul /* guest_abi.h ZB_ENTRY_CLOSE_SLOT: user read-write, never executable */
 #define NONCANONICAL 0x8000000000000000ul
 
 static void announce(const char *what) { fprintf(stderr, "about to %s\n", what); }
@@ -275,6 +276,11 @@ TEST(jump_stub) { UNUSED; jump_to("jump_stub", LOW_STUBS + 14 * 8); }
 TEST(jump_idt) { UNUSED; jump_to("jump_idt", LOW_IDT); }
 TEST(jump_null) { UNUSED; jump_to("jump_null", 0); }
 TEST(read_low_top) { UNUSED; read_at("read_low_top", 0x200000 - 8); }
+TEST(jump_close_slot) { /* code written into the one user-writable low page does not run */
+    UNUSED;
+    *(volatile uint32_t *)CLOSE_SLOT = 0x90909090u; /* nops: a fetch there must fault (NX) */
+    jump_to("jump_close_slot", CLOSE_SLOT);
+}
 TEST(read_beyond) { UNUSED; read_at("read_beyond", 0x10000000); } /* past a 256 MiB guest */
 TEST(write_lapic) { UNUSED; write_at("write_lapic", 0xfee00000); }
 TEST(write_ioapic) { UNUSED; write_at("write_ioapic", 0xfec00000); }
@@ -390,7 +396,7 @@ static const zb_test tests[] = {
     T(out_exception_port), T(out_pci), T(in_pit), T(out_uart_word), T(out_uart_straddle), T(rep_outsb_uart),
     T(rep_insb_uart),
     T(read_pml4), T(write_pml4), T(write_gdt), T(write_idt), T(read_tss), T(write_iobitmap), T(write_xstack),
-    T(write_stub), T(jump_stub), T(jump_idt), T(jump_null), T(read_low_top), T(read_beyond), T(write_lapic),
+    T(write_stub), T(jump_stub), T(jump_idt), T(jump_null), T(read_low_top), T(jump_close_slot), T(read_beyond), T(write_lapic),
     T(write_ioapic), T(read_kernel_half), T(read_noncanonical), T(jump_noncanonical),
     T(lstar_jump), T(lstar_noncanonical), T(lstar_to_stub), T(syscall_tf), T(syscall_no_stack), T(syscall_flags),
     T(sigreturn_noncanonical), T(sigreturn_low), T(sigreturn_iopl), T(handler_noncanonical), T(fs_noncanonical),
