@@ -74,6 +74,9 @@ fd_code:
     jae 9f
     testb $ZB_EFD_OPEN, data + ZB_ENTRY_FD_STATE(%rdi)
     jz 9f
+    cmpl %edi, data + ZB_ENTRY_READ_FD /* the file whose bytes the host read: its own dispatch */
+    je read_dispatch
+fd_answers:
     cmpq $8, %rax           /* lseek */
     je 3f
     cmpq $16, %rax          /* ioctl */
@@ -208,4 +211,45 @@ timed_dispatch:
     .if 2b - 1b - 7 /* the .org put 1b at ZB_ENTRY_CLOSE_DONE - 7 */
     .error "the close slot's store must end ZB_ENTRY_CLOSE_DONE bytes into its block"
     .endif
+    .set block, timed + 4 * ZB_ENTRY_TIMED_SIZE
+    .org block, 0x90        /* read(read_fd, buf, count): the bytes the host read at the open */
+    user_range
+    tsc_window block, 0
+    movl ZB_ENTRY_READ_POS, %r11d /* guest-writable: bounded by the size */
+    cmpl data + ZB_ENTRY_READ_SIZE, %r11d
+    ja 8f
+    movl data + ZB_ENTRY_READ_SIZE, %eax
+    subl %r11d, %eax        /* what is left */
+    cmpq %rdx, %rax
+    cmovaq %rdx, %rax       /* rax = the count read */
+    movq %rsi, ZB_ENTRY_READ_SAVE
+    movq %rcx, ZB_ENTRY_READ_SAVE + 8
+    .org block + ZB_ENTRY_READ_COPY, 0x90
+    movq %rsi, %rdi         /* from here to the commit the host restores rsi, rcx and rdi */
+    leaq ZB_ENTRY_READ_BUF(%r11), %rsi
+    movq %rax, %rcx
+    cld                     /* forwards (SFMASK clears DF at syscall; PVM may not have) */
+    rep movsb               /* into the user's buffer (a fault here: the host serves the call) */
+    movq ZB_ENTRY_READ_SAVE, %rsi
+    movq ZB_ENTRY_READ_SAVE + 8, %rcx
+    movslq data + ZB_ENTRY_READ_FD, %rdi
+    .org block + ZB_ENTRY_READ_DONE - 7, 0x90
+1:  addl %eax, ZB_ENTRY_READ_POS /* the commit */
+2:  jmp *%rcx
+    .if 2b - 1b - 7 /* the .org put 1b at ZB_ENTRY_READ_DONE - 7 */
+    .error "the read position's add must end ZB_ENTRY_READ_DONE bytes into its block"
+    .endif
+8:  movl $0x202, %r11d
+    jmp 9b
+    .org block + ZB_ENTRY_READ_DISPATCH, 0x90
+read_dispatch:              /* a call on read_fd, rax its number (compares only) */
+    testq %rax, %rax        /* read */
+    je block
+    cmpl $0, ZB_ENTRY_READ_POS
+    je fd_answers           /* nothing read in the guest yet: the per-fd answers hold */
+    cmpq $3, %rax           /* close: deferred as ever */
+    je timed + 3 * ZB_ENTRY_TIMED_SIZE
+    cmpq $262, %rax         /* newfstatat (the offset is not in a stat) */
+    je timed + ZB_ENTRY_TIMED_SIZE
+    jmp 9b                  /* the per-fd table's offset is old: the host answers */
     .org timed + ZB_ENTRY_TIMED_COUNT * ZB_ENTRY_TIMED_SIZE, 0x90

@@ -60,9 +60,9 @@
  * deadline: a listing is taken once and kept (file_dir.c). A buffer below ZB_LOW_REGION_BYTES or
  * past the user half goes to the host (EFAULT); one in memory the process has not mapped does
  * not (the guest's page tables map all its memory): there read and getdents64 say 0 and the
- * fstat is written, where the host says EFAULT. Each timed code block is
- * ZB_ENTRY_TIMED_SIZE bytes from ZB_ENTRY_TIMED, in the order read, newfstatat, getdents64; in a
- * block rax is the block's syscall number except between ZB_ENTRY_TSC and ZB_ENTRY_TSC_END bytes
+ * fstat is written, where the host says EFAULT. Each timed code block is ZB_ENTRY_TIMED_SIZE
+ * bytes from ZB_ENTRY_TIMED, in the order read, newfstatat, getdents64, close, read of read_fd;
+ * in a block rax is the block's syscall number except between ZB_ENTRY_TSC and ZB_ENTRY_TSC_END bytes
  * in (the TSC read, with rdx kept in r11 there), so a vCPU stopped or faulting in a block is moved
  * to the `out` with rax = the block's syscall and, in that window, rdx = r11.
  *
@@ -75,7 +75,22 @@
  * back. While a close waits, the per-fd code sends every call to the `out` (fd_state still says
  * the fd is open). The store is the commit: a vCPU stopped before ZB_ENTRY_CLOSE_DONE bytes into
  * the block is moved to the `out` with rax = close; one stopped at or past it has closed the fd
- * and returns to user code with rax = 0. A close pays no exit; the next exit pays the close. */
+ * and returns to user code with rax = 0. A close pays no exit; the next exit pays the close.
+ *
+ * read(read_fd, buf, count) of the regular file the exit just served opened (read-only, at offset
+ * 0, at most ZB_ENTRY_READ_BYTES long) is answered from the file's bytes, which that exit read
+ * into the user read-only pages at ZB_ENTRY_READ_BUF (read_size of them: the whole file then):
+ * the fifth timed block (a deadline as the others) copies min(count, read_size - pos) bytes from
+ * buffer + pos, pos being the uint32 at ZB_ENTRY_READ_POS (the close slot's page; the host writes
+ * 0 there when it fills the buffer), and adds the count to pos. The host takes pos right after
+ * every KVM_RUN, before the deferred close (the guest's value, bounded by read_size: user code can
+ * write it, which is worth an lseek), and makes it the file's offset. The block keeps rsi and rcx
+ * at ZB_ENTRY_READ_SAVE (two uint64) while the copy has them: a vCPU stopped or faulting between
+ * ZB_ENTRY_READ_COPY and ZB_ENTRY_READ_DONE bytes into the block gets rsi and rcx back from there
+ * and rdi = read_fd; one at ZB_ENTRY_READ_DONE (the `jmp *%rcx`, after the commit to pos) returns
+ * to user code with rax = the count. Every call on read_fd goes to the code at
+ * ZB_ENTRY_READ_DISPATCH in that block (compares only): read to the block, and once pos is not 0,
+ * close and fstat to theirs and everything else to the `out` (the per-fd table's offset is old). */
 #define ZB_ENTRY_FD_CODE 0x70
 #define ZB_ENTRY_FD_SLOTS 0x110
 #define ZB_ENTRY_FD_SLOT_SIZE 0x10
@@ -91,20 +106,29 @@
 #define ZB_ENTRY_TIMED_DISPATCH 0x1c0 /* the fd code's jump to the timed blocks */
 #define ZB_ENTRY_TIMED 0x200
 #define ZB_ENTRY_TIMED_SIZE 0x180
-#define ZB_ENTRY_TIMED_COUNT 4         /* read, newfstatat, getdents64, close */
+#define ZB_ENTRY_TIMED_COUNT 5         /* read, newfstatat, getdents64, close, read of read_fd */
 #define ZB_ENTRY_TSC 0x30              /* the TSC read in a block that has one (read, newfstatat) */
 #define ZB_ENTRY_TSC_END 0x50
 #define ZB_ENTRY_CLOSE_DONE 0x20       /* in the close block: the slot's store ends here (committed) */
 #define ZB_ENTRY_CLOSE_SLOT 0xf000     /* the page after the entry: user read-write, the deferred close */
 #define ZB_ENTRY_CLOSE_NONE (-1)       /* the slot's value when no close waits */
+#define ZB_ENTRY_READ_POS (ZB_ENTRY_CLOSE_SLOT + 4)  /* uint32: the guest's position in read_fd */
+#define ZB_ENTRY_READ_SAVE (ZB_ENTRY_CLOSE_SLOT + 8) /* rsi, rcx while the read block copies */
+#define ZB_ENTRY_READ_BUF 0x100000     /* user read-only pages of the low 2 MiB: read_fd's bytes */
+#define ZB_ENTRY_READ_BYTES 0x10000    /* the largest file read at its open (64 KiB) */
+#define ZB_ENTRY_READ_COPY 0x90        /* in the read block: the registers are the copy's from here */
+#define ZB_ENTRY_READ_DONE 0xc0        /* ... to here, its `jmp *%rcx` (pos committed) */
+#define ZB_ENTRY_READ_DISPATCH 0x100   /* in the read block: the calls on read_fd, compares only */
 #define ZB_ENTRY_STAT_BYTES 144        /* struct stat on x86-64 */
-#define ZB_ENTRY_DATA 0x800
+#define ZB_ENTRY_DATA 0x980          /* right after the timed blocks */
 #define ZB_ENTRY_FD_STATE 16           /* offsets in struct zb_entry_data, for the assembler */
 #define ZB_ENTRY_FD_FLAGS (ZB_ENTRY_FD_STATE + ZB_ENTRY_FDS)
 #define ZB_ENTRY_FD_OFFSET (ZB_ENTRY_FD_FLAGS + 4 * ZB_ENTRY_FDS)
 #define ZB_ENTRY_DEADLINE (ZB_ENTRY_FD_OFFSET + 8 * ZB_ENTRY_FDS)
 #define ZB_ENTRY_STAT_FD (ZB_ENTRY_DEADLINE + 8)
 #define ZB_ENTRY_STAT (ZB_ENTRY_STAT_FD + 8)
+#define ZB_ENTRY_READ_FD (ZB_ENTRY_STAT + ZB_ENTRY_STAT_BYTES)
+#define ZB_ENTRY_READ_SIZE (ZB_ENTRY_READ_FD + 4)
 #define ZB_ENTRY_ANSWERS_ON 0x7a627361 /* any other value: every syscall exits */
 #define ZB_PORT_SYSCALL 0xe0           /* above the exception ports */
 #define ZB_SYSCALL_TRAP 0x7f0000000000 /* never mapped (the LSTAR of earlier engines; the fuzzer's wild pointer) */
@@ -150,6 +174,8 @@ struct zb_entry_data {
     uint64_t deadline_tsc;               /* the timed answers hold while the guest TSC is below it */
     int32_t stat_fd, pad;                /* newfstatat's fd (-1: none), and nothing */
     uint8_t stat[ZB_ENTRY_STAT_BYTES];   /* its struct stat */
+    int32_t read_fd;                     /* the file whose bytes are at ZB_ENTRY_READ_BUF (-1: none) */
+    uint32_t read_size;                  /* how many (the file's size when they were read) */
 };
 _Static_assert(ZB_ENTRY_DATA + sizeof(struct zb_entry_data) <= 4096, "the entry data must fit the entry page");
 _Static_assert(__builtin_offsetof(struct zb_entry_data, fd_state) == ZB_ENTRY_FD_STATE &&
@@ -157,8 +183,12 @@ _Static_assert(__builtin_offsetof(struct zb_entry_data, fd_state) == ZB_ENTRY_FD
                __builtin_offsetof(struct zb_entry_data, fd_offset) == ZB_ENTRY_FD_OFFSET &&
                __builtin_offsetof(struct zb_entry_data, deadline_tsc) == ZB_ENTRY_DEADLINE &&
                __builtin_offsetof(struct zb_entry_data, stat_fd) == ZB_ENTRY_STAT_FD &&
-               __builtin_offsetof(struct zb_entry_data, stat) == ZB_ENTRY_STAT, "the entry data's offsets");
+               __builtin_offsetof(struct zb_entry_data, stat) == ZB_ENTRY_STAT &&
+               __builtin_offsetof(struct zb_entry_data, read_fd) == ZB_ENTRY_READ_FD &&
+               __builtin_offsetof(struct zb_entry_data, read_size) == ZB_ENTRY_READ_SIZE, "the entry data's offsets");
 _Static_assert(ZB_ENTRY_TIMED + ZB_ENTRY_TIMED_COUNT * ZB_ENTRY_TIMED_SIZE <= ZB_ENTRY_DATA, "the timed blocks overlap the data");
+_Static_assert(ZB_ENTRY_READ_BYTES <= UINT32_MAX && ZB_ENTRY_READ_BUF + ZB_ENTRY_READ_BYTES <= ZB_LOW_REGION_BYTES,
+               "the read buffer is in the low 2 MiB, its size a uint32");
 #endif
 
 #endif

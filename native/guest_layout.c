@@ -6,7 +6,8 @@
  * supervisor-only, so user code cannot read or write these structures (and a NULL dereference
  * faults), except the syscall entry page (ZB_SYSCALL_ENTRY), which user code may read and execute
  * but nobody may write, and the page after it, the deferred close's slot (ZB_ENTRY_CLOSE_SLOT),
- * which user code may read and write: the host takes nothing from it but a checked fd.
+ * which user code may read and write: the host takes nothing from it but a checked fd and a
+ * bounded position, and the entry's read buffer (ZB_ENTRY_READ_BUF), which user code may read.
  */
 #include "util.h"
 #include "memory.h"
@@ -27,6 +28,9 @@ _Static_assert(ZB_SYSCALL_ENTRY % 4096 == 0 && ZB_SYSCALL_ENTRY > XSTACK_TOP && 
                ZB_SYSCALL_ENTRY != LOWPT_GPA, "the syscall entry page must be a free page of its own");
 _Static_assert(ZB_ENTRY_CLOSE_SLOT == ZB_SYSCALL_ENTRY + 4096 && ZB_ENTRY_CLOSE_SLOT < PD_GPA,
                "the close slot must be the free page right after the entry");
+_Static_assert(ZB_ENTRY_READ_SAVE + 16 <= ZB_ENTRY_CLOSE_SLOT + 4096, "the read block's slots are in the close slot's page");
+_Static_assert(ZB_ENTRY_READ_BUF % 4096 == 0 && ZB_ENTRY_READ_BUF >= PD_GPA + (ZB_MEM_MAX >> 30) * 4096,
+               "the read buffer must be free pages past the page directories");
 
 #define PTE_P 0x1ull
 #define PTE_RW 0x2ull
@@ -68,6 +72,9 @@ static void write_page_tables(zb_memory *m) {
     /* the deferred close's slot: user read-write, so the entry's user-mode code can store to it;
      * data only (EFER.NXE) */
     pt[ZB_ENTRY_CLOSE_SLOT >> 12] = ZB_ENTRY_CLOSE_SLOT | PTE_P | PTE_RW | PTE_US | PTE_NX;
+    /* the entry's read buffer: the bytes of a file the guest opened, user read-only data */
+    for (uint64_t a = ZB_ENTRY_READ_BUF; a < ZB_ENTRY_READ_BUF + ZB_ENTRY_READ_BYTES; a += ZB_PAGE)
+        pt[a >> 12] = a | PTE_P | PTE_US | PTE_NX;
     ((uint64_t *)(m->host + PD_GPA))[0] = LOWPT_GPA | PTE_P | PTE_RW | PTE_US;
 }
 
@@ -122,7 +129,10 @@ static void write_gdt_idt_tss(zb_memory *m) {
 void zb_layout_entry_answers(zb_memory *m, int on, const struct zb_entry_data *data) {
     struct zb_entry_data d;
     if (on) d = *data;
-    else memset(&d, 0, sizeof d);
+    else {
+        memset(&d, 0, sizeof d);
+        d.read_fd = -1; /* the read block's registers after a fault (zb_layout_entry_read_saved) */
+    }
     d.on = on ? ZB_ENTRY_ANSWERS_ON : 0;
     uint8_t *at = m->host + ZB_SYSCALL_ENTRY + ZB_ENTRY_DATA;
     if (!memcmp(at, &d, sizeof d)) return; /* unchanged: the page stays shared with the snapshot */
@@ -139,6 +149,34 @@ int zb_layout_take_deferred_close(zb_memory *m) {
     memcpy(at, &none, sizeof none);
     zb_mem_dirty(m, ZB_ENTRY_CLOSE_SLOT, sizeof none);
     return fd < 0 ? -1 : fd;
+}
+
+uint8_t *zb_layout_entry_read_buffer(zb_memory *m) { return m->host + ZB_ENTRY_READ_BUF; }
+
+void zb_layout_entry_read_filled(zb_memory *m, uint32_t n) {
+    zb_mem_dirty(m, ZB_ENTRY_READ_BUF, ZB_MIN(n, (uint32_t)ZB_ENTRY_READ_BYTES));
+    const uint32_t zero = 0;
+    memcpy(m->host + ZB_ENTRY_READ_POS, &zero, sizeof zero);
+    zb_mem_dirty(m, ZB_ENTRY_READ_POS, sizeof zero);
+}
+
+uint32_t zb_layout_take_entry_read(zb_memory *m) {
+    uint32_t pos;
+    memcpy(&pos, m->host + ZB_ENTRY_READ_POS, sizeof pos);
+    if (pos) {
+        const uint32_t zero = 0;
+        memcpy(m->host + ZB_ENTRY_READ_POS, &zero, sizeof zero);
+        zb_mem_dirty(m, ZB_ENTRY_READ_POS, sizeof zero);
+    }
+    return pos;
+}
+
+void zb_layout_entry_read_saved(const zb_memory *m, struct kvm_regs *r) {
+    memcpy(&r->rsi, m->host + ZB_ENTRY_READ_SAVE, 8);
+    memcpy(&r->rcx, m->host + ZB_ENTRY_READ_SAVE + 8, 8);
+    int32_t fd;
+    memcpy(&fd, m->host + ZB_SYSCALL_ENTRY + ZB_ENTRY_DATA + offsetof(struct zb_entry_data, read_fd), sizeof fd);
+    r->rdi = (uint64_t)(int64_t)fd;
 }
 
 void zb_layout_write(zb_memory *m) {

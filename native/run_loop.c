@@ -116,39 +116,50 @@ static const uint64_t entry_slot_nr[ZB_ENTRY_SLOT_COUNT] = {SYS_getpid, SYS_getu
 /* The per-fd slots' syscalls (guest_abi.h ZB_ENTRY_FD_SLOTS), for a vCPU stopped past a slot's start. */
 static const uint64_t entry_fd_slot_nr[ZB_ENTRY_FD_SLOT_COUNT] = {SYS_lseek, SYS_ioctl, SYS_fcntl, SYS_fcntl};
 
-/* sync_regs found the vCPU mid-trap (in_host_trap). In the entry's in-guest answers (before its
- * `out`) the guest would return to user code without an exit, and the signal the caller holds back
- * for the trap's exit would wait for some later exit: move it to the `out`, with the syscall
- * number in rax, so that the host serves this call and delivers the signal after it. Returns 1
- * (still mid-trap) or -1. */
-/* The timed blocks' syscalls (guest_abi.h ZB_ENTRY_TIMED): read, newfstatat, getdents64. */
-static const uint64_t entry_timed_nr[ZB_ENTRY_TIMED_COUNT] = {SYS_read, SYS_newfstatat, SYS_getdents64, SYS_close};
+/* The timed blocks' syscalls (guest_abi.h ZB_ENTRY_TIMED): read, newfstatat, getdents64, close,
+ * read of read_fd. */
+#define ENTRY_READ_BLOCK 4
+static const uint64_t entry_timed_nr[ZB_ENTRY_TIMED_COUNT] = {SYS_read, SYS_newfstatat, SYS_getdents64, SYS_close, SYS_read};
 
 /* A vCPU stopped or faulting at rip in the timed answers gets the registers of the syscall it was
  * answering: rax its number, in the TSC window of a block (where rdtsc took rdx) rdx back from
- * r11, and r11 what PVM reports at the `out` (the blocks use it as scratch). (The dispatch before
- * the blocks only compares: rax is still the number there.) */
-static void entry_timed_regs(struct kvm_regs *r) {
+ * r11, in the read block's copy rsi, rcx and rdi from where it saved them, and r11 what PVM
+ * reports at the `out` (the blocks use it as scratch). (The dispatches only compare: rax is still
+ * the number there.) */
+static void entry_timed_regs(const zb_sandbox *sb, struct kvm_regs *r) {
     if (r->rip < ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED) return;
     uint64_t off = r->rip - ZB_SYSCALL_ENTRY - ZB_ENTRY_TIMED, block = off / ZB_ENTRY_TIMED_SIZE, in = off % ZB_ENTRY_TIMED_SIZE;
     if (block >= ZB_ENTRY_TIMED_COUNT) return;
+    if (block == ENTRY_READ_BLOCK && in >= ZB_ENTRY_READ_DISPATCH) return;
     r->rax = entry_timed_nr[block];
     if (r->rax == SYS_close) return; /* before its commit: it changed nothing (entry_close_committed) */
     if (r->rax != SYS_getdents64 && in > ZB_ENTRY_TSC && in < ZB_ENTRY_TSC_END) r->rdx = r->r11;
+    if (block == ENTRY_READ_BLOCK && in >= ZB_ENTRY_READ_COPY && in < ZB_ENTRY_READ_DONE)
+        zb_layout_entry_read_saved(&sb->mem, r);
     r->r11 = 0x202; /* the blocks' scratch: RFLAGS as PVM reports them at the `out` */
 }
 
-/* 1 if rip is in the close block past its store (guest_abi.h ZB_ENTRY_CLOSE_DONE): the close has
- * happened (the slot holds it), and what is left is returning 0 to user code. */
+/* 1 if rip is in the close block past its store (guest_abi.h ZB_ENTRY_CLOSE_DONE), or at the read
+ * block's `jmp *%rcx` past its commit (ZB_ENTRY_READ_DONE): the call has happened, and what is
+ * left is returning to user code (rax: 0 for the close, the count for the read). */
 static int entry_close_committed(uint64_t rip) {
     uint64_t block = ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED + 3 * ZB_ENTRY_TIMED_SIZE;
     return rip >= block + ZB_ENTRY_CLOSE_DONE && rip < block + ZB_ENTRY_TIMED_SIZE;
 }
 
+static int entry_read_committed(uint64_t rip) {
+    return rip == ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED + ENTRY_READ_BLOCK * ZB_ENTRY_TIMED_SIZE + ZB_ENTRY_READ_DONE;
+}
+
+/* sync_regs found the vCPU mid-trap (in_host_trap). In the entry's in-guest answers (before its
+ * `out`) the guest would return to user code without an exit, and the signal the caller holds back
+ * for the trap's exit would wait for some later exit: move it to the `out`, with the syscall
+ * number in rax, so that the host serves this call and delivers the signal after it. Returns 1
+ * (still mid-trap) or -1. */
 static int entry_to_out(zb_sandbox *sb, zb_vm *vm, zb_event *ev, struct kvm_regs *r) {
     uint64_t out = ZB_SYSCALL_ENTRY + ZB_SYSCALL_ENTRY_OUT;
     if (in_entry_timed(r->rip)) {
-        entry_timed_regs(r);
+        entry_timed_regs(sb, r);
         r->rip = out;
         if (ioctl(vm->vcpu_fd, KVM_SET_REGS, r) < 0) { error_event(sb, ev, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
         return 1;
@@ -184,8 +195,9 @@ static int sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         return -1;
     }
     if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &r) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return -1; }
-    if (entry_close_committed(r.rip)) { /* a deferred close made: finish its return (rax = 0) */
-        r.rax = 0;
+    if (entry_close_committed(r.rip) || entry_read_committed(r.rip)) {
+        /* a deferred close or a read made: finish its return (rax = 0, or the count) */
+        if (entry_close_committed(r.rip)) r.rax = 0;
         r.rip = r.rcx;
         if (ioctl(vm->vcpu_fd, KVM_SET_REGS, &r) < 0) { error_event(sb, ev, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
     }
@@ -366,7 +378,7 @@ static int handle_exception(zb_sandbox *sb, zb_vm *vm, int vector, const struct 
         /* a timed answer touched the user's memory (the path, the buffer) and faulted: the host
          * serves the call, which says EFAULT as Linux does */
         vr.rip = rip;
-        entry_timed_regs(&vr);
+        entry_timed_regs(sb, &vr);
         vr.rsp = rsp;
         vr.r11 = rflags; /* r11 was the answer's scratch: the flags come from the frame */
         return handle_syscall_entry(sb, vm, &vr, ev);
@@ -524,10 +536,30 @@ static int entry_eof_fresh(const zb_file *f, uint64_t seq, int64_t now) {
     return f->eof_seq == seq && now - f->eof_ns < ENTRY_TIMED_NS;
 }
 
+/* The file this syscall opened, read into the entry's read buffer (guest_abi.h ZB_ENTRY_READ_BUF)
+ * when it is a regular file opened for reading, still at offset 0, that fits: its first read (or
+ * its only one) is then answered in the guest. Once per open (the next run takes it back); 1 if
+ * filled. */
+static int entry_read_fill(zb_sandbox *sb, zb_file *f, int fd, const struct stat *st, uint64_t seq) {
+    if (sb->entry_read_seq == seq) return 0;
+    sb->entry_read_seq = seq;
+    if ((f->kind != FILE_HOST && f->kind != FILE_OVERLAY) || !S_ISREG(st->st_mode) || (f->flags & O_ACCMODE) != O_RDONLY ||
+        (f->flags & O_PATH) || f->offset || st->st_size < 0 || st->st_size > ZB_ENTRY_READ_BYTES)
+        return 0;
+    long n = f->ops->read(sb, f, zb_layout_entry_read_buffer(&sb->mem), ZB_ENTRY_READ_BYTES, 0);
+    if (n != st->st_size) return 0; /* changed since the stat: the host serves the reads */
+    zb_layout_entry_read_filled(&sb->mem, (uint32_t)n);
+    sb->entry_read_file = f;
+    sb->entry_read_fd = fd;
+    sb->entry_read_size = (uint32_t)n;
+    return 1;
+}
+
 static void entry_timed_answers(zb_sandbox *sb, zb_vm *vm, struct zb_entry_data *d, uint64_t seq, int64_t now,
                                 int64_t seen) {
     int any = seen < now;
     d->stat_fd = -1;
+    d->read_fd = -1;
     int fd = sb->entry_stat_fd;
     if (sb->entry_stat_seq == seq && fd >= 0 && fd < ZB_ENTRY_FDS && sb->fds->fd[fd] == sb->entry_stat_file) {
         zb_file *f = sb->fds->fd[fd];
@@ -537,6 +569,10 @@ static void entry_timed_answers(zb_sandbox *sb, zb_vm *vm, struct zb_entry_data 
             memcpy(d->stat, &st, sizeof st);
             d->stat_fd = fd;
             any = 1;
+            if (vm->tsc_khz && entry_read_fill(sb, f, fd, &st, seq)) {
+                d->read_fd = fd;
+                d->read_size = sb->entry_read_size;
+            }
         }
     }
     uint64_t tsc = any && vm->tsc_khz ? zb_vm_guest_tsc(vm) : 0;
@@ -544,6 +580,9 @@ static void entry_timed_answers(zb_sandbox *sb, zb_vm *vm, struct zb_entry_data 
         for (int i = 0; i < ZB_ENTRY_FDS; i++) d->fd_state[i] &= (uint8_t)~ZB_EFD_EOF;
         d->stat_fd = -1;
         memset(d->stat, 0, sizeof d->stat);
+        d->read_fd = -1;
+        d->read_size = 0;
+        sb->entry_read_file = NULL;
         return;
     }
     int64_t left = ENTRY_TIMED_NS - (now - seen);
@@ -564,6 +603,19 @@ static void take_deferred_close(zb_sandbox *sb) {
     int fd = zb_layout_take_deferred_close(&sb->mem);
     if (fd < 0 || fd >= ZB_ENTRY_FDS || !sb->fds->fd[fd] || !close_deferrable(sb->fds->fd[fd])) return;
     zb_fd_close(sb, fd);
+}
+
+/* Right after every KVM_RUN, before the deferred close and the exit: what the run read of the
+ * entry's read buffer (ZB_ENTRY_READ_POS, guest-written: bounded by the buffer's size) becomes
+ * the file's offset (it was 0 when the buffer was filled, and only exits change the table). */
+static void take_entry_read(zb_sandbox *sb) {
+    zb_file *f = sb->entry_read_file;
+    if (!f) return;
+    sb->entry_read_file = NULL;
+    uint32_t pos = zb_layout_take_entry_read(&sb->mem);
+    int fd = sb->entry_read_fd;
+    if (!pos || fd < 0 || fd >= ZB_ENTRY_FDS || sb->fds->fd[fd] != f) return;
+    f->offset = ZB_MIN(pos, sb->entry_read_size);
 }
 
 static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
@@ -651,6 +703,7 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         entry_answers_refresh(sb, vm);
         ZB_PROF_BEGIN(sb, t_run);
         int run_rc = ioctl(vm->vcpu_fd, KVM_RUN, 0);
+        take_entry_read(sb);
         take_deferred_close(sb);
         if (sb->profile) {
             sb->prof_exit_ns = zb_now_ns();

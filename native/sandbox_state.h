@@ -66,6 +66,13 @@ struct zb_sandbox {
     uint64_t entry_stat_seq;
     int entry_stat_fd;
     const struct zb_file *entry_stat_file;
+    /* the entry's read answer (guest_abi.h ZB_ENTRY_READ_BUF): the file whose bytes the buffer
+     * holds for the run about to start (NULL: none; taken back right after that KVM_RUN), its fd
+     * and size; read_seq the syscall whose open filled the buffer (filled once per open) */
+    struct zb_file *entry_read_file;
+    int entry_read_fd;
+    uint32_t entry_read_size;
+    uint64_t entry_read_seq;
 
     /* an event a syscall handler asks the run loop to return after the syscall */
     zb_event stop_ev;

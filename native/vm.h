@@ -118,14 +118,25 @@ int zb_vm_apply_syscall_path(zb_vm *vm, zb_engine *e, char *err);
 
 /* ---- guest low memory: page tables, descriptors, CPL0 stubs (guest_layout.c) ---- */
 void zb_layout_write(zb_memory *m);
-/* Write the syscall entry page's zb_entry_data (guest_abi.h): *d with on set, or (off) all zero:
- * every syscall exits. The page is dirtied only when its data changes. */
 /* The guest's TSC now (on VMX it carries an offset from the host's); 0 if KVM does not say. */
 uint64_t zb_vm_guest_tsc(zb_vm *vm);
+/* Write the syscall entry page's zb_entry_data (guest_abi.h): *d with on set, or (off) all zero:
+ * every syscall exits. The page is dirtied only when its data changes. */
 void zb_layout_entry_answers(zb_memory *m, int on, const struct zb_entry_data *d);
 /* The fd of the close the guest's entry deferred (guest_abi.h ZB_ENTRY_CLOSE_SLOT), or -1; the
  * slot is emptied. A guest-written value: the caller checks it is a deferrable fd. */
 int zb_layout_take_deferred_close(zb_memory *m);
+/* The entry's read buffer (guest_abi.h ZB_ENTRY_READ_BUF, ZB_ENTRY_READ_BYTES long) in host
+ * memory, for the host to fill; zb_layout_entry_read_filled then dirties its first n bytes and
+ * sets the guest's position to 0. */
+uint8_t *zb_layout_entry_read_buffer(zb_memory *m);
+void zb_layout_entry_read_filled(zb_memory *m, uint32_t n);
+/* The guest's position in that buffer (ZB_ENTRY_READ_POS), which is set back to 0: a
+ * guest-written value, which the caller bounds. */
+uint32_t zb_layout_take_entry_read(zb_memory *m);
+/* Into r: rsi and rcx as the read block saved them (ZB_ENTRY_READ_SAVE), and rdi the read_fd the
+ * host last wrote into the entry data. */
+void zb_layout_entry_read_saved(const zb_memory *m, struct kvm_regs *r);
 void zb_layout_user_sregs(const zb_memory *m, struct kvm_sregs *s, uint64_t fs_base, uint64_t gs_base);
 uint64_t zb_layout_stub_addr(int vector);
 uint64_t zb_layout_exception_stack_top(void);

@@ -22,6 +22,7 @@
 #define LOW_XSTACK 0x9000ul
 #define LSTAR 0xe000ul /* guest_abi.h ZB_SYSCALL_ENTRY: user-executable, read-only */
 #define CLOSE_SLOT 0xf000ul /* guest_abi.h ZB_ENTRY_CLOSE_SLOT: user read-write, never executable */
+#define READ_BUF 0x100000ul /* guest_abi.h ZB_ENTRY_READ_BUF: user read-only, never executable */
 #define NONCANONICAL 0x8000000000000000ul
 
 static void announce(const char *what) { fprintf(stderr, "about to %s\n", what); }
@@ -281,6 +282,26 @@ TEST(jump_close_slot) { /* code written into the one user-writable low page does
     *(volatile uint32_t *)CLOSE_SLOT = 0x90909090u; /* nops: a fetch there must fault (NX) */
     jump_to("jump_close_slot", CLOSE_SLOT);
 }
+/* the entry's read buffer (guest_abi.h ZB_ENTRY_READ_BUF): user-readable file bytes, never
+ * writable or executable */
+TEST(write_read_buffer) { UNUSED; write_at("write_read_buffer", READ_BUF + 0x100); }
+TEST(jump_read_buffer) { UNUSED; jump_to("jump_read_buffer", READ_BUF); }
+/* Into the read block's copy (guest_abi.h: ZB_ENTRY_TIMED + 4 * ZB_ENTRY_TIMED_SIZE +
+ * ZB_ENTRY_READ_COPY) with its source made the page tables: the copy runs at CPL3 and faults, the
+ * host serves a read of read_fd (none: EBADF) and returns to the rcx the probe saved for it (rax
+ * is the count, 16, so that the copy runs). The buffer must keep its sentinel. */
+#define READ_COPY (LSTAR + 0x200 + 4 * 0x180 + 0x90)
+static volatile uint64_t copy_buf[2] = {0x5a5a5a5a5a5a5a5aul, 0};
+static void after_copy(void) { survived("jump_read_copy", copy_buf[0]); exit(0); }
+TEST(jump_read_copy) {
+    UNUSED;
+    announce("jump into the read block's copy with the page tables as its source");
+    ((volatile uint64_t *)(CLOSE_SLOT + 8))[0] = (uint64_t)copy_buf; /* ZB_ENTRY_READ_SAVE: rsi, rcx */
+    ((volatile uint64_t *)(CLOSE_SLOT + 8))[1] = (uint64_t)after_copy;
+    register uint64_t src __asm__("r11") = LOW_PML4 - READ_BUF; /* the copy reads READ_BUF + r11 */
+    __asm__ volatile("jmp *%0" ::"r"(READ_COPY), "a"(16), "S"(copy_buf), "d"(16), "c"(0), "r"(src) : "memory");
+    survived("jump_read_copy", 1);
+}
 TEST(read_beyond) { UNUSED; read_at("read_beyond", 0x10000000); } /* past a 256 MiB guest */
 TEST(write_lapic) { UNUSED; write_at("write_lapic", 0xfee00000); }
 TEST(write_ioapic) { UNUSED; write_at("write_ioapic", 0xfec00000); }
@@ -396,7 +417,8 @@ static const zb_test tests[] = {
     T(out_exception_port), T(out_pci), T(in_pit), T(out_uart_word), T(out_uart_straddle), T(rep_outsb_uart),
     T(rep_insb_uart),
     T(read_pml4), T(write_pml4), T(write_gdt), T(write_idt), T(read_tss), T(write_iobitmap), T(write_xstack),
-    T(write_stub), T(jump_stub), T(jump_idt), T(jump_null), T(read_low_top), T(jump_close_slot), T(read_beyond), T(write_lapic),
+    T(write_stub), T(jump_stub), T(jump_idt), T(jump_null), T(read_low_top), T(jump_close_slot), T(write_read_buffer),
+    T(jump_read_buffer), T(jump_read_copy), T(read_beyond), T(write_lapic),
     T(write_ioapic), T(read_kernel_half), T(read_noncanonical), T(jump_noncanonical),
     T(lstar_jump), T(lstar_noncanonical), T(lstar_to_stub), T(syscall_tf), T(syscall_no_stack), T(syscall_flags),
     T(sigreturn_noncanonical), T(sigreturn_low), T(sigreturn_iopl), T(handler_noncanonical), T(fs_noncanonical),
