@@ -243,13 +243,66 @@ timed_dispatch:
     jmp 9b
     .org block + ZB_ENTRY_READ_DISPATCH, 0x90
 read_dispatch:              /* a call on read_fd, rax its number (compares only) */
+    cmpl $0, data + ZB_ENTRY_READ_DIR
+    jne 1f
     testq %rax, %rax        /* read */
     je block
-    cmpl $0, ZB_ENTRY_READ_POS
+    jmp 2f
+1:  cmpq $217, %rax         /* a directory's getdents64 */
+    je block + ZB_ENTRY_TIMED_SIZE
+    testq %rax, %rax        /* a directory's read: EISDIR */
+    je 9b
+2:  cmpl $0, ZB_ENTRY_READ_POS
     je fd_answers           /* nothing read in the guest yet: the per-fd answers hold */
     cmpq $3, %rax           /* close: deferred as ever */
     je timed + 3 * ZB_ENTRY_TIMED_SIZE
     cmpq $262, %rax         /* newfstatat (the offset is not in a stat) */
     je timed + ZB_ENTRY_TIMED_SIZE
     jmp 9b                  /* the per-fd table's offset is old: the host answers */
+
+    .set block, timed + 5 * ZB_ENTRY_TIMED_SIZE
+    .org block, 0x90        /* getdents64(read_fd, buf, count) of a directory just opened */
+    user_range
+    movl ZB_ENTRY_READ_POS, %r11d /* guest-writable: bounded by the size */
+    cmpl data + ZB_ENTRY_READ_SIZE, %r11d
+    ja 8f
+    movq %rsi, ZB_ENTRY_READ_SAVE
+    movq %rcx, ZB_ENTRY_READ_SAVE + 8
+    .org block + ZB_ENTRY_READ_COPY, 0x90
+    movl %r11d, %esi        /* from here to the commit the host restores rsi, rcx and rdi */
+    xorl %eax, %eax         /* rsi: the next record, rax: the bytes that fit */
+1:  cmpl data + ZB_ENTRY_READ_SIZE, %esi
+    jae 2f                  /* the end of the listing */
+    movzwl ZB_ENTRY_READ_BUF + 16(%rsi), %ecx /* d_reclen (0 only if user code moved pos) */
+    jrcxz 3f
+    addq %rax, %rcx
+    cmpq %rdx, %rcx
+    ja 4f                   /* does not fit */
+    subq %rax, %rcx
+    addl %ecx, %esi
+    addl %ecx, %eax
+    jmp 1b
+4:  testl %eax, %eax
+    jnz 2f
+3:  movq ZB_ENTRY_READ_SAVE, %rsi /* the host answers (EINVAL: not even one record fits) */
+    movq ZB_ENTRY_READ_SAVE + 8, %rcx
+    movslq data + ZB_ENTRY_READ_FD, %rdi
+    movl $217, %eax
+    jmp 8f
+2:  movq ZB_ENTRY_READ_SAVE, %rdi /* the user's buffer */
+    leaq ZB_ENTRY_READ_BUF(%r11), %rsi
+    movq %rax, %rcx
+    cld
+    rep movsb               /* (a fault here: the host serves the call) */
+    movq ZB_ENTRY_READ_SAVE, %rsi
+    movq ZB_ENTRY_READ_SAVE + 8, %rcx
+    movslq data + ZB_ENTRY_READ_FD, %rdi
+    .org block + ZB_ENTRY_DENTS_DONE - 7, 0x90
+1:  addl %eax, ZB_ENTRY_READ_POS /* the commit */
+2:  jmp *%rcx
+    .if 2b - 1b - 7 /* the .org put 1b at ZB_ENTRY_DENTS_DONE - 7 */
+    .error "the listing position's add must end ZB_ENTRY_DENTS_DONE bytes into its block"
+    .endif
+8:  movl $0x202, %r11d
+    jmp 9b
     .org timed + ZB_ENTRY_TIMED_COUNT * ZB_ENTRY_TIMED_SIZE, 0x90

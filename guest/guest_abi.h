@@ -61,7 +61,8 @@
  * past the user half goes to the host (EFAULT); one in memory the process has not mapped does
  * not (the guest's page tables map all its memory): there read and getdents64 say 0 and the
  * fstat is written, where the host says EFAULT. Each timed code block is ZB_ENTRY_TIMED_SIZE
- * bytes from ZB_ENTRY_TIMED, in the order read, newfstatat, getdents64, close, read of read_fd;
+ * bytes from ZB_ENTRY_TIMED, in the order read, newfstatat, getdents64, close, read of read_fd,
+ * getdents64 of read_fd;
  * in a block rax is the block's syscall number except between ZB_ENTRY_TSC and ZB_ENTRY_TSC_END bytes
  * in (the TSC read, with rdx kept in r11 there), so a vCPU stopped or faulting in a block is moved
  * to the `out` with rax = the block's syscall and, in that window, rdx = r11.
@@ -90,7 +91,14 @@
  * and rdi = read_fd; one at ZB_ENTRY_READ_DONE (the `jmp *%rcx`, after the commit to pos) returns
  * to user code with rax = the count. Every call on read_fd goes to the code at
  * ZB_ENTRY_READ_DISPATCH in that block (compares only): read to the block, and once pos is not 0,
- * close and fstat to theirs and everything else to the `out` (the per-fd table's offset is old). */
+ * close and fstat to theirs and everything else to the `out` (the per-fd table's offset is old).
+ * When read_dir is 1, read_fd is a directory just opened as opendir() opens one (O_DIRECTORY |
+ * O_NONBLOCK) whose whole listing fits, and the buffer holds its getdents64 records: getdents64
+ * goes to the sixth block instead (no deadline, as a listing is kept), which copies the whole
+ * records from pos that fit in count (the host answers when not even one fits: EINVAL), and read
+ * to the `out` (EISDIR). The host makes the records read the directory's offset. Its copy window
+ * is ZB_ENTRY_READ_COPY to ZB_ENTRY_DENTS_DONE, and stopped at ZB_ENTRY_DENTS_DONE the call has
+ * happened, as in the read block. */
 #define ZB_ENTRY_FD_CODE 0x70
 #define ZB_ENTRY_FD_SLOTS 0x110
 #define ZB_ENTRY_FD_SLOT_SIZE 0x10
@@ -106,7 +114,7 @@
 #define ZB_ENTRY_TIMED_DISPATCH 0x1c0 /* the fd code's jump to the timed blocks */
 #define ZB_ENTRY_TIMED 0x200
 #define ZB_ENTRY_TIMED_SIZE 0x180
-#define ZB_ENTRY_TIMED_COUNT 5         /* read, newfstatat, getdents64, close, read of read_fd */
+#define ZB_ENTRY_TIMED_COUNT 6         /* read, newfstatat, getdents64, close, read and getdents64 of read_fd */
 #define ZB_ENTRY_TSC 0x30              /* the TSC read in a block that has one (read, newfstatat) */
 #define ZB_ENTRY_TSC_END 0x50
 #define ZB_ENTRY_CLOSE_DONE 0x20       /* in the close block: the slot's store ends here (committed) */
@@ -118,9 +126,10 @@
 #define ZB_ENTRY_READ_BYTES 0x10000    /* the largest file read at its open (64 KiB) */
 #define ZB_ENTRY_READ_COPY 0x90        /* in the read block: the registers are the copy's from here */
 #define ZB_ENTRY_READ_DONE 0xc0        /* ... to here, its `jmp *%rcx` (pos committed) */
+#define ZB_ENTRY_DENTS_DONE 0x120      /* the same in the getdents64 block */
 #define ZB_ENTRY_READ_DISPATCH 0x100   /* in the read block: the calls on read_fd, compares only */
 #define ZB_ENTRY_STAT_BYTES 144        /* struct stat on x86-64 */
-#define ZB_ENTRY_DATA 0x980          /* right after the timed blocks */
+#define ZB_ENTRY_DATA 0xb00          /* right after the timed blocks */
 #define ZB_ENTRY_FD_STATE 16           /* offsets in struct zb_entry_data, for the assembler */
 #define ZB_ENTRY_FD_FLAGS (ZB_ENTRY_FD_STATE + ZB_ENTRY_FDS)
 #define ZB_ENTRY_FD_OFFSET (ZB_ENTRY_FD_FLAGS + 4 * ZB_ENTRY_FDS)
@@ -129,6 +138,7 @@
 #define ZB_ENTRY_STAT (ZB_ENTRY_STAT_FD + 8)
 #define ZB_ENTRY_READ_FD (ZB_ENTRY_STAT + ZB_ENTRY_STAT_BYTES)
 #define ZB_ENTRY_READ_SIZE (ZB_ENTRY_READ_FD + 4)
+#define ZB_ENTRY_READ_DIR (ZB_ENTRY_READ_SIZE + 4)
 #define ZB_ENTRY_ANSWERS_ON 0x7a627361 /* any other value: every syscall exits */
 #define ZB_PORT_SYSCALL 0xe0           /* above the exception ports */
 #define ZB_SYSCALL_TRAP 0x7f0000000000 /* never mapped (the LSTAR of earlier engines; the fuzzer's wild pointer) */
@@ -176,6 +186,7 @@ struct zb_entry_data {
     uint8_t stat[ZB_ENTRY_STAT_BYTES];   /* its struct stat */
     int32_t read_fd;                     /* the file whose bytes are at ZB_ENTRY_READ_BUF (-1: none) */
     uint32_t read_size;                  /* how many (the file's size when they were read) */
+    uint32_t read_dir;                   /* 1: read_fd is a directory, the bytes its getdents64 records */
 };
 _Static_assert(ZB_ENTRY_DATA + sizeof(struct zb_entry_data) <= 4096, "the entry data must fit the entry page");
 _Static_assert(__builtin_offsetof(struct zb_entry_data, fd_state) == ZB_ENTRY_FD_STATE &&
@@ -185,7 +196,8 @@ _Static_assert(__builtin_offsetof(struct zb_entry_data, fd_state) == ZB_ENTRY_FD
                __builtin_offsetof(struct zb_entry_data, stat_fd) == ZB_ENTRY_STAT_FD &&
                __builtin_offsetof(struct zb_entry_data, stat) == ZB_ENTRY_STAT &&
                __builtin_offsetof(struct zb_entry_data, read_fd) == ZB_ENTRY_READ_FD &&
-               __builtin_offsetof(struct zb_entry_data, read_size) == ZB_ENTRY_READ_SIZE, "the entry data's offsets");
+               __builtin_offsetof(struct zb_entry_data, read_size) == ZB_ENTRY_READ_SIZE &&
+               __builtin_offsetof(struct zb_entry_data, read_dir) == ZB_ENTRY_READ_DIR, "the entry data's offsets");
 _Static_assert(ZB_ENTRY_TIMED + ZB_ENTRY_TIMED_COUNT * ZB_ENTRY_TIMED_SIZE <= ZB_ENTRY_DATA, "the timed blocks overlap the data");
 _Static_assert(ZB_ENTRY_READ_BYTES <= UINT32_MAX && ZB_ENTRY_READ_BUF + ZB_ENTRY_READ_BYTES <= ZB_LOW_REGION_BYTES,
                "the read buffer is in the low 2 MiB, its size a uint32");

@@ -3,7 +3,8 @@
  * while the directory is open (shared by the fd table's clones, charged to ZB_LISTING_BUDGET);
  * lseek(fd, 0, SEEK_SET) is rewinddir. fstat is the location's (zb_fs_stat). A synthetic
  * directory has neither a host fd nor an inode; a host directory has a host fd (fchdir and the
- * *at() calls use its path, not the fd); an overlay directory has its inode.
+ * *at() calls use its path, not the fd); an overlay directory has its inode. The entry's listing
+ * answer (guest_abi.h ZB_ENTRY_READ_BUF) takes the listing at the open and formats it here too.
  */
 #include "memory.h"
 #include "process.h"
@@ -34,33 +35,37 @@ static long dir_write(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, in
 static long dir_seek(zb_sandbox *sb, zb_file *f, int64_t off, int whence) {
     (void)sb;
     if (whence != SEEK_SET || off != 0) return -EINVAL; /* rewinddir */
-    zb_listing_unref(f->listing);
-    f->listing = NULL;
+    zb_dir_drop_listing(f);
     f->offset = 0;
     return 0;
 }
 
-static long dir_getdents(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len) {
+/* The directory's listing, taken at its first use and kept (0, -errno, or ZB_DEADLINE_PASSED:
+ * the run must stop, which only a syscall handler may ask for). */
+static long take_listing(zb_sandbox *sb, zb_file *f) {
     if (!f->where) return -ENOTDIR;
-    if (!f->listing) {
-        zb_listing *l = calloc(1, sizeof *l);
-        if (!l) return -ENOMEM;
-        long rc = zb_fs_list(sb, f->where, l);
-        if (rc < 0) { free(l); return rc == ZB_DEADLINE_PASSED ? zb_stop_for_deadline(sb) : rc; }
-        /* every open directory's listing is host memory: charged to the sandbox's budget */
-        if (zb_fdtable_listing_bytes(sb->fds) + l->bytes > ZB_LISTING_BUDGET) {
-            zb_listing_free(l);
-            free(l);
-            return -ENOMEM;
-        }
-        atomic_init(&l->refs, 1);
-        f->listing = l;
+    if (f->listing) return 0;
+    zb_listing *l = calloc(1, sizeof *l);
+    if (!l) return -ENOMEM;
+    long rc = zb_fs_list(sb, f->where, l);
+    if (rc < 0) { free(l); return rc; }
+    /* every open directory's listing is host memory: charged to the sandbox's budget */
+    if (zb_fdtable_listing_bytes(sb->fds) + l->bytes > ZB_LISTING_BUDGET) {
+        zb_listing_free(l);
+        free(l);
+        return -ENOMEM;
     }
-    uint8_t *out = zb_guest_ptr(sb, addr, len, 1);
-    if (!out) return -EFAULT;
+    atomic_init(&l->refs, 1);
+    f->listing = l;
+    return 0;
+}
+
+/* Linux's struct linux_dirent64 records of entries from *k on into out (len bytes at most, whole
+ * records), *k advanced past them; the bytes written, or -EINVAL if not even the first fits. */
+static long format_dirents(const zb_listing *l, uint64_t *k, uint8_t *out, size_t len) {
     size_t used = 0;
-    while (f->offset < f->listing->n) {
-        const struct zb_listing_ent *e = &f->listing->ents[f->offset];
+    while (*k < l->n) {
+        const struct zb_listing_ent *e = &l->ents[*k];
         size_t namelen = strlen(e->name);
         size_t reclen = (offsetof(struct dirent64, d_name) + namelen + 1 + 7) & ~7ul;
         if (used + reclen > len) {
@@ -71,15 +76,49 @@ static long dir_getdents(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len
         struct { struct dirent64 d; char name[NAME_MAX + 8]; } rec;
         memset(&rec, 0, reclen);
         rec.d.d_ino = e->ino;
-        rec.d.d_off = (int64_t)f->offset + 1;
+        rec.d.d_off = (int64_t)*k + 1;
         rec.d.d_reclen = (unsigned short)reclen;
         rec.d.d_type = e->type;
         memcpy(rec.d.d_name, e->name, namelen + 1);
         memcpy(out + used, &rec, reclen);
         used += reclen;
-        f->offset++;
+        (*k)++;
     }
     return (long)used;
+}
+
+static long dir_getdents(zb_sandbox *sb, zb_file *f, uint64_t addr, uint64_t len) {
+    long rc = take_listing(sb, f);
+    if (rc < 0) return rc == ZB_DEADLINE_PASSED ? zb_stop_for_deadline(sb) : rc;
+    uint8_t *out = zb_guest_ptr(sb, addr, len, 1);
+    if (!out) return -EFAULT;
+    return format_dirents(f->listing, &f->offset, out, len);
+}
+
+long zb_dir_dirents_all(zb_sandbox *sb, zb_file *f, uint8_t *out, size_t len) {
+    if (f->kind != FILE_DIR) return -ENOTDIR;
+    long rc = take_listing(sb, f);
+    if (rc < 0) return rc == ZB_DEADLINE_PASSED ? -EINTR : rc; /* the getdents64 will stop the run */
+    uint64_t k = f->offset;
+    rc = format_dirents(f->listing, &k, out, len);
+    return rc >= 0 && k < f->listing->n ? -ENOSPC : rc;
+}
+
+void zb_dir_drop_listing(zb_file *f) {
+    zb_listing_unref(f->listing);
+    f->listing = NULL;
+}
+
+uint64_t zb_dir_dirents_count(const uint8_t *p, size_t len) {
+    uint64_t k = 0;
+    for (size_t off = 0; off + offsetof(struct dirent64, d_name) <= len;) {
+        unsigned short reclen;
+        memcpy(&reclen, p + off + offsetof(struct dirent64, d_reclen), sizeof reclen);
+        if (reclen < offsetof(struct dirent64, d_name) || reclen > len - off) break;
+        off += reclen;
+        k++;
+    }
+    return k;
 }
 
 static long dir_stat(zb_sandbox *sb, zb_file *f, struct stat *st) {

@@ -209,6 +209,14 @@ int zb_listing_has(const zb_listing *l, const char *name);
 void zb_listing_unref(zb_listing *l);
 int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
 void zb_listing_free(zb_listing *l);
+/* file_dir.c, for the entry's getdents64 answer (guest_abi.h ZB_ENTRY_READ_BUF): the directory's
+ * listing from its offset on as getdents64 records into out (the listing taken if it was not),
+ * the bytes written, or -ENOSPC if it does not all fit in len (-errno else); and how many whole
+ * records the first len bytes of such records hold (the offset they move the directory by). */
+long zb_dir_dirents_all(zb_sandbox *sb, struct zb_file *f, uint8_t *out, size_t len);
+uint64_t zb_dir_dirents_count(const uint8_t *p, size_t len);
+/* The directory's listing dropped (the next getdents64 takes it again). */
+void zb_dir_drop_listing(struct zb_file *f);
 /* fs_trie.c: the trie's nodes (the bottom of the namespace's layers: fs_trie.c and fs_listing.c,
  * then fs_project.c, then fs_namespace.c, then fs_export.c; each uses only those before it) */
 zb_mnode *zb_mnode_child(const zb_mnode *n, const char *name);

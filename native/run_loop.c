@@ -117,9 +117,11 @@ static const uint64_t entry_slot_nr[ZB_ENTRY_SLOT_COUNT] = {SYS_getpid, SYS_getu
 static const uint64_t entry_fd_slot_nr[ZB_ENTRY_FD_SLOT_COUNT] = {SYS_lseek, SYS_ioctl, SYS_fcntl, SYS_fcntl};
 
 /* The timed blocks' syscalls (guest_abi.h ZB_ENTRY_TIMED): read, newfstatat, getdents64, close,
- * read of read_fd. */
+ * read and getdents64 of read_fd. */
 #define ENTRY_READ_BLOCK 4
-static const uint64_t entry_timed_nr[ZB_ENTRY_TIMED_COUNT] = {SYS_read, SYS_newfstatat, SYS_getdents64, SYS_close, SYS_read};
+#define ENTRY_DENTS_BLOCK 5
+static const uint64_t entry_timed_nr[ZB_ENTRY_TIMED_COUNT] = {SYS_read, SYS_newfstatat, SYS_getdents64, SYS_close, SYS_read,
+                                                               SYS_getdents64};
 
 /* A vCPU stopped or faulting at rip in the timed answers gets the registers of the syscall it was
  * answering: rax its number, in the TSC window of a block (where rdtsc took rdx) rdx back from
@@ -134,21 +136,25 @@ static void entry_timed_regs(const zb_sandbox *sb, struct kvm_regs *r) {
     r->rax = entry_timed_nr[block];
     if (r->rax == SYS_close) return; /* before its commit: it changed nothing (entry_close_committed) */
     if (r->rax != SYS_getdents64 && in > ZB_ENTRY_TSC && in < ZB_ENTRY_TSC_END) r->rdx = r->r11;
-    if (block == ENTRY_READ_BLOCK && in >= ZB_ENTRY_READ_COPY && in < ZB_ENTRY_READ_DONE)
+    if ((block == ENTRY_READ_BLOCK && in >= ZB_ENTRY_READ_COPY && in < ZB_ENTRY_READ_DONE) ||
+        (block == ENTRY_DENTS_BLOCK && in >= ZB_ENTRY_READ_COPY && in < ZB_ENTRY_DENTS_DONE))
         zb_layout_entry_read_saved(&sb->mem, r);
     r->r11 = 0x202; /* the blocks' scratch: RFLAGS as PVM reports them at the `out` */
 }
 
 /* 1 if rip is in the close block past its store (guest_abi.h ZB_ENTRY_CLOSE_DONE), or at the read
- * block's `jmp *%rcx` past its commit (ZB_ENTRY_READ_DONE): the call has happened, and what is
- * left is returning to user code (rax: 0 for the close, the count for the read). */
+ * or getdents64 block's `jmp *%rcx` past its commit (ZB_ENTRY_READ_DONE, ZB_ENTRY_DENTS_DONE): the
+ * call has happened, and what is left is returning to user code (rax: 0 for the close, the count
+ * for the others). */
 static int entry_close_committed(uint64_t rip) {
     uint64_t block = ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED + 3 * ZB_ENTRY_TIMED_SIZE;
     return rip >= block + ZB_ENTRY_CLOSE_DONE && rip < block + ZB_ENTRY_TIMED_SIZE;
 }
 
 static int entry_read_committed(uint64_t rip) {
-    return rip == ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED + ENTRY_READ_BLOCK * ZB_ENTRY_TIMED_SIZE + ZB_ENTRY_READ_DONE;
+    uint64_t timed = ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED;
+    return rip == timed + ENTRY_READ_BLOCK * ZB_ENTRY_TIMED_SIZE + ZB_ENTRY_READ_DONE ||
+           rip == timed + ENTRY_DENTS_BLOCK * ZB_ENTRY_TIMED_SIZE + ZB_ENTRY_DENTS_DONE;
 }
 
 /* sync_regs found the vCPU mid-trap (in_host_trap). In the entry's in-guest answers (before its
@@ -538,16 +544,29 @@ static int entry_eof_fresh(const zb_file *f, uint64_t seq, int64_t now) {
 
 /* The file this syscall opened, read into the entry's read buffer (guest_abi.h ZB_ENTRY_READ_BUF)
  * when it is a regular file opened for reading, still at offset 0, that fits: its first read (or
- * its only one) is then answered in the guest. Once per open (the next run takes it back); 1 if
- * filled. */
+ * its only one) is then answered in the guest. A directory opened as opendir() opens one
+ * (O_DIRECTORY | O_NONBLOCK: not a dirfd for the *at() calls, which would not list it) gets its
+ * whole listing as getdents64 records, when they fit. Once per open (the next run takes it back);
+ * 1 if filled. */
 static int entry_read_fill(zb_sandbox *sb, zb_file *f, int fd, const struct stat *st, uint64_t seq) {
     if (sb->entry_read_seq == seq) return 0;
     sb->entry_read_seq = seq;
-    if ((f->kind != FILE_HOST && f->kind != FILE_OVERLAY) || !S_ISREG(st->st_mode) || (f->flags & O_ACCMODE) != O_RDONLY ||
-        (f->flags & O_PATH) || f->offset || st->st_size < 0 || st->st_size > ZB_ENTRY_READ_BYTES)
-        return 0;
-    long n = f->ops->read(sb, f, zb_layout_entry_read_buffer(&sb->mem), ZB_ENTRY_READ_BYTES, 0);
-    if (n != st->st_size) return 0; /* changed since the stat: the host serves the reads */
+    if ((f->flags & O_ACCMODE) != O_RDONLY || (f->flags & O_PATH) || f->offset) return 0;
+    uint8_t *buf = zb_layout_entry_read_buffer(&sb->mem);
+    long n;
+    if (f->kind == FILE_DIR) {
+        if ((f->flags & (O_DIRECTORY | O_NONBLOCK)) != (O_DIRECTORY | O_NONBLOCK) || f->listing) return 0;
+        n = zb_dir_dirents_all(sb, f, buf, ZB_ENTRY_READ_BYTES);
+        /* too long (the listing is kept: taking it again would cost as much, and POSIX leaves a
+         * file created after the opendir unspecified), or no listing: getdents64 exits */
+        if (n < 0) return 0;
+    } else {
+        if ((f->kind != FILE_HOST && f->kind != FILE_OVERLAY) || !S_ISREG(st->st_mode) || st->st_size < 0 ||
+            st->st_size > ZB_ENTRY_READ_BYTES)
+            return 0;
+        n = f->ops->read(sb, f, buf, ZB_ENTRY_READ_BYTES, 0);
+        if (n != st->st_size) return 0; /* changed since the stat: the host serves the reads */
+    }
     zb_layout_entry_read_filled(&sb->mem, (uint32_t)n);
     sb->entry_read_file = f;
     sb->entry_read_fd = fd;
@@ -572,6 +591,7 @@ static void entry_timed_answers(zb_sandbox *sb, zb_vm *vm, struct zb_entry_data 
             if (vm->tsc_khz && entry_read_fill(sb, f, fd, &st, seq)) {
                 d->read_fd = fd;
                 d->read_size = sb->entry_read_size;
+                d->read_dir = f->kind == FILE_DIR;
             }
         }
     }
@@ -581,7 +601,7 @@ static void entry_timed_answers(zb_sandbox *sb, zb_vm *vm, struct zb_entry_data 
         d->stat_fd = -1;
         memset(d->stat, 0, sizeof d->stat);
         d->read_fd = -1;
-        d->read_size = 0;
+        d->read_size = d->read_dir = 0;
         sb->entry_read_file = NULL;
         return;
     }
@@ -607,15 +627,21 @@ static void take_deferred_close(zb_sandbox *sb) {
 
 /* Right after every KVM_RUN, before the deferred close and the exit: what the run read of the
  * entry's read buffer (ZB_ENTRY_READ_POS, guest-written: bounded by the buffer's size) becomes
- * the file's offset (it was 0 when the buffer was filled, and only exits change the table). */
+ * the file's offset (it was 0 when the buffer was filled, and only exits change the table): the
+ * bytes of a file, the whole records of a directory's listing. */
 static void take_entry_read(zb_sandbox *sb) {
     zb_file *f = sb->entry_read_file;
     if (!f) return;
     sb->entry_read_file = NULL;
     uint32_t pos = zb_layout_take_entry_read(&sb->mem);
     int fd = sb->entry_read_fd;
-    if (!pos || fd < 0 || fd >= ZB_ENTRY_FDS || sb->fds->fd[fd] != f) return;
-    f->offset = ZB_MIN(pos, sb->entry_read_size);
+    if (fd < 0 || fd >= ZB_ENTRY_FDS || sb->fds->fd[fd] != f) return;
+    /* a listing nothing has read yet is taken again at the first getdents64, as without the
+     * answer: a file created after the open is in it, as on Linux */
+    if (!pos && f->kind == FILE_DIR) zb_dir_drop_listing(f);
+    if (!pos) return;
+    pos = ZB_MIN(pos, sb->entry_read_size);
+    f->offset = f->kind == FILE_DIR ? zb_dir_dirents_count(zb_layout_entry_read_buffer(&sb->mem), pos) : pos;
 }
 
 static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {

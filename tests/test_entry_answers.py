@@ -749,3 +749,109 @@ def test_the_read_position_is_the_users_to_write(template) -> None:
         assert got == [[0, "", 200, 200]] * 4 + [[50, "96", 200, 200], [200, "00", 200, 200]], got
     else:
         assert got == [[200, "00", 200, 200]] * 6, got
+
+
+_DENTS_PROBE = r'''
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def raw(*a):
+    r = libc.syscall(*[ctypes.c_long(x) for x in a])
+    return r if r >= 0 else -ctypes.get_errno()
+KERNEL, BEYOND = 0xffff800000000000, 0x7ff000000000
+ODIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC  # as opendir() opens
+def names(buf, n):
+    out, off = [], 0
+    while off < n:
+        reclen = int.from_bytes(buf[off + 16:off + 18], 'little')
+        out.append([buf[off + 19:off + reclen].split(b'\0')[0].decode(), buf[off + 18], int.from_bytes(buf[off + 8:off + 16], 'little')])
+        off += reclen
+    return out
+def dents(fd, count):
+    buf = ctypes.create_string_buffer(max(count, 1))
+    n = raw(217, fd, ctypes.addressof(buf), count)
+    return [n, sorted(names(buf.raw, n)) if n > 0 else []]
+os.makedirs('/tmp/dl/empty', exist_ok=True)
+for d, n, width in (('one', 1, 4), ('some', 60, 8), ('huge', 1500, 60)):
+    os.makedirs(f'/tmp/dl/{d}', exist_ok=True)
+    for i in range(n): open(f'/tmp/dl/{d}/' + f'{i}'.rjust(width, 'x'), 'w').close()
+os.makedirs('/tmp/dl/some/sub', exist_ok=True)
+out = {}
+for d in ('empty', 'one', 'some', 'huge'):  # huge: 1,500 long names do not fit 64 KiB
+    p = f'/tmp/dl/{d}'
+    out[d] = [sorted(os.listdir(p)) == sorted(e.name for e in os.scandir(p)), len(os.listdir(p)),
+              sorted((e.name, e.is_dir()) for e in os.scandir(p))[:3]]
+# raw getdents64 in pieces: too small for one record (EINVAL), one record, the rest, the end
+fd = os.open('/tmp/dl/some', ODIR)
+out['pieces'] = [dents(fd, 10), dents(fd, 40)[0], dents(fd, 100), os.read(fd, 1) if False else raw(0, fd, 0, 0),
+                 len(dents(fd, 65536)[1]), dents(fd, 65536)]
+os.close(fd)
+# a dup and a fork child go on from where the listing is; rewinddir starts it again
+fd = os.open('/tmp/dl/some', ODIR)
+first = dents(fd, 200)[0]
+d2 = os.dup(fd)
+pid = os.fork()
+if pid == 0:
+    os._exit(min(len(dents(fd, 65536)[1]), 255))
+rest_child = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+out['shared'] = [first > 0, rest_child, dents(d2, 65536)[0], os.lseek(fd, 0, os.SEEK_SET), len(dents(fd, 65536)[1])]
+os.close(fd); os.close(d2)
+# bad buffers; fstat after a partial read; not opened as opendir opens (no O_NONBLOCK)
+out['bad'] = []
+for p in (KERNEL, BEYOND):
+    fd = os.open('/tmp/dl/some', ODIR)
+    out['bad'].append([raw(217, fd, p, 4096), len(dents(fd, 65536)[1])])
+    os.close(fd)
+fd = os.open('/tmp/dl/some', ODIR)
+dents(fd, 100)
+out['fstat'] = os.fstat(fd).st_mode & 0o170000 == 0o040000
+os.close(fd)
+fd = os.open('/tmp/dl/some', os.O_RDONLY)
+out['plain'] = len(dents(fd, 65536)[1])
+os.close(fd)
+# a file created after the open and before the first getdents64 is listed, as on Linux
+fd = os.open('/tmp/dl/one', ODIR)
+open('/tmp/dl/one/late', 'w').close()
+out['late'] = [x[0] for x in dents(fd, 65536)[1]]
+os.close(fd)
+# the host's folders (the view): a listing of /usr/lib read in small pieces equals os.listdir
+fd = os.open('/usr/lib', ODIR)
+got = []
+while True:
+    n, ents = dents(fd, 300)
+    if n <= 0: break
+    got += [e[0] for e in ents]
+os.close(fd)
+out['view'] = sorted(set(got) - {'.', '..'}) == sorted(os.listdir('/usr/lib')) and len(got) > 10
+print(json.dumps(out))
+'''
+
+
+def test_a_listing_answer_equals_the_exiting_path(template) -> None:
+    host, guest, _ = _both_paths(template, _DENTS_PROBE)
+    assert guest == host
+    assert isinstance(host, dict)
+    assert host["empty"] == [True, 0, []] and host["one"][:2] == [True, 1] and host["some"][:2] == [True, 61], host
+    assert host["huge"][:2] == [True, 1500] and host["some"][2][0] == ["sub", True], host
+    assert host["pieces"][0] == [-errno.EINVAL, []] and host["pieces"][1] > 0 and host["pieces"][3] == -errno.EISDIR, host
+    assert host["pieces"][5] == [0, []], host
+    assert host["shared"][0] and host["shared"][2] == 0 and host["shared"][3] == 0 and host["shared"][4] == 63, host  # with . and ..
+    assert host["bad"] == [[-errno.EFAULT, 63]] * 2 and host["fstat"] and host["plain"] == 63, host
+    assert sorted(host["late"]) == [".", "..", "late", "xxx0"] and host["view"], host
+
+
+def test_a_listing_answer_costs_no_exit(template) -> None:
+    """os.listdir of a small folder: opendir's openat exits (it lists the folder for the entry);
+    the fstat, both getdents64 and the close do not."""
+    code = ("import os, json\n"
+            "os.makedirs('/tmp/ls', exist_ok=True)\n"
+            "for i in range(40): open(f'/tmp/ls/f{i}', 'w').close()\n"
+            "n = 0\n"
+            "for _ in range(300): n += len(os.listdir('/tmp/ls'))\n"
+            "print(json.dumps(n))")
+    host, guest, calls = _both_paths(template, code)
+    assert guest == host == 300 * 40
+    if answers_on():
+        assert calls < 300 * 1.5, calls
+    else:
+        assert calls >= 300 * 2, calls
