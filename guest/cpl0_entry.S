@@ -162,6 +162,25 @@ timed_dispatch:
     jnz 8f
     .endm
 
+    /* The read and getdents64 blocks' end: rax bytes from the buffer at pos (r11) to the user's
+     * buffer (rdi), the registers the copy took back from ZB_ENTRY_READ_SAVE (rdi: read_fd), and
+     * the commit to pos, which ends `done` bytes into the block, right before its `jmp *%rcx`. */
+    .macro copy_commit done
+    leaq ZB_ENTRY_READ_BUF(%r11), %rsi
+    movq %rax, %rcx
+    cld                     /* forwards (SFMASK clears DF at syscall; PVM may not have) */
+    rep movsb               /* into the user's buffer (a fault here: the host serves the call) */
+    movq ZB_ENTRY_READ_SAVE, %rsi
+    movq ZB_ENTRY_READ_SAVE + 8, %rcx
+    movslq data + ZB_ENTRY_READ_FD, %rdi
+    .org block + \done - 7, 0x90
+1:  addl %eax, ZB_ENTRY_READ_POS /* the commit */
+2:  jmp *%rcx
+    .if 2b - 1b - 7 /* the .org put 1b at done - 7 */
+    .error "a position's add must end at its block's done offset"
+    .endif
+    .endm
+
     .org timed, 0x90        /* read(fd, buf, count) at the end of a regular file: 0 */
     testb $ZB_EFD_EOF, data + ZB_ENTRY_FD_STATE(%rdi)
     jz 9b
@@ -226,19 +245,7 @@ timed_dispatch:
     movq %rcx, ZB_ENTRY_READ_SAVE + 8
     .org block + ZB_ENTRY_READ_COPY, 0x90
     movq %rsi, %rdi         /* from here to the commit the host restores rsi, rcx and rdi */
-    leaq ZB_ENTRY_READ_BUF(%r11), %rsi
-    movq %rax, %rcx
-    cld                     /* forwards (SFMASK clears DF at syscall; PVM may not have) */
-    rep movsb               /* into the user's buffer (a fault here: the host serves the call) */
-    movq ZB_ENTRY_READ_SAVE, %rsi
-    movq ZB_ENTRY_READ_SAVE + 8, %rcx
-    movslq data + ZB_ENTRY_READ_FD, %rdi
-    .org block + ZB_ENTRY_READ_DONE - 7, 0x90
-1:  addl %eax, ZB_ENTRY_READ_POS /* the commit */
-2:  jmp *%rcx
-    .if 2b - 1b - 7 /* the .org put 1b at ZB_ENTRY_READ_DONE - 7 */
-    .error "the read position's add must end ZB_ENTRY_READ_DONE bytes into its block"
-    .endif
+    copy_commit ZB_ENTRY_READ_DONE
 8:  movl $0x202, %r11d
     jmp 9b
     .org block + ZB_ENTRY_READ_DISPATCH, 0x90
@@ -290,19 +297,7 @@ read_dispatch:              /* a call on read_fd, rax its number (compares only)
     movl $217, %eax
     jmp 8f
 2:  movq ZB_ENTRY_READ_SAVE, %rdi /* the user's buffer */
-    leaq ZB_ENTRY_READ_BUF(%r11), %rsi
-    movq %rax, %rcx
-    cld
-    rep movsb               /* (a fault here: the host serves the call) */
-    movq ZB_ENTRY_READ_SAVE, %rsi
-    movq ZB_ENTRY_READ_SAVE + 8, %rcx
-    movslq data + ZB_ENTRY_READ_FD, %rdi
-    .org block + ZB_ENTRY_DENTS_DONE - 7, 0x90
-1:  addl %eax, ZB_ENTRY_READ_POS /* the commit */
-2:  jmp *%rcx
-    .if 2b - 1b - 7 /* the .org put 1b at ZB_ENTRY_DENTS_DONE - 7 */
-    .error "the listing position's add must end ZB_ENTRY_DENTS_DONE bytes into its block"
-    .endif
+    copy_commit ZB_ENTRY_DENTS_DONE
 8:  movl $0x202, %r11d
     jmp 9b
     .org timed + ZB_ENTRY_TIMED_COUNT * ZB_ENTRY_TIMED_SIZE, 0x90
