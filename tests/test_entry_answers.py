@@ -169,13 +169,18 @@ print(got[0])
 
 # ---- the per-fd answers: lseek(fd, 0, SEEK_CUR), ioctl(fd, TCGETS), fcntl(F_GETFD/F_GETFL) ----
 
-_FD_PROBE = r'''
-import ctypes, errno, fcntl, json, os, socket, termios, threading
+# the probes' raw syscall(): the call's own answer, -errno on failure (guest code)
+_RAW_SYSCALL = r'''
+import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 def raw(*a):
     r = libc.syscall(*[ctypes.c_long(x) for x in a])
     return r if r >= 0 else -ctypes.get_errno()
+'''
+
+_FD_PROBE = _RAW_SYSCALL + r'''
+import ctypes, errno, fcntl, json, os, socket, termios, threading
 def probe(fd):
     buf = ctypes.create_string_buffer(64)
     return [raw(8, fd, 0, 1), raw(16, fd, termios.TCGETS, ctypes.addressof(buf)), raw(72, fd, 1), raw(72, fd, 3)]
@@ -473,13 +478,8 @@ def test_a_host_file_that_grows_while_the_guest_reads_its_end_is_seen(template, 
 # ---- the deferred close: close(fd) of a read-only host, overlay or directory file costs no exit
 # (guest_abi.h ZB_ENTRY_CLOSE_SLOT); the host makes it at the next exit ----
 
-_CLOSE_PROBE = r'''
+_CLOSE_PROBE = _RAW_SYSCALL + r'''
 import ctypes, errno, fcntl, json, os, threading
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def raw(*a):
-    r = libc.syscall(*[ctypes.c_long(x) for x in a])
-    return r if r >= 0 else -ctypes.get_errno()
 def after_close(fd):  # every call the entry answers for an open fd, on a closed one
     buf = ctypes.create_string_buffer(256)
     return [raw(8, fd, 0, 1), raw(16, fd, 0x5401, ctypes.addressof(buf)), raw(72, fd, 1), raw(72, fd, 3),
@@ -583,13 +583,8 @@ print(got[0], len(fds))
 # ---- the read answer: the reads of a small file just opened are answered from the bytes the host
 # read at the open (guest_abi.h ZB_ENTRY_READ_BUF); the host takes the position at the next exit ----
 
-_READ_PROBE = r'''
+_READ_PROBE = _RAW_SYSCALL + r'''
 import ctypes, hashlib, json, os
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def raw(*a):
-    r = libc.syscall(*[ctypes.c_long(x) for x in a])
-    return r if r >= 0 else -ctypes.get_errno()
 KERNEL, NONCANONICAL, SUPERVISOR, BEYOND = 0xffff800000000000, 0x800000000000, 0x10, 0x7ff000000000
 h = lambda b: hashlib.sha256(b).hexdigest()[:16]
 os.makedirs('/tmp/ra', exist_ok=True)
@@ -751,13 +746,8 @@ def test_the_read_position_is_the_users_to_write(template) -> None:
         assert got == [[200, "00", 200, 200]] * 6, got
 
 
-_DENTS_PROBE = r'''
+_DENTS_PROBE = _RAW_SYSCALL + r'''
 import ctypes, json, os
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def raw(*a):
-    r = libc.syscall(*[ctypes.c_long(x) for x in a])
-    return r if r >= 0 else -ctypes.get_errno()
 KERNEL, BEYOND = 0xffff800000000000, 0x7ff000000000
 ODIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC  # as opendir() opens
 def names(buf, n):
