@@ -153,21 +153,21 @@ int zb_layout_take_deferred_close(zb_memory *m) {
 
 uint8_t *zb_layout_entry_read_buffer(zb_memory *m) { return m->host + ZB_ENTRY_READ_BUF; }
 
-void zb_layout_entry_read_filled(zb_memory *m, uint32_t n) {
-    zb_mem_dirty(m, ZB_ENTRY_READ_BUF, ZB_MIN(n, (uint32_t)ZB_ENTRY_READ_BYTES));
+static void entry_read_pos_clear(zb_memory *m) {
     const uint32_t zero = 0;
     memcpy(m->host + ZB_ENTRY_READ_POS, &zero, sizeof zero);
     zb_mem_dirty(m, ZB_ENTRY_READ_POS, sizeof zero);
 }
 
+void zb_layout_entry_read_filled(zb_memory *m, uint32_t n) {
+    zb_mem_dirty(m, ZB_ENTRY_READ_BUF, ZB_MIN(n, (uint32_t)ZB_ENTRY_READ_BYTES));
+    entry_read_pos_clear(m);
+}
+
 uint32_t zb_layout_take_entry_read(zb_memory *m) {
     uint32_t pos;
     memcpy(&pos, m->host + ZB_ENTRY_READ_POS, sizeof pos);
-    if (pos) {
-        const uint32_t zero = 0;
-        memcpy(m->host + ZB_ENTRY_READ_POS, &zero, sizeof zero);
-        zb_mem_dirty(m, ZB_ENTRY_READ_POS, sizeof zero);
-    }
+    if (pos) entry_read_pos_clear(m);
     return pos;
 }
 

@@ -125,9 +125,9 @@ static const uint64_t entry_timed_nr[ZB_ENTRY_TIMED_COUNT] = {SYS_read, SYS_newf
 
 /* A vCPU stopped or faulting at rip in the timed answers gets the registers of the syscall it was
  * answering: rax its number, in the TSC window of a block (where rdtsc took rdx) rdx back from
- * r11, in the read block's copy rsi, rcx and rdi from where it saved them, and r11 what PVM
- * reports at the `out` (the blocks use it as scratch). (The dispatches only compare: rax is still
- * the number there.) */
+ * r11, in the read and getdents64 blocks' copy rsi, rcx and rdi from where they saved them, and
+ * r11 what PVM reports at the `out` (the blocks use it as scratch). (The dispatches only compare:
+ * rax is still the number there.) */
 static void entry_timed_regs(const zb_sandbox *sb, struct kvm_regs *r) {
     if (r->rip < ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED) return;
     uint64_t off = r->rip - ZB_SYSCALL_ENTRY - ZB_ENTRY_TIMED, block = off / ZB_ENTRY_TIMED_SIZE, in = off % ZB_ENTRY_TIMED_SIZE;
@@ -142,15 +142,15 @@ static void entry_timed_regs(const zb_sandbox *sb, struct kvm_regs *r) {
     r->r11 = 0x202; /* the blocks' scratch: RFLAGS as PVM reports them at the `out` */
 }
 
-/* 1 if rip is in the close block past its store (guest_abi.h ZB_ENTRY_CLOSE_DONE), or at the read
- * or getdents64 block's `jmp *%rcx` past its commit (ZB_ENTRY_READ_DONE, ZB_ENTRY_DENTS_DONE): the
- * call has happened, and what is left is returning to user code (rax: 0 for the close, the count
- * for the others). */
+/* 1 if rip is in the close block past its store (guest_abi.h ZB_ENTRY_CLOSE_DONE): the close has
+ * happened (the slot holds it), and what is left is returning 0 to user code. */
 static int entry_close_committed(uint64_t rip) {
     uint64_t block = ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED + 3 * ZB_ENTRY_TIMED_SIZE;
     return rip >= block + ZB_ENTRY_CLOSE_DONE && rip < block + ZB_ENTRY_TIMED_SIZE;
 }
 
+/* 1 if rip is at the read or getdents64 block's `jmp *%rcx`, past its commit to the position
+ * (ZB_ENTRY_READ_DONE, ZB_ENTRY_DENTS_DONE): what is left is returning the count (rax). */
 static int entry_read_committed(uint64_t rip) {
     uint64_t timed = ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED;
     return rip == timed + ENTRY_READ_BLOCK * ZB_ENTRY_TIMED_SIZE + ZB_ENTRY_READ_DONE ||
@@ -201,9 +201,10 @@ static int sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         return -1;
     }
     if (ioctl(vm->vcpu_fd, KVM_GET_REGS, &r) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return -1; }
-    if (entry_close_committed(r.rip) || entry_read_committed(r.rip)) {
+    int closed = entry_close_committed(r.rip);
+    if (closed || entry_read_committed(r.rip)) {
         /* a deferred close or a read made: finish its return (rax = 0, or the count) */
-        if (entry_close_committed(r.rip)) r.rax = 0;
+        if (closed) r.rax = 0;
         r.rip = r.rcx;
         if (ioctl(vm->vcpu_fd, KVM_SET_REGS, &r) < 0) { error_event(sb, ev, "KVM_SET_REGS: %s", strerror(errno)); return -1; }
     }
