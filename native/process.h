@@ -134,6 +134,8 @@ int zb_threads_new_slot(zb_threads *ts, size_t xsave_size);
 void zb_threads_remove(zb_threads *ts, int slot);
 /* Wake up to n futex waiters on addr whose bitset intersects bitset (oldest first); the number woken. */
 int zb_threads_futex_wake(zb_threads *ts, uint64_t addr, uint32_t bitset, int n);
+/* How many threads wait on the futex at addr. */
+int zb_threads_futex_waiters(const zb_threads *ts, uint64_t addr);
 /* Move up to n waiters of addr to addr2 (FUTEX_REQUEUE); the number moved. */
 int zb_threads_futex_requeue(zb_threads *ts, uint64_t addr, uint64_t addr2, int n);
 /* Make a waiting (not running) thread runnable with this syscall result. */

@@ -294,7 +294,8 @@ static long sys_futex(zb_sandbox *sb, const uint64_t a[6]) {
         if (!zb_guest_ptr(sb, a[4], 4, 0)) return -EFAULT;
         if (cmd == FUTEX_CMP_REQUEUE && *word != val3) return -EAGAIN;
         int woken = zb_threads_futex_wake(ts, a[0], FUTEX_BITSET_MATCH_ANY, nwake);
-        if (a[4] == a[0]) return woken;
+        /* onto itself: Linux moves nothing but counts the waiters it would have moved */
+        if (a[4] == a[0]) return woken + ZB_MIN(zb_threads_futex_waiters(ts, a[0]), nmove);
         return woken + zb_threads_futex_requeue(ts, a[0], a[4], nmove);
     }
     case FUTEX_WAKE_OP: {

@@ -121,6 +121,13 @@ int zb_threads_futex_wake(zb_threads *ts, uint64_t addr, uint32_t bitset, int n)
     return woken;
 }
 
+int zb_threads_futex_waiters(const zb_threads *ts, uint64_t addr) {
+    int n = 0;
+    for (int i = 0; i < ts->cap; i++)
+        n += ts->t[i].tid && ts->t[i].state == ZB_THREAD_FUTEX && ts->t[i].futex_addr == addr;
+    return n;
+}
+
 int zb_threads_futex_requeue(zb_threads *ts, uint64_t addr, uint64_t addr2, int n) {
     int moved = 0;
     while (moved < n) { /* oldest first, so the queue order carries over */

@@ -113,11 +113,10 @@ static void *waiter(void *arg) {
     return NULL;
 }
 
-static void wait_until_waiting(int n) {
-    /* a waiter is queued once FUTEX_WAKE with 0 bits... there is no query: give them time by yielding */
-    for (int i = 0; i < 50 * n; i++) sched_yield();
-    struct timespec ts = {0, 20 * 1000000};
-    nanosleep(&ts, NULL);
+/* Until n threads are queued on addr. Linux has no query, but a requeue of a futex onto itself
+ * moves nothing and returns how many waiters it found: the count, without timing luck. */
+static void wait_until_waiting(atomic_uint *addr, int n) {
+    while (syscall(SYS_futex, addr, FUTEX_CMP_REQUEUE, 0, INT32_MAX, addr, atomic_load(addr)) < n) sched_yield();
 }
 
 static void test_futex(int argc, char **argv) {
@@ -157,7 +156,7 @@ static void test_futex(int argc, char **argv) {
     atomic_store(&word, 0);
     pthread_t t[5];
     for (int i = 0; i < 5; i++) CHECK_EQ(pthread_create(&t[i], NULL, waiter, (void *)(long)(i < 3 ? 1 : 2)), 0);
-    wait_until_waiting(5);
+    wait_until_waiting(&word, 5);
     CHECK_EQ(futex(&word, FUTEX_WAKE_BITSET, 1, NULL, NULL, 2), 1);
     CHECK_EQ(futex(&word, FUTEX_WAKE_BITSET, 10, NULL, NULL, 1), 3);
     CHECK_EQ(futex(&word, FUTEX_WAKE, 10, NULL, NULL, 0), 1);
@@ -168,7 +167,7 @@ static void test_futex(int argc, char **argv) {
     atomic_store(&woken, 0);
     pthread_t r[4];
     for (int i = 0; i < 4; i++) CHECK_EQ(pthread_create(&r[i], NULL, waiter, (void *)(long)FUTEX_BITSET_MATCH_ANY), 0);
-    wait_until_waiting(4);
+    wait_until_waiting(&word, 4);
     CHECK_ERR(syscall(SYS_futex, &word, FUTEX_CMP_REQUEUE, 1, 2, &word2, 99), EAGAIN);
     CHECK_EQ(syscall(SYS_futex, &word, FUTEX_CMP_REQUEUE, 1, 2, &word2, 0), 3);
     CHECK_EQ(futex(&word2, FUTEX_WAKE, 10, NULL, NULL, 0), 2);
@@ -216,11 +215,13 @@ static void test_signals(int argc, char **argv) {
     pthread_t t;
     CHECK_EQ(pthread_create(&t, NULL, sig_worker, NULL), 0);
     while (!atomic_load(&worker_tid)) sched_yield();
-    wait_until_waiting(1);
+    wait_until_waiting(&go, 1);
     long wt = atomic_load(&worker_tid);
     /* to the thread: its handler runs on it, interrupting its futex wait */
     OK(syscall(SYS_tgkill, getpid(), wt, SIGUSR1));
-    for (int i = 0; i < 1000 && !atomic_load(&handled_by[SIGUSR1]); i++) sched_yield();
+    /* the handler runs when the worker is next scheduled: on a loaded host that takes a while */
+    for (int64_t until = mono_ns() + 20 * 1000000000LL; !atomic_load(&handled_by[SIGUSR1]) && mono_ns() < until;)
+        sched_yield();
     CHECK_EQ(atomic_load(&handled_by[SIGUSR1]), wt);
     /* to the process: the main thread (which does not block it) takes it */
     OK(kill(getpid(), SIGUSR2));
@@ -328,7 +329,7 @@ static void test_snapshot_state(int argc, char **argv) {
     (void)argv;
     pthread_t t[3];
     for (long i = 0; i < 3; i++) CHECK_EQ(pthread_create(&t[i], NULL, snap_worker, (void *)(i + 1)), 0);
-    wait_until_waiting(3);
+    wait_until_waiting(&release, 3);
     int tty = (int)OK(open("/dev/ttyS0", O_RDWR));
     printf("ready\n");
     fflush(stdout);
