@@ -382,5 +382,14 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
                        "not supported yet; wait for them (os.waitpid, Popen.wait) or end them first", pids);
         return NULL;
     }
+    int listeners = zb_usock_listeners(sb);
+    if (listeners) {
+        zb_seterr(err, "cannot snapshot a sandbox with %d listening AF_UNIX socket%s: snapshots of listening sockets are "
+                       "not supported yet; close %s first (Listener.close(), Manager.shutdown())", listeners,
+                  listeners > 1 ? "s" : "", listeners > 1 ? "them" : "it");
+        return NULL;
+    }
     return zb_snapshot_take(sb, err);
 }
+
+int zb_sandbox_listening_sockets(zb_sandbox *sb) { return zb_usock_listeners(sb); }

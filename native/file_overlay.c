@@ -100,6 +100,7 @@ long zb_overlay_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **o
     zb_inode *in = zb_ovl_inode(sb->fs, r->loc.ino);
     if (!in) return -ENOENT;
     if (in->type == INO_SYMLINK) return -ELOOP;
+    if (in->type == INO_SOCKET) return -ENXIO; /* a socket's name: connect(2) to it, as in Linux */
     if (in->readonly && (wr || (flags & O_TRUNC))) return -EACCES;
     if ((flags & O_TRUNC) && wr && (rc = zb_overlay_truncate(sb, r->loc.ino, 0)) < 0) return rc;
     zb_file *f = zb_file_new(r->loc.is_dir ? FILE_DIR : FILE_OVERLAY);

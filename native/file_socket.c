@@ -1,19 +1,33 @@
-/* file_socket.c - one end of a socketpair(AF_UNIX, SOCK_STREAM): it reads the stream its peer
- * writes (rx) and writes the one its peer reads (tx); shutdown() detaches either (sys_socket.c has
- * the socket syscalls). A direction shut down reads EOF and writes EPIPE, as in Linux. */
+/* file_socket.c - an AF_UNIX stream socket of the sandbox: a socketpair end, or a socket made by
+ * socket(2) that is unconnected, listening, or connected by connect/accept (sys_socket.c has the
+ * calls). A connected one reads the stream its peer writes (rx) and writes the one its peer reads
+ * (tx); shutdown() detaches either. A direction shut down reads EOF and writes EPIPE, as in Linux;
+ * a socket never connected reads EINVAL and writes ENOTCONN, as Linux's unix sockets do. */
 #include "fs.h"
+#include "serial.h"
 
 #include <poll.h>
+
+static int connected(const zb_file *f) {
+    const zb_usock *u = zb_usock_of(f);
+    return !u || u->state == ZB_USOCK_CONNECTED;
+}
 
 static long socket_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t off) {
     (void)sb;
     if (off >= 0) return -ESPIPE;
+    if (!connected(f)) return -EINVAL;
+    if (f->rx && f->rx->reset && !f->rx->len) { /* its server end closed before accepting it */
+        f->rx->reset = 0;
+        return -ECONNRESET;
+    }
     return f->rx ? zb_stream_read(f->rx, p, n) : 0;
 }
 
 static long socket_write(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, int64_t off) {
     (void)sb;
     if (off >= 0) return -ESPIPE;
+    if (!connected(f)) return -ENOTCONN;
     return f->tx ? zb_stream_write(f->tx, p, n) : -EPIPE;
 }
 
@@ -24,11 +38,15 @@ static long socket_stat(zb_sandbox *sb, zb_file *f, struct stat *st) {
     return 0;
 }
 
-/* Linux's unix stream sockets: EOF reads as POLLIN | POLLRDHUP, both ways shut as POLLHUP. */
+/* Linux's unix stream sockets: EOF reads as POLLIN | POLLRDHUP, both ways shut as POLLHUP; a
+ * listener is readable while a connection waits; one never connected is writable and hung up. */
 static short socket_ready(zb_sandbox *sb, const zb_file *f, short want, int *waits_uart) {
     (void)sb;
     (void)want;
     (void)waits_uart;
+    const zb_usock *u = zb_usock_of(f);
+    if (u && u->state == ZB_USOCK_LISTENING) return u->npending ? POLLIN | POLLRDNORM : 0;
+    if (u && u->state == ZB_USOCK_UNCONNECTED) return POLLOUT | POLLWRNORM | POLLHUP;
     short got = 0;
     if (!f->rx || f->rx->len || !f->rx->writers) got |= POLLIN | POLLRDNORM;
     if (!f->rx || !f->rx->writers) got |= POLLRDHUP;
@@ -36,6 +54,68 @@ static short socket_ready(zb_sandbox *sb, const zb_file *f, short want, int *wai
     if ((!f->tx || !f->tx->readers) && (!f->rx || !f->rx->writers)) got |= POLLHUP;
     return got;
 }
+
+/* A listener's pending connections end with it: their clients' next read is ECONNRESET, then
+ * EOF, and writes EPIPE, as in Linux. */
+static void socket_release(zb_fs *fs, zb_file *f) {
+    zb_usock *u = zb_usock_of(f);
+    if (!u) return;
+    for (int i = 0; i < u->npending; i++) {
+        if (u->pending[i]->tx) u->pending[i]->tx->reset = 1;
+        zb_file_unref(fs, u->pending[i]);
+    }
+    free(u);
+    f->priv = NULL;
+}
+
+/* A clone of a table copies the names and the state. A listener's pending connections are not
+ * copied: a snapshot refuses listeners (zb_usock_listeners), and a fork's clone of one is
+ * replaced by the parent's own file at once (zb_fdtable_share). */
+static int socket_clone(zb_file *dst, const zb_file *src) {
+    const zb_usock *u = zb_usock_of(src);
+    if (!u) return 0;
+    zb_usock *c = malloc(sizeof *c);
+    if (!c) return -1;
+    *c = *u;
+    c->npending = 0;
+    dst->priv = c;
+    return 0;
+}
+
+/* In a snapshot: one record with the state and both addresses, or none for a socketpair end. A
+ * listener is never saved (a snapshot refuses it); the name's id is not either: a loaded socket
+ * has no path name anyone can connect to. */
+static void socket_save(const zb_file *f, zb_out *o) {
+    const zb_usock *u = zb_usock_of(f);
+    out_u32(o, u != NULL);
+    if (!u) return;
+    out_u32(o, (uint32_t)u->state);
+    out_u32(o, u->name_len);
+    out_bytes(o, u->name, sizeof u->name);
+    out_u32(o, u->peer_len);
+    out_bytes(o, u->peer, sizeof u->peer);
+}
+
+static int socket_load(zb_file *f, zb_in *in) {
+    uint32_t n = in_u32(in);
+    if (in->err || n > 1) return -1;
+    if (!n) return 0;
+    zb_usock *u = calloc(1, sizeof *u);
+    if (!u) return -1;
+    f->priv = u;
+    uint32_t state = in_u32(in);
+    u->name_len = in_u32(in);
+    in_bytes(in, u->name, sizeof u->name);
+    u->peer_len = in_u32(in);
+    in_bytes(in, u->peer, sizeof u->peer);
+    if (in->err || (state != ZB_USOCK_UNCONNECTED && state != ZB_USOCK_CONNECTED) || u->name_len < 2 ||
+        u->name_len > sizeof u->name || u->peer_len < 2 || u->peer_len > sizeof u->peer)
+        return -1;
+    u->state = (int)state;
+    return 0;
+}
+
+static uint64_t socket_copy_bytes(const zb_file *f) { return zb_usock_of(f) ? sizeof(zb_usock) : 0; }
 
 const zb_file_ops zb_file_socket_ops = {
     .name = "socket",
@@ -45,4 +125,9 @@ const zb_file_ops zb_file_socket_ops = {
     .stat = socket_stat,
     .ready = socket_ready,
     .unread = zb_stream_unread,
+    .release = socket_release,
+    .clone = socket_clone,
+    .save = socket_save,
+    .load = socket_load,
+    .copy_bytes = socket_copy_bytes,
 };

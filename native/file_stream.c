@@ -36,6 +36,7 @@ zb_pipe *zb_pipe_copy(const zb_pipe *s) {
     }
     p->start = s->start;
     p->len = s->len;
+    p->reset = s->reset;
     if (s->tty) {
         if (!(p->tty = malloc(sizeof *p->tty))) { zb_pipe_free(p); return NULL; }
         *p->tty = *s->tty;

@@ -61,7 +61,8 @@ typedef struct zb_mnode {
 } zb_mnode;
 
 /* overlay inodes */
-enum { INO_FREE = 0, INO_DIR, INO_FILE, INO_SYMLINK, INO_WHITEOUT /* hides a project's host entry */ };
+enum { INO_FREE = 0, INO_DIR, INO_FILE, INO_SYMLINK, INO_WHITEOUT /* hides a project's host entry */,
+       INO_SOCKET /* the name an AF_UNIX socket was bound to (sys_socket.c) */ };
 
 typedef struct zb_block {      /* refcounted file data, shared by snapshots until written */
     atomic_int refs;
@@ -106,6 +107,8 @@ typedef struct zb_inode {
     zb_block **blocks;
     size_t nblocks;
     char *target;            /* INO_SYMLINK */
+    uint64_t sock_id;        /* INO_SOCKET: the bound socket's zb_usock.bind_id; never saved, so
+                                a loaded name is one nobody listens on (ECONNREFUSED) */
 } zb_inode;
 
 /* The overlay's inodes, in chunks of ZB_INODE_CHUNK that the clones of an fs share until one of
@@ -302,6 +305,8 @@ uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);
 zb_inode *zb_ovl_inode(zb_fs *fs, uint32_t ino);
 /* Slot i (live or free) without copying its chunk: for reading only (saving, accounting). */
 const zb_inode *zb_ovl_peek(const zb_fs *fs, size_t i);
+/* The d_type a listing gives the inode (DT_DIR, DT_LNK, DT_SOCK or DT_REG). */
+unsigned char zb_ovl_dtype(const zb_inode *in);
 /* Slot i, writable; and room for n slots (loading a snapshot): 0 or -1. */
 zb_inode *zb_ovl_slot(zb_fs *fs, size_t i);
 int zb_ovl_reserve(zb_fs *fs, size_t n);
@@ -377,6 +382,9 @@ typedef struct zb_pipe {
     size_t start, len;
     int readers, writers;    /* open file descriptions reading / writing it */
     zb_tty *tty;             /* a pty's input stream: the pty's state (owned; NULL for others) */
+    int reset;               /* a socket's incoming stream whose server end was closed before its
+                                accept: the next read of it, once empty, is ECONNRESET (Linux's
+                                sk_err); copied by clones, not saved */
 } zb_pipe;
 
 /* An epoll instance's interest list (sys_epoll.c). An item names a guest fd and the id of the
@@ -587,6 +595,29 @@ long zb_pty_open_slave(zb_sandbox *sb, int dev, uint64_t flags, zb_file **out);
 zb_pipe *zb_pipe_copy(const zb_pipe *s);
 /* FIONREAD of a stream end: the bytes its rx holds. */
 int zb_stream_unread(zb_sandbox *sb, const zb_file *f);
+/* An AF_UNIX stream socket made by socket(2) or accept(2): FILE_SOCKET's priv (file_socket.c owns
+ * it; sys_socket.c has the calls). A socketpair end has none until it is bound: it is connected
+ * and unnamed. Addresses are kept as Linux returns them: the family, then sun_path's bytes (a
+ * path with its NUL, or an abstract name starting with NUL); len 2 is unnamed. */
+#define ZB_USOCK_BACKLOG_MAX 128 /* pending connections per listener (listen's backlog is capped) */
+enum { ZB_USOCK_UNCONNECTED = 0, ZB_USOCK_LISTENING, ZB_USOCK_CONNECTED };
+typedef struct zb_usock {
+    int state;
+    uint64_t bind_id;        /* a path name's id (its INO_SOCKET inode holds it); 0: not a path */
+    uint32_t name_len, peer_len;
+    uint8_t name[110], peer[110]; /* struct sockaddr_un's bytes */
+    int backlog, npending;
+    struct zb_file *pending[ZB_USOCK_BACKLOG_MAX + 1]; /* LISTENING: connected server ends, oldest first */
+} zb_usock;
+/* The socket state of a FILE_SOCKET (NULL for an unbound socketpair end). */
+static inline zb_usock *zb_usock_of(const struct zb_file *f) { return (zb_usock *)f->priv; }
+/* sys_fsmeta.c: make path (a host string, relative to the cwd) an INO_SOCKET naming bind_id, as
+ * bind(2) does: -EADDRINUSE if it exists, -EACCES in a host folder (a socket file is never made
+ * on the host), the path errors of mknod otherwise. */
+long zb_fs_mksock(zb_sandbox *sb, const char *path, uint64_t bind_id);
+/* sys_socket.c: the listening AF_UNIX sockets of sb's fd table (a snapshot cannot hold them yet). */
+int zb_usock_listeners(const zb_sandbox *sb);
+
 /* sys_files.c: install two new files at the lowest free fds and write the pair to the guest's
  * int[2] at fds_addr (validated by the caller); takes both references, also on failure. */
 int zb_fd_install_pair(zb_sandbox *sb, zb_file *first, zb_file *second, int cloexec, uint64_t fds_addr);

@@ -552,8 +552,7 @@ int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
         for (size_t i = 0; in && i < in->nents; i++) {
             if (!(i & 4095) && zb_should_stop(sb)) { ret = ZB_DEADLINE_PASSED; goto fail; }
             zb_inode *c = zb_ovl_inode(sb->fs, in->ents[i].ino);
-            unsigned char t = c->type == INO_DIR ? DT_DIR : c->type == INO_SYMLINK ? DT_LNK : DT_REG;
-            if ((ret = zb_listing_add(out, in->ents[i].name, t, in->ents[i].ino)) < 0) goto fail;
+            if ((ret = zb_listing_add(out, in->ents[i].name, zb_ovl_dtype(c), in->ents[i].ino)) < 0) goto fail;
         }
     }
     return 0;

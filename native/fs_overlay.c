@@ -10,6 +10,7 @@
 #include "util.h"
 #include "fs.h"
 
+#include <dirent.h>
 #include <stddef.h>
 #include <time.h>
 
@@ -502,6 +503,15 @@ int zb_ovl_clone(zb_fs *dst, const zb_fs *src) {
     return 0;
 }
 
+unsigned char zb_ovl_dtype(const zb_inode *in) {
+    switch (in->type) {
+    case INO_DIR: return DT_DIR;
+    case INO_SYMLINK: return DT_LNK;
+    case INO_SOCKET: return DT_SOCK;
+    default: return DT_REG;
+    }
+}
+
 void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st) {
     zb_inode *in = zb_ovl_inode(fs, ino);
     if (!in) return;
@@ -511,7 +521,8 @@ void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st) {
     st->st_uid = in->readonly ? 0 : 1000;
     st->st_gid = in->readonly ? 0 : 1000;
     st->st_nlink = in->type == INO_DIR ? 2 : in->nlink ? in->nlink : 1;
-    st->st_mode = in->mode | (in->type == INO_DIR ? S_IFDIR : in->type == INO_SYMLINK ? S_IFLNK : S_IFREG);
+    st->st_mode = in->mode | (in->type == INO_DIR ? S_IFDIR : in->type == INO_SYMLINK ? S_IFLNK
+                              : in->type == INO_SOCKET ? S_IFSOCK : S_IFREG);
     st->st_size = in->type == INO_SYMLINK ? (off_t)strlen(in->target) : (off_t)in->size;
     st->st_blocks = (st->st_size + 511) / 512;
     st->st_mtim.tv_sec = in->mtime_ns / 1000000000;

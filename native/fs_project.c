@@ -308,8 +308,7 @@ int zb_proj_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
     for (size_t i = 0; ud && i < ud->nents && !ret; i++) {
         zb_inode *c = zb_ovl_inode(sb->fs, ud->ents[i].ino);
         if (c->type == INO_WHITEOUT) ret = zb_listing_add(&hide, ud->ents[i].name, DT_UNKNOWN, 0);
-        else ret = zb_listing_add(out, ud->ents[i].name, c->type == INO_DIR ? DT_DIR : c->type == INO_SYMLINK ? DT_LNK : DT_REG,
-                                  ud->ents[i].ino);
+        else ret = zb_listing_add(out, ud->ents[i].name, zb_ovl_dtype(c), ud->ents[i].ino);
     }
     if (!ret) ret = zb_proj_hidden_children(l->proj_root, r->path, &hide);
     if (!ret && l->lower && !(ud && ud->opaque)) ret = zb_list_host_dir_for(sb, r->path, out, &hide);

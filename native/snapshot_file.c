@@ -48,8 +48,10 @@
  *  16: the entry's read answer (guest_abi.h ZB_ENTRY_READ_BUF: a fifth timed block, user
  *      read-only pages in the low 2 MiB) and its data moved (ZB_ENTRY_DATA).
  *  17: the entry's getdents64 answer of a directory just opened (a sixth timed block,
- *      zb_entry_data.read_dir) and its data moved again (ZB_ENTRY_DATA 0xb00). */
-#define STATE_FORMAT 17
+ *      zb_entry_data.read_dir) and its data moved again (ZB_ENTRY_DATA 0xb00).
+ *  18: AF_UNIX socket names (overlay inodes of type INO_SOCKET) and a socket's state and
+ *      addresses in its file record (file_socket.c). */
+#define STATE_FORMAT 18
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

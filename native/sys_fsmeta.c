@@ -179,15 +179,19 @@ static long sys_fchdir(zb_sandbox *sb, const uint64_t a[6]) {
 /* r is in an overlay project: removing it may need a whiteout (zb_proj_remove). */
 #define IN_PROJECT 2
 
-static long creatable(zb_sandbox *sb, int64_t dirfd, uint64_t upath, zb_resolved *r) {
-    long rc = zb_path_arg(sb, dirfd, upath, ZB_RESOLVE_NOFOLLOW, 0, r);
-    if (rc < 0) return rc;
+static long creatable_at(zb_sandbox *sb, zb_resolved *r) {
+    long rc;
     if (r->exists) return -EEXIST;
     if (r->parent.proj == PROJ_READONLY) return -EROFS;
     if (r->parent.proj == PROJ_READWRITE) return ON_HOST;
     if (r->parent.proj == PROJ_OVERLAY && (rc = zb_proj_copy_up(sb, r, 1)) < 0) return rc;
     if (r->parent.kind != LOC_OVERLAY) return -EROFS;
     return 0;
+}
+
+static long creatable(zb_sandbox *sb, int64_t dirfd, uint64_t upath, zb_resolved *r) {
+    long rc = zb_path_arg(sb, dirfd, upath, ZB_RESOLVE_NOFOLLOW, 0, r);
+    return rc < 0 ? rc : creatable_at(sb, r);
 }
 
 /* A host call on r's parent directory in a read-write project: fn(parent_fd, name). */
@@ -237,6 +241,24 @@ static long do_symlink(zb_sandbox *sb, uint64_t utarget, int64_t dirfd, uint64_t
 }
 static long sys_symlink(zb_sandbox *sb, const uint64_t a[6]) { return do_symlink(sb, a[0], AT_FDCWD, a[1]); }
 static long sys_symlinkat(zb_sandbox *sb, const uint64_t a[6]) { return do_symlink(sb, a[0], (int)a[1], a[2]); }
+
+long zb_fs_mksock(zb_sandbox *sb, const char *path, uint64_t bind_id) {
+    zb_resolved r;
+    long rc = zb_fs_resolve(sb, sb->proc.cwd, path, ZB_RESOLVE_NOFOLLOW, &r);
+    if (rc < 0) return rc;
+    if (r.exists) return -EADDRINUSE;
+    if ((rc = creatable_at(sb, &r)) == ON_HOST) {
+        zb_log(sb, "bind(AF_UNIX, %s) refused with EACCES: socket files can be made only in the sandbox's own "
+               "files (such as /tmp), never in a host folder", path);
+        return -EACCES;
+    }
+    if (rc < 0) return rc;
+    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_SOCKET, 0777 & ~sb->proc.umask);
+    if (!ino) return -ENOSPC;
+    zb_ovl_inode(sb->fs, ino)->sock_id = bind_id;
+    if ((rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0) zb_ovl_discard(sb->fs, ino);
+    return rc;
+}
 
 /* The overlay entry a path names, for unlink/rename. */
 static long overlay_entry(zb_sandbox *sb, int64_t dirfd, uint64_t upath, zb_resolved *r) {

@@ -1,19 +1,26 @@
-/* sys_socket.c - sockets: connected AF_UNIX stream pairs inside the sandbox, and no network.
+/* sys_socket.c - AF_UNIX stream sockets inside the sandbox, and no network.
  *
  * socketpair(AF_UNIX, SOCK_STREAM) is what asyncio's event loop (its self-pipe) and other
- * in-process plumbing need, so it works: each end reads the stream its peer writes (two zb_pipe
- * buffers), with send/recv, sendmsg/recvmsg, shutdown, MSG_PEEK and the usual socket options.
- * The sandbox has no network and no socket files: socket() fails with EACCES (logged once, so
- * the notebook's log says why), and a socket never connects, binds or listens. The socket file
- * kind itself (reading, writing, readiness) is file_socket.c.
+ * in-process plumbing need; socket(AF_UNIX, SOCK_STREAM) with bind/listen/accept/connect is what
+ * multiprocessing's Listener, Manager() and SharedMemoryManager use between the processes of the
+ * sandbox. A connection is two zb_pipe streams, as a socketpair is: send/recv, sendmsg/recvmsg,
+ * shutdown, MSG_PEEK and the usual options. A name is a path in the sandbox's own files (an
+ * INO_SOCKET inode holding the socket's bind id; never a file on the host: bind in a host folder
+ * is EACCES) or an abstract name (a leading NUL, per sandbox). connect finds the listener by
+ * looking through the fd tables of the sandbox's processes, so no table of names can go stale;
+ * it never reaches a host socket. Other socket types and domains fail with EACCES (logged once,
+ * so the notebook's log says why); fds passed with SCM_RIGHTS are not supported. The socket file
+ * kind itself (reading, writing, readiness, its state) is file_socket.c.
  */
 #include "util.h"
 #include "memory.h"
 #include "sandbox_state.h"
+#include "process.h"
 #include "fs.h"
 #include "linux.h"
 
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -26,10 +33,25 @@ static zb_file *socket_file(zb_sandbox *sb, uint64_t fd, long *err) {
     return *err ? NULL : f;
 }
 
+#define SUN_LEN_MAX ((uint32_t)sizeof(struct sockaddr_un)) /* 110: family + 108 bytes of sun_path */
+
 static long sys_socket(zb_sandbox *sb, const uint64_t a[6]) {
-    int domain = (int)a[0];
+    int domain = (int)a[0], type = (int)a[1] & ~(SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (domain == AF_UNIX && (a[1] & ~(uint64_t)(0xf | SOCK_NONBLOCK | SOCK_CLOEXEC))) return -EINVAL;
+    if (domain == AF_UNIX && type == SOCK_STREAM) {
+        if (a[2] != 0 && a[2] != PF_UNIX) return -EPROTONOSUPPORT;
+        zb_file *f = zb_file_new(FILE_SOCKET);
+        zb_usock *u = calloc(1, sizeof *u);
+        if (!f || !u) { free(f); free(u); return -ENOMEM; }
+        u->name_len = u->peer_len = sizeof(sa_family_t);
+        u->name[0] = u->peer[0] = AF_UNIX; /* little-endian sa_family_t */
+        f->priv = u;
+        f->flags = O_RDWR | ((a[1] & SOCK_NONBLOCK) ? O_NONBLOCK : 0);
+        return zb_fd_install(sb, f, 0, (a[1] & SOCK_CLOEXEC) != 0);
+    }
     if (!sb->logged_no_network++)
-        zb_log(sb, "socket(domain %d) refused with EACCES: the sandbox has no network (only socketpair() works)", domain);
+        zb_log(sb, "socket(domain %d, type %d) refused with EACCES: the sandbox has no network; AF_UNIX "
+               "SOCK_STREAM sockets and socketpair() work", domain, type);
     return -EACCES;
 }
 
@@ -64,6 +86,7 @@ static long check_recv_flags(uint64_t flags) {
 /* MSG_PEEK: copy queued bytes from `skip` on, leaving them queued. */
 static long peek(zb_file *f, uint8_t *p, size_t n, size_t skip) {
     const zb_pipe *pp = f->rx;
+    if (zb_usock_of(f) && zb_usock_of(f)->state != ZB_USOCK_CONNECTED) return -EINVAL;
     if (!pp || skip >= pp->len) return !pp || !pp->writers || skip ? 0 : -EAGAIN;
     n = ZB_MIN(n, pp->len - skip);
     memcpy(p, zb_pipe_bytes(pp) + skip, n);
@@ -91,7 +114,7 @@ static long sys_sendto(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = socket_file(sb, a[0], &err);
     if (!f) return err;
     if ((err = check_send_flags(a[3]))) return err;
-    if (a[4]) return -EISCONN;
+    if (a[4] && a[5]) return zb_usock_of(f) && zb_usock_of(f)->state != ZB_USOCK_CONNECTED ? -EOPNOTSUPP : -EISCONN;
     struct iovec iov = {(void *)(uintptr_t)a[1], (size_t)a[2]};
     return zb_io_would_block(sb, f, transfer(sb, f, &iov, 1, 1, 0), 1, (a[3] & MSG_DONTWAIT) != 0, (a[3] & MSG_NOSIGNAL) != 0);
 }
@@ -158,7 +181,8 @@ static long sys_getsockopt(zb_sandbox *sb, const uint64_t a[6]) {
     switch (a[2]) {
     case SO_TYPE: v = SOCK_STREAM; break;
     case SO_DOMAIN: v = AF_UNIX; break;
-    case SO_PROTOCOL: case SO_ERROR: case SO_ACCEPTCONN: case SO_REUSEADDR: case SO_KEEPALIVE: v = 0; break;
+    case SO_ACCEPTCONN: v = zb_usock_of(f) && zb_usock_of(f)->state == ZB_USOCK_LISTENING; break;
+    case SO_PROTOCOL: case SO_ERROR: case SO_REUSEADDR: case SO_KEEPALIVE: v = 0; break;
     case SO_RCVBUF: case SO_SNDBUF: v = (int)ZB_STREAM_CAP; break;
     default: return -ENOPROTOOPT;
     }
@@ -179,25 +203,232 @@ static long sys_setsockopt(zb_sandbox *sb, const uint64_t a[6]) {
     return 0;
 }
 
-/* Both ends of a socketpair are unnamed: the address is just the family. */
-static long unnamed_address(zb_sandbox *sb, const uint64_t a[6]) {
-    long err;
-    if (!socket_file(sb, a[0], &err)) return err;
-    socklen_t len;
-    if (zb_copy_from_guest(sb, &len, a[2], sizeof len) < 0) return -EFAULT;
-    if ((int)len < 0) return -EINVAL;
-    sa_family_t family = AF_UNIX;
-    socklen_t full = sizeof family;
-    if (zb_copy_to_guest(sb, a[1], &family, ZB_MIN(len, full)) < 0 || zb_copy_to_guest(sb, a[2], &full, sizeof full) < 0) return -EFAULT;
+/* ---- names, listeners and connections ---- */
+
+#define AUTOBIND_TRIES 256
+static atomic_uint_fast64_t next_bind_id; /* engine-wide, never reused: a name whose socket ended stays dead */
+
+/* A guest sockaddr_un, copied and checked as Linux's unix_validate_addr does, into out (the bytes
+ * as getsockname returns them: a path is cut at its NUL and keeps one). *path is the path name,
+ * or NULL for an abstract name. len 2 (the family alone) is -EINVAL unless autobind_ok. */
+static long read_addr(zb_sandbox *sb, uint64_t addr, uint64_t len, int autobind_ok, uint8_t out[SUN_LEN_MAX],
+                      uint32_t *out_len, const char **path) {
+    static __thread char path_buf[SUN_LEN_MAX];
+    uint8_t raw[sizeof(struct sockaddr_storage)];
+    if ((int64_t)len < 0 || len > sizeof raw) return -EINVAL;
+    if (len && zb_copy_from_guest(sb, raw, addr, len) < 0) return -EFAULT;
+    sa_family_t family;
+    if (len < sizeof family) return -EINVAL;
+    memcpy(&family, raw, sizeof family);
+    if (family != AF_UNIX) return -EINVAL;
+    if (len == sizeof family && autobind_ok) { *out_len = 0; return 0; }
+    if (len <= sizeof family || len > SUN_LEN_MAX) return -EINVAL;
+    memset(out, 0, SUN_LEN_MAX);
+    memcpy(out, raw, len);
+    *path = NULL;
+    if (out[2] == 0) { *out_len = (uint32_t)len; return 0; } /* abstract: every byte counts */
+    size_t n = strnlen((const char *)out + 2, len - 2);
+    memcpy(path_buf, out + 2, n);
+    path_buf[n] = 0;
+    out[2 + n] = 0;
+    *out_len = (uint32_t)(2 + n + 1);
+    *path = path_buf;
     return 0;
 }
 
-/* Connecting, binding, listening and accepting need a network or socket files; a socketpair end
- * is already connected. */
-static long sys_connect(zb_sandbox *sb, const uint64_t a[6]) { long err; return socket_file(sb, a[0], &err) ? -EISCONN : err; }
-static long sys_bind(zb_sandbox *sb, const uint64_t a[6]) { long err; return socket_file(sb, a[0], &err) ? -EINVAL : err; }
-static long sys_listen(zb_sandbox *sb, const uint64_t a[6]) { long err; return socket_file(sb, a[0], &err) ? -EINVAL : err; }
-static long sys_accept(zb_sandbox *sb, const uint64_t a[6]) { long err; return socket_file(sb, a[0], &err) ? -EINVAL : err; }
+/* The socket of sb's processes with this name: a path name's bind id, or else the abstract name's
+ * bytes; only listening ones if listening. Looked up in every fd table of the family, so it is
+ * always what is open now. */
+static zb_file *find_named(zb_sandbox *sb, uint64_t bind_id, const uint8_t *name, uint32_t len, int listening) {
+    int members = sb->fam ? sb->fam->count : 1;
+    for (int m = 0; m < members; m++) {
+        const zb_sandbox *p = sb->fam ? sb->fam->m[m].sb : sb;
+        if (!p || !p->fds) continue;
+        for (int i = 0; i < ZB_MAX_FDS; i++) {
+            zb_file *f = p->fds->fd[i];
+            const zb_usock *u = f && f->kind == FILE_SOCKET ? zb_usock_of(f) : NULL;
+            if (!u || (listening && u->state != ZB_USOCK_LISTENING)) continue;
+            if (bind_id ? u->bind_id == bind_id : (!u->bind_id && u->name_len == len && !memcmp(u->name, name, len)))
+                return f;
+        }
+    }
+    return NULL;
+}
+
+int zb_usock_listeners(const zb_sandbox *sb) {
+    int n = 0;
+    for (int i = 0; sb->fds && i < ZB_MAX_FDS; i++) {
+        const zb_file *f = sb->fds->fd[i];
+        const zb_usock *u = f && f->kind == FILE_SOCKET ? zb_usock_of(f) : NULL;
+        n += u && u->state == ZB_USOCK_LISTENING;
+    }
+    return n;
+}
+
+/* f's socket state, made for a socketpair end (connected, unnamed) when it is bound. */
+static zb_usock *usock_made(zb_file *f) {
+    if (f->priv) return f->priv;
+    zb_usock *u = calloc(1, sizeof *u);
+    if (!u) return NULL;
+    u->state = ZB_USOCK_CONNECTED;
+    u->name_len = u->peer_len = sizeof(sa_family_t);
+    u->name[0] = u->peer[0] = AF_UNIX;
+    return f->priv = u;
+}
+
+static long sys_bind(zb_sandbox *sb, const uint64_t a[6]) {
+    long err;
+    zb_file *f = socket_file(sb, a[0], &err);
+    if (!f) return err;
+    uint8_t name[SUN_LEN_MAX];
+    uint32_t len;
+    const char *path = NULL;
+    if ((err = read_addr(sb, a[1], a[2], 1, name, &len, &path)) < 0) return err;
+    zb_usock *u = usock_made(f);
+    if (!u) return -ENOMEM;
+    if (u->name_len > sizeof(sa_family_t)) return len ? -EINVAL : 0; /* bound already (autobind: nothing to do) */
+    if (!len) { /* autobind: an abstract name of five hex digits, as Linux picks one; ENOSPC after
+                   AUTOBIND_TRIES names taken in a row (each try scans the family's fds) */
+        memset(name, 0, sizeof name);
+        name[0] = AF_UNIX;
+        for (int tries = 0; tries < AUTOBIND_TRIES; tries++) {
+            snprintf((char *)name + 3, 6, "%05x", (unsigned)(atomic_fetch_add(&next_bind_id, 1) & 0xfffff));
+            if (!find_named(sb, 0, name, 8, 0)) { len = 8; break; }
+        }
+        if (!len) return -ENOSPC;
+    } else if (path) {
+        uint64_t id = atomic_fetch_add(&next_bind_id, 1) + 1;
+        if ((err = zb_fs_mksock(sb, path, id)) < 0) return err;
+        u->bind_id = id;
+    } else if (find_named(sb, 0, name, len, 0)) {
+        return -EADDRINUSE;
+    }
+    memcpy(u->name, name, len);
+    u->name_len = len;
+    return 0;
+}
+
+static long sys_listen(zb_sandbox *sb, const uint64_t a[6]) {
+    long err;
+    zb_file *f = socket_file(sb, a[0], &err);
+    if (!f) return err;
+    zb_usock *u = zb_usock_of(f);
+    if (!u || u->state == ZB_USOCK_CONNECTED || u->name_len <= sizeof(sa_family_t)) return -EINVAL;
+    unsigned backlog = (unsigned)(int)a[1]; /* negative: the most, as Linux caps it at somaxconn */
+    u->backlog = (int)ZB_MIN(backlog, (unsigned)ZB_USOCK_BACKLOG_MAX);
+    u->state = ZB_USOCK_LISTENING;
+    return 0;
+}
+
+/* The listener a guest address names: ENOENT for a missing path, ECONNREFUSED for a file that is
+ * no socket (a host file too: the sandbox never connects to host sockets) or no listener. */
+static long find_listener(zb_sandbox *sb, const uint8_t *name, uint32_t len, const char *path, zb_file **out) {
+    uint64_t id = 0;
+    if (path) {
+        zb_resolved r;
+        long rc = zb_fs_resolve(sb, sb->proc.cwd, path, 0, &r);
+        if (rc < 0) return rc;
+        if (!r.exists) return -ENOENT;
+        const zb_inode *in = r.loc.kind == LOC_OVERLAY ? zb_ovl_peek(sb->fs, r.loc.ino) : NULL;
+        if (!in || in->type != INO_SOCKET || !in->sock_id) return -ECONNREFUSED;
+        id = in->sock_id;
+    }
+    *out = find_named(sb, id, name, len, 1);
+    return *out ? 0 : -ECONNREFUSED;
+}
+
+static long sys_connect(zb_sandbox *sb, const uint64_t a[6]) {
+    long err;
+    zb_file *f = socket_file(sb, a[0], &err);
+    if (!f) return err;
+    zb_usock *u = zb_usock_of(f);
+    if (!u || u->state == ZB_USOCK_CONNECTED) return -EISCONN;
+    if (u->state == ZB_USOCK_LISTENING) return -EINVAL;
+    uint8_t name[SUN_LEN_MAX];
+    uint32_t len;
+    const char *path = NULL;
+    zb_file *l;
+    if ((err = read_addr(sb, a[1], a[2], 0, name, &len, &path)) < 0 || (err = find_listener(sb, name, len, path, &l)) < 0)
+        return err;
+    zb_usock *lu = zb_usock_of(l);
+    if (lu->npending > lu->backlog) return zb_io_would_block(sb, f, -EAGAIN, 1, 0, 1); /* its queue is full */
+    /* the server's end, queued until accept: named as the listener, its peer this socket */
+    zb_pipe *up = zb_pipe_new(), *down = zb_pipe_new();
+    zb_file *s = zb_file_new(FILE_SOCKET);
+    zb_usock *su = malloc(sizeof *su);
+    if (!up || !down || !s || !su) { free(up); free(down); free(s); free(su); return -ENOMEM; }
+    *su = (zb_usock){.state = ZB_USOCK_CONNECTED, .name_len = lu->name_len, .peer_len = u->name_len};
+    memcpy(su->name, lu->name, lu->name_len);
+    memcpy(su->peer, u->name, u->name_len);
+    s->priv = su;
+    s->flags = O_RDWR;
+    zb_file_attach_tx(f, up);
+    zb_file_attach_rx(s, up);
+    zb_file_attach_tx(s, down);
+    zb_file_attach_rx(f, down);
+    u->state = ZB_USOCK_CONNECTED;
+    memcpy(u->peer, lu->name, lu->name_len);
+    u->peer_len = lu->name_len;
+    lu->pending[lu->npending++] = s; /* the queue's reference */
+    return 0;
+}
+
+static int fd_free(const zb_sandbox *sb) {
+    for (int i = 0; i < ZB_MAX_FDS; i++) if (!sb->fds->fd[i]) return 1;
+    return 0;
+}
+
+/* Write an address to the guest's (addr, *lenp) as Linux does: at most *lenp bytes, and the
+ * address's full length to *lenp. */
+static long put_addr(zb_sandbox *sb, uint64_t addr, uint64_t lenp, const uint8_t *name, uint32_t len) {
+    socklen_t have;
+    if (zb_copy_from_guest(sb, &have, lenp, sizeof have) < 0) return -EFAULT;
+    if ((int)have < 0) return -EINVAL;
+    if (zb_copy_to_guest(sb, addr, name, ZB_MIN(have, len)) < 0 || zb_copy_to_guest(sb, lenp, &len, sizeof len) < 0) return -EFAULT;
+    return 0;
+}
+
+static long sys_accept4(zb_sandbox *sb, const uint64_t a[6]) {
+    long err;
+    zb_file *f = socket_file(sb, a[0], &err);
+    if (!f) return err;
+    if (a[3] & ~(uint64_t)(SOCK_NONBLOCK | SOCK_CLOEXEC)) return -EINVAL;
+    zb_usock *u = zb_usock_of(f);
+    if (!u || u->state != ZB_USOCK_LISTENING) return -EINVAL;
+    if (!u->npending) return zb_io_would_block(sb, f, -EAGAIN, 0, 0, 0);
+    if (!fd_free(sb)) return -EMFILE; /* before the connection is taken off the queue */
+    zb_file *c = u->pending[0];
+    const zb_usock *cu = zb_usock_of(c);
+    if (a[1] && a[2]) { /* checked before the connection is taken too: a bad buffer loses nothing */
+        socklen_t have;
+        if (zb_copy_from_guest(sb, &have, a[2], sizeof have) < 0) return -EFAULT;
+        if ((int)have < 0) return -EINVAL;
+        if (!zb_guest_ptr(sb, a[1], ZB_MIN(have, cu->peer_len), 1) || !zb_guest_ptr(sb, a[2], sizeof have, 1)) return -EFAULT;
+    }
+    memmove(u->pending, u->pending + 1, (size_t)--u->npending * sizeof *u->pending);
+    c->flags = O_RDWR | ((a[3] & SOCK_NONBLOCK) ? O_NONBLOCK : 0);
+    int fd = zb_fd_install(sb, c, 0, (a[3] & SOCK_CLOEXEC) != 0);
+    if (fd >= 0 && a[1] && a[2]) put_addr(sb, a[1], a[2], cu->peer, cu->peer_len); /* validated above */
+    return fd;
+}
+static long sys_accept(zb_sandbox *sb, const uint64_t a[6]) {
+    const uint64_t b[6] = {a[0], a[1], a[2], 0, 0, 0};
+    return sys_accept4(sb, b);
+}
+
+/* getsockname / getpeername (peer): a socketpair end is unnamed, and so is its peer. */
+static long socket_address(zb_sandbox *sb, const uint64_t a[6], int peer) {
+    long err;
+    zb_file *f = socket_file(sb, a[0], &err);
+    if (!f) return err;
+    static const uint8_t unnamed[2] = {AF_UNIX, 0};
+    const zb_usock *u = zb_usock_of(f);
+    if (!u) return put_addr(sb, a[1], a[2], unnamed, sizeof unnamed);
+    if (peer && u->state != ZB_USOCK_CONNECTED) return -ENOTCONN;
+    return peer ? put_addr(sb, a[1], a[2], u->peer, u->peer_len) : put_addr(sb, a[1], a[2], u->name, u->name_len);
+}
+static long sys_getsockname(zb_sandbox *sb, const uint64_t a[6]) { return socket_address(sb, a, 0); }
+static long sys_getpeername(zb_sandbox *sb, const uint64_t a[6]) { return socket_address(sb, a, 1); }
 
 void zb_sys_socket_register(zb_syscall_fn *t) {
     t[SYS_socket] = sys_socket;
@@ -209,11 +440,11 @@ void zb_sys_socket_register(zb_syscall_fn *t) {
     t[SYS_shutdown] = sys_shutdown;
     t[SYS_getsockopt] = sys_getsockopt;
     t[SYS_setsockopt] = sys_setsockopt;
-    t[SYS_getsockname] = unnamed_address;
-    t[SYS_getpeername] = unnamed_address;
+    t[SYS_getsockname] = sys_getsockname;
+    t[SYS_getpeername] = sys_getpeername;
     t[SYS_connect] = sys_connect;
     t[SYS_bind] = sys_bind;
     t[SYS_listen] = sys_listen;
     t[SYS_accept] = sys_accept;
-    t[SYS_accept4] = sys_accept;
+    t[SYS_accept4] = sys_accept4;
 }

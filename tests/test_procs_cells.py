@@ -1,8 +1,8 @@
 """Processes in notebook cells (issue 15): os.fork() + os.waitpid in a cell, a child's writes to
 fd 1 reach the cell, a child's crash is only the child's, a child kept alive across cells (no
 checkpoint while it lives, said once per cell), a rollback and %rewind end the children, and
-multiprocessing (Pool, ProcessPoolExecutor, Queue, Lock, Value, Array) with the fork start
-method giving the host's output."""
+multiprocessing (Pool, ProcessPoolExecutor, Queue, Lock, Value, Array, Manager, Listener) with
+the fork start method giving the host's output."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,8 @@ import threading
 import pytest
 
 from session_helpers import cell, ok
+from zeroboot_kernel import session_save
+from zeroboot_kernel.errors import SandboxError
 from zeroboot_kernel.native import Guest
 from zeroboot_kernel.session import Session
 
@@ -178,6 +180,56 @@ JOBLIB_LOKY = ("from joblib import Parallel, delayed\n"
                "print(sorted(set(Parallel(n_jobs=2)(delayed(os.getpid)() for _ in range(8)))) != [os.getpid()])\n"
                "print(Parallel(n_jobs=2, backend='loky')(delayed(pow)(2, i) for i in range(5)))\n")
 
+# AF_UNIX sockets with names between the processes of the sandbox: a Manager's server process and
+# its proxies in fork children, a SharedMemoryManager, and Listener/Client on a path (the default
+# address) and on an abstract name
+MP_MANAGER = ("import multiprocessing as mp\n"
+              "def work(d, l, i):\n"
+              "    d[i] = i * i\n"
+              "    l.append(i)\n"
+              "with mp.Manager() as m:\n"
+              "    d, l = m.dict(), m.list()\n"
+              "    ps = [mp.Process(target=work, args=(d, l, i)) for i in range(4)]\n"
+              "    [p.start() for p in ps]; [p.join() for p in ps]\n"
+              "    q = m.Queue(); q.put('x')\n"
+              "    print(sorted(d.items()), sorted(l), m.Value('i', 5).value, q.get(), [p.exitcode for p in ps])\n")
+MP_SHARED_MEMORY_MANAGER = ("from multiprocessing.managers import SharedMemoryManager\n"
+                            "with SharedMemoryManager() as smm:\n"
+                            "    sl = smm.ShareableList(range(5))\n"
+                            "    shm = smm.SharedMemory(size=16)\n"
+                            "    shm.buf[:3] = b'abc'\n"
+                            "    print(list(sl), bytes(shm.buf[:3]))\n")
+MP_LISTENER = ("from multiprocessing.connection import Listener, Client\n"
+               "import multiprocessing as mp, os\n"
+               "def client(addr):\n"
+               "    with Client(addr, authkey=b'k') as c:\n"
+               "        c.send(('hello', os.getpid() != os.getppid()))\n"
+               "        c.send(c.recv().upper())\n"
+               "for address in (None, f'\\0zb-listener-{os.getpid()}'):\n"
+               "    with Listener(address, 'AF_UNIX', authkey=b'k') as l:\n"
+               "        p = mp.Process(target=client, args=(l.address,))\n"
+               "        p.start()\n"
+               "        with l.accept() as c:\n"
+               "            print(c.recv()); c.send('bye'); print(c.recv())\n"
+               "        p.join()\n"
+               "        print(p.exitcode, type(l.address).__name__, repr(l.last_accepted))\n")
+
+
+def _interrupted_cell(s: Session, code: str, n: int) -> dict:
+    """The reply of a cell that blocks, interrupted as Ctrl-C does, again every 0.5 s until it
+    ends (an interrupt sent before the cell starts is dropped)."""
+    done = threading.Event()
+
+    def interrupt_until_done() -> None:
+        while not done.wait(0.5):
+            s.sandbox.interrupt()
+
+    threading.Thread(target=interrupt_until_done, daemon=True).start()
+    try:
+        return cell(s, code, n)
+    finally:
+        done.set()
+
 
 def _host_output(code: str) -> str:
     import subprocess
@@ -187,8 +239,9 @@ def _host_output(code: str) -> str:
 
 
 @pytest.mark.parametrize("code", [MP_POOL, MP_EXECUTOR, MP_QUEUE_LOCK_VALUE, MP_SHARED_MEMORY,
-                                  MP_SHARED_MEMORY_BY_NAME],
-                         ids=["pool", "executor", "queue_lock_value", "shared_memory", "shared_memory_by_name"])
+                                  MP_SHARED_MEMORY_BY_NAME, MP_MANAGER, MP_SHARED_MEMORY_MANAGER, MP_LISTENER],
+                         ids=["pool", "executor", "queue_lock_value", "shared_memory", "shared_memory_by_name",
+                              "manager", "shared_memory_manager", "listener"])
 def test_multiprocessing_as_on_the_host(s: Session, code: str) -> None:
     base = Guest.child_processes_alive()
     out = ok(cell(s, code, 1))
@@ -232,31 +285,36 @@ def test_joblib_loky_as_on_the_host(s: Session) -> None:
 
 
 def test_forkserver_says_it_is_not_available(s: Session) -> None:
-    """The forkserver start method needs AF_UNIX socket files, which the sandbox lacks: asking
-    for it is a ValueError that says so (multiprocessing's own answer where a method is missing);
-    the default start method stays fork."""
+    """The forkserver start method passes fds over its AF_UNIX socket (SCM_RIGHTS), which the
+    sandbox lacks: asking for it is a ValueError that says so (multiprocessing's own answer where
+    a method is missing); the default start method stays fork."""
     for n, code in enumerate(["import multiprocessing as mp\nmp.get_context('forkserver')",
                               "mp.set_start_method('forkserver', force=True)"], start=1):
         reply = cell(s, code, n)
         assert reply["status"] == "error" and reply["ename"] == "ValueError", reply
-        assert "AF_UNIX" in reply["evalue"] and "'fork'" in reply["evalue"], reply
+        assert "SCM_RIGHTS" in reply["evalue"] and "'fork'" in reply["evalue"], reply
     assert ok(cell(s, "print(mp.get_start_method())", 3)) == "fork\n"
 
 
-@pytest.mark.parametrize("code", ["import multiprocessing as mp\nmp.Manager()",
-                                  "from multiprocessing.managers import SharedMemoryManager\n"
-                                  "SharedMemoryManager().start()",
-                                  "from multiprocessing.connection import Listener\nListener()"],
-                         ids=["manager", "shared_memory_manager", "listener"])
-def test_what_listens_on_af_unix_says_why(s: Session, code: str) -> None:
-    """Manager(), SharedMemoryManager and Listener listen on an AF_UNIX socket file, which the
-    sandbox lacks: a PermissionError in the cell that says so and what works instead (not a server
-    child's traceback followed by EOFError), and no process is left."""
-    reply = cell(s, code, 1)
-    assert reply["status"] == "error" and reply["ename"] == "PermissionError", reply
-    assert "no AF_UNIX socket files" in reply["evalue"] and "Queue" in reply["evalue"], reply
-    assert s.sandbox.guest.process_count() == 1
-    assert ok(cell(s, "print('after')", 2)) == "after\n"
+def test_a_listener_kept_across_cells(s: Session) -> None:
+    """A listening socket kept in a variable lives on; a snapshot cannot hold it yet, so the cells
+    after it have no checkpoint of their own (said in the cell), and once it is closed they do
+    again. A connection to it from a later cell works, and its socket file is a socket."""
+    out = ok(cell(s, "from multiprocessing.connection import Listener, Client\nimport os, stat\n"
+                     "l = Listener(authkey=b'k')\nname = l.address\nprint(stat.S_ISSOCK(os.stat(name).st_mode))", 1))
+    assert out.endswith("True\n"), out
+    assert s.sandbox.guest.listening_sockets() == 1
+    out = ok(cell(s, "import threading\n"
+                     "t = threading.Thread(target=lambda: Client(name, authkey=b'k').send('late'))\n"
+                     "t.start()\nwith l.accept() as c: print(c.recv())\nt.join()", 2))
+    assert out.endswith("late\n") and "no checkpoint of its own" in out and "listening AF_UNIX socket" in out, out
+    with pytest.raises(SandboxError, match="listening AF_UNIX socket"):  # nor a save of the session
+        session_save.capture(s, bytes(32), "listener.ipynb")
+    r = _interrupted_cell(s, "l.accept()", 3)  # a blocking accept nobody connects to ends with Ctrl-C
+    assert r["status"] == "error" and r["ename"] == "KeyboardInterrupt", r
+    assert ok(cell(s, "l.close(); print(os.path.exists(name))", 4)).endswith("False\n")
+    assert s.sandbox.guest.listening_sockets() == 0
+    assert ok(cell(s, "print('alone')", 5)) == "alone\n"
 
 
 def test_a_childs_proc_files_are_its_own(s: Session) -> None:
@@ -387,17 +445,7 @@ def test_an_interrupt_reaches_the_foreground_process_group(s: Session) -> None:
                "    os.setpgid(0, 0)  # its own group: not the foreground one\n"
                "    signal.signal(signal.SIGINT, lambda *a: os._exit(6))\n"
                "    os.read(r, 1); os._exit(0)\n", 1))
-    done = threading.Event()
-
-    def interrupt_until_done() -> None:  # again until the cell ends: one sent before it starts is dropped
-        while not done.wait(0.5):
-            s.sandbox.interrupt()
-
-    threading.Thread(target=interrupt_until_done, daemon=True).start()
-    try:
-        r = cell(s, "os.waitpid(pid, 0)", 2)
-    finally:
-        done.set()
+    r = _interrupted_cell(s, "os.waitpid(pid, 0)", 2)
     assert r["status"] == "error" and r["ename"] == "KeyboardInterrupt", r
     out = ok(cell(s, "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
                      "print(os.waitpid(other, os.WNOHANG))\n"

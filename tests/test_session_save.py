@@ -51,7 +51,10 @@ def saved(template, tmp_path_factory):
                     "plt.rcParams['lines.linewidth'] = 7.5\nfig = plt.figure(); plt.plot([1, 2, 3])\n"
                     "open('/tmp/note.txt', 'w').write('kept in the overlay')\n"
                     "fh = open('/tmp/open.txt', 'w+'); fh.write('still open'); fh.flush()\n"
-                    "import os\npr, pw = os.pipe(); os.write(pw, b'piped')\n", 1)
+                    "import os\npr, pw = os.pipe(); os.write(pw, b'piped')\n"
+                    "import socket\nls = socket.socket(socket.AF_UNIX); ls.bind('/tmp/saved.sock'); ls.listen(1)\n"
+                    "sc = socket.socket(socket.AF_UNIX); sc.connect('/tmp/saved.sock'); ss_, _ = ls.accept()\n"
+                    "ls.close(); sc.send(b'queued')\n", 1)
         assert r["status"] == "ok", r
         path = tmp_path_factory.mktemp("saves") / "s1.zbsave"
         data = save_file(s, path)
@@ -61,8 +64,10 @@ def saved(template, tmp_path_factory):
 
 
 CHECK = ("(x, name, float(arr.sum()), df.shape, df['b'][999], plt.rcParams['lines.linewidth'], "
-         "len(plt.get_fignums()), open('/tmp/note.txt').read(), fh.tell(), (fh.seek(0), fh.read())[1], os.read(pr, 5))")
-EXPECTED = "(41, 'zeroboot', 999999000000.0, (1000, 2), '999', 7.5, 1, 'kept in the overlay', 10, 'still open', b'piped')"
+         "len(plt.get_fignums()), open('/tmp/note.txt').read(), fh.tell(), (fh.seek(0), fh.read())[1], os.read(pr, 5), "
+         "sc.getpeername(), ss_.getsockname(), ss_.recv(10), os.path.exists('/tmp/saved.sock'))")
+EXPECTED = ("(41, 'zeroboot', 999999000000.0, (1000, 2), '999', 7.5, 1, 'kept in the overlay', 10, 'still open', b'piped', "
+            "'/tmp/saved.sock', '/tmp/saved.sock', b'queued', True)")
 
 
 def test_resume_in_a_new_session_has_the_saved_state(template, saved) -> None:

@@ -291,6 +291,10 @@ class Guest:
         """The processes of this sandbox's family alive now (1: no child processes)."""
         return int(lib.zb_sandbox_process_count(self.handle))
 
+    def listening_sockets(self) -> int:
+        """The listening AF_UNIX sockets of process 1 (while there are any, snapshot() fails)."""
+        return int(lib.zb_sandbox_listening_sockets(self.handle))
+
     @staticmethod
     def child_processes_alive() -> int:
         """Child-process sandboxes alive in this process, over all families (leak checks)."""

@@ -60,7 +60,8 @@ GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME, "/dev/shm")
 # that runs without a checkpoint of its own)
 _ENDING_HELPERS = ("Processes kept between cells are most often a multiprocessing pool (pool.close(); "
                    "pool.join()), an executor (ex.shutdown()), joblib's reusable loky workers "
-                   "(joblib.externals.loky.get_reusable_executor().shutdown(wait=True)) or a Popen (p.wait())")
+                   "(joblib.externals.loky.get_reusable_executor().shutdown(wait=True)), a Manager "
+                   "(manager.shutdown()) or a Popen (p.wait()); a socket kept listening, a Listener (listener.close())")
 
 
 class Session:
@@ -242,7 +243,7 @@ class Session:
         try:
             snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
         except SandboxError as exc:
-            if self.sandbox.guest.process_count() <= 1:
+            if self.sandbox.guest.process_count() <= 1 and not self.sandbox.guest.listening_sockets():
                 raise
             return self._without_checkpoint(exc), 0.0
         self.ready = None
@@ -255,9 +256,10 @@ class Session:
         return snap, taken_ms
 
     def _without_checkpoint(self, exc: SandboxError) -> Snapshot:
-        """Child processes are alive (a Popen kept from an earlier cell), and a snapshot of a
-        process tree is not supported yet: the cell runs without a checkpoint of its own, and a
-        crash or timeout rolls back to the last checkpoint there is (which ends the children)."""
+        """Child processes are alive (a Popen kept from an earlier cell) or a socket listens, and
+        snapshots of a process tree or a listening socket are not supported yet: the cell runs
+        without a checkpoint of its own, and a crash or timeout rolls back to the last checkpoint
+        there is (which ends the children and closes the socket)."""
         last = next((cp for cp in reversed(self.checkpoints) if cp.snapshot is not None), None)
         if last is not None and last.snapshot is not None:
             target, where = last.snapshot, f"the state before cell [{last.number}]"

@@ -12,28 +12,22 @@
   What differs from the host: no "leaked shared_memory objects" warning at exit, and a memmap
   joblib handed to loky's workers is unlinked with joblib's temporary folder at the end of the
   Parallel call (joblib deletes it then), not earlier by the tracker's refcount.
-- AF_UNIX socket files (bind/listen/accept/connect on a path, SCM_RIGHTS fd passing) are not built
-  yet (native/sys_socket.c: only socketpair()), so what needs them says so: the 'forkserver' start
-  method is a ValueError from get_context/set_start_method (multiprocessing's own answer where a
-  method is missing), and a `multiprocessing.connection.Listener` on AF_UNIX, a `Manager()` or a
-  `SharedMemoryManager` is a PermissionError that names the reason (raised in the calling process,
-  not as a server child's traceback followed by EOFError).
+- Fds passed with SCM_RIGHTS are not built yet (native/sys_socket.c: AF_UNIX stream sockets,
+  named and listening too, but no ancillary data), so the 'forkserver' start method, whose server
+  receives the fds of every new process that way, says so: a ValueError from get_context and
+  set_start_method (multiprocessing's own answer where a method is missing), not a server child's
+  traceback followed by EOFError. Listener/Client on AF_UNIX, Manager() and SharedMemoryManager
+  need no fd passing and work as on the host.
 """
 from __future__ import annotations
 
-import errno
 import os
 import sys
 from typing import Any, Callable
 
-UNIX_SOCKETS = ("the sandbox has no AF_UNIX socket files yet (bind/listen/accept on a path, fds "
-                "passed with SCM_RIGHTS; only socketpair() works)")
-FORKSERVER_UNAVAILABLE = (f"the 'forkserver' start method is not available in the sandbox: its server "
-                          f"listens on an AF_UNIX socket, and {UNIX_SOCKETS}. Use the default 'fork' "
-                          f"start method, or 'spawn'.")
-LISTENER_UNAVAILABLE = (f"{UNIX_SOCKETS}, which multiprocessing's Listener, Manager() and "
-                        f"SharedMemoryManager listen on. Share data with multiprocessing.Queue, Pipe, "
-                        f"Value/Array or shared_memory (they work), or pass results back from a Pool.")
+FORKSERVER_UNAVAILABLE = ("the 'forkserver' start method is not available in the sandbox: its server "
+                          "receives each new process's fds over an AF_UNIX socket (SCM_RIGHTS), and fd "
+                          "passing is not supported yet. Use the default 'fork' start method, or 'spawn'.")
 
 
 def install() -> None:
@@ -48,8 +42,6 @@ def install() -> None:
     hook = _AfterImport({
         "joblib.externals.loky.backend.resource_tracker": _null_tracker,
         "loky.backend.resource_tracker": _null_tracker,
-        "multiprocessing.connection": _refuse_unix_listener,
-        "multiprocessing.managers": _refuse_unix_manager,
     })
     for name in list(hook.callbacks):
         module = sys.modules.get(name)
@@ -74,37 +66,6 @@ def _refuse_forkserver(context: Any) -> None:
         raise ValueError(FORKSERVER_UNAVAILABLE)
 
     forkserver._check_available = _check_available
-
-
-def _refuse_unix_listener(connection: Any) -> None:
-    listener = getattr(connection, "SocketListener", None)
-    if listener is None:
-        return
-    original = listener.__init__
-
-    def __init__(self: object, address: object, family: str, *args: object, **kwargs: object) -> None:
-        if family == "AF_UNIX":
-            raise PermissionError(errno.EACCES, LISTENER_UNAVAILABLE)
-        original(self, address, family, *args, **kwargs)
-
-    listener.__init__ = __init__
-
-
-def _refuse_unix_manager(managers: Any) -> None:
-    base = getattr(managers, "BaseManager", None)
-    connection = sys.modules.get("multiprocessing.connection")
-    if base is None or connection is None:
-        return
-    original = base.start
-
-    def start(self: Any, *args: object, **kwargs: object) -> None:
-        address = getattr(self, "_address", None)
-        family = connection.address_type(address) if address is not None else connection.default_family
-        if family == "AF_UNIX":
-            raise PermissionError(errno.EACCES, LISTENER_UNAVAILABLE)
-        original(self, *args, **kwargs)
-
-    base.start = start
 
 
 class _AfterImport:

@@ -1,4 +1,5 @@
-/* sockets.c - socketpair streams, the absent network, epoll, and their state across snapshots. */
+/* sockets.c - socketpair streams, the absent network, epoll, and their state across snapshots
+ * (named AF_UNIX sockets: unix_sockets.c). */
 #include "check.h"
 
 #include <poll.h>
@@ -84,7 +85,9 @@ static void test_refused(int argc, char **argv) {
     char buf1[4];
     CHECK_ERR(socket(AF_INET, SOCK_STREAM, 0), EACCES);
     CHECK_ERR(socket(AF_INET6, SOCK_DGRAM, 0), EACCES);
-    CHECK_ERR(socket(AF_UNIX, SOCK_STREAM, 0), EACCES);
+    CHECK_ERR(socket(AF_UNIX, SOCK_DGRAM, 0), EACCES); /* only streams (unix_sockets.c has them) */
+    CHECK_ERR(socket(AF_UNIX, SOCK_STREAM | 0x10000, 0), EINVAL);
+    CHECK_ERR(socket(AF_UNIX, SOCK_STREAM, 7), EPROTONOSUPPORT);
     int sv[2], p[2];
     CHECK_ERR(socketpair(AF_INET, SOCK_STREAM, 0, sv), EOPNOTSUPP);
     CHECK_ERR(socketpair(AF_UNIX, SOCK_DGRAM, 0, sv), EOPNOTSUPP);
@@ -131,10 +134,11 @@ static void test_refused(int argc, char **argv) {
     struct msghdr r = {.msg_iov = &in, .msg_iovlen = 1, .msg_control = (void *)8, .msg_controllen = 4096};
     CHECK_EQ(recvmsg(sv[1], &r, 0), 1);
     CHECK(buf1[0] == 'y' && r.msg_controllen == 0 && r.msg_flags == 0, "no control data received");
-    /* socket calls that need an address-bound socket, on a socketpair or a pipe */
+    /* socket calls on a socketpair end (connected) or a pipe */
     struct sockaddr_un longest = {.sun_family = AF_UNIX};
     memset(longest.sun_path, 'a', sizeof longest.sun_path); /* no terminating NUL: the maximum */
-    CHECK_ERR(bind(sv[0], (struct sockaddr *)&longest, sizeof longest), EINVAL);
+    CHECK_ERR(listen(sv[0], 1), EINVAL);
+    CHECK_ERR(connect(sv[0], (struct sockaddr *)&longest, sizeof longest), EISCONN);
     CHECK_ERR(connect(p[0], (struct sockaddr *)&longest, sizeof longest), ENOTSOCK);
     CHECK_ERR(bind(p[0], (struct sockaddr *)&longest, sizeof longest), ENOTSOCK);
     CHECK_ERR(accept(sv[0], NULL, NULL), EINVAL);

@@ -229,3 +229,42 @@ def test_special_files_in_the_folder_are_not_opened(tmp_path):
             assert all(v == ("err", "EACCES") for v in got.values()), (mode, got)
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize("mode", ["readonly", "overlay", "readwrite"])
+def test_guest_sockets_never_reach_or_make_host_sockets(tmp_path, mode):
+    """The guest's AF_UNIX sockets live in the sandbox: connecting to a host socket file in the
+    notebook's folder (directly or through a symlink the guest made) or to a host abstract name
+    is refused while the host really listens there, and bind never makes a socket file on the
+    host (EACCES in a read-write folder; in the overlay it is the sandbox's own)."""
+    proj = tmp_path / "notebook"
+    proj.mkdir()
+    host_sock = proj / "host.sock"
+    abstract = f"zb-escape-{os.getpid()}-{mode}"
+    listeners = []
+    for address in (str(host_sock), "\0" + abstract):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(address)
+        s.listen(8)
+        s.setblocking(False)
+        listeners.append(s)
+    before = sorted(os.listdir(tmp_path)), sorted(os.listdir(proj))
+    try:
+        with battery.boot("escape_files", "unix_sockets", str(proj), str(host_sock), abstract) as sb:
+            sb.mount_project(str(proj), mode)
+            r = battery.guest_c.drive(sb)
+        battery.completed(r, "unix_sockets")
+        got = battery.attempts(r)
+        for name in ("connect_host_socket", "connect_host_abstract"):
+            assert got[name] == ("err", "ECONNREFUSED"), (mode, got)
+        assert got["connect_via_symlink"] == ("err", "ECONNREFUSED"), (mode, got)
+        assert got["bind_over_host_socket"] == ("err", "EADDRINUSE"), (mode, got)
+        assert got["bind_in_folder"] == (("ok", "") if mode == "overlay" else ("err", "EACCES" if mode == "readwrite" else "EROFS")), (mode, got)
+        assert got["bind_beside_folder"][0] == "err", (mode, got)
+        for s in listeners:  # no connection ever reached the host's listeners
+            with pytest.raises(BlockingIOError):
+                s.accept()
+        assert (sorted(os.listdir(tmp_path)), sorted(os.listdir(proj))) == before  # nothing made on the host
+    finally:
+        for s in listeners:
+            s.close()

@@ -19,14 +19,21 @@
  *   escape_files mmap_truncate FILE             map a file of a read-write project, shrink it
  *                                               under the mapping, then hand the mapping to the engine
  *   escape_files open_special PATH              open a FIFO/socket the host put in the folder
+ *   escape_files unix_sockets DIR HOSTSOCK ABSTRACT
+ *                                               reach a host socket (HOSTSOCK, listening, in the
+ *                                               folder; ABSTRACT, listening on the host's abstract
+ *                                               name) and make socket files in the folder DIR
  */
 #include "check.h"
 
 #include <dirent.h>
+#include <stddef.h>
 #include <linux/openat2.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 
 static void report(const char *name, long rc, int err, const char *data, long n) {
     if (rc < 0) {
@@ -436,6 +443,36 @@ static void test_open_special(int argc, char **argv) {
     }
 }
 
+static void try_unix(const char *name, int bind_not_connect, const char *path, int abstract) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path + (abstract ? 1 : 0), sizeof a.sun_path - 1, "%s", path);
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) { report(name, -1, errno, NULL, 0); return; }
+    errno = 0;
+    long rc = bind_not_connect ? bind(fd, (struct sockaddr *)&a, len) : connect(fd, (struct sockaddr *)&a, len);
+    report(name, rc, errno, "", 0);
+    if (rc == 0 && !bind_not_connect) {
+        char buf[64];
+        long n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        report("recv_after_connect", n, errno, buf, n);
+    }
+    close(fd);
+}
+
+static void test_unix_sockets(int argc, char **argv) {
+    if (argc < 5) exit(2);
+    char p[PATH_MAX];
+    try_unix("connect_host_socket", 0, argv[3], 0);
+    if (symlink(argv[3], "/tmp/link_to_host_socket") == 0) try_unix("connect_via_symlink", 0, "/tmp/link_to_host_socket", 0);
+    try_unix("connect_host_abstract", 0, argv[4], 1);
+    snprintf(p, sizeof p, "%s/made_by_guest.sock", argv[2]);
+    try_unix("bind_in_folder", 1, p, 0);
+    snprintf(p, sizeof p, "%s/../beside_folder.sock", argv[2]);
+    try_unix("bind_beside_folder", 1, p, 0);
+    try_unix("bind_over_host_socket", 1, argv[3], 0);
+}
+
 static const zb_test tests[] = {
     {"read", test_read},
     {"write", test_write},
@@ -443,6 +480,7 @@ static const zb_test tests[] = {
     {"uart", test_uart},
     {"uart_garbage", test_uart_garbage},
     {"mmap_truncate", test_mmap_truncate},
+    {"unix_sockets", test_unix_sockets},
     {"open_special", test_open_special},
     {NULL, NULL},
 };
