@@ -109,3 +109,12 @@ def test_cpython_thread_suites_pass_in_the_guest():
 def test_cpython_test_threading_passes_in_the_guest():
     run_in_guest({"test_threading": []}, 1800,
                  matches=tuple(f"*.{cls}.*" for cls in THREADING_CLASSES))
+
+
+# test_socket's AF_UNIX stream cases (issue 15: named sockets): `zeroboot-kernel run -m test
+# test_socket -m '*Unix*' -v` against the host's `python -m test test_socket -m '*Unix*' -v`,
+# measured 2026-12-04: 48 run, 47 passed, 1 skipped (TestUnixDomain.testEmptyAddress, "Linux
+# specific test") on both; 12 s in the guest against 3 s on the host. The classes that pass fds
+# (SCM_RIGHTS) are not among them: fd passing is not supported yet.
+def test_cpython_unix_socket_cases_pass_in_the_guest():
+    run_in_guest({"test_socket": []}, 900, matches=("*Unix*",))
