@@ -600,12 +600,14 @@ int zb_stream_unread(zb_sandbox *sb, const zb_file *f);
  * and unnamed. Addresses are kept as Linux returns them: the family, then sun_path's bytes (a
  * path with its NUL, or an abstract name starting with NUL); len 2 is unnamed. */
 #define ZB_USOCK_BACKLOG_MAX 128 /* pending connections per listener (listen's backlog is capped) */
+#define ZB_USOCK_NAME_MAX 111    /* an address: family, 108 bytes of sun_path and the NUL Linux adds
+                                    after a path that fills them */
 enum { ZB_USOCK_UNCONNECTED = 0, ZB_USOCK_LISTENING, ZB_USOCK_CONNECTED };
 typedef struct zb_usock {
     int state;
     uint64_t bind_id;        /* a path name's id (its INO_SOCKET inode holds it); 0: not a path */
     uint32_t name_len, peer_len;
-    uint8_t name[110], peer[110]; /* struct sockaddr_un's bytes */
+    uint8_t name[ZB_USOCK_NAME_MAX], peer[ZB_USOCK_NAME_MAX]; /* struct sockaddr_un's bytes (and that NUL) */
     int backlog, npending;
     struct zb_file *pending[ZB_USOCK_BACKLOG_MAX + 1]; /* LISTENING: connected server ends, oldest first */
 } zb_usock;

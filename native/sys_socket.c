@@ -35,16 +35,24 @@ static zb_file *socket_file(zb_sandbox *sb, uint64_t fd, long *err) {
 
 #define SUN_LEN_MAX ((uint32_t)sizeof(struct sockaddr_un)) /* 110: family + 108 bytes of sun_path */
 
+/* A socket's state, unnamed and with an unnamed peer (the family alone, little-endian). */
+static zb_usock *usock_new(int state) {
+    zb_usock *u = calloc(1, sizeof *u);
+    if (!u) return NULL;
+    u->state = state;
+    u->name_len = u->peer_len = sizeof(sa_family_t);
+    u->name[0] = u->peer[0] = AF_UNIX;
+    return u;
+}
+
 static long sys_socket(zb_sandbox *sb, const uint64_t a[6]) {
     int domain = (int)a[0], type = (int)a[1] & ~(SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (domain == AF_UNIX && (a[1] & ~(uint64_t)(0xf | SOCK_NONBLOCK | SOCK_CLOEXEC))) return -EINVAL;
     if (domain == AF_UNIX && type == SOCK_STREAM) {
         if (a[2] != 0 && a[2] != PF_UNIX) return -EPROTONOSUPPORT;
         zb_file *f = zb_file_new(FILE_SOCKET);
-        zb_usock *u = calloc(1, sizeof *u);
+        zb_usock *u = usock_new(ZB_USOCK_UNCONNECTED);
         if (!f || !u) { free(f); free(u); return -ENOMEM; }
-        u->name_len = u->peer_len = sizeof(sa_family_t);
-        u->name[0] = u->peer[0] = AF_UNIX; /* little-endian sa_family_t */
         f->priv = u;
         f->flags = O_RDWR | ((a[1] & SOCK_NONBLOCK) ? O_NONBLOCK : 0);
         return zb_fd_install(sb, f, 0, (a[1] & SOCK_CLOEXEC) != 0);
@@ -209,11 +217,11 @@ static long sys_setsockopt(zb_sandbox *sb, const uint64_t a[6]) {
 static atomic_uint_fast64_t next_bind_id; /* engine-wide, never reused: a name whose socket ended stays dead */
 
 /* A guest sockaddr_un, copied and checked as Linux's unix_validate_addr does, into out (the bytes
- * as getsockname returns them: a path is cut at its NUL and keeps one). *path is the path name,
- * or NULL for an abstract name. len 2 (the family alone) is -EINVAL unless autobind_ok. */
-static long read_addr(zb_sandbox *sb, uint64_t addr, uint64_t len, int autobind_ok, uint8_t out[SUN_LEN_MAX],
+ * as getsockname returns them: a path is cut at its NUL and keeps one). *path is the path name
+ * (in out), or NULL for an abstract name. len 2 (the family alone) is -EINVAL unless autobind_ok;
+ * then *out_len is 0. */
+static long read_addr(zb_sandbox *sb, uint64_t addr, uint64_t len, int autobind_ok, uint8_t out[ZB_USOCK_NAME_MAX],
                       uint32_t *out_len, const char **path) {
-    static __thread char path_buf[SUN_LEN_MAX];
     uint8_t raw[sizeof(struct sockaddr_storage)];
     if ((int64_t)len < 0 || len > sizeof raw) return -EINVAL;
     if (len && zb_copy_from_guest(sb, raw, addr, len) < 0) return -EFAULT;
@@ -223,16 +231,14 @@ static long read_addr(zb_sandbox *sb, uint64_t addr, uint64_t len, int autobind_
     if (family != AF_UNIX) return -EINVAL;
     if (len == sizeof family && autobind_ok) { *out_len = 0; return 0; }
     if (len <= sizeof family || len > SUN_LEN_MAX) return -EINVAL;
-    memset(out, 0, SUN_LEN_MAX);
+    memset(out, 0, ZB_USOCK_NAME_MAX);
     memcpy(out, raw, len);
     *path = NULL;
     if (out[2] == 0) { *out_len = (uint32_t)len; return 0; } /* abstract: every byte counts */
     size_t n = strnlen((const char *)out + 2, len - 2);
-    memcpy(path_buf, out + 2, n);
-    path_buf[n] = 0;
-    out[2 + n] = 0;
+    out[2 + n] = 0; /* within out: n <= 108 */
     *out_len = (uint32_t)(2 + n + 1);
-    *path = path_buf;
+    *path = (const char *)out + 2;
     return 0;
 }
 
@@ -267,20 +273,15 @@ int zb_usock_listeners(const zb_sandbox *sb) {
 
 /* f's socket state, made for a socketpair end (connected, unnamed) when it is bound. */
 static zb_usock *usock_made(zb_file *f) {
-    if (f->priv) return f->priv;
-    zb_usock *u = calloc(1, sizeof *u);
-    if (!u) return NULL;
-    u->state = ZB_USOCK_CONNECTED;
-    u->name_len = u->peer_len = sizeof(sa_family_t);
-    u->name[0] = u->peer[0] = AF_UNIX;
-    return f->priv = u;
+    if (!f->priv) f->priv = usock_new(ZB_USOCK_CONNECTED);
+    return f->priv;
 }
 
 static long sys_bind(zb_sandbox *sb, const uint64_t a[6]) {
     long err;
     zb_file *f = socket_file(sb, a[0], &err);
     if (!f) return err;
-    uint8_t name[SUN_LEN_MAX];
+    uint8_t name[ZB_USOCK_NAME_MAX];
     uint32_t len;
     const char *path = NULL;
     if ((err = read_addr(sb, a[1], a[2], 1, name, &len, &path)) < 0) return err;
@@ -344,7 +345,7 @@ static long sys_connect(zb_sandbox *sb, const uint64_t a[6]) {
     zb_usock *u = zb_usock_of(f);
     if (!u || u->state == ZB_USOCK_CONNECTED) return -EISCONN;
     if (u->state == ZB_USOCK_LISTENING) return -EINVAL;
-    uint8_t name[SUN_LEN_MAX];
+    uint8_t name[ZB_USOCK_NAME_MAX];
     uint32_t len;
     const char *path = NULL;
     zb_file *l;
@@ -355,11 +356,10 @@ static long sys_connect(zb_sandbox *sb, const uint64_t a[6]) {
     /* the server's end, queued until accept: named as the listener, its peer this socket */
     zb_pipe *up = zb_pipe_new(), *down = zb_pipe_new();
     zb_file *s = zb_file_new(FILE_SOCKET);
-    zb_usock *su = malloc(sizeof *su);
+    zb_usock *su = usock_new(ZB_USOCK_CONNECTED);
     if (!up || !down || !s || !su) { free(up); free(down); free(s); free(su); return -ENOMEM; }
-    *su = (zb_usock){.state = ZB_USOCK_CONNECTED, .name_len = lu->name_len, .peer_len = u->name_len};
-    memcpy(su->name, lu->name, lu->name_len);
-    memcpy(su->peer, u->name, u->name_len);
+    memcpy(su->name, lu->name, su->name_len = lu->name_len);
+    memcpy(su->peer, u->name, su->peer_len = u->name_len);
     s->priv = su;
     s->flags = O_RDWR;
     zb_file_attach_tx(f, up);
@@ -370,11 +370,6 @@ static long sys_connect(zb_sandbox *sb, const uint64_t a[6]) {
     memcpy(u->peer, lu->name, lu->name_len);
     u->peer_len = lu->name_len;
     lu->pending[lu->npending++] = s; /* the queue's reference */
-    return 0;
-}
-
-static int fd_free(const zb_sandbox *sb) {
-    for (int i = 0; i < ZB_MAX_FDS; i++) if (!sb->fds->fd[i]) return 1;
     return 0;
 }
 
@@ -396,7 +391,6 @@ static long sys_accept4(zb_sandbox *sb, const uint64_t a[6]) {
     zb_usock *u = zb_usock_of(f);
     if (!u || u->state != ZB_USOCK_LISTENING) return -EINVAL;
     if (!u->npending) return zb_io_would_block(sb, f, -EAGAIN, 0, 0, 0);
-    if (!fd_free(sb)) return -EMFILE; /* before the connection is taken off the queue */
     zb_file *c = u->pending[0];
     const zb_usock *cu = zb_usock_of(c);
     if (a[1] && a[2]) { /* checked before the connection is taken too: a bad buffer loses nothing */
@@ -405,10 +399,13 @@ static long sys_accept4(zb_sandbox *sb, const uint64_t a[6]) {
         if ((int)have < 0) return -EINVAL;
         if (!zb_guest_ptr(sb, a[1], ZB_MIN(have, cu->peer_len), 1) || !zb_guest_ptr(sb, a[2], sizeof have, 1)) return -EFAULT;
     }
-    memmove(u->pending, u->pending + 1, (size_t)--u->npending * sizeof *u->pending);
     c->flags = O_RDWR | ((a[3] & SOCK_NONBLOCK) ? O_NONBLOCK : 0);
+    c->refs++; /* the fd's reference: EMFILE drops it again, and the connection stays queued */
     int fd = zb_fd_install(sb, c, 0, (a[3] & SOCK_CLOEXEC) != 0);
-    if (fd >= 0 && a[1] && a[2]) put_addr(sb, a[1], a[2], cu->peer, cu->peer_len); /* validated above */
+    if (fd < 0) return fd;
+    memmove(u->pending, u->pending + 1, (size_t)--u->npending * sizeof *u->pending);
+    c->refs--; /* the queue's */
+    if (a[1] && a[2]) put_addr(sb, a[1], a[2], cu->peer, cu->peer_len); /* validated above */
     return fd;
 }
 static long sys_accept(zb_sandbox *sb, const uint64_t a[6]) {

@@ -59,6 +59,21 @@ static void test_path(int argc, char **argv) {
     OK(getsockname(l, (struct sockaddr *)&got, &len));
     CHECK_EQ(len, ADDR_LEN(&a));
     CHECK_STR(got.sun_path, a.sun_path);
+    /* a path that fills sun_path (no NUL of its own): its name comes back with one added */
+    struct sockaddr_un full = {.sun_family = AF_UNIX};
+    int dlen = snprintf(full.sun_path, sizeof full.sun_path, "%s/", dir);
+    memset(full.sun_path + dlen, 'f', sizeof full.sun_path - (size_t)dlen);
+    int longest = unix_socket(0);
+    OK(bind(longest, (struct sockaddr *)&full, sizeof full));
+    struct { struct sockaddr_un a; char more[8]; } back;
+    memset(&back, 0x55, sizeof back);
+    len = sizeof back;
+    OK(getsockname(longest, (struct sockaddr *)&back, &len));
+    CHECK_EQ(len, sizeof full + 1);
+    CHECK(!memcmp(back.a.sun_path, full.sun_path, sizeof full.sun_path) && back.more[0] == 0, "the full path and a NUL");
+    char full_path[sizeof full.sun_path + 1] = {0};
+    memcpy(full_path, full.sun_path, sizeof full.sun_path);
+    OK(unlink(full_path));
     OK(listen(l, 5));
     int v = 0;
     OK(getsockopt(l, SOL_SOCKET, SO_ACCEPTCONN, &v, &(socklen_t){sizeof v}));
@@ -172,6 +187,18 @@ static void test_backlog(int argc, char **argv) {
     int s1 = (int)OK(accept(l, NULL, NULL));
     CHECK_EQ(recv(s1, &b, 1, 0), 1);
     CHECK_EQ(b, '1');
+    /* no fd free: accept is EMFILE and the connection waits for the next accept */
+    CHECK_EQ(send(c[2], "2", 1, 0), 1);
+    static int fill[32768];
+    int n = 0;
+    while (n < 32768 && (fill[n] = dup(0)) >= 0) n++;
+    CHECK(n < 32768 && errno == EMFILE, "%d fds, then %s", n, strerror(errno));
+    CHECK_ERR(accept(l, NULL, NULL), EMFILE);
+    OK(close(fill[--n]));
+    int s2 = (int)OK(accept(l, NULL, NULL));
+    CHECK_EQ(recv(s2, &b, 1, 0), 1);
+    CHECK_EQ(b, '2');
+    while (n > 0) OK(close(fill[--n]));
     OK(unlink(a.sun_path));
     OK(rmdir(dir));
 }
