@@ -155,7 +155,7 @@ uint64_t zb_engine_fingerprint(zb_engine *e) {
 void zb_engine_close(zb_engine *e) {
     if (!e) return;
     if (e->vm) zb_vm_destroy(e->vm);
-    if (e->child_vm) zb_vm_destroy(e->child_vm);
+    for (int i = 0; i < ZB_CHILD_VMS; i++) if (e->child_vms[i]) zb_vm_destroy(e->child_vms[i]);
     zb_net_free(e->net);
     if (e->kvm_fd >= 0 && e->kvm_fd != 0) close(e->kvm_fd);
     free(e->cpuid);
@@ -385,7 +385,8 @@ int zb_engine_set_syscall_path(zb_engine *e, int flags) {
     char err[ZB_ERRLEN];
     e->syscall_path_off = (ZB_SYSCALLS_SYNC_REGS | ZB_SYSCALLS_DIRECT_ENTRY | ZB_SYSCALLS_GUEST_ANSWERS) & ~flags;
     if (e->vm && zb_vm_apply_syscall_path(e->vm, e, err) < 0) return -1;
-    if (e->child_vm && zb_vm_apply_syscall_path(e->child_vm, e, err) < 0) return -1;
+    for (int i = 0; i < ZB_CHILD_VMS; i++)
+        if (e->child_vms[i] && zb_vm_apply_syscall_path(e->child_vms[i], e, err) < 0) return -1;
     int sync = e->vm ? e->vm->sync_regs : sync_regs_supported(e) && (flags & ZB_SYSCALLS_SYNC_REGS);
     return (sync ? ZB_SYSCALLS_SYNC_REGS : 0) | (flags & ZB_SYSCALLS_DIRECT_ENTRY) |
            (guest_answers(e) ? ZB_SYSCALLS_GUEST_ANSWERS : 0);
@@ -446,8 +447,31 @@ int zb_vm_load_thread(zb_vm *vm, zb_sandbox *sb, char *err) {
 
 zb_vm *zb_vm_of(const zb_sandbox *sb) {
     zb_engine *e = sb->engine;
-    if (e->child_vm && e->child_vm->attached == sb) return e->child_vm;
+    for (int i = 0; i < ZB_CHILD_VMS; i++)
+        if (e->child_vms[i] && e->child_vms[i]->attached == sb) return e->child_vms[i];
     return e->vm;
+}
+
+static zb_vm **child_executor(zb_engine *e, const zb_sandbox *sb) {
+    zb_vm **idle = NULL, **empty = NULL, **oldest = NULL;
+    for (int i = 0; i < ZB_CHILD_VMS; i++) {
+        zb_vm **v = &e->child_vms[i];
+        if (!*v) { if (!empty) empty = v; continue; }
+        if ((*v)->attached == sb) return v;
+        if (!(*v)->attached && !idle) idle = v;
+        if (!oldest || (*v)->last_used < (*oldest)->last_used) oldest = v;
+    }
+    return idle ? idle : empty ? empty : oldest;
+}
+
+zb_vm *zb_engine_executor(zb_engine *e, zb_sandbox *sb, int is_child, char *err) {
+    zb_vm **slot = is_child ? child_executor(e, sb) : &e->vm;
+    if (!*slot && zb_vm_create(e, slot, err) < 0) return NULL;
+    if (is_child) (*slot)->last_used = ++e->executor_runs;
+    /* it ran on another executor before (as the other kind, or displaced from a child's) */
+    zb_vm *other = zb_vm_of(sb);
+    if (other && other != *slot && other->attached == sb && zb_vm_detach(other, err) < 0) return NULL;
+    return *slot;
 }
 
 int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err) {
@@ -549,9 +573,12 @@ uint64_t zb_vm_guest_tsc(zb_vm *vm) {
 
 /* Summed over the executors (process 1's and the children's). */
 int zb_engine_vcpu_stat(zb_engine *e, const char *name, uint64_t *value) {
-    uint64_t main_v = 0, child_v = 0;
-    if (!e->vm || vcpu_stat(e->vm, name, &main_v) < 0) return -1;
-    if (e->child_vm && vcpu_stat(e->child_vm, name, &child_v) < 0) return -1;
-    *value = main_v + child_v;
+    uint64_t sum = 0, v = 0;
+    if (!e->vm || vcpu_stat(e->vm, name, &sum) < 0) return -1;
+    for (int i = 0; i < ZB_CHILD_VMS; i++) {
+        if (e->child_vms[i] && vcpu_stat(e->child_vms[i], name, &v) < 0) return -1;
+        if (e->child_vms[i]) sum += v;
+    }
+    *value = sum;
     return 0;
 }

@@ -779,31 +779,27 @@ int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
         return -1;
     }
     zb_engine *e = sb->engine;
-    /* a child process runs on the children's executor, so that process 1's stays attached to it
-     * with its shadow page tables warm (kvm_vm.c; docs/ARCHITECTURE.md "Processes") */
+    /* a child process runs on a children's executor, so that process 1's stays attached to it
+     * with its shadow page tables warm, and so do the children's (kvm_vm.c; docs/ARCHITECTURE.md
+     * "Processes") */
     int is_child = sb->fam && sb->fam->m[0].sb != sb;
-    zb_vm **slot = is_child ? &e->child_vm : &e->vm;
-    if (!*slot && zb_vm_create(e, slot, err) < 0) {
+    zb_vm *vm = zb_engine_executor(e, sb, is_child, err);
+    if (!vm) {
         error_event(sb, ev, "cannot start the VM: %s", err);
-        return 0;
-    }
-    zb_vm *other = is_child ? e->vm : e->child_vm;
-    if (other && other->attached == sb && zb_vm_detach(other, err) < 0) { /* (it ran as the other kind before) */
-        error_event(sb, ev, "cannot move the sandbox between executor VMs: %s", err);
         return 0;
     }
     /* Still attached (process 1 while children ran, or a child no other child displaced): the vCPU
      * is the process's state, whatever stopped its last run; after a stop in user code (a kick, the
      * deadline) or mid-trap, sb->cpu holds only its last syscall's registers. Reloaded from sb->cpu
      * only when the host changed that since (vcpu_stale), as an attach loads it. */
-    int switching = (*slot)->attached != sb;
+    int switching = vm->attached != sb;
     int64_t t_attach = zb_now_ns();
-    if (!switching && sb->vcpu_stale && zb_vm_load_cpu(*slot, sb, err) < 0) {
+    if (!switching && sb->vcpu_stale && zb_vm_load_cpu(vm, sb, err) < 0) {
         error_event(sb, ev, "cannot reload the vCPU: %s", err);
         return 0;
     }
     sb->vcpu_stale = 0;
-    if (zb_vm_attach(*slot, sb, err) < 0) {
+    if (zb_vm_attach(vm, sb, err) < 0) {
         error_event(sb, ev, "cannot start the VM: %s", err);
         return 0;
     }
@@ -811,7 +807,6 @@ int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
         sb->fam->attach_ns += (uint64_t)(zb_now_ns() - t_attach);
         sb->fam->attaches++;
     }
-    zb_vm *vm = *slot;
     int64_t t0 = zb_now_ns();
     sb->run_started_ns = t0;
     sigset_t block, old;

@@ -89,7 +89,7 @@ static int load(zb_sandbox *sb, zb_vm *vm, int slot, zb_event *ev) {
 
 void zb_run_threads_load_parked(zb_sandbox *sb) {
     zb_threads *ts = &sb->threads;
-    sb->vcpu_stale = 1; /* it may still be attached to its executor (vm.h child_vm): reloaded before it runs */
+    sb->vcpu_stale = 1; /* it may still be attached to its executor (vm.h child_vms): reloaded before it runs */
     zb_thread *t = &ts->t[ts->current];
     cpu_copy(&sb->cpu, &t->cpu, sb->engine->xsave_size);
     sb->sig.blocked = t->blocked;

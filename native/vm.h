@@ -14,6 +14,7 @@ struct zb_out; /* serial.h: the snapshot state writer and reader */
 #define ZB_MAX_MEMSLOTS 18   /* below the window, its parts (at most 16), above it */
 struct zb_in;
 /* ---- executor VM (kvm_vm.c) ---- */
+#define ZB_CHILD_VMS 8           /* child processes that keep a VM of their own while they take turns */
 typedef struct zb_vm {
     int vm_fd, vcpu_fd;
     struct kvm_run *run;
@@ -48,6 +49,7 @@ typedef struct zb_vm {
     /* The syscall entry answers getpid, getuid/geteuid, getgid/getegid in the guest
      * (ZB_SYSCALLS_GUEST_ANSWERS, PVM only: guest_abi.h zb_entry_data). */
     int guest_answers;
+    uint64_t last_used;      /* zb_engine.executor_runs at its last pick (zb_engine_executor) */
 } zb_vm;
 
 /* Set by the handler of ZB_KICK_SIGNAL on this thread (kvm_vm.c); the run loop clears it before KVM_RUN. */
@@ -64,9 +66,13 @@ struct zb_engine {
     int have_xsave2;
     uint64_t xcr0;
     zb_vm *vm;               /* the executor; created on first run */
-    zb_vm *child_vm;         /* the executor of child processes (family_run.c), created at a child's
-                                first run: process 1 keeps `vm` and its shadow page tables while its
-                                children run, instead of both re-attaching one VM at each switch */
+    /* The executors of child processes (family_run.c), each created at the first run that needs
+     * it: process 1 keeps `vm` and its shadow page tables while its children run, and up to
+     * ZB_CHILD_VMS children keep theirs while they take turns (a pool worker and the parent, a
+     * Manager's server and its clients), instead of re-attaching one VM at each switch, which
+     * throws its shadow page tables away (DESIGN: ~20 ms of faults for a Python process). */
+    zb_vm *child_vms[ZB_CHILD_VMS];
+    uint64_t executor_runs;  /* picks of a child executor, for least-recently-used replacement */
     struct zb_net *net;      /* the network policy (net.h), NULL: no network */
     int syscall_path_off;    /* ZB_SYSCALLS_* bits switched off (zb_engine_set_syscall_path) */
     int entry_runs_at_cpl3;  /* KVM is PVM (kvm_pvm loaded, no kvm_intel/kvm_amd): `syscall` reaches
@@ -78,6 +84,11 @@ void zb_vm_destroy(zb_vm *vm);
 /* Point the memslots at the sandbox's memory and load its vCPU state (no-op if already attached). */
 /* The executor VM the sandbox is attached to, or the engine's main one if none is. */
 zb_vm *zb_vm_of(const zb_sandbox *sb);
+/* The executor a process runs on next: process 1 (is_child 0) on the engine's own VM; a child on
+ * the child executor still attached to it, else an idle one, else the one picked longest ago
+ * (which displaces its process); created when missing. sb is detached from any other executor
+ * first. NULL with err on failure. */
+zb_vm *zb_engine_executor(zb_engine *e, zb_sandbox *sb, int is_child, char *err);
 int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err);
 /* Save the attached sandbox's vCPU state and dirty log back into it and detach. */
 int zb_vm_detach(zb_vm *vm, char *err);

@@ -593,3 +593,34 @@ def test_a_checkpoint_and_rewind_after_children_ran_on_the_second_executor(s: Se
     assert ok(cell(s, "print(v, len(w))", 3)) == "second 100000\n"
     s.rewind(2)  # back to before cell 2
     assert ok(cell(s, "print(v, 'w' in dir())", 4)) == "first False\n"
+
+
+RING = ("import os\n"
+        "n, rounds = {n}, 20\n"
+        "pipes = [os.pipe() for _ in range(n + 1)]\n"
+        "kids = []\n"
+        "for i in range(n):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        for _ in range(rounds):\n"
+        "            b = os.read(pipes[i][0], 8)\n"
+        "            os.write(pipes[i + 1][1], str(int(b) + 1).encode())\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "token = 0\n"
+        "for _ in range(rounds):\n"
+        "    os.write(pipes[0][1], str(token).encode()); token = int(os.read(pipes[n][0], 8))\n"
+        "print(token, sorted(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids) == [0] * n)\n")
+
+
+@pytest.mark.parametrize("n", [3, 10])
+def test_children_keep_their_executor_while_they_take_turns(s: Session, n: int) -> None:
+    """A token passed around a ring of children through pipes, 20 times: every hand-over is a
+    process switch. Up to eight children each keep a VM of their own, so each is attached once
+    (its first run), never again; with more, some are displaced and attached again, and the ring
+    still counts right."""
+    before = s.sandbox.guest.stats()["proc_attaches"]
+    out = ok(cell(s, RING.format(n=n), 1))
+    assert out == f"{20 * n} True\n", out
+    attaches = s.sandbox.guest.stats()["proc_attaches"] - before
+    assert attaches == n if n <= 8 else attaches > n, attaches

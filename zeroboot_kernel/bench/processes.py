@@ -4,9 +4,11 @@ os.fork() + os.waitpid() of the Python process: the guest's (the agent's CPython
 template, where a fork is a copy-on-write sandbox fork run on the same executor VM) against a
 fresh host CPython's (a subprocess of this one, so no engine or VM is in the forked process),
 each timed inside its own process; a fork + pipe round trip (the child writes 1 byte, the
-parent reads it and waits); and multiprocessing.Pool(2).map of 100 small tasks with the fork start
+parent reads it and waits); multiprocessing.Pool(2).map of 100 small tasks with the fork start
 method (pool start, the map, close + join: its locks are semaphores in shared memory, woken across
-processes), fewer iterations of it (POOL_ITERATIONS).
+processes); and a multiprocessing.Manager() whose dict 4 processes write (its server is a process,
+each proxy call a round trip over an AF_UNIX socket); fewer iterations of the last two
+(POOL_ITERATIONS).
 
 Then where a guest fork+wait's time goes (BREAKDOWN): perf_counter_ns stamps in the parent (before
 fork, when fork returns, when waitpid returns) and in the child (when fork returns 0, before
@@ -53,8 +55,20 @@ SNIPPETS = {
         "        p.close(); p.join()\n"
         "    ts.append(time.perf_counter() - t0)\n"
         "print(*ts)"),
+    "multiprocessing.Manager(), a dict from 4 processes": (
+        "import multiprocessing as mp, time\nts = []\n"
+        "def put(d, i): d[i] = i * i\n"
+        "for _ in range({n}):\n"
+        "    t0 = time.perf_counter()\n"
+        "    with mp.get_context('fork').Manager() as m:\n"
+        "        d = m.dict()\n"
+        "        ps = [mp.get_context('fork').Process(target=put, args=(d, i)) for i in range(4)]\n"
+        "        [p.start() for p in ps]; [p.join() for p in ps]\n"
+        "        assert dict(d) == {{i: i * i for i in range(4)}}\n"
+        "    ts.append(time.perf_counter() - t0)\n"
+        "print(*ts)"),
 }
-# A pool's start, map and join is a whole sequence of forks and hand-overs: fewer of them.
+# A pool's or a Manager's start, use and end is a whole sequence of forks and hand-overs: fewer of them.
 POOL_ITERATIONS = 5
 
 # The timeline of one fork + wait: one line per iteration, five ns values (see PHASES).
@@ -123,7 +137,7 @@ def measure(n: int = 20) -> dict[str, Any]:
         sb.execute("0")  # the executor exists (its KVM counters can be read) and the agent is warm
         res["breakdown"] = breakdown(sb, engine, n)
         for label, code in SNIPPETS.items():
-            src = code.format(n=min(n, POOL_ITERATIONS) if "Pool" in label else n)
+            src = code.format(n=min(n, POOL_ITERATIONS) if "Pool" in label or "Manager" in label else n)
             r = sb.execute(src)
             assert r.status == "ok", r
             guest = _times(r.stdout)
