@@ -142,6 +142,23 @@ static void test_refused(int argc, char **argv) {
     CHECK_ERR(connect(p[0], (struct sockaddr *)&longest, sizeof longest), ENOTSOCK);
     CHECK_ERR(bind(p[0], (struct sockaddr *)&longest, sizeof longest), ENOTSOCK);
     CHECK_ERR(accept(sv[0], NULL, NULL), EINVAL);
+    /* accept into a bad address buffer is EFAULT before the connection is taken: the next
+     * accept gets it (Linux takes it and then drops it) */
+    struct sockaddr_un named = {.sun_family = AF_UNIX, .sun_path = "/tmp/refused.sock"};
+    int l = (int)OK(socket(AF_UNIX, SOCK_STREAM, 0)), c = (int)OK(socket(AF_UNIX, SOCK_STREAM, 0));
+    OK(bind(l, (struct sockaddr *)&named, sizeof named));
+    OK(listen(l, 1));
+    OK(connect(c, (struct sockaddr *)&named, sizeof named));
+    socklen_t alen = sizeof named;
+    CHECK_ERR(accept(l, (struct sockaddr *)8, &alen), EFAULT);
+    CHECK_ERR(accept(l, (struct sockaddr *)&named, (socklen_t *)8), EFAULT);
+    int s = (int)OK(accept(l, NULL, NULL));
+    CHECK_EQ(send(c, "k", 1, 0), 1);
+    CHECK_EQ(recv(s, buf1, 1, 0), 1);
+    OK(close(s));
+    OK(close(c));
+    OK(close(l));
+    OK(unlink(named.sun_path));
     /* too many sockets: socketpair fails with EMFILE at the fd limit, and the fds come back */
     static int many[8192][2];
     int n = 0;

@@ -132,6 +132,9 @@ static void test_path(int argc, char **argv) {
     bad.sun_family = AF_INET;
     CHECK_ERR(bind(nb, (struct sockaddr *)&bad, sizeof bad), EINVAL);
     CHECK_ERR(connect(nb, (struct sockaddr *)&a, sizeof(sa_family_t)), EINVAL);
+    CHECK_ERR(connect(nb, (struct sockaddr *)&a, 0), EINVAL);
+    struct sockaddr_storage big = {.ss_family = AF_UNIX};
+    CHECK_ERR(connect(nb, (struct sockaddr *)&big, sizeof big + 1), EINVAL);
     CHECK_ERR(connect(nb, (struct sockaddr *)&a, sizeof a + 1), EINVAL);
     CHECK_ERR(syscall(SYS_connect, nb, 8, sizeof a), EFAULT);
     CHECK_ERR(syscall(SYS_bind, nb, 8, sizeof a), EFAULT);
