@@ -126,6 +126,14 @@ CELLS: list[Cell] = [
     # issue 15: multiprocessing with the fork start method, a forked child's print
     Cell("multiprocessing-pool", "import multiprocessing\nwith multiprocessing.Pool(2) as pool:\n"
                                  "    print(pool.map(abs, [-3, -2, -1, 0, 1]))"),
+    Cell("multiprocessing-manager", "with multiprocessing.Manager() as m:\n    d = m.dict()\n"
+                                    "    ps = [multiprocessing.Process(target=d.__setitem__, args=(i, i * i)) for i in range(3)]\n"
+                                    "    [p.start() for p in ps]; [p.join() for p in ps]\n    print(sorted(d.items()))"),
+    Cell("multiprocessing-listener", "from multiprocessing.connection import Listener, Client\n"
+                                     "with Listener(authkey=b'k') as l:\n"
+                                     "    p = multiprocessing.Process(target=lambda a: Client(a, authkey=b'k').send('hi'), args=(l.address,))\n"
+                                     "    p.start()\n    with l.accept() as c:\n        print(c.recv())\n    p.join()\n"
+                                     "    kind = type(l.address).__name__\n(p.exitcode, kind)"),
     Cell("fork-child-print", "pid = os.fork()\nif pid == 0:\n    print('from the child', flush=True)\n    os._exit(3)\n"
                              "os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])"),
     Cell("proc-meminfo", "mem = {l.split(':')[0]: int(l.split()[1]) for l in open('/proc/meminfo')}\n"
