@@ -8,15 +8,10 @@
 
 #include <poll.h>
 
-static int connected(const zb_file *f) {
-    const zb_usock *u = zb_usock_of(f);
-    return !u || u->state == ZB_USOCK_CONNECTED;
-}
-
 static long socket_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t off) {
     (void)sb;
     if (off >= 0) return -ESPIPE;
-    if (!connected(f)) return -EINVAL;
+    if (!zb_usock_connected(f)) return -EINVAL;
     if (f->rx && f->rx->reset && !f->rx->len) { /* its server end closed before accepting it */
         f->rx->reset = 0;
         return -ECONNRESET;
@@ -27,7 +22,7 @@ static long socket_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_
 static long socket_write(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, int64_t off) {
     (void)sb;
     if (off >= 0) return -ESPIPE;
-    if (!connected(f)) return -ENOTCONN;
+    if (!zb_usock_connected(f)) return -ENOTCONN;
     return f->tx ? zb_stream_write(f->tx, p, n) : -EPIPE;
 }
 

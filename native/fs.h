@@ -613,6 +613,14 @@ typedef struct zb_usock {
 } zb_usock;
 /* The socket state of a FILE_SOCKET (NULL for an unbound socketpair end). */
 static inline zb_usock *zb_usock_of(const struct zb_file *f) { return (zb_usock *)f->priv; }
+/* A FILE_SOCKET that is connected (a socketpair end, or connected by connect/accept). */
+static inline int zb_usock_connected(const struct zb_file *f) {
+    return !zb_usock_of(f) || zb_usock_of(f)->state == ZB_USOCK_CONNECTED;
+}
+/* Any open file that is a listening AF_UNIX socket. */
+static inline int zb_usock_listening(const struct zb_file *f) {
+    return f && f->kind == FILE_SOCKET && zb_usock_of(f) && zb_usock_of(f)->state == ZB_USOCK_LISTENING;
+}
 /* sys_fsmeta.c: make path (a host string, relative to the cwd) an INO_SOCKET naming bind_id, as
  * bind(2) does: -EADDRINUSE if it exists, -EACCES in a host folder (a socket file is never made
  * on the host), the path errors of mknod otherwise. */

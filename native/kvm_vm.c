@@ -576,8 +576,9 @@ int zb_engine_vcpu_stat(zb_engine *e, const char *name, uint64_t *value) {
     uint64_t sum = 0, v = 0;
     if (!e->vm || vcpu_stat(e->vm, name, &sum) < 0) return -1;
     for (int i = 0; i < ZB_CHILD_VMS; i++) {
-        if (e->child_vms[i] && vcpu_stat(e->child_vms[i], name, &v) < 0) return -1;
-        if (e->child_vms[i]) sum += v;
+        if (!e->child_vms[i]) continue;
+        if (vcpu_stat(e->child_vms[i], name, &v) < 0) return -1;
+        sum += v;
     }
     *value = sum;
     return 0;

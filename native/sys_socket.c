@@ -94,7 +94,7 @@ static long check_recv_flags(uint64_t flags) {
 /* MSG_PEEK: copy queued bytes from `skip` on, leaving them queued. */
 static long peek(zb_file *f, uint8_t *p, size_t n, size_t skip) {
     const zb_pipe *pp = f->rx;
-    if (zb_usock_of(f) && zb_usock_of(f)->state != ZB_USOCK_CONNECTED) return -EINVAL;
+    if (!zb_usock_connected(f)) return -EINVAL;
     if (!pp || skip >= pp->len) return !pp || !pp->writers || skip ? 0 : -EAGAIN;
     n = ZB_MIN(n, pp->len - skip);
     memcpy(p, zb_pipe_bytes(pp) + skip, n);
@@ -122,7 +122,7 @@ static long sys_sendto(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = socket_file(sb, a[0], &err);
     if (!f) return err;
     if ((err = check_send_flags(a[3]))) return err;
-    if (a[4] && a[5]) return zb_usock_of(f) && zb_usock_of(f)->state != ZB_USOCK_CONNECTED ? -EOPNOTSUPP : -EISCONN;
+    if (a[4] && a[5]) return zb_usock_connected(f) ? -EISCONN : -EOPNOTSUPP;
     struct iovec iov = {(void *)(uintptr_t)a[1], (size_t)a[2]};
     return zb_io_would_block(sb, f, transfer(sb, f, &iov, 1, 1, 0), 1, (a[3] & MSG_DONTWAIT) != 0, (a[3] & MSG_NOSIGNAL) != 0);
 }
@@ -189,7 +189,7 @@ static long sys_getsockopt(zb_sandbox *sb, const uint64_t a[6]) {
     switch (a[2]) {
     case SO_TYPE: v = SOCK_STREAM; break;
     case SO_DOMAIN: v = AF_UNIX; break;
-    case SO_ACCEPTCONN: v = zb_usock_of(f) && zb_usock_of(f)->state == ZB_USOCK_LISTENING; break;
+    case SO_ACCEPTCONN: v = zb_usock_listening(f); break;
     case SO_PROTOCOL: case SO_ERROR: case SO_REUSEADDR: case SO_KEEPALIVE: v = 0; break;
     case SO_RCVBUF: case SO_SNDBUF: v = (int)ZB_STREAM_CAP; break;
     default: return -ENOPROTOOPT;
@@ -263,11 +263,7 @@ static zb_file *find_named(zb_sandbox *sb, uint64_t bind_id, const uint8_t *name
 
 int zb_usock_listeners(const zb_sandbox *sb) {
     int n = 0;
-    for (int i = 0; sb->fds && i < ZB_MAX_FDS; i++) {
-        const zb_file *f = sb->fds->fd[i];
-        const zb_usock *u = f && f->kind == FILE_SOCKET ? zb_usock_of(f) : NULL;
-        n += u && u->state == ZB_USOCK_LISTENING;
-    }
+    for (int i = 0; sb->fds && i < ZB_MAX_FDS; i++) n += zb_usock_listening(sb->fds->fd[i]);
     return n;
 }
 
