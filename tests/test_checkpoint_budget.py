@@ -129,7 +129,7 @@ def test_a_checkpoint_alone_over_the_budget_is_kept_and_said(template) -> None:
 
 
 def test_raising_and_lowering_the_budget_applies_at_once(template) -> None:
-    s = Session(template, checkpoint_memory=1 << 30)
+    s = Session(template, checkpoint_memory=1 << 30, spill_waits=True)
     try:
         run(s, "import numpy as np", 1)
         for n in range(2, 6):

@@ -13,6 +13,7 @@ import pytest
 
 from zeroboot_kernel import checkpoint_spill as spill
 from zeroboot_kernel import magics as mg
+from zeroboot_kernel.checkpoint_budget import BudgetSyntaxError
 from zeroboot_kernel.errors import SandboxError
 from zeroboot_kernel.native import snapshots_memory
 from zeroboot_kernel.session import Checkpoint, Session
@@ -26,7 +27,7 @@ CELL = ("rng = np.random.default_rng({n}); a = rng.random(6 * 1024 * 1024); "
 
 
 def test_spilled_checkpoints_rewind_exactly_and_are_listed(template) -> None:
-    s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30)
+    s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30, spill_waits=True)
     try:
         stderr: list[str] = []
         assert run(s, "import numpy as np, hashlib", 1, stderr)["status"] == "ok"
@@ -63,7 +64,7 @@ def test_spilled_checkpoints_rewind_exactly_and_are_listed(template) -> None:
 
 
 def test_a_corrupt_spill_fails_that_rewind_only(template) -> None:
-    s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30)
+    s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30, spill_waits=True)
     try:
         assert run(s, "import numpy as np, hashlib", 1)["status"] == "ok"
         for n in range(2, 8):
@@ -202,7 +203,8 @@ def test_spill_through_the_kernel_and_nothing_left_after_a_kill() -> None:
 
     from zeroboot_kernel.template import cache_root
 
-    with kernel("zeroboot", ZEROBOOT_CHECKPOINT_MEMORY="100M", ZEROBOOT_CHECKPOINT_DISK="1G") as (km, kc):
+    with kernel("zeroboot", ZEROBOOT_CHECKPOINT_MEMORY="100M", ZEROBOOT_CHECKPOINT_DISK="1G",
+                ZEROBOOT_CHECKPOINT_SPILL_BEHIND="wait") as (km, kc):
         folder = spill.spill_dir(cache_root())  # the tests' private cache (kernel_helpers)
         engine = engine_pid_of(km)
         assert execute(kc, "import numpy as np, hashlib")[0]["status"] == "ok"
@@ -282,7 +284,7 @@ def test_a_rewind_to_a_checkpoint_being_written_uses_its_memory(template) -> Non
     """The writer is held before its write (no timing involved): the checkpoint is "writing", the
     budget counts it as gone, its record cannot be read yet, and %rewind to it uses the memory copy
     exactly; the record's space is freed only once the write has ended."""
-    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30)
+    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30, spill_waits=True)
     try:
         cp = _one_writing(s)
         assert s.spill is not None and cp.spilled is not None and cp.snapshot is not None
@@ -307,7 +309,7 @@ def test_a_rewind_to_a_checkpoint_being_written_uses_its_memory(template) -> Non
 
 
 def test_a_checkpoint_whose_write_ends_is_released_and_rewinds_from_disk(template) -> None:
-    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30)
+    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30, spill_waits=True)
     try:
         cp = _one_writing(s)
         before = snapshots_held(s)
@@ -332,7 +334,7 @@ def snapshots_held(s: Session) -> int:
 def test_a_failed_write_drops_that_checkpoint(template) -> None:
     """A write that fails (the spill file's descriptor is read-only here) drops the checkpoint,
     says why, and frees its record's space."""
-    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30)
+    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30, spill_waits=True)
     assert s.spill is not None
     good_fd, s.spill.fd = s.spill.fd, os.open("/dev/null", os.O_RDONLY)
     try:
@@ -346,3 +348,62 @@ def test_a_failed_write_drops_that_checkpoint(template) -> None:
         os.close(s.spill.fd)
         s.spill.fd = good_fd
         s.close()
+
+
+def test_a_checkpoint_to_spill_while_the_writer_is_busy_is_dropped_as_a_gap(template) -> None:
+    """The default (ZEROBOOT_CHECKPOINT_SPILL_BEHIND=drop): with the writer held (busy), checkpoints
+    that must leave memory beyond what may be in flight are dropped instead of waiting, so the next
+    cells run while the writer is still held. Each leaves a gap: %rewind to it is refused, saying
+    why and how far %rewind still goes, the others keep their depth and rewind exactly, and the user
+    is told once."""
+    import threading
+
+    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30, spill_waits=False)
+    try:
+        notes: list[str] = []
+        cp = _one_writing(s)  # the writer is held with spills in flight
+        # a budget that pushes everything but the next cell's checkpoint out: beyond what may be in
+        # flight, the rest cannot be written now
+        s.set_budget(64 * MIB)
+        # cells go on, each pushing its predecessor's checkpoint out, while the writer stays held
+        # (were they to wait for it, they would never end: bounded by the join below)
+        done: list[dict] = []
+        worker = threading.Thread(target=lambda: done.extend(
+            run(s, CELL.format(n=n), n, notes) for n in (6, 7)), daemon=True)
+        worker.start()
+        worker.join(600)
+        assert not worker.is_alive() and [r["status"] for r in done] == ["ok", "ok"], "a cell waited for the writer"
+        gaps = [c for c in s.checkpoints if c.where() == "dropped"]
+        assert gaps and s.spill_gaps >= len(gaps) and cp.where() == "writing", [c.where() for c in s.checkpoints]
+        assert s.checkpoints[0].where() != "dropped"  # the oldest entries are never gaps
+        info = s.describe_budget()
+        assert info["gaps"] == len(gaps) and "dropped while the disk writer was busy" in info["where"], info
+        text = mg.format_checkpoints(s.describe_checkpoints(), s.mode, info)
+        assert all(any(f"[{g.number}]" in line and " dropped " in line for line in text.splitlines()) for g in gaps), text
+        told = [t for t in notes if "faster than their checkpoints could be written" in t]
+        assert len(told) == 1 and spill.BEHIND_ENV in told[0], notes
+        # %rewind to a gap is refused and changes nothing
+        gap = gaps[0]
+        depth_of = {c.number: len(s.checkpoints) - i for i, c in enumerate(s.checkpoints)}
+        with pytest.raises(SandboxError, match=rf"before cell \[{gap.number}\] was dropped.*can still go back"):
+            s.rewind(depth_of[gap.number])
+        assert run(s, "print(int(a.size))", 30)["stdout"].strip() == str(6 * 1024 * 1024)
+        # every other checkpoint keeps its depth: the one being written rewinds exactly
+        depth_of = {c.number: len(s.checkpoints) - i for i, c in enumerate(s.checkpoints)}
+        spill.WRITER.release()
+        s._reap_spills(wait=True)
+        assert cp.where() == "disk"
+        msg = s.rewind(depth_of[cp.number])
+        assert f"before cell [{cp.number}]" in msg and "from disk" in msg
+        _exact(s, cp)
+    finally:
+        spill.WRITER.release()
+        s.close()
+
+
+def test_spill_behind_setting_is_parsed() -> None:
+    assert spill.waits_from_env({}) is False
+    assert spill.waits_from_env({spill.BEHIND_ENV: "drop"}) is False
+    assert spill.waits_from_env({spill.BEHIND_ENV: " Wait "}) is True
+    with pytest.raises(BudgetSyntaxError, match="drop, wait"):
+        spill.waits_from_env({spill.BEHIND_ENV: "sometimes"})

@@ -46,8 +46,13 @@ class Checkpoint:
     taken: float
     spilled: spill.SpillRef | None = None
     writing: spill.PendingSpill | None = None  # being spilled: `snapshot` stays until the write is done
+    # why it is gone although newer and older ones are kept (a gap in %rewind's list, which keeps
+    # every other checkpoint's depth): "" while it can be rewound to
+    dropped: str = ""
 
     def where(self) -> str:
+        if self.dropped:
+            return "dropped"
         return "writing" if self.writing is not None else "memory" if self.snapshot is not None else "disk"
 
 
@@ -69,14 +74,17 @@ class Session:
                  timeout: float | None = None, interrupt_grace: float = 2.0,
                  project_dir: str | None = None, files: str = "overlay", hidden: tuple[str, ...] = (),
                  environ: dict[str, str] | None = None, project_root: str | None = None,
-                 checkpoint_memory: int | None = None, checkpoint_disk: int | None = None) -> None:
+                 checkpoint_memory: int | None = None, checkpoint_disk: int | None = None,
+                 spill_waits: bool | None = None) -> None:
         """project_dir: the notebook's folder (the cells' working directory); project_root: the
         folder shown in the sandbox, which contains it (default: found by project_root.py); hidden:
         paths relative to project_root the sandbox does not see (credentials, histories).
         environ: the variables the guest gets (default: this process's, by guest_environ.py).
         checkpoint_memory: the checkpoints' memory budget (None: checkpoint_budget's default);
         checkpoint_disk: the spill file's disk budget (None: ZEROBOOT_CHECKPOINT_DISK, else
-        checkpoint_spill's default; 0: checkpoints over the memory budget are dropped, not spilled).
+        checkpoint_spill's default; 0: checkpoints over the memory budget are dropped, not spilled);
+        spill_waits: a checkpoint that must leave memory while the spill writer is still busy waits
+        for it (True) or is dropped (False; None: ZEROBOOT_CHECKPOINT_SPILL_BEHIND, default drop).
         The spill file is created here, before the engine process's run-phase lockdown."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -138,6 +146,9 @@ class Session:
         self.budget_spilled = 0             # checkpoints spilled to disk for the budget, this session
         self.spill: spill.SpillFile | None = None
         self.spill_reason = ""              # why there is no spill file ("" when there is one)
+        self.spill_waits = spill.waits_from_env() if spill_waits is None else spill_waits
+        self.spill_gaps = 0                 # checkpoints dropped because the spill writer was behind
+        self._told_behind = False
         self._open_spill(checkpoint_disk)
         self._over = False                  # the last enforcement found the kept checkpoint alone over the budget
         self._predropped: list[int] = []    # checkpoints dropped just before the next one was taken (_checkpoint_now)
@@ -251,6 +262,7 @@ class Session:
         self._release_retired()  # left from a cell after which prepare_next_cell did not run
         while len(self.checkpoints) > self.keep:
             self._forget(self.checkpoints.popleft(), retire=True)
+        self._trim_gaps()
         if taken_ms is None:  # taken now: prepare_next_cell did not enforce the budget with it
             self.enforce_budget(protect=snap)
         return snap, taken_ms
@@ -430,6 +442,9 @@ class Session:
             raise SandboxError(f"only {len(self.checkpoints)} checkpoint(s) are kept{why}; cannot rewind {n} cells "
                                f"(`%sandbox checkpoints` lists them)")
         target = self.checkpoints[-n]
+        if target.dropped:
+            raise SandboxError(f"the checkpoint before cell [{target.number}] was dropped: {target.dropped}. "
+                               f"%rewind {self._reachable_text()} (`%sandbox checkpoints` lists them)")
         from_disk = target.snapshot is None
         t0 = time.perf_counter()
         snap = self._materialize(target)  # before anything changes: a corrupt spill leaves the state as it is
@@ -461,12 +476,21 @@ class Session:
             state, pages = self.spill.read(cp.spilled, self._memory_size())
             return self.clean.load_delta(state, pages)
         except (spill.SpillError, SandboxError) as exc:
-            if cp in self.checkpoints:
-                self.checkpoints.remove(cp)
-            self._forget(cp)
+            self._leave_gap(cp, f"its copy on disk could not be read back ({exc})")
+            self._trim_gaps()
             raise SandboxError(f"the checkpoint before cell [{cp.number}] was spilled to disk and cannot be read "
-                               f"back: {exc}. It was dropped; nothing changed in the sandbox, and %rewind can go back "
-                               f"{len(self.checkpoints)} cell(s) now (`%sandbox checkpoints` lists them)") from None
+                               f"back: {exc}. It was dropped; nothing changed in the sandbox, and %rewind "
+                               f"{self._reachable_text()} (`%sandbox checkpoints` lists them)") from None
+
+    def _reachable_text(self) -> str:
+        """How far %rewind can go, for messages: "can still go back 1 to 4 cells" or "... 1, 2 or 7 cells"."""
+        ns = self._reachable()
+        if not ns:
+            return "cannot go back to any checkpoint now"
+        if ns == list(range(1, len(ns) + 1)):
+            return f"can still go back 1 to {ns[-1]} cells" if len(ns) > 1 else "can still go back 1 cell"
+        shown = ", ".join(str(n) for n in ns[:-1][:11]) + (", ..." if len(ns) > 12 else "")
+        return f"can still go back {shown} or {ns[-1]} cells"
 
     def set_mode(self, mode: str) -> str:
         if mode not in MODES:
@@ -756,35 +780,61 @@ class Session:
             cp = next((c for c in self.checkpoints if c.snapshot is not None and c.writing is None), None)
             if cp is None or cp.snapshot is protect:
                 break
-            if not self._spill_out(cp, dropped):
+            outcome = self._spill_out(cp, dropped)
+            if outcome == "behind":
+                self._leave_gap(cp, "the disk writer was still busy with an earlier checkpoint (the cells came "
+                                    "faster than their checkpoints could be written)")
+                self.spill_gaps += 1
+                dropped.append(cp.number)
+            elif outcome == "no":
                 self.checkpoints.remove(cp)
                 self._forget(cp)
                 dropped.append(cp.number)
             held = self.checkpoint_memory()
+        self._trim_gaps()
         return dropped
 
-    def _spill_out(self, cp: Checkpoint, dropped: list[int]) -> bool:
+    def _leave_gap(self, cp: Checkpoint, why: str) -> None:
+        """Let go of a checkpoint but keep its place in the list, so that %rewind N still means the
+        same cell for every other checkpoint; %rewind to it is refused, saying `why`."""
+        self._forget(cp)
+        cp.dropped = why
+
+    def _trim_gaps(self) -> None:
+        """The oldest entries that are gaps lead to nothing: take them off the list."""
+        while self.checkpoints and self.checkpoints[0].dropped:
+            self.checkpoints.popleft()
+
+    def _reachable(self) -> list[int]:
+        """The N for which %rewind N works, smallest first."""
+        return [n for n, cp in zip(range(len(self.checkpoints), 0, -1), self.checkpoints) if not cp.dropped][::-1]
+
+    def _spill_out(self, cp: Checkpoint, dropped: list[int]) -> str:
         """Start moving a checkpoint's memory to the spill file (checkpoint_spill.py), making room
         there by dropping the oldest spilled checkpoints (their numbers go to `dropped`). The spill
         writer writes it while the session goes on; its snapshot is released when the write is done
         (_reap_spills). Writes in flight hold at most _writing_cap() bytes: one that would go over
-        waits here for those before it. False
-        when there is no spill file, it is larger than the whole disk budget, or it cannot start:
-        then it is dropped."""
+        waits here for those before it when spill_waits, else it is not written ("behind": the
+        caller drops it and leaves a gap, so the next cell never waits for the disk). "spilled" when
+        the write started; "no" when there is no spill file, it is larger than the whole disk
+        budget, or it cannot start: then it is dropped."""
         if self.spill is None or cp.snapshot is None or cp.writing is not None:
-            return False
+            return "no"
         self._reap_spills()
         job = None
         try:
             job = cp.snapshot.spill_job()
             raw = job.state_len + job.pages_len
             if self.writing_bytes() and self.writing_bytes() + raw > self._writing_cap():
+                if not self.spill_waits:
+                    job.free()
+                    return "behind"
                 self._reap_spills(wait=True)  # bounded: the writes in flight hold memory until they end
             if not self.spill.fits(raw) and raw + spill.HEAD.size + spill.MAC_BYTES > self.spill.limit:
                 self.spill_reason = (f"a checkpoint of {budget.mib(raw)} is larger than the whole disk budget "
                                      f"({budget.mib(self.spill.limit)}, {spill.ENV})")
                 job.free()
-                return False
+                return "no"
             while not self.spill.fits(raw) and self.checkpoints and self.checkpoints[0].snapshot is None:
                 old = self.checkpoints.popleft()
                 self._forget(old)
@@ -795,7 +845,7 @@ class Session:
                 job.free()
             log.warning("could not spill the checkpoint before cell [%d] to disk: %s", cp.number, exc)
             self.spill_reason = f"spilling failed: {exc}"
-            return False
+            return "no"
         cp.spilled = ref
         cp.writing = spill.PendingSpill(job, ref, self.spill.fd, self.spill.head(ref, job.state_len, job.pages_len),
                                         self.spill.key)
@@ -808,7 +858,7 @@ class Session:
                 f"(a file of this session, removed when it ends; disk budget {budget.mib(self.spill.limit)}, "
                 f"{spill.ENV}) and %rewind reads them back. `%sandbox checkpoints` shows where each is. "
                 f"(Told once per session.)\n")
-        return True
+        return "spilled"
 
     def _reap_spills(self, wait: bool = False) -> None:
         """Take the results of the spill writer (on the session's thread, which alone touches
@@ -887,6 +937,15 @@ class Session:
                 f"oldest ({len(dropped)}: before cell {cells}); %rewind can now go back {len(self.checkpoints)} "
                 f"cell(s). `%sandbox checkpoints` shows them; `%sandbox checkpoints budget SIZE` changes the "
                 f"budget. (Told once per session.)\n")
+        if notify and self.spill_gaps and not self._told_behind:
+            self._told_behind = True
+            gaps = [cp.number for cp in self.checkpoints if cp.dropped]
+            self._budget_notices.append(
+                f"[zeroboot] cells ran faster than their checkpoints could be written to disk: the checkpoint "
+                f"before cell [{gaps[-1] if gaps else dropped[-1]}] was dropped instead of making the next cell "
+                f"wait, so `%rewind` cannot return to it (it can to the others; `%sandbox checkpoints` shows the "
+                f"gaps). {spill.BEHIND_ENV}=wait keeps every checkpoint, and then cells wait for the disk. "
+                f"(Told once per session.)\n")
         if notify and over and not self._told_over:
             self._told_over = True
             self._budget_notices.append(
@@ -903,13 +962,18 @@ class Session:
         self._reap_spills()
         limit, held = self.budget_bytes(), self.checkpoint_memory()
         depth = len(self.checkpoints) if self.mode == "chained" else 0
-        on_disk = sum(1 for cp in self.checkpoints if cp.snapshot is None)
+        gaps = sum(1 for cp in self.checkpoints if cp.dropped)
+        on_disk = sum(1 for cp in self.checkpoints if cp.snapshot is None and not cp.dropped)
         source = "set" if self.memory_budget is not None else "default: the notebook's data, 256 MiB to 1/8 of host RAM"
         why = self.budget_reason or (f"ZEROBOOT_CHECKPOINTS={self.keep} caps the count" if depth >= self.keep
                                      else "every checkpoint taken is kept")
         disk = self.spill.describe() if self.spill is not None else {}
         writing = sum(1 for cp in self.checkpoints if cp.writing is not None)
-        where = (f"{depth - on_disk - writing} in memory, {on_disk} on disk{f', {writing} being written' if writing else ''} ({budget.mib(disk.get('disk_used_bytes', 0))} of a "
+        in_memory = depth - on_disk - writing - gaps
+        dropped_text = (f", {gaps} dropped while the disk writer was busy (%rewind {self._reachable_text()})"
+                        if gaps else "")
+        where = (f"{in_memory} in memory, {on_disk} on disk{f', {writing} being written' if writing else ''}{dropped_text} "
+                 f"({budget.mib(disk.get('disk_used_bytes', 0))} of a "
                  f"disk budget of {budget.mib(disk.get('disk_budget_bytes', 0))})" if self.spill is not None
                  else f"all in memory ({self.spill_reason or 'no spill file'})")
         summary = (f"checkpoint memory budget {budget.mib(limit)} ({source}); the checkpoints hold {budget.mib(held)}; "
@@ -917,7 +981,7 @@ class Session:
         return {"budget_bytes": limit, "budget_source": "set" if self.memory_budget is not None else "default",
                 "held_bytes": held, "over_budget": held > limit, "rewind_depth": depth,
                 "dropped_for_budget": self.budget_dropped, "why": why, "summary": summary,
-                "in_memory": depth - on_disk - writing, "on_disk": on_disk, "writing": writing,
+                "in_memory": in_memory, "on_disk": on_disk, "writing": writing, "gaps": gaps,
                 "writing_bytes": self.writing_bytes(), "spilled_for_budget": self.budget_spilled,
                 "disk_budget_bytes": disk.get("disk_budget_bytes", 0), "disk_used_bytes": disk.get("disk_used_bytes", 0),
                 "spill": "on" if self.spill is not None else (self.spill_reason or "off"), "where": where}
