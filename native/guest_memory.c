@@ -847,6 +847,16 @@ uint64_t zb_sandbox_window_logged_bytes(zb_sandbox *sb) {
     return pages * ZB_PAGE;
 }
 
+int64_t zb_sandbox_release_freed(zb_sandbox *sb, char *err) {
+    uint64_t n = sb->mem.stale_pages;
+    int rc = zb_mem_release_stale(&sb->mem);
+    if (rc < 0) {
+        zb_seterr(err, "cannot give back the guest's freed memory: %s", strerror(-rc));
+        return -1;
+    }
+    return (int64_t)(n - sb->mem.stale_pages);
+}
+
 int64_t zb_sandbox_release_template_copies(zb_sandbox *sb, char *err) {
     int64_t n = zb_mem_release_image_copies(&sb->mem);
     if (n < 0) zb_seterr(err, "cannot release the guest's unchanged pages: %s", strerror((int)-n));

@@ -402,6 +402,12 @@ uint64_t zb_sandbox_window_logged_bytes(zb_sandbox *sb);
  * afterwards; its next write to such a page copies it again (a host fault). Only between runs.
  * Returns the pages given back, or -1 with err. */
 int64_t zb_sandbox_release_template_copies(zb_sandbox *sb, char *err);
+/* Give back the memory sb's guest freed that is kept mapped for reuse (the next big allocation
+ * would otherwise fault in fresh pages): it reads as zeros either way, and snapshots record freed
+ * pages as zero pages, so nothing the guest or a checkpoint sees changes; the next allocation that
+ * would have reused it gets fresh host pages instead. Only between runs. Returns the pages given
+ * back, or -1 with err. */
+int64_t zb_sandbox_release_freed(zb_sandbox *sb, char *err);
 /* CFFI-END */
 
 #endif

@@ -355,6 +355,16 @@ class Guest:
             raise SandboxError(_text(err))
         return n
 
+    def release_freed(self) -> int:
+        """Give back the freed memory kept mapped for reuse (zb_sandbox_release_freed): nothing the
+        guest or a snapshot sees changes; its next big allocation gets fresh pages instead. Returns
+        the pages given back."""
+        err = _err()
+        n = int(lib.zb_sandbox_release_freed(self.handle, err))
+        if n < 0:
+            raise SandboxError(_text(err))
+        return n
+
     def window_logged_bytes(self) -> int:
         """Bytes of the unlogged window that are dirty-logged now because they held still
         (zb_sandbox_window_logged_bytes; docs/ARCHITECTURE.md section 4)."""
