@@ -407,3 +407,45 @@ def test_spill_behind_setting_is_parsed() -> None:
     assert spill.waits_from_env({spill.BEHIND_ENV: " Wait "}) is True
     with pytest.raises(BudgetSyntaxError, match="drop, wait"):
         spill.waits_from_env({spill.BEHIND_ENV: "sometimes"})
+
+
+def test_an_idle_engine_releases_a_checkpoint_once_its_spill_is_written(template) -> None:
+    """Between requests the engine server takes ended writes (Session.reap_spills), so an idle
+    session does not hold a written checkpoint's memory until its next request."""
+    import socket
+    import threading
+    import time
+
+    from zeroboot_kernel import engine_wire as wire
+    from zeroboot_kernel.engine_server import EngineServer
+
+    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30, spill_waits=True)
+    ours, theirs = socket.socketpair()
+    thread = None
+    try:
+        cp = _one_writing(s)  # the writer is held: cp's write is in flight
+        server = EngineServer(theirs, s)
+        server.idle_release_s = 0
+        thread = threading.Thread(target=lambda: _serve_quietly(server), daemon=True)
+        thread.start()
+        assert cp.where() == "writing" and s.spills_writing()
+        spill.WRITER.release()
+        deadline = time.monotonic() + 300  # polls for the write's end: no request is sent meanwhile
+        while cp.where() != "disk" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cp.where() == "disk" and cp.snapshot is None, cp.where()
+    finally:
+        spill.WRITER.release()
+        if thread is not None:
+            wire.send(ours, {"op": "shutdown", "id": 1})
+            thread.join(60)
+        ours.close()
+        theirs.close()
+        s.close()
+
+
+def _serve_quietly(server) -> None:
+    try:
+        server.serve()
+    except SystemExit:
+        pass

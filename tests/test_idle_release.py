@@ -178,6 +178,9 @@ class _IdleSession:
     def threads_may_run(self) -> bool:
         return self.threads
 
+    def spills_writing(self) -> bool:
+        return False
+
     def release_idle_memory(self) -> int:
         self.releases += 1
         return 1

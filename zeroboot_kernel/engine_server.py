@@ -44,6 +44,7 @@ MAX_DIFF_BYTES = 8 << 20  # of relative paths in one %sandbox diff reply
 # here: docs/ARCHITECTURE.md section 5), so not after every pause of a person working through a
 # notebook (the round trip is issue 20's): after half a minute, as a class's idle sessions are.
 IDLE_RELEASE_S = 30.0
+SPILL_POLL_S = 0.05  # between requests, while checkpoints are being spilled: how often to look for ended writes
 IDLE_RELEASE_ENV = "ZEROBOOT_IDLE_RELEASE"  # seconds instead of IDLE_RELEASE_S; 0: never (for measurements)
 
 
@@ -381,6 +382,12 @@ class EngineServer:
             try:
                 if not self.pending and self.session.threads_may_run():
                     self.between_requests()
+                elif not self.pending and self.session.spills_writing():
+                    # a spilled checkpoint's memory goes once its write has ended: take that between
+                    # requests too, or an idle session would hold it until its next request
+                    if not select.select([self.sock], [], [], SPILL_POLL_S)[0]:
+                        self.session.reap_spills()
+                        continue
                 elif self.idle_release_due and self.idle_release_s and not self.pending \
                         and not select.select([self.sock], [], [], self.idle_release_s)[0]:
                     self.release_idle_memory()

@@ -894,6 +894,15 @@ class Session:
                 if self.spill is not None:
                     self.spill.free(p.ref)
 
+    def spills_writing(self) -> bool:
+        """Spills in flight whose end would release memory (Session.reap_spills)."""
+        return bool(self._orphans) or any(cp.writing is not None for cp in self.checkpoints)
+
+    def reap_spills(self) -> None:
+        """Between requests (the engine server, while spills_writing()): release the memory of the
+        checkpoints whose write has ended."""
+        self._reap_spills()
+
     def _writing_cap(self) -> int:
         """At most this many bytes of checkpoints are being written at once (beyond one checkpoint):
         half the budget, at least 64 MiB. They are held in memory until their write ends, so while
