@@ -951,13 +951,13 @@ class Session:
                 f"budget. (Told once per session.)\n")
         if notify and self.spill_gaps and not self._told_behind:
             self._told_behind = True
-            gaps = [cp.number for cp in self.checkpoints if cp.dropped]
+            gaps = [cp.number for cp in self.checkpoints if cp.dropped]  # (none left: all at the old end)
+            which = f"the checkpoint before cell [{gaps[-1]}]" if gaps else "an older checkpoint"
             self._budget_notices.append(
-                f"[zeroboot] cells ran faster than their checkpoints could be written to disk: the checkpoint "
-                f"before cell [{gaps[-1] if gaps else dropped[-1]}] was dropped instead of making the next cell "
-                f"wait, so `%rewind` cannot return to it (it can to the others; `%sandbox checkpoints` shows the "
-                f"gaps). {spill.BEHIND_ENV}=wait keeps every checkpoint, and then cells wait for the disk. "
-                f"(Told once per session.)\n")
+                f"[zeroboot] cells ran faster than their checkpoints could be written to disk: {which} was "
+                f"dropped instead of making the next cell wait, so `%rewind` cannot return to it (it can to the "
+                f"others; `%sandbox checkpoints` shows the gaps). {spill.BEHIND_ENV}=wait keeps every checkpoint, "
+                f"and then cells wait for the disk. (Told once per session.)\n")
         if notify and over and not self._told_over:
             self._told_over = True
             self._budget_notices.append(
