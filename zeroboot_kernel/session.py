@@ -143,6 +143,10 @@ class Session:
         self.budget_reason = ""             # why %rewind cannot go deeper now ("" when the budget did not limit it)
         self._budget_notices: list[str] = []  # for the user (budget, a crash between cells), printed (stderr) at the start of the next cell
         self._told_drop = self._told_over = self._told_spill = False
+        # the cell running has no checkpoint of its own (_without_checkpoint): what a crash rolls
+        # back to instead, and how to say it; None while cells have their own
+        self._fallback: tuple[Snapshot, str] | None = None
+        self._told_without = ""  # why cells run without one, as last said (said once per reason)
         self.budget_spilled = 0             # checkpoints spilled to disk for the budget, this session
         self.spill: spill.SpillFile | None = None
         self.spill_reason = ""              # why there is no spill file ("" when there is one)
@@ -251,12 +255,14 @@ class Session:
                 self.restored = True
             self.reset_done = False
             return self.clean, taken_ms
+        self._fallback = None
         try:
             snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
         except SandboxError as exc:
             if self.sandbox.guest.process_count() <= 1 and not self.sandbox.guest.listening_sockets():
                 raise
             return self._without_checkpoint(exc), 0.0
+        self._told_without = ""
         self.ready = None
         self.checkpoints.append(Checkpoint(execution_count, code, snap, time.time()))
         self._release_retired()  # left from a cell after which prepare_next_cell did not run
@@ -271,14 +277,20 @@ class Session:
         """Child processes are alive (a Popen kept from an earlier cell) or a socket listens, and
         snapshots of a process tree or a listening socket are not supported yet: the cell runs
         without a checkpoint of its own, and a crash or timeout rolls back to the last checkpoint
-        there is (which ends the children and closes the socket)."""
+        there is (which ends the children and closes the socket). Said once for as long as the
+        same reason holds (the same processes, the same socket), not in every cell; a crash's
+        message says where it went back to (_rollback)."""
         last = next((cp for cp in reversed(self.checkpoints) if cp.snapshot is not None), None)
         if last is not None and last.snapshot is not None:
             target, where = last.snapshot, f"the state before cell [{last.number}]"
         else:
             target, where = self.clean, "the clean sandbox"
-        self._budget_notices.append(f"zeroboot: this cell has no checkpoint of its own ({exc}); a crash or timeout "
-                                    f"rolls back to {where}. {_ENDING_HELPERS}\n")
+        self._fallback = (target, where)
+        if str(exc) != self._told_without:
+            self._told_without = str(exc)
+            self._budget_notices.append(f"zeroboot: this cell has no checkpoint of its own ({exc}); a crash or timeout "
+                                        f"rolls back to {where}, and so do those of the next cells while this "
+                                        f"lasts (not said again). {_ENDING_HELPERS}\n")
         return target
 
     def prepare_next_cell(self) -> None:
@@ -425,8 +437,16 @@ class Session:
         self.restored = True
         if self.mode == "chained" and self.checkpoints and self.checkpoints[-1].snapshot is checkpoint:
             self._forget(self.checkpoints.pop())  # the cell is undone: nothing to rewind to
-        what = ("The sandbox was rolled back to its state before this cell; variables from earlier cells are intact."
-                if self.mode == "chained" else "The next cell starts from a clean sandbox as usual.")
+        if self._fallback is not None and self._fallback[0] is checkpoint:
+            # the cell had no checkpoint of its own (child processes, a listening socket): further back
+            what = (f"This cell had no checkpoint of its own (processes or a listening socket were kept from an "
+                    f"earlier cell), so the sandbox was rolled back to {self._fallback[1]}: what the cells since "
+                    f"then did is undone, and those processes ended.")
+        elif self.mode == "chained":
+            what = "The sandbox was rolled back to its state before this cell; variables from earlier cells are intact."
+        else:
+            what = "The next cell starts from a clean sandbox as usual."
+        self._fallback = None
         evalue = f"{exc} {what}"
         content = {"ename": ename, "evalue": evalue, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]}
         if on_message:
