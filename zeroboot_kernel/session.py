@@ -243,7 +243,8 @@ class Session:
         try:
             snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
         except SandboxError as exc:
-            if self.sandbox.guest.process_count() <= 1 and not self.sandbox.guest.listening_sockets():
+            guest = self.sandbox.guest
+            if guest.process_count() <= 1 and not guest.listening_sockets() and not guest.fds_in_flight():
                 raise
             return self._without_checkpoint(exc), 0.0
         self.ready = None
