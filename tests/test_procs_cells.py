@@ -332,6 +332,21 @@ def test_fd_passing_multiprocessing_as_on_the_host(s: Session, code: str) -> Non
     assert Guest.child_processes_alive() == base
 
 
+def test_fds_in_flight_between_cells(s: Session) -> None:
+    """An fd sent over a socketpair and not received: a snapshot cannot hold it, so the cells
+    after it have no checkpoint of their own (said in the cell, with why) until it is received."""
+    ok(cell(s, "import os, socket\na, b = socket.socketpair()\nr, w = os.pipe()\n"
+               "print(socket.send_fds(a, [b'x'], [w]))", 1))
+    assert s.sandbox.guest.fds_in_flight() == 1
+    out = ok(cell(s, "print('next')", 2))
+    assert out.endswith("next\n") and "no checkpoint of its own" in out and "in flight" in out, out
+    out = ok(cell(s, "msg, fds, flags, addr = socket.recv_fds(b, 10, 4)\nos.write(fds[0], b'via')\n"
+                     "print(msg, len(fds), os.read(r, 10))", 3))
+    assert out.endswith("b'x' 1 b'via'\n"), out
+    assert s.sandbox.guest.fds_in_flight() == 0
+    assert ok(cell(s, "print('alone')", 4)) == "alone\n"
+
+
 def test_a_forkserver_kept_across_cells(s: Session) -> None:
     """set_start_method('forkserver'): its server lives on after the cell, as on the host, so the
     cells after it have no checkpoint of their own (said in the cell) until it is stopped."""

@@ -61,7 +61,9 @@ GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME, "/dev/shm")
 _ENDING_HELPERS = ("Processes kept between cells are most often a multiprocessing pool (pool.close(); "
                    "pool.join()), an executor (ex.shutdown()), joblib's reusable loky workers "
                    "(joblib.externals.loky.get_reusable_executor().shutdown(wait=True)), a Manager "
-                   "(manager.shutdown()) or a Popen (p.wait()); a socket kept listening, a Listener (listener.close())")
+                   "(manager.shutdown()), the forkserver (multiprocessing.forkserver._forkserver._stop()) "
+                   "or a Popen (p.wait()); a socket kept listening, a Listener (listener.close()); fds sent "
+                   "over a socket and not received yet (receive them or close the socket)")
 
 
 class Session:
