@@ -334,12 +334,15 @@ def test_fd_passing_multiprocessing_as_on_the_host(s: Session, code: str) -> Non
 
 def test_fds_in_flight_between_cells(s: Session) -> None:
     """An fd sent over a socketpair and not received: a snapshot cannot hold it, so the cells
-    after it have no checkpoint of their own (said in the cell, with why) until it is received."""
+    after it have no checkpoint of their own (said in the cell, with why) and the session cannot
+    be saved, until it is received."""
     ok(cell(s, "import os, socket\na, b = socket.socketpair()\nr, w = os.pipe()\n"
                "print(socket.send_fds(a, [b'x'], [w]))", 1))
     assert s.sandbox.guest.fds_in_flight() == 1
     out = ok(cell(s, "print('next')", 2))
     assert out.endswith("next\n") and "no checkpoint of its own" in out and "in flight" in out, out
+    with pytest.raises(SandboxError, match="1 file descriptor in flight"):  # nor a save of the session
+        session_save.capture(s, bytes(32), "in_flight.ipynb")
     out = ok(cell(s, "msg, fds, flags, addr = socket.recv_fds(b, 10, 4)\nos.write(fds[0], b'via')\n"
                      "print(msg, len(fds), os.read(r, 10))", 3))
     assert out.endswith("b'x' 1 b'via'\n"), out
