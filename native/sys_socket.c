@@ -112,6 +112,7 @@ static long transfer(zb_sandbox *sb, zb_file *f, const struct iovec *iov, uint64
                      zb_scm **scm) {
     long total = 0;
     zb_scm *seen = NULL;
+    sb->read_took_files = 0;
     for (uint64_t i = 0; i < cnt; i++) {
         size_t len = iov[i].iov_len;
         if (!len) continue;
@@ -121,7 +122,7 @@ static long transfer(zb_sandbox *sb, zb_file *f, const struct iovec *iov, uint64
                  : peeking ? peek(f, p, len, (size_t)total, &seen) : zb_usock_read(sb, f, p, len, scm);
         if (r < 0) return total ? total : r;
         total += r;
-        if ((size_t)r < len || seen || (scm && *scm)) break;
+        if ((size_t)r < len || seen || sb->read_took_files) break;
     }
     if (scm && peeking) *scm = seen;
     return total;
