@@ -389,7 +389,16 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
                   listeners > 1 ? "s" : "", listeners > 1 ? "them" : "it");
         return NULL;
     }
+    int in_flight = zb_sandbox_fds_in_flight(sb);
+    if (in_flight) {
+        zb_seterr(err, "cannot snapshot a sandbox with %d file descriptor%s in flight on its AF_UNIX sockets (sent with "
+                       "SCM_RIGHTS, not received yet): snapshots of passed fds are not supported; receive them "
+                       "(recvmsg) or close the sockets first", in_flight, in_flight > 1 ? "s" : "");
+        return NULL;
+    }
     return zb_snapshot_take(sb, err);
 }
 
 int zb_sandbox_listening_sockets(zb_sandbox *sb) { return zb_usock_listeners(sb); }
+
+int zb_sandbox_fds_in_flight(zb_sandbox *sb) { return sb->fs ? sb->fs->scm_inflight : 0; }

@@ -8,15 +8,26 @@
 
 #include <poll.h>
 
-static long socket_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t off) {
-    (void)sb;
-    if (off >= 0) return -ESPIPE;
+long zb_usock_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, zb_scm **taken) {
     if (!zb_usock_connected(f)) return -EINVAL;
     if (f->rx && f->rx->reset && !f->rx->len) { /* its server end closed before accepting it */
         f->rx->reset = 0;
         return -ECONNRESET;
     }
-    return f->rx ? zb_stream_read(f->rx, p, n) : 0;
+    if (!f->rx) return 0;
+    zb_scm *r = NULL;
+    long got = zb_stream_read_scm(f->rx, p, n, &r);
+    if (r) {
+        sb->read_took_files = 1; /* a readv stops here, as Linux's stream read does */
+        if (taken) *taken = r;
+        else zb_scm_drop(r); /* a read with no control buffer: the files are closed */
+    }
+    return got;
+}
+
+static long socket_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t off) {
+    if (off >= 0) return -ESPIPE;
+    return zb_usock_read(sb, f, p, n, NULL);
 }
 
 static long socket_write(zb_sandbox *sb, zb_file *f, const uint8_t *p, size_t n, int64_t off) {

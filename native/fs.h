@@ -121,6 +121,7 @@ typedef struct zb_inode_chunk {
     zb_inode in[ZB_INODE_CHUNK];
 } zb_inode_chunk;
 
+struct zb_scm;
 struct zb_fs {
     zb_mnode *root;          /* shared by clones: see trie_refs */
     atomic_int *trie_refs;
@@ -129,6 +130,11 @@ struct zb_fs {
     size_t ninodes;          /* inode numbers in use are below this (0 is never used) */
     size_t free_hint;        /* no free inode below this number (so a new inode is found in O(1)) */
     uint64_t bytes_used, bytes_limit;
+    /* Files in flight on the AF_UNIX streams of the processes using this file system (its
+     * family): every zb_scm, and the references they hold (ZB_SCM_INFLIGHT_MAX). A clone has
+     * none (a snapshot refuses them); freeing the file system frees them (file_stream.c). */
+    struct zb_scm *scm_all;
+    int scm_inflight;
 };
 
 /* Where a resolved path lives. */
@@ -376,10 +382,31 @@ typedef struct zb_tty {
     int32_t pgrp, sid;       /* foreground process group and controlling session (0: none) */
 } zb_tty;
 
+/* Files passed with SCM_RIGHTS (sys_socket.c), in flight on a socket's stream: attached to the
+ * bytes [pos, end) of the message they came with (positions count every byte the stream ever
+ * carried, zb_pipe.consumed). A read never goes past `end` once it reached `pos` (Linux's skb
+ * boundary) and takes them: recvmsg installs them as fds, any other read closes them. Each holds
+ * one reference to each file. They are on their stream's list (oldest first) and on their file
+ * system's (fs->scm_all); a stream nobody reads any more, or that ends, drops its own. */
+#define ZB_SCM_MAX_FD 253          /* files per message: Linux's SCM_MAX_FD (EINVAL past it) */
+#define ZB_SCM_INFLIGHT_MAX 1024   /* references in flight per file system (a family): ETOOMANYREFS
+                                      past it (Linux: the sender's RLIMIT_NOFILE, per user) */
+typedef struct zb_scm {
+    struct zb_scm *next, *prev;    /* on its stream */
+    struct zb_scm *all_next, *all_prev; /* on fs->scm_all */
+    struct zb_pipe *pipe;
+    zb_fs *fs;
+    uint64_t pos, end;
+    int n;
+    struct zb_file *files[];
+} zb_scm;
+
 typedef struct zb_pipe {
     atomic_int refs;
     zb_bytes *buf;
     size_t start, len;
+    uint64_t consumed;       /* bytes ever read from it: the position of buf->data[start] */
+    zb_scm *scm_head, *scm_tail; /* files in flight on it (sockets; never copied by a clone) */
     int readers, writers;    /* open file descriptions reading / writing it */
     zb_tty *tty;             /* a pty's input stream: the pty's state (owned; NULL for others) */
     int reset;               /* a socket's incoming stream whose server end was closed before its
@@ -569,9 +596,28 @@ static inline const uint8_t *zb_pipe_bytes(const zb_pipe *p) { return p->buf ? p
 /* Attach a stream to f as its rx or tx (counting f as a reader or writer); takes a reference. */
 void zb_file_attach_rx(zb_file *f, zb_pipe *p);
 void zb_file_attach_tx(zb_file *f, zb_pipe *p);
-/* Detach them again (shutdown, close). */
+/* Detach them again (shutdown, close). The last reader of a stream going drops the files in
+ * flight on it (nobody can receive them): Linux purges a closed socket's queue. */
 void zb_file_detach_rx(zb_file *f);
 void zb_file_detach_tx(zb_file *f);
+/* SCM_RIGHTS (file_stream.c). A record for n files (1..ZB_SCM_MAX_FD; NULL: out of memory),
+ * made before anything is sent; the caller fills r->files (a reference each) and links it to pp
+ * at the bytes [pos, end) it sent, or frees it (free()) with none taken. */
+zb_scm *zb_scm_new(int n);
+void zb_scm_link(zb_fs *fs, zb_pipe *pp, zb_scm *r, uint64_t pos, uint64_t end);
+/* Take a record off its stream and file system (a read reached it): the caller owns it. */
+void zb_scm_unlink(zb_scm *r);
+/* Drop a record taken off its lists: its references closed, iteratively (a file it closes can end
+ * a stream whose records go the same way, never by recursion). */
+void zb_scm_drop(zb_scm *r);
+/* The file system ends (its family's end, a restore): every file in flight on it goes. */
+void zb_scm_free_all(zb_fs *fs);
+/* Read from a stream that may carry files: as zb_stream_read, but stopping at the end of the
+ * first record it reaches; that record is taken into *taken (its caller's), or dropped when taken
+ * is NULL. peek: copy from `skip` on without consuming; *taken is then the record seen (still on
+ * the stream, not the caller's). */
+long zb_stream_read_scm(zb_pipe *pp, uint8_t *p, size_t n, zb_scm **taken);
+long zb_stream_peek_scm(const zb_pipe *pp, uint8_t *p, size_t n, size_t skip, zb_scm **seen);
 /* file_epoll.c */
 void zb_epoll_free(zb_epoll *e);
 zb_epoll *zb_epoll_copy(const zb_epoll *e);
@@ -627,6 +673,9 @@ static inline int zb_usock_listening(const struct zb_file *f) {
 long zb_fs_mksock(zb_sandbox *sb, const char *path, uint64_t bind_id);
 /* sys_socket.c: the listening AF_UNIX sockets of sb's fd table (a snapshot cannot hold them yet). */
 int zb_usock_listeners(const zb_sandbox *sb);
+/* file_socket.c: read from a connected socket, stopping at a record of passed files as
+ * zb_stream_read_scm does (taken NULL: the files are closed, as a plain read does in Linux). */
+long zb_usock_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, zb_scm **taken);
 
 /* sys_files.c: install two new files at the lowest free fds and write the pair to the guest's
  * int[2] at fds_addr (validated by the caller); takes both references, also on failure. */

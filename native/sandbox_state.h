@@ -86,6 +86,8 @@ struct zb_sandbox {
     size_t log_len;
     uint64_t logged_unknown[8]; /* bitmap of syscall numbers already logged as unimplemented */
     int logged_no_network;   /* socket() refusals so far (the first one is logged) */
+    int read_took_files;     /* a read of the syscall under way reached files passed over a socket
+                                (SCM_RIGHTS): readv reads no further buffer (vector_io resets it) */
 };
 
 /* Phase stamps of the syscall profile: nothing but a branch when profiling is off. */

@@ -196,6 +196,7 @@ static long vector_io(zb_sandbox *sb, const uint64_t a[6], int is_write, int64_t
     struct iovec iov[1024];
     if (cnt && zb_copy_from_guest(sb, iov, a[1], cnt * sizeof(struct iovec)) < 0) return -EFAULT;
     long total = 0;
+    sb->read_took_files = 0;
     for (uint64_t i = 0; i < cnt; i++) {
         uint64_t base = (uint64_t)(uintptr_t)iov[i].iov_base, len = iov[i].iov_len;
         if (!len) continue;
@@ -207,7 +208,7 @@ static long vector_io(zb_sandbox *sb, const uint64_t a[6], int is_write, int64_t
         if (r == ZB_SYSCALL_STOP && total) { sb->has_stop = 0; return total; } /* partial, not blocked */
         if (r < 0) return total ? total : r;
         total += r;
-        if ((uint64_t)r < len) break;
+        if ((uint64_t)r < len || sb->read_took_files) break; /* (files passed over a socket end a read) */
         if (sb->has_stop && sb->stop_ev.kind != ZB_EVENT_OUTPUT) break;
     }
     return total;

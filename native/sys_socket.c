@@ -9,8 +9,13 @@
  * is EACCES) or an abstract name (a leading NUL, per sandbox). connect finds the listener by
  * looking through the fd tables of the sandbox's processes, so no table of names can go stale;
  * it never reaches a host socket. Other socket types and domains fail with EACCES (logged once,
- * so the notebook's log says why); fds passed with SCM_RIGHTS are not supported. The socket file
- * kind itself (reading, writing, readiness, its state) is file_socket.c.
+ * so the notebook's log says why). sendmsg passes fds with SCM_RIGHTS as Linux does (what
+ * multiprocessing's forkserver needs): the open file descriptions ride on the bytes of their
+ * message (zb_scm, file_stream.c), a read stops at the end of those bytes, recvmsg installs them
+ * in the receiver and any other read closes them; ZB_SCM_INFLIGHT_MAX bounds the references in
+ * flight per family, which has no garbage collector: a cycle (a socket in flight on itself) lives
+ * until the family's file system ends. SCM_CREDENTIALS is not supported (EOPNOTSUPP). The socket
+ * file kind itself (reading, writing, readiness, its state) is file_socket.c.
  */
 #include "util.h"
 #include "memory.h"
@@ -91,29 +96,35 @@ static long check_recv_flags(uint64_t flags) {
     return flags & ~(uint64_t)(MSG_DONTWAIT | MSG_PEEK | MSG_WAITALL | MSG_CMSG_CLOEXEC | MSG_TRUNC) ? -EOPNOTSUPP : 0;
 }
 
-/* MSG_PEEK: copy queued bytes from `skip` on, leaving them queued. */
-static long peek(zb_file *f, uint8_t *p, size_t n, size_t skip) {
+/* MSG_PEEK: copy queued bytes from `skip` on, leaving them queued; up to the end of the files in
+ * flight it reaches (*seen), as a read would stop. */
+static long peek(zb_file *f, uint8_t *p, size_t n, size_t skip, zb_scm **seen) {
     const zb_pipe *pp = f->rx;
     if (!zb_usock_connected(f)) return -EINVAL;
     if (!pp || skip >= pp->len) return !pp || !pp->writers || skip ? 0 : -EAGAIN;
-    n = ZB_MIN(n, pp->len - skip);
-    memcpy(p, zb_pipe_bytes(pp) + skip, n);
-    return (long)n;
+    return zb_stream_peek_scm(pp, p, n, skip, seen);
 }
 
-/* Move bytes between the guest's iovecs and the socket, stopping at the first short transfer. */
-static long transfer(zb_sandbox *sb, zb_file *f, const struct iovec *iov, uint64_t cnt, int is_send, int peeking) {
+/* Move bytes between the guest's iovecs and the socket, stopping at the first short transfer, and
+ * (receiving) at the end of files in flight it reaches: *scm is then their record (taken off the
+ * stream, or only seen when peeking; NULL scm: a taken one is dropped). */
+static long transfer(zb_sandbox *sb, zb_file *f, const struct iovec *iov, uint64_t cnt, int is_send, int peeking,
+                     zb_scm **scm) {
     long total = 0;
+    zb_scm *seen = NULL;
+    sb->read_took_files = 0;
     for (uint64_t i = 0; i < cnt; i++) {
         size_t len = iov[i].iov_len;
         if (!len) continue;
         uint8_t *p = zb_guest_ptr(sb, (uint64_t)(uintptr_t)iov[i].iov_base, len, !is_send);
         if (!p) return total ? total : -EFAULT;
-        long r = is_send ? f->ops->write(sb, f, p, len, -1) : peeking ? peek(f, p, len, (size_t)total) : f->ops->read(sb, f, p, len, -1);
+        long r = is_send ? f->ops->write(sb, f, p, len, -1)
+                 : peeking ? peek(f, p, len, (size_t)total, &seen) : zb_usock_read(sb, f, p, len, scm);
         if (r < 0) return total ? total : r;
         total += r;
-        if ((size_t)r < len) break;
+        if ((size_t)r < len || seen || sb->read_took_files) break;
     }
+    if (scm && peeking) *scm = seen;
     return total;
 }
 
@@ -124,7 +135,7 @@ static long sys_sendto(zb_sandbox *sb, const uint64_t a[6]) {
     if ((err = check_send_flags(a[3]))) return err;
     if (a[4] && a[5]) return zb_usock_connected(f) ? -EISCONN : -EOPNOTSUPP;
     struct iovec iov = {(void *)(uintptr_t)a[1], (size_t)a[2]};
-    return zb_io_would_block(sb, f, transfer(sb, f, &iov, 1, 1, 0), 1, (a[3] & MSG_DONTWAIT) != 0, (a[3] & MSG_NOSIGNAL) != 0);
+    return zb_io_would_block(sb, f, transfer(sb, f, &iov, 1, 1, 0, NULL), 1, (a[3] & MSG_DONTWAIT) != 0, (a[3] & MSG_NOSIGNAL) != 0);
 }
 
 static long sys_recvfrom(zb_sandbox *sb, const uint64_t a[6]) {
@@ -133,7 +144,7 @@ static long sys_recvfrom(zb_sandbox *sb, const uint64_t a[6]) {
     if (!f) return err;
     if ((err = check_recv_flags(a[3]))) return err;
     struct iovec iov = {(void *)(uintptr_t)a[1], (size_t)a[2]};
-    long r = zb_io_would_block(sb, f, transfer(sb, f, &iov, 1, 0, (a[3] & MSG_PEEK) != 0), 0, (a[3] & MSG_DONTWAIT) != 0, 0);
+    long r = zb_io_would_block(sb, f, transfer(sb, f, &iov, 1, 0, (a[3] & MSG_PEEK) != 0, NULL), 0, (a[3] & MSG_DONTWAIT) != 0, 0);
     if (r >= 0 && a[4] && a[5]) { /* a connected stream socket reports no source address */
         socklen_t zero = 0;
         if (zb_copy_to_guest(sb, a[5], &zero, sizeof zero) < 0) return -EFAULT;
@@ -141,7 +152,76 @@ static long sys_recvfrom(zb_sandbox *sb, const uint64_t a[6]) {
     return r;
 }
 
-/* sendmsg/recvmsg: the iovecs of a struct msghdr; no ancillary data (no fd passing). */
+/* The control data sendmsg takes: Linux's optmem_max (131072 by default since 6.9; 20480 before),
+ * past which its copy fails with ENOBUFS. Only the headers and the fds are copied from it. */
+#define SCM_CONTROL_MAX 131072u
+
+/* sendmsg's ancillary data, read as Linux's __scm_send does: each header within msg_controllen
+ * (EINVAL), other levels ignored, SCM_RIGHTS the only type (EINVAL for others; SCM_CREDENTIALS is
+ * not supported: EOPNOTSUPP, logged), at most ZB_SCM_MAX_FD fds in all (EINVAL), each open here
+ * (EBADF). files gets the open file descriptions (no reference taken). */
+static long scm_parse(zb_sandbox *sb, const struct msghdr *m, zb_file **files, int *nfiles) {
+    uint64_t ctl = (uint64_t)(uintptr_t)m->msg_control, len = m->msg_controllen;
+    *nfiles = 0;
+    if (!len) return 0;
+    if (len > SCM_CONTROL_MAX) return -ENOBUFS;
+    if (!zb_guest_ptr(sb, ctl, len, 0)) return -EFAULT; /* Linux copies it all first */
+    for (uint64_t off = 0; len - off >= sizeof(struct cmsghdr);) {
+        struct cmsghdr h;
+        if (zb_copy_from_guest(sb, &h, ctl + off, sizeof h) < 0) return -EFAULT;
+        if (h.cmsg_len < sizeof h || h.cmsg_len > len - off) return -EINVAL;
+        if (h.cmsg_level == SOL_SOCKET) {
+            if (h.cmsg_type == SCM_CREDENTIALS) {
+                zb_log(sb, "sendmsg with SCM_CREDENTIALS is not supported (EOPNOTSUPP): only SCM_RIGHTS");
+                return -EOPNOTSUPP;
+            }
+            if (h.cmsg_type != SCM_RIGHTS) return -EINVAL;
+            uint64_t num = (h.cmsg_len - sizeof h) / sizeof(int);
+            if (num > ZB_SCM_MAX_FD || (uint64_t)*nfiles + num > ZB_SCM_MAX_FD) return -EINVAL;
+            int fds[ZB_SCM_MAX_FD];
+            if (num && zb_copy_from_guest(sb, fds, ctl + off + sizeof h, num * sizeof(int)) < 0) return -EFAULT;
+            for (uint64_t i = 0; i < num; i++) {
+                zb_file *g = fds[i] < 0 ? NULL : zb_fd_get(sb, (uint64_t)fds[i]);
+                if (!g) return -EBADF;
+                files[(*nfiles)++] = g;
+            }
+        }
+        uint64_t step = CMSG_ALIGN(h.cmsg_len);
+        if (step > len - off) break;
+        off += step;
+    }
+    return 0;
+}
+
+/* Install the files of a record the read reached as the receiver's fds and write their cmsghdr
+ * to its control buffer, as Linux's scm_detach_fds does: as many as the buffer holds, the lowest
+ * free fds (EMFILE ends it), MSG_CTRUNC when any did not fit (the record's references to them are
+ * closed with it). A buffer the guest cannot write gets none (Linux: EFAULT on the first fd). */
+static int scm_deliver(zb_sandbox *sb, uint64_t ctl, uint64_t ctllen, const zb_scm *r, int cloexec, uint64_t *used) {
+    uint64_t fdmax = ctllen <= sizeof(struct cmsghdr) ? 0 : (ctllen - sizeof(struct cmsghdr)) / sizeof(int);
+    int want = (int)ZB_MIN(fdmax, (uint64_t)r->n), i = 0;
+    int fds[ZB_SCM_MAX_FD];
+    *used = 0;
+    if (want > 0 && zb_guest_ptr(sb, ctl, CMSG_LEN((size_t)want * sizeof(int)), 1)) {
+        for (; i < want; i++) {
+            r->files[i]->refs++; /* the new fd's */
+            int fd = zb_fd_install(sb, r->files[i], 0, cloexec);
+            if (fd < 0) break; /* the table is full: that reference went again */
+            fds[i] = fd;
+        }
+    }
+    if (i > 0) {
+        struct cmsghdr h = {.cmsg_len = CMSG_LEN((size_t)i * sizeof(int)), .cmsg_level = SOL_SOCKET, .cmsg_type = SCM_RIGHTS};
+        /* validated above */
+        (void)zb_copy_to_guest(sb, ctl, &h, sizeof h);
+        (void)zb_copy_to_guest(sb, ctl + sizeof h, fds, (size_t)i * sizeof(int));
+        *used = ZB_MIN((uint64_t)CMSG_SPACE((size_t)i * sizeof(int)), ctllen);
+    }
+    return i < r->n ? MSG_CTRUNC : 0;
+}
+
+/* sendmsg/recvmsg: the iovecs of a struct msghdr and its ancillary data (fds passed with
+ * SCM_RIGHTS, attached to the bytes they are sent with). */
 static long msg_io(zb_sandbox *sb, const uint64_t a[6], int is_send) {
     long err;
     zb_file *f = socket_file(sb, a[0], &err);
@@ -150,21 +230,47 @@ static long msg_io(zb_sandbox *sb, const uint64_t a[6], int is_send) {
     struct msghdr m;
     if (zb_copy_from_guest(sb, &m, a[1], sizeof m) < 0) return -EFAULT;
     if (m.msg_iovlen > MAX_IOV) return -EMSGSIZE;
+    zb_file *files[ZB_SCM_MAX_FD];
+    int nfiles = 0;
+    if (is_send && (err = scm_parse(sb, &m, files, &nfiles)) < 0) return err;
     if (is_send && m.msg_name) return -EISCONN;
-    if (is_send && m.msg_controllen) {
-        zb_log(sb, "sendmsg with ancillary data (e.g. passing fds) is not supported");
-        return -EOPNOTSUPP;
+    if (nfiles && sb->fs->scm_inflight + nfiles > ZB_SCM_INFLIGHT_MAX) {
+        zb_log(sb, "sendmsg of %d fds refused with ETOOMANYREFS: %d are in flight on the sandbox's sockets, at most %d",
+               nfiles, sb->fs->scm_inflight, ZB_SCM_INFLIGHT_MAX);
+        return -ETOOMANYREFS;
     }
     struct iovec iov[MAX_IOV];
     if (m.msg_iovlen && zb_copy_from_guest(sb, iov, (uint64_t)(uintptr_t)m.msg_iov, m.msg_iovlen * sizeof *iov) < 0) return -EFAULT;
-    long r = zb_io_would_block(sb, f, transfer(sb, f, iov, m.msg_iovlen, is_send, !is_send && (a[2] & MSG_PEEK)), is_send,
+    zb_scm *rec = NULL;
+    zb_pipe *tx = f->tx;
+    uint64_t pos = tx ? tx->consumed + tx->len : 0;
+    if (nfiles && !(rec = zb_scm_new(nfiles))) return -ENOMEM; /* made before anything is sent */
+    int peeking = !is_send && (a[2] & MSG_PEEK);
+    zb_scm *got = NULL;
+    long r = zb_io_would_block(sb, f, transfer(sb, f, iov, m.msg_iovlen, is_send, peeking, is_send ? NULL : &got), is_send,
                                (a[2] & MSG_DONTWAIT) != 0, (a[2] & MSG_NOSIGNAL) != 0);
-    if (r >= 0 && !is_send) {
-        m.msg_namelen = 0;
-        m.msg_controllen = 0;
-        m.msg_flags = 0;
-        if (zb_copy_to_guest(sb, a[1], &m, sizeof m) < 0) return -EFAULT;
+    if (rec) {
+        if (r > 0 && tx && f->tx == tx) { /* the files ride on the first byte sent (none sent: none go, as in Linux) */
+            for (int i = 0; i < nfiles; i++) {
+                rec->files[i] = files[i];
+                files[i]->refs++;
+            }
+            zb_scm_link(sb->fs, tx, rec, pos, pos + (uint64_t)r);
+        } else {
+            free(rec);
+        }
     }
+    if (r >= 0 && !is_send) {
+        int flags = (int)(a[2] & MSG_CMSG_CLOEXEC); /* Linux reports it back */
+        uint64_t used = 0;
+        if (got) flags |= scm_deliver(sb, (uint64_t)(uintptr_t)m.msg_control, m.msg_controllen, got,
+                                      (a[2] & MSG_CMSG_CLOEXEC) != 0, &used);
+        m.msg_namelen = 0;
+        m.msg_controllen = used;
+        m.msg_flags = flags;
+        if (zb_copy_to_guest(sb, a[1], &m, sizeof m) < 0) r = -EFAULT;
+    }
+    if (got && !peeking) zb_scm_drop(got); /* the references installed are the new fds' own */
     return r;
 }
 static long sys_sendmsg(zb_sandbox *sb, const uint64_t a[6]) { return msg_io(sb, a, 1); }

@@ -280,6 +280,9 @@ int zb_sandbox_process_count(zb_sandbox *sb);
 /* The listening AF_UNIX sockets process 1 has open (a snapshot cannot hold them yet, so while
  * there are any zb_sandbox_snapshot fails, as it does with child processes). */
 int zb_sandbox_listening_sockets(zb_sandbox *sb);
+/* File references in flight on the AF_UNIX sockets of the sandbox's family (sent with SCM_RIGHTS,
+ * not received yet): while there are any zb_sandbox_snapshot fails, as with listening sockets. */
+int zb_sandbox_fds_in_flight(zb_sandbox *sb);
 /* Child-process sandboxes alive in this process, over all families (for leak checks). */
 long zb_child_processes_alive(void);
 /* Between requests (on != 0): a blocking UART read with no input queued does not stop the run for

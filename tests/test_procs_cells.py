@@ -2,7 +2,8 @@
 fd 1 reach the cell, a child's crash is only the child's, a child kept alive across cells (no
 checkpoint while it lives, said once per cell), a rollback and %rewind end the children, and
 multiprocessing (Pool, ProcessPoolExecutor, Queue, Lock, Value, Array, Manager, Listener) with
-the fork start method giving the host's output."""
+the fork start method, and the forkserver start method and reduction.send_handle (fds passed with
+SCM_RIGHTS), giving the host's output."""
 from __future__ import annotations
 
 import os
@@ -284,16 +285,83 @@ def test_joblib_loky_as_on_the_host(s: Session) -> None:
     assert Guest.child_processes_alive() == base
 
 
-def test_forkserver_says_it_is_not_available(s: Session) -> None:
-    """The forkserver start method passes fds over its AF_UNIX socket (SCM_RIGHTS), which the
-    sandbox lacks: asking for it is a ValueError that says so (multiprocessing's own answer where
-    a method is missing); the default start method stays fork."""
-    for n, code in enumerate(["import multiprocessing as mp\nmp.get_context('forkserver')",
-                              "mp.set_start_method('forkserver', force=True)"], start=1):
-        reply = cell(s, code, n)
-        assert reply["status"] == "error" and reply["ename"] == "ValueError", reply
-        assert "SCM_RIGHTS" in reply["evalue"] and "'fork'" in reply["evalue"], reply
-    assert ok(cell(s, "print(mp.get_start_method())", 3)) == "fork\n"
+# The forkserver's children import what they run (as spawn's do), so the functions live in a
+# module file; the server is stopped at the end (it would live until the interpreter exits).
+MP_FORKSERVER = ("import multiprocessing as mp, pathlib, sys, tempfile\n"
+                 "d = tempfile.mkdtemp()\n"
+                 "pathlib.Path(d, 'fsmod.py').write_text('import os\\n'\n"
+                 "    'def sq(x):\\n    return x * x\\n'\n"
+                 "    'def put(q, x):\\n    q.put((\"child\", x * 2, os.getppid() != os.getpid()))\\n')\n"
+                 "sys.path.insert(0, d)\n"
+                 "import fsmod\n"
+                 "ctx = mp.get_context('forkserver')\n"
+                 "with ctx.Pool(2) as pool:\n"
+                 "    print(pool.map(fsmod.sq, range(10)), sorted(pool.imap_unordered(fsmod.sq, range(5))))\n"
+                 "q = ctx.Queue()\n"
+                 "p = ctx.Process(target=fsmod.put, args=(q, 21))\n"
+                 "p.start(); print(q.get()); p.join(); print(p.exitcode)\n"
+                 "from multiprocessing import forkserver\n"
+                 "forkserver._forkserver._stop()\n"
+                 "print('stopped')\n")
+# An fd sent to a forked child with multiprocessing.reduction.send_handle (SCM_RIGHTS over mp.Pipe).
+MP_SEND_HANDLE = ("import multiprocessing as mp, os\n"
+                  "from multiprocessing import reduction\n"
+                  "def child(conn):\n"
+                  "    fd = reduction.recv_handle(conn)\n"
+                  "    os.write(fd, b'written through a passed fd'); os.close(fd)\n"
+                  "a, b = mp.Pipe()\n"
+                  "r, w = os.pipe()\n"
+                  "p = mp.Process(target=child, args=(b,))\n"
+                  "p.start()\n"
+                  "reduction.send_handle(a, w, p.pid)\n"
+                  "os.close(w)\n"
+                  "p.join()\n"
+                  "print(os.read(r, 100).decode(), os.read(r, 100), p.exitcode)\n")
+
+
+@pytest.mark.parametrize("code", [MP_FORKSERVER, MP_SEND_HANDLE], ids=["forkserver", "send_handle"])
+def test_fd_passing_multiprocessing_as_on_the_host(s: Session, code: str) -> None:
+    """The forkserver start method (its server receives each new process's fds over an AF_UNIX
+    socket with SCM_RIGHTS): a Pool(2).map and a Process give the host's output; and
+    reduction.send_handle to a forked child. Nothing is left: the next cell has its checkpoint."""
+    base = Guest.child_processes_alive()
+    out = ok(cell(s, code, 1))
+    assert out == _host_output(code), out
+    assert ok(cell(s, "print('alive')", 2)) == "alive\n"
+    assert s.sandbox.guest.process_count() == 1 and s.sandbox.guest.fds_in_flight() == 0
+    assert Guest.child_processes_alive() == base
+
+
+def test_fds_in_flight_between_cells(s: Session) -> None:
+    """An fd sent over a socketpair and not received: a snapshot cannot hold it, so the cells
+    after it have no checkpoint of their own (said in the cell, with why) and the session cannot
+    be saved, until it is received."""
+    ok(cell(s, "import os, socket\na, b = socket.socketpair()\nr, w = os.pipe()\n"
+               "print(socket.send_fds(a, [b'x'], [w]))", 1))
+    assert s.sandbox.guest.fds_in_flight() == 1
+    out = ok(cell(s, "print('next')", 2))
+    assert out.endswith("next\n") and "no checkpoint of its own" in out and "in flight" in out, out
+    with pytest.raises(SandboxError, match="1 file descriptor in flight"):  # nor a save of the session
+        session_save.capture(s, bytes(32), "in_flight.ipynb")
+    out = ok(cell(s, "msg, fds, flags, addr = socket.recv_fds(b, 10, 4)\nos.write(fds[0], b'via')\n"
+                     "print(msg, len(fds), os.read(r, 10))", 3))
+    assert out.endswith("b'x' 1 b'via'\n"), out
+    assert s.sandbox.guest.fds_in_flight() == 0
+    assert ok(cell(s, "print('alone')", 4)) == "alone\n"
+
+
+def test_a_forkserver_kept_across_cells(s: Session) -> None:
+    """set_start_method('forkserver'): its server lives on after the cell, as on the host, so the
+    cells after it have no checkpoint of their own (said in the cell) until it is stopped."""
+    code = MP_FORKSERVER.replace("ctx = mp.get_context('forkserver')", "mp.set_start_method('forkserver', force=True)\nctx = mp")
+    code = code[:code.index("from multiprocessing import forkserver")]
+    out = ok(cell(s, code, 1))
+    assert out.startswith("[0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16]\n('child', 42, True)\n0\n"), out
+    out = ok(cell(s, "print(mp.get_start_method(), p.exitcode)", 2))
+    assert out.endswith("forkserver 0\n") and "no checkpoint of its own" in out, out
+    ok(cell(s, "from multiprocessing import forkserver\nforkserver._forkserver._stop()", 3))
+    assert ok(cell(s, "print('alone')", 4)) == "alone\n"
+    assert s.sandbox.guest.process_count() == 1
 
 
 def test_a_listener_kept_across_cells(s: Session) -> None:

@@ -295,6 +295,11 @@ class Guest:
         """The listening AF_UNIX sockets of process 1 (while there are any, snapshot() fails)."""
         return int(lib.zb_sandbox_listening_sockets(self.handle))
 
+    def fds_in_flight(self) -> int:
+        """File references sent over the family's AF_UNIX sockets (SCM_RIGHTS) and not received
+        yet (while there are any, snapshot() fails)."""
+        return int(lib.zb_sandbox_fds_in_flight(self.handle))
+
     @staticmethod
     def child_processes_alive() -> int:
         """Child-process sandboxes alive in this process, over all families (leak checks)."""

@@ -66,7 +66,9 @@ GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME, "/dev/shm")
 _ENDING_HELPERS = ("Processes kept between cells are most often a multiprocessing pool (pool.close(); "
                    "pool.join()), an executor (ex.shutdown()), joblib's reusable loky workers "
                    "(joblib.externals.loky.get_reusable_executor().shutdown(wait=True)), a Manager "
-                   "(manager.shutdown()) or a Popen (p.wait()); a socket kept listening, a Listener (listener.close())")
+                   "(manager.shutdown()), the forkserver (multiprocessing.forkserver._forkserver._stop()) "
+                   "or a Popen (p.wait()); a socket kept listening, a Listener (listener.close()); fds sent "
+                   "over a socket and not received yet (receive them or close the socket)")
 
 
 class Session:
@@ -259,7 +261,8 @@ class Session:
         try:
             snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
         except SandboxError as exc:
-            if self.sandbox.guest.process_count() <= 1 and not self.sandbox.guest.listening_sockets():
+            guest = self.sandbox.guest
+            if guest.process_count() <= 1 and not guest.listening_sockets() and not guest.fds_in_flight():
                 raise
             return self._without_checkpoint(exc), 0.0
         self._told_without = ""
@@ -439,8 +442,8 @@ class Session:
             self._forget(self.checkpoints.pop())  # the cell is undone: nothing to rewind to
         if self._fallback is not None and self._fallback[0] is checkpoint:
             # the cell had no checkpoint of its own (child processes, a listening socket): further back
-            what = (f"This cell had no checkpoint of its own (processes or a listening socket were kept from an "
-                    f"earlier cell), so the sandbox was rolled back to {self._fallback[1]}: what the cells since "
+            what = (f"This cell had no checkpoint of its own (processes, a listening socket or fds in flight "
+                    f"were kept from an earlier cell), so the sandbox was rolled back to {self._fallback[1]}: what the cells since "
                     f"then did is undone, and those processes ended.")
         elif self.mode == "chained":
             what = "The sandbox was rolled back to its state before this cell; variables from earlier cells are intact."

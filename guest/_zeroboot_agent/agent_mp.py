@@ -12,12 +12,10 @@
   What differs from the host: no "leaked shared_memory objects" warning at exit, and a memmap
   joblib handed to loky's workers is unlinked with joblib's temporary folder at the end of the
   Parallel call (joblib deletes it then), not earlier by the tracker's refcount.
-- Fds passed with SCM_RIGHTS are not built yet (native/sys_socket.c: AF_UNIX stream sockets,
-  named and listening too, but no ancillary data), so the 'forkserver' start method, whose server
-  receives the fds of every new process that way, says so: a ValueError from get_context and
-  set_start_method (multiprocessing's own answer where a method is missing), not a server child's
-  traceback followed by EOFError. Listener/Client on AF_UNIX, Manager() and SharedMemoryManager
-  need no fd passing and work as on the host.
+- The 'forkserver' start method works as on the host: its server is a process started like a
+  spawn child, and each new process's fds reach it over its AF_UNIX socket with SCM_RIGHTS
+  (native/sys_socket.c). Its server lives until the interpreter exits, like the host's, so while
+  it does the cells have no checkpoint of their own (a listening socket and a child process).
 """
 from __future__ import annotations
 
@@ -25,20 +23,15 @@ import os
 import sys
 from typing import Any, Callable
 
-FORKSERVER_UNAVAILABLE = ("the 'forkserver' start method is not available in the sandbox: its server "
-                          "receives each new process's fds over an AF_UNIX socket (SCM_RIGHTS), and fd "
-                          "passing is not supported yet. Use the default 'fork' start method, or 'spawn'.")
-
 
 def install() -> None:
     """Apply the adaptations: now for the modules the agent has imported, at first import for the
     others (a meta-path hook, so the template does not import what no cell asked for)."""
     try:
-        from multiprocessing import context, resource_tracker
+        from multiprocessing import resource_tracker
     except ImportError:  # a Python built without _multiprocessing
         return
     _null_tracker(resource_tracker)
-    _refuse_forkserver(context)
     hook = _AfterImport({
         "joblib.externals.loky.backend.resource_tracker": _null_tracker,
         "loky.backend.resource_tracker": _null_tracker,
@@ -55,17 +48,6 @@ def _null_tracker(module: Any) -> None:
     tracker = getattr(module, "_resource_tracker", None)
     if tracker is not None and getattr(tracker, "_fd", None) is None and getattr(tracker, "_pid", None) is None:
         tracker._fd = os.open(os.devnull, os.O_WRONLY)
-
-
-def _refuse_forkserver(context: Any) -> None:
-    forkserver = getattr(context, "ForkServerContext", None)
-    if forkserver is None:
-        return
-
-    def _check_available(self: object) -> None:
-        raise ValueError(FORKSERVER_UNAVAILABLE)
-
-    forkserver._check_available = _check_available
 
 
 class _AfterImport:

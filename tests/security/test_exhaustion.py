@@ -117,6 +117,31 @@ def test_pipe_buffers_are_bounded():
     assert int(result(r, "pipes")) >= 500 and int(result(r, "mib")) <= 40
 
 
+def test_fds_in_flight_are_bounded_and_cycles_end_with_the_sandbox():
+    """Fds passed with SCM_RIGHTS: each socketpair of a cycle (an end in flight on its own full
+    stream, every fd closed) is one reference in flight, so at most 1024 of them live (the rest
+    ETOOMANYREFS), holding at most 1024 x 2 x 64 KiB of stream bytes; the sandbox's end frees them."""
+    before = host_rss_mib()
+    with battery.boot("exhaust", "scm_cycles") as sb:
+        r = battery.guest_c.drive(sb, timeout=120)
+        battery.completed(r, "scm_cycles")
+        assert sb.fds_in_flight() == 1024
+        grown = host_rss_mib() - before
+    assert result(r, "cycles") == "1024" and result(r, "errno") == "ETOOMANYREFS", r.describe()
+    assert grown <= 128 + 64, f"the host grew by {grown} MiB for 1024 cycles"
+
+
+def test_a_chain_of_sockets_in_flight_goes_at_once():
+    """1000 sockets each in flight on the next one's stream: closing the last frees the chain
+    (iteratively, never by recursion on its depth), and the engine goes on."""
+    with battery.boot("exhaust", "scm_chain") as sb:
+        r = battery.guest_c.drive(sb, timeout=120)
+        battery.completed(r, "scm_chain")
+        assert sb.fds_in_flight() == 0
+    assert result(r, "chain") == "1000" and result(r, "after") == "ok", r.describe()
+    battery.engine_still_works()
+
+
 # ---- at the session level: a cell of the kernel ----
 
 @pytest.fixture(scope="module")

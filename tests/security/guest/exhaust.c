@@ -7,10 +7,15 @@
  *   exhaust pipes           fill pipes until the fd table is full
  *   exhaust output          one write() of 64 MiB to stdout, then a flood of small writes
  *   exhaust spin            loop forever without a syscall
+ *   exhaust scm_cycles      socketpairs with full streams, each end in flight on itself (a cycle
+ *                           no fd names: no garbage collector) until ETOOMANYREFS
+ *   exhaust scm_chain       a chain of sockets each in flight on the next, 1000 deep, then the
+ *                           last closed: all of it goes at once (never by recursion)
  * Each prints "RESULT key=value ..." lines for the host to check.
  */
 #include "check.h"
 
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 static void test_mem(int argc, char **argv) {
@@ -105,9 +110,58 @@ static void test_spin(int argc, char **argv) {
     for (volatile unsigned long i = 0;; i++) {}
 }
 
+static long send_fd(int s, int fd) {
+    union { struct cmsghdr h; char space[CMSG_SPACE(sizeof(int))]; } c;
+    memset(&c, 0, sizeof c);
+    struct iovec iov = {"f", 1};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &c, .msg_controllen = sizeof c};
+    c.h.cmsg_level = SOL_SOCKET;
+    c.h.cmsg_type = SCM_RIGHTS;
+    c.h.cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(&c.h), &fd, sizeof fd);
+    return sendmsg(s, &m, MSG_DONTWAIT);
+}
+
+static void test_scm_cycles(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    static char block[65536 - 1];
+    memset(block, 'c', sizeof block);
+    int cycles = 0, e = 0;
+    long bytes = 0;
+    for (int sv[2]; cycles < 100000 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv) == 0; cycles++) {
+        long w0 = write(sv[0], block, sizeof block), w1 = write(sv[1], block, sizeof block);
+        bytes += (w0 > 0 ? w0 : 0) + (w1 > 0 ? w1 : 0);
+        long r = send_fd(sv[0], sv[1]); /* the last byte sv[1]'s stream holds, carrying sv[1] */
+        e = r < 0 ? errno : 0;
+        close(sv[0]);
+        close(sv[1]);
+        if (r < 0) break;
+    }
+    printf("RESULT cycles=%d errno=%s mib=%ld\n", cycles, e ? strerrorname_np(e) : "0", bytes >> 20);
+}
+
+static void test_scm_chain(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    int prev = -1, n = 0;
+    for (; n < 1000; n++) {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0) break;
+        if (prev >= 0 && send_fd(sv[0], prev) != 1) break; /* the chain so far rides on this pair's stream */
+        if (prev >= 0) close(prev);
+        close(sv[0]);
+        prev = sv[1];
+    }
+    close(prev); /* the whole chain goes */
+    int sv[2];
+    printf("RESULT chain=%d after=%s\n", n, socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0 ? "ok" : strerrorname_np(errno));
+}
+
 static const zb_test tests[] = {
     {"mem", test_mem}, {"fds", test_fds}, {"symlinks", test_symlinks}, {"names", test_names},
-    {"pipes", test_pipes}, {"output", test_output}, {"spin", test_spin}, {NULL, NULL},
+    {"pipes", test_pipes}, {"output", test_output}, {"spin", test_spin}, {"scm_cycles", test_scm_cycles},
+    {"scm_chain", test_scm_chain}, {NULL, NULL},
 };
 
 int main(int argc, char **argv) {
