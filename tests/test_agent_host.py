@@ -191,10 +191,15 @@ class AgentProcess:
         return self.until_done(self.start_execute(code, **kw), on_input)
 
     def request(self, ftype: int, reply_type: int, **payload: Any) -> dict[str, Any]:
+        """Send a request and return its reply. Output the agent writes before the reply is
+        skipped (IPython's module completer prints a note when listing the modules takes over 2 s,
+        as on a loaded host); _checked holds it against the reply's stream_chars."""
         rid = self.next_id
         self.next_id += 1
         self.send(ftype, {"id": rid, **payload})
         frame = self.recv()
+        while frame.type == STREAM:
+            frame = self.recv()
         assert frame.type == reply_type, frame
         assert frame.payload["id"] == rid
         return frame.payload
