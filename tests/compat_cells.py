@@ -22,8 +22,12 @@ class Cell:
     stdin: str | None = None   # the answer to an input() request
 
 
-# The environment both kernels get (the kernelspec's env).
-ENV = {"MY_NOTEBOOK_VAR": "hello", "OPENBLAS_CORETYPE": "Haswell", "LANG": "C.UTF-8"}
+# The environment both kernels get (the kernelspec's env). ZEROBOOT_CHECKPOINT_SPILL_BEHIND=wait:
+# under the default (drop) the spill writer's timing decides whether a checkpoint of the big
+# allocation cells is dropped, and so whether a later cell says so on stderr; waiting makes the
+# battery's outputs the same in every run (the default is tested in tests/test_checkpoint_spill.py).
+ENV = {"MY_NOTEBOOK_VAR": "hello", "OPENBLAS_CORETYPE": "Haswell", "LANG": "C.UTF-8",
+       "ZEROBOOT_CHECKPOINT_SPILL_BEHIND": "wait"}
 
 # The project the notebook lives in: {relative path: content}; the notebook folder is "notebooks".
 PROJECT = {

@@ -793,7 +793,8 @@ class Session:
     def _drop_oldest(self, limit: int, protect: Snapshot | None, incoming: int = 0) -> list[int]:
         """Drop the oldest checkpoints while the snapshots held, plus `incoming` bytes about to be
         added, exceed `limit`; never `protect`, and nothing once what is droppable adds almost
-        nothing (see enforce_budget). Returns the dropped checkpoints' cell numbers."""
+        nothing (see enforce_budget). Returns the dropped checkpoints' cell numbers (not those left
+        as gaps, spill_gaps counts them)."""
         held = self.checkpoint_memory()
         if held + incoming <= limit:
             return []
@@ -807,11 +808,10 @@ class Session:
             if cp is None or cp.snapshot is protect:
                 break
             outcome = self._spill_out(cp, dropped)
-            if outcome == "behind":
+            if outcome == "behind":  # a gap, not a drop: every other checkpoint keeps its depth (own notice)
                 self._leave_gap(cp, "the disk writer was still busy with an earlier checkpoint (the cells came "
                                     "faster than their checkpoints could be written)")
                 self.spill_gaps += 1
-                dropped.append(cp.number)
             elif outcome == "no":
                 self.checkpoints.remove(cp)
                 self._forget(cp)
@@ -944,6 +944,8 @@ class Session:
         were dropped."""
         limit, held = self.budget_bytes(), self._held_upper()
         predropped, self._predropped = self._predropped, []  # dropped for this checkpoint just before it
+        if notify:
+            self._say_gaps()
         if held > limit or predropped:
             held = self.checkpoint_memory()  # decided on the exact count, as before
         if held <= limit and not predropped:
@@ -972,7 +974,19 @@ class Session:
                 f"oldest ({len(dropped)}: before cell {cells}); %rewind can now go back {len(self.checkpoints)} "
                 f"cell(s). `%sandbox checkpoints` shows them; `%sandbox checkpoints budget SIZE` changes the "
                 f"budget. (Told once per session.)\n")
-        if notify and self.spill_gaps and not self._told_behind:
+        if notify:
+            self._say_gaps()  # the ones this enforcement made
+        if notify and over and not self._told_over:
+            self._told_over = True
+            self._budget_notices.append(
+                f"[zeroboot] the checkpoint a crash would roll back to holds {budget.mib(floor)}, more than the "
+                f"checkpoint memory budget ({budget.mib(limit)}): it is kept anyway (rollback needs it), so the "
+                f"session is over its budget by {budget.mib(floor - limit)}. (Told once per session.)\n")
+        return len(dropped)
+
+    def _say_gaps(self) -> None:
+        """Tell once per session that checkpoints were left as gaps (_drop_oldest), at the next cell."""
+        if self.spill_gaps and not self._told_behind:
             self._told_behind = True
             gaps = [cp.number for cp in self.checkpoints if cp.dropped]  # (none left: all at the old end)
             which = f"the checkpoint before cell [{gaps[-1]}]" if gaps else "an older checkpoint"
@@ -981,13 +995,6 @@ class Session:
                 f"dropped instead of making the next cell wait, so `%rewind` cannot return to it (it can to the "
                 f"others; `%sandbox checkpoints` shows the gaps). {spill.BEHIND_ENV}=wait keeps every checkpoint, "
                 f"and then cells wait for the disk. (Told once per session.)\n")
-        if notify and over and not self._told_over:
-            self._told_over = True
-            self._budget_notices.append(
-                f"[zeroboot] the checkpoint a crash would roll back to holds {budget.mib(floor)}, more than the "
-                f"checkpoint memory budget ({budget.mib(limit)}): it is kept anyway (rollback needs it), so the "
-                f"session is over its budget by {budget.mib(floor - limit)}. (Told once per session.)\n")
-        return len(dropped)
 
     @staticmethod
     def _dropped_reason(limit: int) -> str:
