@@ -303,6 +303,11 @@ static long do_link(zb_sandbox *sb, int64_t olddir, uint64_t uold, int64_t newdi
     if (rc < 0) return rc;
     if (!from.exists) return -ENOENT;
     if (from.loc.is_dir) return -EPERM;
+    if (from.loc.kind == LOC_OVERLAY) { /* a memfd never gets a name: on Linux it lives on the kernel's
+                                          own shmem mount, so a link anywhere is across mounts */
+        const zb_inode *in = zb_ovl_inode(sb->fs, from.loc.ino);
+        if (in && in->memfd) return -EXDEV;
+    }
     if ((rc = creatable(sb, newdir, unew, &to)) < 0) return rc;
     if (rc == ON_HOST || from.loc.kind != LOC_OVERLAY || from.loc.mnode) return -EXDEV;
     return zb_ovl_link(sb->fs, to.parent.ino, to.name, from.loc.ino);
