@@ -181,10 +181,10 @@ static long sys_pread64(zb_sandbox *sb, const uint64_t a[6]) {
  * first 64 KiB and lost the rest (CPython's test_communicate_pipe_buf). */
 static long sys_write(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
-    if (!f) { sb->cpu.io_done = 0; return -EBADF; }
     uint64_t total = ZB_MIN(a[2], IO_MAX);
     uint64_t done = sb->cpu.pending_syscall ? ZB_MIN(sb->cpu.io_done, total) : 0; /* served again */
     sb->cpu.io_done = 0;
+    if (!f) return done ? (long)done : -EBADF; /* closed by another thread while it waited */
     int whole = (f->ops->props & ZB_FOPS_WHOLE_WRITES) && !(f->flags & O_NONBLOCK);
     long r = write_from(sb, f, a[1] + done, total - done, -1);
     if (!whole) return zb_io_would_block(sb, f, r, 1, 0, 0);
