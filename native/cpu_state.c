@@ -30,6 +30,13 @@ int zb_cpu_clone(zb_cpu *dst, const zb_cpu *src, size_t xsave_size) {
     return 0;
 }
 
+void zb_cpu_interrupted(zb_cpu *c) {
+    c->regs.rax = c->io_done ? c->io_done : (uint64_t)-EINTR;
+    c->pending_syscall = 0;
+    c->pending_wake_ns = 0;
+    c->io_done = 0;
+}
+
 void zb_cpu_free(zb_cpu *c) {
     free(c->xsave);
     c->xsave = NULL;
@@ -59,6 +66,7 @@ void zb_cpu_save(const zb_cpu *c, size_t xsave_size, struct zb_out *o) {
     out_bytes(o, c->xsave, xsave_size);
     out_u32(o, c->pending_syscall ? 1 : 0);
     out_u64(o, c->pending_nr);
+    out_u64(o, c->pending_syscall ? c->io_done : 0);
 }
 
 int zb_cpu_load(zb_cpu *c, size_t xsave_size, struct zb_in *in, char *err) {
@@ -77,7 +85,9 @@ int zb_cpu_load(zb_cpu *c, size_t xsave_size, struct zb_in *in, char *err) {
     in_bytes(in, c->xsave, xsave_size);
     uint32_t pending = in_u32(in);
     c->pending_nr = in_u64(in);
-    if (in->err || pending > 1 || (pending && c->pending_nr >= ZB_SYSCALL_MAX)) {
+    c->io_done = in_u64(in);
+    if (in->err || pending > 1 || (pending && c->pending_nr >= ZB_SYSCALL_MAX) || c->io_done > (1ull << 30) ||
+        (c->io_done && !pending)) {
         zb_cpu_free(c);
         zb_seterr(err, "vCPU state: truncated or corrupt");
         return -1;

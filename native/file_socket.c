@@ -125,7 +125,7 @@ static uint64_t socket_copy_bytes(const zb_file *f) { return zb_usock_of(f) ? si
 
 const zb_file_ops zb_file_socket_ops = {
     .name = "socket",
-    .props = ZB_FOPS_WRITE_ANY_MODE | ZB_FOPS_STREAMS | ZB_FOPS_BLOCKS,
+    .props = ZB_FOPS_WRITE_ANY_MODE | ZB_FOPS_STREAMS | ZB_FOPS_BLOCKS | ZB_FOPS_WHOLE_WRITES,
     .read = socket_read,
     .write = socket_write,
     .stat = socket_stat,

@@ -49,6 +49,7 @@ zb_pipe *zb_pipe_copy(const zb_pipe *s) {
     p->len = s->len;
     p->consumed = s->consumed; /* (never its files in flight: a snapshot refuses them, a fork shares the stream) */
     p->reset = s->reset;
+    p->cap = s->cap;
     if (s->tty) {
         if (!(p->tty = malloc(sizeof *p->tty))) { zb_pipe_free(p); return NULL; }
         *p->tty = *s->tty;
@@ -203,12 +204,14 @@ long zb_stream_write(zb_pipe *pp, const uint8_t *p, size_t n) {
 
 long zb_stream_append(zb_pipe *pp, const uint8_t *p, size_t n) {
     if (!n) return 0;
-    if (pp->len + n > ZB_STREAM_CAP) n = ZB_STREAM_CAP - pp->len;
+    size_t limit = zb_stream_cap(pp);
+    if (pp->len >= limit) return -EAGAIN; /* (F_SETPIPE_SZ never shrinks below what it holds) */
+    if (pp->len + n > limit) n = limit - pp->len;
     if (!n) return -EAGAIN;
     zb_bytes *b = pp->buf;
     if (!b || atomic_load(&b->refs) > 1 || pp->start + pp->len + n > b->cap) {
         /* shared with a snapshot, or no room after the unread bytes: move them to a buffer of our own */
-        size_t cap = ZB_MIN(ZB_MAX(pp->len + n, b ? 2 * b->cap : 4096), (size_t)ZB_STREAM_CAP);
+        size_t cap = ZB_MIN(ZB_MAX(pp->len + n, b ? 2 * b->cap : 4096), limit);
         zb_bytes *nb = malloc(sizeof *nb + cap);
         if (!nb) return -ENOMEM;
         atomic_init(&nb->refs, 1);

@@ -109,6 +109,10 @@ typedef struct zb_inode {
     char *target;            /* INO_SYMLINK */
     uint64_t sock_id;        /* INO_SOCKET: the bound socket's zb_usock.bind_id; never saved, so
                                 a loaded name is one nobody listens on (ECONNREFUSED) */
+    int memfd;               /* INO_FILE made by memfd_create (sys_memfd.c): never named, stat says
+                                st_nlink 0, it may carry seals */
+    uint32_t seals;          /* memfd: its F_SEAL_* (F_SEAL_SEAL from the start unless
+                                MFD_ALLOW_SEALING); checked by file_overlay.c and mmap */
 } zb_inode;
 
 /* The overlay's inodes, in chunks of ZB_INODE_CHUNK that the clones of an fs share until one of
@@ -352,6 +356,13 @@ enum {
  * buffers are engine memory and every snapshot copies them: with 1 MiB per pipe, a guest filling
  * ~500 pipes held 0.5 GiB of the engine's memory per snapshot. */
 #define ZB_STREAM_CAP 65536u
+/* The most F_SETPIPE_SZ gives a pipe: Linux's default /proc/sys/fs/pipe-max-size (1 MiB), also for
+ * the guest (root could go beyond on Linux; here it is EPERM like for an unprivileged user). */
+#define ZB_PIPE_MAX_SIZE (1u << 20)
+/* What the enlarged pipes of one family may hold together (F_SETPIPE_SZ is EPERM past it, as
+ * Linux's pipe-user-pages-soft, 16384 pages, refuses an unprivileged user): the stream bytes are
+ * engine memory, so ~500 pipes of 1 MiB would again be 0.5 GiB (SECURITY.md, pipe buffers). */
+#define ZB_PIPE_ENLARGED_BUDGET (64u << 20)
 
 typedef struct zb_hostfd {    /* a host fd shared by clones: we always use pread with our offset */
     atomic_int refs;
@@ -412,7 +423,10 @@ typedef struct zb_pipe {
     int reset;               /* a socket's incoming stream whose server end was closed before its
                                 accept: the next read of it, once empty, is ECONNRESET (Linux's
                                 sk_err); copied by clones, not saved */
+    size_t cap;              /* bytes it may hold, set by F_SETPIPE_SZ (a power of two, one page to
+                                ZB_PIPE_MAX_SIZE); 0: ZB_STREAM_CAP */
 } zb_pipe;
+static inline size_t zb_stream_cap(const zb_pipe *p) { return p->cap ? p->cap : ZB_STREAM_CAP; }
 
 /* An epoll instance's interest list (sys_epoll.c). An item names a guest fd and the id of the
  * open file description it had when added: closing that description silently ends the item, as in
@@ -532,6 +546,9 @@ typedef struct zb_file_ops {
 #define ZB_FOPS_MMAP_COPIES 8    /* a mapping is a copy: shared writable mappings would lose writes (ENODEV) */
 #define ZB_FOPS_SHARED_MAP 16    /* ... unless this is set too: shared mappings of its overlay inode
                                     (overlay_ino) are kept coherent with it (shared_map.c) */
+#define ZB_FOPS_WHOLE_WRITES 128 /* a blocking write(2) returns once all its bytes are in, waiting for
+                                    room as often as needed (Linux's pipe_write, unix_stream_sendmsg):
+                                    pipes and AF_UNIX stream sockets */
 
 #define ZB_FILE_KIND(kind, number, ops) extern const zb_file_ops ops;
 #include "file_kinds.h"
@@ -692,6 +709,9 @@ long zb_dev_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
 long zb_host_open_project(zb_sandbox *sb, zb_resolved *r, uint64_t flags, uint64_t mode, zb_file **out);
 /* O_TMPFILE in the overlay directory dir: installs the new fd (or -errno). */
 long zb_overlay_open_tmpfile(zb_sandbox *sb, const zb_resolved *dir, uint64_t flags, uint64_t mode);
+/* A memfd's file (f->ino set) gets its location: no directory names it; path is what Linux's
+ * /proc/self/fd/N says, "/memfd:NAME (deleted)" (sys_memfd.c; a loaded snapshot's memfds). */
+int zb_memfd_where(zb_file *f, const char *path);
 /* A loaded snapshot's host file or directory opened again (the reopen op of both kinds). */
 int zb_host_reopen(zb_file *f, const zb_resolved *r, char *err);
 

@@ -520,7 +520,7 @@ void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st) {
     st->st_blksize = in->type == INO_FILE ? ZB_IO_BLKSIZE : 4096; /* io.open sizes its buffers from this */
     st->st_uid = in->readonly ? 0 : 1000;
     st->st_gid = in->readonly ? 0 : 1000;
-    st->st_nlink = in->type == INO_DIR ? 2 : in->nlink ? in->nlink : 1;
+    st->st_nlink = in->type == INO_DIR ? 2 : in->nlink ? in->nlink : in->memfd ? 0 : 1; /* a memfd is never named */
     st->st_mode = in->mode | (in->type == INO_DIR ? S_IFDIR : in->type == INO_SYMLINK ? S_IFLNK
                               : in->type == INO_SOCKET ? S_IFSOCK : S_IFREG);
     st->st_size = in->type == INO_SYMLINK ? (off_t)strlen(in->target) : (off_t)in->size;

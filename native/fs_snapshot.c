@@ -95,6 +95,8 @@ static void save_inode(zb_out *o, const zb_inode *in) {
         if (cap) out_bytes(o, in->blocks[i]->data, cap);
     }
     out_str(o, in->target);
+    out_u32(o, (uint32_t)in->memfd);
+    out_u32(o, in->seals);
 }
 
 static void load_inode(zb_in *in, zb_fs *fs, zb_inode *n) {
@@ -142,6 +144,10 @@ static void load_inode(zb_in *in, zb_fs *fs, zb_inode *n) {
     if (target && target[0]) n->target = target;
     else free(target);
     if (n->type == INO_SYMLINK && !n->target) in->err = 1;
+    uint32_t memfd = in_u32(in), seals = in_u32(in);
+    if (memfd > 1 || (memfd && n->type != INO_FILE) || seals & ~0x3fu || (!memfd && seals)) in->err = 1;
+    n->memfd = (int)memfd;
+    n->seals = seals;
     fs->bytes_used += zb_ovl_meta_cost(n); /* as when it was created (fs_overlay.c) */
 }
 
@@ -199,6 +205,7 @@ void zb_fds_save(const zb_fdtable *t, zb_out *o) {
     out_u64(o, t->next_file_id);
     out_u32(o, npipes);
     for (uint32_t p = 0; p < npipes; p++) {
+        out_u64(o, pipes[p]->cap);
         out_u64(o, pipes[p]->len);
         out_bytes(o, zb_pipe_bytes(pipes[p]), pipes[p]->len);
         const zb_tty *tt = pipes[p]->tty; /* a pty's state, on its input stream (file_pty.c) */
@@ -282,8 +289,11 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
     npipes = in_u32(in);
     if (in->err || npipes > 2 * ZB_MAX_FDS || !(pipes = calloc(npipes + 1, sizeof *pipes))) { npipes = 0; goto corrupt; }
     for (uint32_t p = 0; p < npipes; p++) {
-        uint64_t len = in_u64(in);
-        if (in->err || len > ZB_STREAM_CAP || !(pipes[p] = zb_pipe_new())) goto corrupt;
+        uint64_t cap = in_u64(in), len = in_u64(in);
+        if (in->err || (cap && (cap < ZB_PAGE || cap > ZB_PIPE_MAX_SIZE || (cap & (cap - 1)))) ||
+            len > (cap ? cap : ZB_STREAM_CAP) || !(pipes[p] = zb_pipe_new()))
+            goto corrupt;
+        pipes[p]->cap = (size_t)cap;
         if (len && !(pipes[p]->buf = malloc(sizeof *pipes[p]->buf + len))) goto corrupt;
         if (len) {
             atomic_init(&pipes[p]->buf->refs, 1);
@@ -337,7 +347,9 @@ zb_fdtable *zb_fds_load(zb_in *in, zb_fs *fs, const char *exe, char *err) {
         char *path = in_str(in, PATH_MAX);
         if (in->err) { free(path); goto corrupt; }
         if (f->ino && !zb_ovl_inode(fs, f->ino)) { free(path); goto corrupt; }
-        int rc = path && path[0] ? reopen(&ctx, f, path, err) : 0;
+        int memfd = f->ino && zb_ovl_inode(fs, f->ino)->memfd; /* named by no directory (sys_memfd.c) */
+        int rc = !path || !path[0] ? 0 : memfd ? zb_memfd_where(f, path) : reopen(&ctx, f, path, err);
+        if (rc < 0 && memfd) zb_seterr(err, "out of memory");
         free(path);
         if (rc < 0) goto fail;
     }

@@ -26,6 +26,9 @@ void zb_sys_eventfd_register(zb_syscall_fn *t); /* file_eventfd.c */
 void zb_sys_threads_register(zb_syscall_fn *t);
 void zb_sys_exec_register(zb_syscall_fn *t);
 void zb_sys_procs_register(zb_syscall_fn *t);   /* after zb_sys_process_register (wraps its prctl) */
+void zb_sys_memfd_register(zb_syscall_fn *t);
+void zb_sys_copy_register(zb_syscall_fn *t);    /* sendfile, copy_file_range */
+void zb_sys_priority_register(zb_syscall_fn *t);
 /* sys_procs.c: a new process (clone without CLONE_THREAD, clone3, fork, vfork); the pid or -errno. */
 long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t parent_tid, uint64_t child_tid,
                         uint64_t tls, uint64_t exit_signal);

@@ -48,6 +48,7 @@ typedef struct zb_process {
     int32_t pid;             /* its pid in its family (1: process 1, also without a family) */
     int32_t vfork_child;     /* in vfork: the child it waits for (sys_procs.c) */
     unsigned umask;
+    int32_t nice;            /* getpriority/setpriority (sys_priority.c): -20..19, no effect on scheduling */
     int exit_status;
     uint64_t cpu_ns;         /* CPU time the guest has used (its runs' wall time), as the guest reads it
                                 (clock_gettime CPU clocks, getrusage, times, sysinfo): part of the state a
@@ -64,7 +65,7 @@ typedef struct zb_process {
                                 next page never goes below */
 } zb_process;
 void zb_process_clone(zb_process *dst, const zb_process *src);
-/* On disk: the program, its name, working directory, tid address and umask (not the clocks). */
+/* On disk: the program, its name, working directory, tid address, umask and nice value (not the clocks). */
 void zb_process_save(const zb_process *p, struct zb_out *o);
 int zb_process_load(zb_process *p, struct zb_in *in, char *err);
 

@@ -310,6 +310,7 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     }
     sb->cpu.pending_syscall = 0;
     sb->cpu.pending_wake_ns = 0;
+    sb->cpu.io_done = 0;
     r->rax = (uint64_t)ret;
     zb_wake_gen++; /* it completed: a yielded syscall of another thread or process may go on now */
     ZB_PROF_BEGIN(sb, t_ret);
@@ -364,6 +365,7 @@ static int handle_syscall_entry(zb_sandbox *sb, zb_vm *vm, const struct kvm_regs
     sb->cpu.regs.rflags = uflags;
     sb->cpu.regs.r11 = uflags;
     sb->cpu.pending_syscall = 0;
+    sb->cpu.io_done = 0;
     return serve_syscall(sb, vm, ev);
 }
 
@@ -696,9 +698,7 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     if (sb->sig.pending & ~sb->sig.blocked) {
         int mid_trap = 0;
         if (sb->cpu.pending_syscall) { /* interrupted while blocked: the syscall fails with EINTR */
-            sb->cpu.pending_syscall = 0;
-            sb->cpu.pending_wake_ns = 0;
-            sb->cpu.regs.rax = (uint64_t)-EINTR;
+            zb_cpu_interrupted(&sb->cpu);
         } else if ((mid_trap = sync_regs(sb, vm, ev)) < 0) {
             return;
         }

@@ -72,9 +72,7 @@ static int load(zb_sandbox *sb, zb_vm *vm, int slot, zb_event *ev) {
         uint64_t ready = sb->sig.pending & ~sb->sig.blocked;
         for (int sig = 1; sig <= 64 && ready; sig++)
             if ((ready & ZB_SIG_BIT(sig)) && zb_signal_interrupts(sb, sig)) {
-                sb->cpu.pending_syscall = 0;
-                sb->cpu.pending_wake_ns = 0;
-                sb->cpu.regs.rax = (uint64_t)-EINTR;
+                zb_cpu_interrupted(&sb->cpu);
                 break;
             }
     }
@@ -241,6 +239,7 @@ int zb_run_threads_block(zb_sandbox *sb, zb_vm *vm, uint64_t nr, zb_event *ev) {
     } else {
         sb->cpu.pending_syscall = 0;
         sb->cpu.pending_wake_ns = 0;
+        sb->cpu.io_done = 0;
     }
     return switch_away(sb, vm, -1, ev);
 }

@@ -10,6 +10,7 @@
  */
 #include "util.h"
 #include "memory.h"
+#include "process.h"
 #include "sandbox_state.h"
 #include "fs.h"
 #include "shared_map.h"
@@ -35,6 +36,19 @@ long zb_shmap_check(zb_sandbox *sb, uint32_t ino, uint64_t off, uint64_t len, in
         if (replaces_len && e->addr >= replaces && e->addr + e->len <= replaces + replaces_len) continue; /* goes */
         if (file_overlaps(e, ino, off, len) && (writable || e->writable)) return -EBUSY;
     }
+    return 0;
+}
+
+static int mapped_in(const struct zb_shmap *t, uint32_t ino) {
+    for (size_t i = 0; t && i < t->n; i++)
+        if (t->e[i].ino == ino) return 1;
+    return 0;
+}
+
+int zb_shmap_mapped(const zb_sandbox *sb, uint32_t ino) {
+    if (mapped_in(sb->mem.shmap, ino)) return 1;
+    for (int i = 0; sb->fam && i < sb->fam->count; i++) /* the family shares the file (and inherited mappings) */
+        if (sb->fam->m[i].sb && sb->fam->m[i].sb != sb && mapped_in(sb->fam->m[i].sb->mem.shmap, ino)) return 1;
     return 0;
 }
 

@@ -35,6 +35,10 @@ int zb_shmap_unalias(zb_sandbox *sb, uint64_t addr, uint64_t len);
 /* 1 if an aliased shared mapping overlaps guest range [addr, addr+len) (MAP_FIXED over it or an
  * mremap of it would take the pages from under its aliases: refused). */
 int zb_shmap_aliased_in(const zb_memory *m, uint64_t addr, uint64_t len);
+/* 1 if a shared mapping of `ino` exists in sb or another process of its family. F_SEAL_WRITE of a
+ * memfd is then EBUSY: Linux refuses it while a shared mapping may write (VM_MAYWRITE), which
+ * every shared mapping of a memfd may (its fds are all O_RDWR), read-only ones included. */
+int zb_shmap_mapped(const zb_sandbox *sb, uint32_t ino);
 /* Record a filled mapping (after zb_shmap_check); takes an open reference on the inode. */
 long zb_shmap_add(zb_sandbox *sb, uint32_t ino, uint64_t addr, uint64_t len, uint64_t off, int writable);
 /* Write mapped pages of `ino` (0: every inode) overlapping file bytes [off, off+len) back into
@@ -77,5 +81,8 @@ uint64_t zb_shmap_pages(const zb_memory *m);
 /* ftruncate/truncate/O_TRUNC/fallocate of an overlay file, with its mappings refreshed
  * (file_overlay.c). */
 long zb_overlay_truncate(zb_sandbox *sb, uint32_t ino, uint64_t size);
+/* 1 if the overlay file is a memfd sealed against writes (F_SEAL_WRITE or F_SEAL_FUTURE_WRITE):
+ * a new writable shared mapping of it is EPERM (file_overlay.c). */
+int zb_overlay_write_sealed(zb_sandbox *sb, uint32_t ino);
 
 #endif

@@ -50,8 +50,11 @@
  *  17: the entry's getdents64 answer of a directory just opened (a sixth timed block,
  *      zb_entry_data.read_dir) and its data moved again (ZB_ENTRY_DATA 0xb00).
  *  18: AF_UNIX socket names (overlay inodes of type INO_SOCKET) and a socket's state and
- *      addresses in its file record (file_socket.c). */
-#define STATE_FORMAT 18
+ *      addresses in its file record (file_socket.c).
+ *  19: a process's nice value (sys_priority.c) after its umask; a memfd's flag and seals after an
+ *      overlay inode's target (sys_memfd.c); a pipe's capacity (F_SETPIPE_SZ) with its stream; the
+ *      bytes a blocked write already moved (zb_cpu.io_done) after the pending syscall. */
+#define STATE_FORMAT 19
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

@@ -173,9 +173,33 @@ static long sys_pread64(zb_sandbox *sb, const uint64_t a[6]) {
     if (!positional(f)) return -ESPIPE;
     return read_into(sb, f, a[1], a[2], (int64_t)a[3]);
 }
+/* write(2). On a blocking pipe or stream socket (ZB_FOPS_WHOLE_WRITES) it returns only once all
+ * its bytes are in, as Linux's pipe_write does: a short write waits for room and the syscall is
+ * served again for the rest, with what it moved so far in sb->cpu.io_done (a signal ends the wait
+ * with that count: zb_cpu_interrupted; the readers leaving end it too, with SIGPIPE). Without
+ * this, a 4 MiB write of an unbuffered stdout (PYTHONUNBUFFERED, python -u) into a pipe moved its
+ * first 64 KiB and lost the rest (CPython's test_communicate_pipe_buf). */
 static long sys_write(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);
-    return f ? zb_io_would_block(sb, f, write_from(sb, f, a[1], a[2], -1), 1, 0, 0) : -EBADF;
+    uint64_t total = ZB_MIN(a[2], IO_MAX);
+    uint64_t done = sb->cpu.pending_syscall ? ZB_MIN(sb->cpu.io_done, total) : 0; /* served again */
+    sb->cpu.io_done = 0;
+    if (!f) return done ? (long)done : -EBADF; /* closed by another thread while it waited */
+    int whole = (f->ops->props & ZB_FOPS_WHOLE_WRITES) && !(f->flags & O_NONBLOCK);
+    long r = write_from(sb, f, a[1] + done, total - done, -1);
+    if (!whole) return zb_io_would_block(sb, f, r, 1, 0, 0);
+    if (r > 0) done += (uint64_t)r;
+    if (r > 0 && done < total) { /* no room for the rest: wait for it */
+        zb_wake_gen++; /* what it wrote lets a yielded reader go on (run_loop.c bumps it per completed call) */
+        r = -EAGAIN;
+    }
+    if (r == -EAGAIN) {
+        long w = zb_io_would_block(sb, f, r, 1, 0, 0);
+        if (w == ZB_SYSCALL_BLOCK || w == ZB_SYSCALL_STOP) sb->cpu.io_done = done; /* the rest when served again */
+        return done && w != ZB_SYSCALL_BLOCK && w != ZB_SYSCALL_STOP ? (long)done : w;
+    }
+    if (r < 0 && done) { (void)zb_io_would_block(sb, f, r, 1, 1, 0); return (long)done; } /* EPIPE: SIGPIPE too */
+    return r < 0 ? zb_io_would_block(sb, f, r, 1, 0, 0) : (long)done;
 }
 static long sys_pwrite64(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = zb_fd_get(sb, a[0]);

@@ -260,6 +260,44 @@ long zb_fs_mksock(zb_sandbox *sb, const char *path, uint64_t bind_id) {
     return rc;
 }
 
+/* mknod/mknodat: a regular file (S_IFREG or 0), in the overlay or, in a read-write folder, on the
+ * host as open(O_CREAT | O_EXCL) would make it. Devices need CAP_MKNOD, which the guest's uid lacks
+ * (EPERM). FIFOs and socket files are not made yet: after the checks any creation makes (EEXIST,
+ * EROFS in a read-only folder, ...) they answer ENOSYS, with one log line saying why, never a node
+ * on the host. */
+static long do_mknod(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mode, uint64_t dev) {
+    (void)dev;
+    unsigned type = (unsigned)mode & S_IFMT;
+    if (type != 0 && type != S_IFREG && type != S_IFIFO && type != S_IFSOCK && type != S_IFCHR && type != S_IFBLK)
+        return -EINVAL;
+    if (type == S_IFCHR || type == S_IFBLK) return -EPERM; /* no CAP_MKNOD */
+    zb_resolved r;
+    long rc = creatable(sb, dirfd, upath, &r);
+    if (rc < 0) return rc;
+    if (type == S_IFIFO || type == S_IFSOCK) {
+        if (!sb->logged_mknod) {
+            sb->logged_mknod = 1;
+            zb_log(sb, "mknod(%s) answered ENOSYS: FIFOs and socket files made by mknod are not implemented "
+                       "(a FIFO's open must wait for its other end); use pipes or bind(2)",
+                   type == S_IFIFO ? "S_IFIFO, mkfifo" : "S_IFSOCK");
+        }
+        return -ENOSYS;
+    }
+    unsigned perm = (unsigned)mode & 07777 & ~sb->proc.umask;
+    if (rc == ON_HOST) {
+        int fd = zb_proj_host_open(&r, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, perm & ZB_HOST_MODE_BITS);
+        if (fd < 0) return fd;
+        close(fd);
+        return 0;
+    }
+    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, perm);
+    if (!ino) return -ENOSPC;
+    if ((rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0) zb_ovl_discard(sb->fs, ino);
+    return rc;
+}
+static long sys_mknod(zb_sandbox *sb, const uint64_t a[6]) { return do_mknod(sb, AT_FDCWD, a[0], a[1], a[2]); }
+static long sys_mknodat(zb_sandbox *sb, const uint64_t a[6]) { return do_mknod(sb, (int)a[0], a[1], a[2], a[3]); }
+
 /* The overlay entry a path names, for unlink/rename. */
 static long overlay_entry(zb_sandbox *sb, int64_t dirfd, uint64_t upath, zb_resolved *r) {
     long rc = zb_path_arg(sb, dirfd, upath, ZB_RESOLVE_NOFOLLOW, 0, r);
@@ -303,6 +341,11 @@ static long do_link(zb_sandbox *sb, int64_t olddir, uint64_t uold, int64_t newdi
     if (rc < 0) return rc;
     if (!from.exists) return -ENOENT;
     if (from.loc.is_dir) return -EPERM;
+    if (from.loc.kind == LOC_OVERLAY) { /* a memfd never gets a name: on Linux it lives on the kernel's
+                                          own shmem mount, so a link anywhere is across mounts */
+        const zb_inode *in = zb_ovl_inode(sb->fs, from.loc.ino);
+        if (in && in->memfd) return -EXDEV;
+    }
     if ((rc = creatable(sb, newdir, unew, &to)) < 0) return rc;
     if (rc == ON_HOST || from.loc.kind != LOC_OVERLAY || from.loc.mnode) return -EXDEV;
     return zb_ovl_link(sb->fs, to.parent.ino, to.name, from.loc.ino);
@@ -608,6 +651,8 @@ void zb_sys_fsmeta_register(zb_syscall_fn *t) {
     t[SYS_utimensat] = sys_utimensat;
     t[SYS_link] = sys_link;
     t[SYS_linkat] = sys_linkat;
+    t[SYS_mknod] = sys_mknod;
+    t[SYS_mknodat] = sys_mknodat;
     t[SYS_chown] = sys_chown;
     t[SYS_lchown] = sys_lchown;
     t[SYS_fchown] = sys_fchown;

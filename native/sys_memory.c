@@ -50,6 +50,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         if (type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->flags & O_ACCMODE) != O_RDWR) return -EACCES;
         shared = type != MAP_PRIVATE && (f->ops->props & ZB_FOPS_SHARED_MAP) && f->ops->overlay_ino;
         if (shared) ino = f->ops->overlay_ino(f);
+        if (shared && (prot & PROT_WRITE) && zb_overlay_write_sealed(sb, ino)) return -EPERM; /* a sealed memfd */
         /* other shared writable file mappings would need write-back to the host: not supported (a
          * host file of a read-write project is copied in, so writes to it would be lost silently) */
         if (!shared && type != MAP_PRIVATE && (prot & PROT_WRITE) && (f->ops->props & ZB_FOPS_MMAP_COPIES)) return -ENODEV;

@@ -254,6 +254,7 @@ void zb_process_save(const zb_process *p, struct zb_out *o) {
     out_str(o, p->cwd);
     out_u64(o, p->tid_address);
     out_u32(o, p->umask);
+    out_u32(o, (uint32_t)p->nice);
 }
 
 int zb_process_load(zb_process *p, struct zb_in *in, char *err) {
@@ -263,12 +264,14 @@ int zb_process_load(zb_process *p, struct zb_in *in, char *err) {
     in_str_into(in, p->cwd, sizeof p->cwd);
     p->tid_address = in_u64(in);
     uint32_t umask = in_u32(in);
-    if (in->err || umask > 0777) {
+    int32_t nice = (int32_t)in_u32(in);
+    if (in->err || umask > 0777 || nice < -20 || nice > 19) {
         memset(p, 0, sizeof *p);
         zb_seterr(err, "process state: truncated or corrupt");
         return -1;
     }
     p->umask = umask;
+    p->nice = nice;
     return 0;
 }
 

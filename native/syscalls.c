@@ -27,6 +27,9 @@ static void fill_table(void) {
     zb_sys_threads_register(table);
     zb_sys_exec_register(table);
     zb_sys_procs_register(table);
+    zb_sys_memfd_register(table);
+    zb_sys_copy_register(table);
+    zb_sys_priority_register(table);
 }
 
 const char *zb_syscall_name(uint64_t nr) {

@@ -161,6 +161,9 @@ typedef struct zb_cpu {
     int pending_syscall;     /* a syscall was interrupted and is re-served on resume */
     uint64_t pending_nr;
     int64_t pending_wake_ns; /* for an interrupted sleep: absolute wake time */
+    uint64_t io_done;        /* a blocking write to a pipe or stream socket waiting for room: the bytes
+                                it moved already (sys_files.c whole writes); its result if a signal
+                                interrupts it (zb_cpu_interrupted) */
     int context_restored;    /* set by rt_sigreturn: regs (rax included) are the restored context,
                                 not a syscall's result, whatever value rax holds */
 } zb_cpu;
@@ -170,6 +173,10 @@ int zb_cpu_clone(zb_cpu *dst, const zb_cpu *src, size_t xsave_size);
  * MXCSR at their reset values, every extended component in its init state (XSTATE_BV = 0). */
 void zb_cpu_init_fpu(uint8_t *xsave, size_t xsave_size);
 void zb_cpu_free(zb_cpu *c);
+/* A signal interrupts the blocked syscall c was to serve again: it is no longer pending, and its
+ * result is -EINTR, or what a whole write moved before it waited (io_done), as Linux returns a
+ * partial count then. */
+void zb_cpu_interrupted(zb_cpu *c);
 /* On disk. A load refuses an XSAVE image of another size than xsave_size (another host's CPU). */
 void zb_cpu_save(const zb_cpu *c, size_t xsave_size, struct zb_out *o);
 int zb_cpu_load(zb_cpu *c, size_t xsave_size, struct zb_in *in, char *err);

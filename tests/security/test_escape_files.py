@@ -268,3 +268,38 @@ def test_guest_sockets_never_reach_or_make_host_sockets(tmp_path, mode):
     finally:
         for s in listeners:
             s.close()
+
+
+@pytest.mark.parametrize("mode", ["readonly", "overlay", "readwrite"])
+def test_copy_calls_obey_the_folder_mode(tmp_path, mode):
+    """sendfile/copy_file_range write through the output file's own write: the folder's mode holds
+    exactly as for write(2); hostile offsets and counts; FIFOs and devices are never made there."""
+    proj = tmp_path / "notebook"
+    proj.mkdir()
+    (proj / "inside.txt").write_text("inside")
+    with battery.boot("escape_files", "copy_calls", str(proj)) as sb:
+        sb.mount_project(str(proj), mode)
+        r = battery.guest_c.drive(sb)
+    battery.completed(r, "copy_calls")
+    got = battery.attempts(r)
+    assert got["sendfile_into_readonly_fd"] == ("err", "EBADF"), got
+    assert got["copy_range_into_readonly_fd"] == ("err", "EBADF"), got
+    if mode == "readonly":
+        assert got["open_for_writing"] == ("err", "EROFS"), got
+    else:
+        assert got["open_for_writing"][0] == "ok", got
+        assert got["sendfile_into_folder_file"] == ("ok", ""), got
+        # the upper copy is the sandbox's own file system; a host file is another (EXDEV)
+        assert got["copy_range_into_folder_file"] == (("ok", "") if mode == "overlay" else ("err", "EXDEV")), got
+        assert got["guest_view_after"] == ("ok", "PLANTED"), got
+    for name in ("sendfile_offset_null_page", "sendfile_offset_low_region", "sendfile_offset_kernel",
+                 "copy_range_in_offset_bad", "copy_range_out_offset_bad"):
+        assert got[name] == ("err", "EFAULT"), (name, got)
+    assert got["copy_range_same_overlap"] == ("err", "EINVAL"), got
+    assert got["sendfile_huge_count"] == ("ok", "7"), got
+    assert got["copy_range_huge"] == ("ok", str(16 << 20)), got  # one call copies at most 16 MiB
+    assert got["mkfifo_in_folder"] == ("err", "EROFS" if mode == "readonly" else "ENOSYS"), got
+    assert got["mknod_device_in_folder"] == ("err", "EPERM"), got
+    # the host's folder: changed only by a read-write folder's write, as write(2) would
+    assert sorted(os.listdir(proj)) == ["inside.txt"]
+    assert (proj / "inside.txt").read_text() == ("PLANTED" if mode == "readwrite" else "inside")

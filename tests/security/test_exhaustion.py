@@ -142,6 +142,36 @@ def test_a_chain_of_sockets_in_flight_goes_at_once():
     battery.engine_still_works()
 
 
+def test_enlarged_pipes_are_bounded():
+    """F_SETPIPE_SZ: 1 MiB per pipe at most, and 64 MiB of enlarged pipes per family (EPERM past
+    it, as Linux's pipe-user-pages-soft refuses an unprivileged user), so ~500 pipes of 1 MiB
+    cannot bring back the 510 MiB of #34."""
+    before = host_rss_mib()
+    with battery.boot("exhaust", "big_pipes") as sb:
+        r = battery.guest_c.drive(sb, timeout=120)
+        grown = host_rss_mib() - before
+    battery.completed(r, "big_pipes")
+    assert result(r, "errno") == "EPERM"
+    assert int(result(r, "enlarged")) == 64 and int(result(r, "mib")) == 64
+    assert grown <= 64 + 48, f"the host grew by {grown} MiB"
+
+
+def test_memfd_growth_is_bounded_by_the_overlay_limit():
+    """A memfd is an overlay file: written past the overlay limit it says ENOSPC; a sparse 1 TiB
+    costs nothing; a shared mapping larger than the limit is guest memory, and its write-back
+    fails rather than growing the file past the limit."""
+    limit = 16 * MIB
+    before = host_rss_mib()
+    with battery.boot("exhaust", "memfd") as sb:
+        lib.zb_sandbox_set_overlay_limit(sb.handle, limit)
+        r = battery.guest_c.drive(sb, timeout=120)
+        grown = host_rss_mib() - before
+    battery.completed(r, "memfd")
+    assert result(r, "errno") == "ENOSPC" and int(result(r, "mib")) < 16
+    assert result(r, "sparse") == "0" and result(r, "truncate") == "0"
+    assert grown <= 64 + 4 * limit // MIB + 32, f"the host grew by {grown} MiB for a {limit // MIB} MiB overlay"
+
+
 # ---- at the session level: a cell of the kernel ----
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,9 @@
  *   escape_files mmap_truncate FILE             map a file of a read-write project, shrink it
  *                                               under the mapping, then hand the mapping to the engine
  *   escape_files open_special PATH              open a FIFO/socket the host put in the folder
+ *   escape_files copy_calls DIR                 sendfile/copy_file_range into the folder's files
+ *                                               (each files mode), bad offset pointers, huge
+ *                                               counts, and a FIFO made in the folder
  *   escape_files unix_sockets DIR HOSTSOCK ABSTRACT
  *                                               reach a host socket (HOSTSOCK, listening, in the
  *                                               folder; ABSTRACT, listening on the host's abstract
@@ -30,8 +33,10 @@
 #include <stddef.h>
 #include <linux/openat2.h>
 #include <sys/ioctl.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 
@@ -473,6 +478,55 @@ static void test_unix_sockets(int argc, char **argv) {
     try_unix("bind_over_host_socket", 1, argv[3], 0);
 }
 
+/* The copy calls write through the file's own write, so the folder's mode holds as for write(2).
+ * inside.txt is the host's ("inside"); the memfd holds PLANTED bytes. */
+static void test_copy_calls(int argc, char **argv) {
+    if (argc < 3) exit(2);
+    OK(chdir(argv[2]));
+    int src = (int)syscall(SYS_memfd_create, "planted", 0);
+    CHECK(src >= 0, "memfd_create: %s", strerror(errno));
+    CHECK_EQ(write(src, "PLANTED", 7), 7);
+    int ro = (int)OK(open("inside.txt", O_RDONLY));
+    TRY("sendfile_into_readonly_fd", sendfile(ro, src, &(off_t){0}, 7));
+    TRY("copy_range_into_readonly_fd", copy_file_range(src, &(loff_t){0}, ro, &(loff_t){0}, 7, 0));
+    errno = 0;
+    int wr = open("inside.txt", O_WRONLY);
+    report("open_for_writing", wr, errno, "", 0);
+    if (wr >= 0) {
+        TRY("sendfile_into_folder_file", sendfile(wr, src, &(off_t){0}, 7));
+        TRY("copy_range_into_folder_file", copy_file_range(src, &(loff_t){0}, wr, &(loff_t){0}, 7, 0));
+        char buf[16] = {0};
+        int again = open("inside.txt", O_RDONLY); /* (ro still reads the lower file in overlay mode) */
+        long n = again < 0 ? -1 : pread(again, buf, sizeof buf, 0); /* what the guest now sees */
+        report("guest_view_after", n, errno, buf, n);
+        if (again >= 0) close(again);
+        close(wr);
+    }
+    /* hostile arguments */
+    int tmp = (int)OK(open("/tmp/copy_target", O_RDWR | O_CREAT, 0600));
+    TRY("sendfile_offset_null_page", sendfile(tmp, src, (off_t *)16, 7));
+    TRY("sendfile_offset_low_region", sendfile(tmp, src, (off_t *)0x100000, 7));
+    TRY("sendfile_offset_kernel", sendfile(tmp, src, (off_t *)0xffff880000000000ul, 7));
+    TRY("copy_range_in_offset_bad", copy_file_range(src, (loff_t *)0x9000, tmp, NULL, 7, 0));
+    TRY("copy_range_out_offset_bad", copy_file_range(src, NULL, tmp, (loff_t *)~0ul, 7, 0));
+    TRY("copy_range_same_overlap", copy_file_range(src, &(loff_t){0}, src, &(loff_t){3}, 7, 0));
+    errno = 0;
+    long big = sendfile(tmp, src, &(off_t){0}, (size_t)INT64_MAX);
+    char num[32];
+    snprintf(num, sizeof num, "%ld", big);
+    report("sendfile_huge_count", big, errno, num, (long)strlen(num));
+    OK(ftruncate(src, 1l << 40)); /* a sparse terabyte: a huge copy stops at COPY_MAX per call */
+    errno = 0;
+    big = copy_file_range(src, &(loff_t){0}, tmp, &(loff_t){0}, 1ul << 40, 0);
+    snprintf(num, sizeof num, "%ld", big);
+    report("copy_range_huge", big, errno, num, (long)strlen(num));
+    TRY("mkfifo_in_folder", mknod("fifo_in_folder", S_IFIFO | 0600, 0));
+    TRY("mknod_device_in_folder", mknod("dev_in_folder", S_IFCHR | 0600, makedev(1, 3)));
+    close(tmp);
+    close(ro);
+    close(src);
+}
+
 static const zb_test tests[] = {
     {"read", test_read},
     {"write", test_write},
@@ -482,6 +536,7 @@ static const zb_test tests[] = {
     {"mmap_truncate", test_mmap_truncate},
     {"unix_sockets", test_unix_sockets},
     {"open_special", test_open_special},
+    {"copy_calls", test_copy_calls},
     {NULL, NULL},
 };
 

@@ -5,6 +5,8 @@
  *   exhaust symlinks        overlay symlinks with 4 KiB targets until ENOSPC (engine metadata)
  *   exhaust names           overlay files with 255-byte names until ENOSPC
  *   exhaust pipes           fill pipes until the fd table is full
+ *   exhaust big_pipes       enlarge pipes to 1 MiB (F_SETPIPE_SZ) until refused, and fill them
+ *   exhaust memfd           grow a memfd by writing, and through a shared mapping, past the limit
  *   exhaust output          one write() of 64 MiB to stdout, then a flood of small writes
  *   exhaust spin            loop forever without a syscall
  *   exhaust scm_cycles      socketpairs with full streams, each end in flight on itself (a cycle
@@ -91,6 +93,47 @@ static void test_pipes(int argc, char **argv) {
     printf("RESULT pipes=%d mib=%ld pipe_size=%ld\n", n, bytes >> 20, (long)fcntl(3, F_GETPIPE_SZ));
 }
 
+static void test_big_pipes(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    static char block[1 << 20];
+    memset(block, 'p', sizeof block);
+    int p[2], n = 0;
+    long bytes = 0;
+    errno = 0;
+    while (pipe2(p, O_NONBLOCK) == 0) {
+        if (fcntl(p[1], F_SETPIPE_SZ, 1 << 20) < 0) break;
+        n++;
+        long w;
+        while ((w = write(p[1], block, sizeof block)) > 0) bytes += w;
+    }
+    printf("RESULT enlarged=%d mib=%ld errno=%s\n", n, bytes >> 20, strerrorname_np(errno));
+}
+
+static void test_memfd(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    int fd = (int)syscall(SYS_memfd_create, "grow", 0);
+    if (fd < 0) { printf("RESULT memfd=%s\n", strerrorname_np(errno)); return; }
+    static char block[1 << 20];
+    memset(block, 'm', sizeof block);
+    long bytes = 0, w;
+    while ((w = write(fd, block, sizeof block)) > 0) bytes += w;
+    int e = errno;
+    long sparse = ftruncate(fd, 1l << 40); /* sparse: no bytes until written */
+    int fd2 = (int)syscall(SYS_memfd_create, "mapped", 0);
+    long size = 64l << 20;
+    long tr = ftruncate(fd2, size);
+    char *m = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd2, 0);
+    long unmapped = -2;
+    if (m != MAP_FAILED) {
+        memset(m, 'x', (size_t)size); /* guest memory; written back into the file at munmap */
+        unmapped = munmap(m, (size_t)size);
+    }
+    printf("RESULT mib=%ld errno=%s sparse=%ld truncate=%ld mapped=%s unmap=%ld\n", bytes >> 20, strerrorname_np(e),
+           sparse, tr, m == MAP_FAILED ? strerrorname_np(errno) : "yes", unmapped);
+}
+
 static void test_output(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -160,8 +203,8 @@ static void test_scm_chain(int argc, char **argv) {
 
 static const zb_test tests[] = {
     {"mem", test_mem}, {"fds", test_fds}, {"symlinks", test_symlinks}, {"names", test_names},
-    {"pipes", test_pipes}, {"output", test_output}, {"spin", test_spin}, {"scm_cycles", test_scm_cycles},
-    {"scm_chain", test_scm_chain}, {NULL, NULL},
+    {"pipes", test_pipes}, {"big_pipes", test_big_pipes}, {"memfd", test_memfd}, {"output", test_output},
+    {"spin", test_spin}, {"scm_cycles", test_scm_cycles}, {"scm_chain", test_scm_chain}, {NULL, NULL},
 };
 
 int main(int argc, char **argv) {
