@@ -119,6 +119,14 @@ def check(name: str, test: str, *args: str, **kw) -> GuestRun:
     return result
 
 
+def check_on_linux(name: str, test: str) -> None:
+    """Run one named test of guest_programs/NAME on the host itself: the program's checks are then
+    Linux's behaviour, not the engine's."""
+    proc = subprocess.run([str(build(name)), test], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and f"PASS {test}" in proc.stdout, proc.stderr
+
+
 def check_state_survives_snapshots(name: str, tmp_path: Path) -> None:
     """NAME's `snapshot_state` test: the program sets up its state, prints "ready" and waits for
     input; it is snapshotted, the snapshot saved and loaded, and three forks (two of one snapshot,

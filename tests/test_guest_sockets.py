@@ -4,7 +4,6 @@ AF_UNIX stream sockets (guest_programs/unix_sockets.c) and fds passed over them 
 (guest_programs/fd_passing.c), in the guest and on Linux."""
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
@@ -41,9 +40,7 @@ def test_named_unix_sockets(test: str) -> None:
 @pytest.mark.parametrize("test", UNIX_TESTS)
 def test_the_named_socket_program_passes_on_linux(test: str) -> None:
     """The checks are Linux's behaviour, not the engine's: the same binary passes on the host."""
-    binary = guest_c.build("unix_sockets")
-    proc = subprocess.run([str(binary), test], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and f"PASS {test}" in proc.stdout, proc.stderr
+    guest_c.check_on_linux("unix_sockets", test)
 
 
 FD_PASSING_TESTS = ["pair", "named", "boundaries", "truncated", "errors", "sender_exits", "kinds", "cycle"]
@@ -58,9 +55,7 @@ def test_fd_passing(test: str) -> None:
 def test_the_fd_passing_program_passes_on_linux(test: str) -> None:
     """The same binary on the host: its checks are Linux's behaviour ("inflight_limit" is the
     sandbox's own bound; root has none on Linux)."""
-    binary = guest_c.build("fd_passing")
-    proc = subprocess.run([str(binary), test], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0 and f"PASS {test}" in proc.stdout, proc.stderr
+    guest_c.check_on_linux("fd_passing", test)
 
 
 def test_cycles_live_until_the_sandbox_ends() -> None:

@@ -4,7 +4,6 @@ a deadlock of every thread still honours the run's deadline; threads survive sna
 templates and forks."""
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
@@ -23,9 +22,7 @@ def test_thread_syscalls(test: str) -> None:
 @pytest.mark.parametrize("test", [*TESTS, "exit_group"])
 def test_same_program_passes_on_linux(test: str) -> None:
     """The checks are Linux's behaviour, not the engine's: the same binary passes on the host."""
-    binary = guest_c.build("threads")
-    proc = subprocess.run([str(binary), test], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and f"PASS {test}" in proc.stdout, proc.stderr
+    guest_c.check_on_linux("threads", test)
 
 
 def test_exit_group_from_a_thread_ends_all_threads() -> None:
