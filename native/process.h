@@ -119,6 +119,8 @@ typedef struct zb_threads {
     int switch_request;     /* the syscall under way: 1 = sched_yield, 2 = the running thread exits */
     int preempt;            /* a waiter's timeout passed or a signal needs another thread: switch now */
     int64_t armed_horizon;  /* the zb_threads_timer_horizon the run's wake-up timer was last armed for */
+    int armed_for_procs;    /* ... and whether it then included the end of the slice because another
+                               process of the family could run (zb_run_arm_wake_timer) */
     uint64_t switches;      /* statistics */
 } zb_threads;
 /* One thread (tid 1), the running one. -1: out of memory. */

@@ -174,7 +174,8 @@ int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
     sb->threads.armed_horizon = threads_at; /* (the threads' part: what ticks compare) */
     if (sb->fam) { /* another process's timeout, or the end of this one's slice when another can run */
         threads_at = ZB_MIN(threads_at, zb_family_next_wake(sb));
-        if (zb_family_others_runnable(sb, zb_now_ns())) threads_at = ZB_MIN(threads_at, sb->threads.slice_start_ns + ZB_PROC_SLICE_NS);
+        sb->threads.armed_for_procs = zb_family_others_runnable(sb, zb_now_ns());
+        if (sb->threads.armed_for_procs) threads_at = ZB_MIN(threads_at, sb->threads.slice_start_ns + ZB_PROC_SLICE_NS);
     }
     if (threads_at != INT64_MAX && (!at || threads_at < at)) at = ZB_MAX(threads_at, 1);
     if (!at && !vm->wake_timer_live) return 0;

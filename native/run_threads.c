@@ -317,6 +317,9 @@ int zb_run_threads_tick(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
      * running thread, or that timeout, must stop it */
     if (zb_threads_timer_horizon(ts) != ts->armed_horizon) zb_run_timer_update(sb);
     int64_t now = zb_now_ns();
+    /* a syscall made another process runnable (a vfork child's execve lets its parent go on; a
+     * write, a kill, a futex wake): the slice must end for it even if this one never exits again */
+    if (sb->fam && !ts->armed_for_procs && zb_family_others_runnable(sb, now)) zb_run_timer_update(sb);
     if (expire(ts, now)) ts->preempt = 1;
     /* another process's alarm went off (the wake timer): it waits for the VM now, re-armed for the slice */
     if (sb->fam && zb_family_alarms_check(sb->fam, sb, now)) zb_run_timer_update(sb);

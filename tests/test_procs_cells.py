@@ -696,3 +696,19 @@ def test_children_keep_their_executor_while_they_take_turns(s: Session, n: int) 
     assert out == f"{20 * n} True\n", out
     attaches = s.sandbox.guest.stats()["proc_attaches"] - before
     assert attaches == n if n <= 8 else attaches > n, attaches
+
+
+def test_a_spawned_spinning_child_does_not_starve_its_parent(template) -> None:
+    """subprocess.Popen (vfork, then the child's execve) of a shell that spins without a syscall:
+    its execve lets the parent go on, and the time slice must then end for the parent even though
+    the child never exits to the engine again. Before, the wake-up timer was armed only when the
+    child's run began (the parent was still in vfork then), so the parent's sleep never ended;
+    the cell's time limit bounds the test if it comes back."""
+    s = Session(template, timeout=120)
+    try:
+        reply = cell(s, "import subprocess, time\n"
+                        "p = subprocess.Popen(['/bin/sh', '-c', 'while :; do :; done'])\n"
+                        "time.sleep(0.5)\nprint('parent ran', p.poll())\np.kill(); print('killed', p.wait())", 1)
+        assert ok(reply) == "parent ran None\nkilled -9\n", reply
+    finally:
+        s.close()
