@@ -165,6 +165,7 @@ int64_t zb_threads_timer_horizon(const zb_threads *ts);
  * thread's slice, since a switch of processes re-attaches the VM to other memory and both sides
  * then re-fault what they touch (docs/PERFORMANCE.md, "Processes"). */
 #define ZB_PROC_SLICE_NS 100000000
+#define ZB_TIMER_RETRY_NS 1000000 /* a spent wake-up timer whose reason is still to come looks again after this */
 /* Internal stop events (never returned by zb_sandbox_run): the running process cannot go on now
  * and another process of its family can run. */
 #define ZB_EVENT_PROC_YIELD 101
@@ -307,6 +308,7 @@ int zb_take_kick(zb_sandbox *sb);
 /* Arm the run's POSIX timer (the kick signal to this thread) at the earlier of the run deadline and
  * the guest's alarm, or disarm it. */
 int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm);
+void zb_run_timer_rearm_if_spent(zb_sandbox *sb, zb_vm *vm);
 /* Take a kick signal queued while blocked (zb_kick_signal_seen, zb_outside_kick as its handler). */
 void zb_take_blocked_kick(void);
 /* The guest changed its alarm: re-arm the running sandbox's wake-up timer. */

@@ -173,8 +173,11 @@ int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
     int64_t threads_at = zb_threads_timer_horizon(&sb->threads); /* a waiter's timeout, a time slice's end */
     sb->threads.armed_horizon = threads_at; /* (the threads' part: what ticks compare) */
     if (sb->fam) { /* another process's timeout, or the end of this one's slice when another can run */
-        threads_at = ZB_MIN(threads_at, zb_family_next_wake(sb));
-        sb->threads.armed_for_procs = zb_family_others_runnable(sb, zb_now_ns());
+        int64_t now = zb_now_ns(), procs_at = zb_family_next_wake(sb);
+        /* a timeout already past (a sleeper that has not run since) makes that process runnable:
+         * the end of the slice below is its wake-up, not a timer that fires at once and is spent */
+        if (procs_at > now) threads_at = ZB_MIN(threads_at, procs_at);
+        sb->threads.armed_for_procs = zb_family_others_runnable(sb, now);
         if (sb->threads.armed_for_procs) threads_at = ZB_MIN(threads_at, sb->threads.slice_start_ns + ZB_PROC_SLICE_NS);
     }
     if (threads_at != INT64_MAX && (!at || threads_at < at)) at = ZB_MAX(threads_at, 1);
@@ -193,7 +196,29 @@ int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
     memset(&its, 0, sizeof its); /* at == 0 disarms */
     its.it_value.tv_sec = at / 1000000000;
     its.it_value.tv_nsec = at % 1000000000;
-    return timer_settime(vm->wake_timer, TIMER_ABSTIME, &its, NULL);
+    if (timer_settime(vm->wake_timer, TIMER_ABSTIME, &its, NULL) < 0) return -1;
+    vm->wake_at = at;
+    return 0;
+}
+
+/* The wake-up timer is one-shot: once its time is past it has fired, and whatever it was armed for
+ * is either handled (the loop checks the deadline, the alarm and the ticks before each KVM_RUN) or
+ * still to come (a mid-trap vCPU must finish its trap before it can yield). Entering KVM_RUN with a
+ * spent timer would let a process that never exits (a loop in user code) run past the deadline, so
+ * it is armed again first; for a time that is still past, a little later, so that the vCPU gets to
+ * finish its trap rather than return EINTR at once. */
+void zb_run_timer_rearm_if_spent(zb_sandbox *sb, zb_vm *vm) {
+    int64_t now = zb_now_ns();
+    if (!vm->wake_at || now < vm->wake_at) return;
+    int rc = zb_run_arm_wake_timer(sb, vm);
+    if (rc == 0 && vm->wake_at && vm->wake_at <= now) {
+        struct itimerspec its;
+        memset(&its, 0, sizeof its);
+        its.it_value.tv_nsec = ZB_TIMER_RETRY_NS;
+        rc = timer_settime(vm->wake_timer, 0, &its, NULL);
+        if (rc == 0) vm->wake_at = now + ZB_TIMER_RETRY_NS;
+    }
+    if (rc < 0) zb_log(sb, "cannot arm the run's wake-up timer again: %s", strerror(errno));
 }
 
 void zb_run_timer_update(zb_sandbox *sb) {

@@ -726,6 +726,7 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
             zb_run_timer_update(sb);
             continue;
         }
+        zb_run_timer_rearm_if_spent(sb, vm);
         zb_kick_signal_seen = 0;
         entry_answers_refresh(sb, vm);
         ZB_PROF_BEGIN(sb, t_run);
@@ -844,6 +845,7 @@ out:
     }
     if (vm->wake_timer_live) (void)timer_delete(vm->wake_timer); /* fails only for a bad timer id */
     vm->wake_timer_live = 0;
+    vm->wake_at = 0;
     zb_run_deadline_ns = 0;
     atomic_store(&sb->running, 0);
     /* drop a kick that arrived after we stopped looking, then restore the caller's mask */

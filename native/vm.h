@@ -32,6 +32,8 @@ typedef struct zb_vm {
     uint64_t tsc_khz;
     timer_t wake_timer;      /* during a run: sends the kick signal at the deadline or the guest's alarm */
     int wake_timer_live;
+    int64_t wake_at;         /* the CLOCK_MONOTONIC time it is armed for (0: disarmed): once past, the
+                                timer has fired and must be armed again before the next KVM_RUN */
     int manual_protect;      /* KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2 is on: reading the dirty log does not
                                 write-protect pages; zb_vm_protect_pages does, for the pages we name */
     /* The vCPU's special registers as last read, for returns to user mode after a syscall: they

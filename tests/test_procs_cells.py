@@ -712,3 +712,38 @@ def test_a_spawned_spinning_child_does_not_starve_its_parent(template) -> None:
         assert ok(reply) == "parent ran None\nkilled -9\n", reply
     finally:
         s.close()
+
+
+def test_a_parent_polling_a_spinning_child_keeps_its_turns(template) -> None:
+    """The parent polls (waitpid WNOHANG) and sleeps in a loop while its exec'd child spins without
+    a syscall. Each sleep's end falls inside the child's time slice; the wake-up timer, armed again
+    for it after it went off, was once armed for that already-past time, fired at once and was then
+    spent, so the child ran on with no timer at all: the parent never got the VM back and the cell
+    ran past its time limit. The limit bounds the test if it comes back."""
+    s = Session(template, timeout=120)
+    try:
+        reply = cell(s, "import subprocess, time\n"
+                        "p = subprocess.Popen(['/bin/sh', '-c', 'while :; do :; done'])\n"
+                        "polls, t0 = 0, time.monotonic()\n"
+                        "while p.poll() is None and polls < 10:\n"
+                        "    time.sleep(0.1); polls += 1\n"
+                        "print('polls', polls, p.poll()); p.kill(); print('killed', p.wait())", 1)
+        assert ok(reply) == "polls 10 None\nkilled -9\n", reply
+    finally:
+        s.close()
+
+
+def test_the_time_limit_stops_a_cell_whose_child_spins(template) -> None:
+    """A parent that waits forever for a child that never ends: the cell's time limit ends both,
+    as it ends a cell that spins itself, and the kernel goes on."""
+    s = Session(template, timeout=3.0)
+    try:
+        reply = cell(s, "import subprocess, time\n"
+                        "p = subprocess.Popen(['/bin/sh', '-c', 'while :; do :; done'])\n"
+                        "while p.poll() is None:\n"
+                        "    time.sleep(0.05)", 1)
+        assert reply["status"] == "error" and reply["ename"] == "SandboxTimeout", reply
+        assert ok(cell(s, "print('alive')", 2)) == "alive\n"
+        assert s.sandbox.guest.process_count() == 1
+    finally:
+        s.close()
