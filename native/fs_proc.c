@@ -73,18 +73,35 @@ static void gen_maps(zb_sandbox *sb, proc_buf *b) {
     }
 }
 
+/* The signal masks of /proc/PID/status (bit sig-1 for signal sig), which CPython's test suite and
+ * tools such as ps read to see what a process ignores or catches. */
+static void signal_sets(const zb_sandbox *sb, uint64_t *ignored, uint64_t *caught) {
+    *ignored = *caught = 0;
+    for (int sig = 1; sig <= 64; sig++) {
+        uint64_t h = sb->sig.action[sig].handler;
+        if (h == (uint64_t)(uintptr_t)SIG_IGN) *ignored |= ZB_SIG_BIT(sig);
+        else if (h != (uint64_t)(uintptr_t)SIG_DFL) *caught |= ZB_SIG_BIT(sig);
+    }
+}
+
 static void gen_status(zb_sandbox *sb, proc_buf *b) {
     uint64_t rss = sb->mem.pages_allocated, vm = mapped_pages(sb);
+    uint64_t ignored, caught;
+    signal_sets(sb, &ignored, &caught);
+    const zb_thread *me = &sb->threads.t[sb->threads.current];
     put(b, "Name:\t%.15s\nUmask:\t%04o\nState:\tR (running)\nTgid:\t%d\nNgid:\t0\nPid:\t%d\nPPid:\t%d\n"
            "TracerPid:\t0\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\nFDSize:\t%d\nGroups:\t1000\n"
            "VmPeak:\t%8llu kB\nVmSize:\t%8llu kB\nVmLck:\t       0 kB\nVmPin:\t       0 kB\n"
            "VmHWM:\t%8llu kB\nVmRSS:\t%8llu kB\nRssAnon:\t%8llu kB\nRssFile:\t       0 kB\nRssShmem:\t       0 kB\n"
            "VmData:\t%8llu kB\nVmStk:\t     132 kB\nVmExe:\t       0 kB\nVmLib:\t       0 kB\nVmSwap:\t       0 kB\n"
-           "Threads:\t1\nSigQ:\t0/0\nCpus_allowed:\t1\nCpus_allowed_list:\t0\nMems_allowed_list:\t0\n"
+           "Threads:\t%d\nSigQ:\t0/0\nSigPnd:\t%016llx\nShdPnd:\t%016llx\nSigBlk:\t%016llx\n"
+           "SigIgn:\t%016llx\nSigCgt:\t%016llx\nCpus_allowed:\t1\nCpus_allowed_list:\t0\nMems_allowed_list:\t0\n"
            "voluntary_ctxt_switches:\t0\nnonvoluntary_ctxt_switches:\t0\n",
         comm(sb), (unsigned)sb->proc.umask, own_pid(sb), own_pid(sb), parent_pid(sb), ZB_MAX_FDS,
         (unsigned long long)kib(vm), (unsigned long long)kib(vm), (unsigned long long)kib(rss),
-        (unsigned long long)kib(rss), (unsigned long long)kib(rss), (unsigned long long)kib(rss));
+        (unsigned long long)kib(rss), (unsigned long long)kib(rss), (unsigned long long)kib(rss),
+        ZB_MAX(sb->threads.count, 1), (unsigned long long)me->pending, (unsigned long long)sb->sig.pending,
+        (unsigned long long)sb->sig.blocked, (unsigned long long)ignored, (unsigned long long)caught);
 }
 
 static void gen_statm(zb_sandbox *sb, proc_buf *b) {

@@ -144,6 +144,15 @@ CELLS: list[Cell] = [
                          "(mem['MemTotal'] * 1024 == os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE'), mem['MemAvailable'] > 0)"),
     Cell("proc-self-status", "st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
                              "(int(st['Pid']) == os.getpid(), int(st['VmRSS'].split()[0]) > 0)"),
+    # the signal sets of status (what CPython's test_subprocess and ps read), in hex, bit sig-1
+    Cell("proc-self-status-signals", "import signal\n"
+                                     "old = signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n"
+                                     "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})\n"
+                                     "st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n"
+                                     "signal.signal(signal.SIGUSR1, old); signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})\n"
+                                     "bit = lambda key, sig: int(st[key], 16) >> (sig - 1) & 1\n"
+                                     "(bit('SigIgn', signal.SIGUSR1), bit('SigBlk', signal.SIGUSR2), bit('SigCgt', signal.SIGINT),\n"
+                                     " bit('SigIgn', signal.SIGUSR2), int(st['Threads']) >= 1, len(st['ShdPnd'].strip()))"),
     # the rest of the battery
     Cell("who", "%who_ls int"),
     Cell("capture", "%%capture captured\nprint('hidden')"),
