@@ -171,9 +171,9 @@ long zb_fifo_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out)
         zb_file_attach_tx(f, p);
         p->w_opens++;
     }
-    /* Linux's f_version: a reader that opens without waiting while no writer is there sees POLLHUP
-     * only once the writers' open count moved past this */
-    if (acc == O_RDONLY && !p->writers) f->offset = p->w_opens;
+    /* Linux's f_version: a reader that opens with O_NONBLOCK while no writer is there sees POLLHUP
+     * only once the writers' open count moved past this (0 for the others, as in fifo_open) */
+    if (acc == O_RDONLY && !p->writers && (flags & O_NONBLOCK)) f->offset = p->w_opens;
     int waits = acc == O_RDONLY ? !p->writers && !(flags & O_NONBLOCK) : acc == O_WRONLY && !p->readers;
     if (!waits) {
         *out = f;
