@@ -35,6 +35,7 @@ void zb_cpu_interrupted(zb_cpu *c) {
     c->pending_syscall = 0;
     c->pending_wake_ns = 0;
     c->io_done = 0;
+    c->fifo_wait = 0;
 }
 
 void zb_cpu_free(zb_cpu *c) {

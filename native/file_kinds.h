@@ -16,3 +16,4 @@ ZB_FILE_KIND(FILE_EVENTFD, 9, zb_file_eventfd_ops) /* file_eventfd.c: an eventfd
 ZB_FILE_KIND(FILE_INET, 10, zb_file_inet_ops)       /* file_inet.c: an internet socket (host TCP, resolver UDP) */
 ZB_FILE_KIND(FILE_PTY_MASTER, 11, zb_file_pty_master_ops) /* file_pty.c: a pty's master (/dev/ptmx) */
 ZB_FILE_KIND(FILE_PTY_SLAVE, 12, zb_file_pty_slave_ops)   /* file_pty.c: a pty's slave (/dev/pts/N) */
+ZB_FILE_KIND(FILE_FIFO, 13, zb_file_fifo_ops)     /* file_fifo.c: an end of a named pipe (mkfifo) */

@@ -158,8 +158,8 @@ long zb_overlay_truncate(zb_sandbox *sb, uint32_t ino, uint64_t size) {
     return rc;
 }
 
-/* Open a LOC_OVERLAY location: a file (truncated by O_TRUNC when opened for writing) or a
- * directory (FILE_DIR). */
+/* Open a LOC_OVERLAY location: a file (truncated by O_TRUNC when opened for writing), a
+ * directory (FILE_DIR) or a FIFO's end (file_fifo.c). */
 long zb_overlay_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out) {
     int wr = (flags & O_ACCMODE) != O_RDONLY;
     long rc;
@@ -167,6 +167,7 @@ long zb_overlay_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **o
     if (!in) return -ENOENT;
     if (in->type == INO_SYMLINK) return -ELOOP;
     if (in->type == INO_SOCKET) return -ENXIO; /* a socket's name: connect(2) to it, as in Linux */
+    if (in->type == INO_FIFO) return zb_fifo_open(sb, r, flags, out); /* (O_TRUNC does nothing to it) */
     if (in->readonly && (wr || (flags & O_TRUNC))) return -EACCES;
     if ((flags & O_TRUNC) && wr && (rc = zb_overlay_truncate(sb, r->loc.ino, 0)) < 0) return rc;
     zb_file *f = zb_file_new(r->loc.is_dir ? FILE_DIR : FILE_OVERLAY);

@@ -46,7 +46,7 @@ static uint64_t enlarged_in(const zb_fdtable *t, const zb_pipe *skip, const zb_p
     uint64_t bytes = 0;
     for (int i = 0; i < ZB_MAX_FDS; i++) {
         const zb_file *f = t->fd[i];
-        const zb_pipe *p = f && f->kind == FILE_PIPE ? (f->rx ? f->rx : f->tx) : NULL;
+        const zb_pipe *p = f && (f->kind == FILE_PIPE || f->kind == FILE_FIFO) ? (f->rx ? f->rx : f->tx) : NULL;
         if (!p || p == skip || zb_stream_cap(p) <= ZB_STREAM_CAP) continue;
         size_t k = 0;
         while (k < *n && seen[k] != p) k++;

@@ -50,6 +50,8 @@ zb_pipe *zb_pipe_copy(const zb_pipe *s) {
     p->consumed = s->consumed; /* (never its files in flight: a snapshot refuses them, a fork shares the stream) */
     p->reset = s->reset;
     p->cap = s->cap;
+    p->r_opens = s->r_opens;
+    p->w_opens = s->w_opens;
     if (s->tty) {
         if (!(p->tty = malloc(sizeof *p->tty))) { zb_pipe_free(p); return NULL; }
         *p->tty = *s->tty;

@@ -62,7 +62,8 @@ typedef struct zb_mnode {
 
 /* overlay inodes */
 enum { INO_FREE = 0, INO_DIR, INO_FILE, INO_SYMLINK, INO_WHITEOUT /* hides a project's host entry */,
-       INO_SOCKET /* the name an AF_UNIX socket was bound to (sys_socket.c) */ };
+       INO_SOCKET /* the name an AF_UNIX socket was bound to (sys_socket.c) */,
+       INO_FIFO /* a named pipe (mkfifo, mknod S_IFIFO): its opens share one pipe (file_fifo.c) */ };
 
 typedef struct zb_block {      /* refcounted file data, shared by snapshots until written */
     atomic_int refs;
@@ -126,6 +127,7 @@ typedef struct zb_inode_chunk {
 } zb_inode_chunk;
 
 struct zb_scm;
+struct zb_fifo_wait;
 struct zb_fs {
     zb_mnode *root;          /* shared by clones: see trie_refs */
     atomic_int *trie_refs;
@@ -139,6 +141,11 @@ struct zb_fs {
      * none (a snapshot refuses them); freeing the file system frees them (file_stream.c). */
     struct zb_scm *scm_all;
     int scm_inflight;
+    /* Threads of its family blocked in open(2) of a FIFO, each with the end it is opening (counted
+     * on the pipe as Linux counts a blocked opener): file_fifo.c. A clone has none (the thread
+     * starts its open over), freeing the file system closes them. */
+    struct zb_fifo_wait *fifo_waits;
+    uint64_t fifo_wait_ids;
 };
 
 /* Where a resolved path lives. */
@@ -315,7 +322,7 @@ uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);
 zb_inode *zb_ovl_inode(zb_fs *fs, uint32_t ino);
 /* Slot i (live or free) without copying its chunk: for reading only (saving, accounting). */
 const zb_inode *zb_ovl_peek(const zb_fs *fs, size_t i);
-/* The d_type a listing gives the inode (DT_DIR, DT_LNK, DT_SOCK or DT_REG). */
+/* The d_type a listing gives the inode (DT_DIR, DT_LNK, DT_SOCK, DT_FIFO or DT_REG). */
 unsigned char zb_ovl_dtype(const zb_inode *in);
 /* Slot i, writable; and room for n slots (loading a snapshot): 0 or -1. */
 zb_inode *zb_ovl_slot(zb_fs *fs, size_t i);
@@ -425,6 +432,9 @@ typedef struct zb_pipe {
                                 sk_err); copied by clones, not saved */
     size_t cap;              /* bytes it may hold, set by F_SETPIPE_SZ (a power of two, one page to
                                 ZB_PIPE_MAX_SIZE); 0: ZB_STREAM_CAP */
+    uint64_t r_opens, w_opens; /* a FIFO's pipe: opens for reading / writing so far (Linux's r_counter,
+                                w_counter: a blocked opener goes on once the other side's changed);
+                                copied by clones, not saved */
 } zb_pipe;
 static inline size_t zb_stream_cap(const zb_pipe *p) { return p->cap ? p->cap : ZB_STREAM_CAP; }
 
@@ -705,6 +715,11 @@ long zb_host_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out)
 long zb_overlay_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
 long zb_synth_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
 long zb_dev_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+/* file_fifo.c: open the FIFO r names (an INO_FIFO overlay inode): an end of its current pipe; a
+ * blocking open waits for the other side (ZB_SYSCALL_BLOCK / ZB_SYSCALL_STOP: served again). */
+long zb_fifo_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out);
+/* The file system ends: the ends of blocked FIFO opens are closed. */
+void zb_fifo_free_all(zb_fs *fs);
 /* A read-write project's file opened on the host for writing or creating (r becomes it). */
 long zb_host_open_project(zb_sandbox *sb, zb_resolved *r, uint64_t flags, uint64_t mode, zb_file **out);
 /* O_TMPFILE in the overlay directory dir: installs the new fd (or -errno). */

@@ -508,6 +508,7 @@ unsigned char zb_ovl_dtype(const zb_inode *in) {
     case INO_DIR: return DT_DIR;
     case INO_SYMLINK: return DT_LNK;
     case INO_SOCKET: return DT_SOCK;
+    case INO_FIFO: return DT_FIFO;
     default: return DT_REG;
     }
 }
@@ -522,7 +523,7 @@ void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st) {
     st->st_gid = in->readonly ? 0 : 1000;
     st->st_nlink = in->type == INO_DIR ? 2 : in->nlink ? in->nlink : in->memfd ? 0 : 1; /* a memfd is never named */
     st->st_mode = in->mode | (in->type == INO_DIR ? S_IFDIR : in->type == INO_SYMLINK ? S_IFLNK
-                              : in->type == INO_SOCKET ? S_IFSOCK : S_IFREG);
+                              : in->type == INO_SOCKET ? S_IFSOCK : in->type == INO_FIFO ? S_IFIFO : S_IFREG);
     st->st_size = in->type == INO_SYMLINK ? (off_t)strlen(in->target) : (off_t)in->size;
     st->st_blocks = (st->st_size + 511) / 512;
     st->st_mtim.tv_sec = in->mtime_ns / 1000000000;

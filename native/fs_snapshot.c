@@ -102,7 +102,7 @@ static void save_inode(zb_out *o, const zb_inode *in) {
 static void load_inode(zb_in *in, zb_fs *fs, zb_inode *n) {
     n->type = (int)in_u32(in);
     if (n->type == INO_FREE || in->err) return;
-    if (n->type < INO_DIR || n->type > INO_SOCKET) { in->err = 1; n->type = INO_FREE; return; }
+    if (n->type < INO_DIR || n->type > INO_FIFO) { in->err = 1; n->type = INO_FREE; return; }
     n->mode = in_u32(in) & 07777;
     n->nlink = in_u32(in);
     n->readonly = (int)in_u32(in);

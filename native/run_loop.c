@@ -311,6 +311,7 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     sb->cpu.pending_syscall = 0;
     sb->cpu.pending_wake_ns = 0;
     sb->cpu.io_done = 0;
+    sb->cpu.fifo_wait = 0;
     r->rax = (uint64_t)ret;
     zb_wake_gen++; /* it completed: a yielded syscall of another thread or process may go on now */
     ZB_PROF_BEGIN(sb, t_ret);

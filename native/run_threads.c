@@ -240,6 +240,7 @@ int zb_run_threads_block(zb_sandbox *sb, zb_vm *vm, uint64_t nr, zb_event *ev) {
         sb->cpu.pending_syscall = 0;
         sb->cpu.pending_wake_ns = 0;
         sb->cpu.io_done = 0;
+        sb->cpu.fifo_wait = 0;
     }
     return switch_away(sb, vm, -1, ev);
 }

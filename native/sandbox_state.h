@@ -85,7 +85,7 @@ struct zb_sandbox {
     char log[ZB_LOG_MAX];
     size_t log_len;
     uint64_t logged_unknown[8]; /* bitmap of syscall numbers already logged as unimplemented */
-    int logged_mknod;          /* mknod of a FIFO or socket file was logged (sys_fsmeta.c) */
+    int logged_mknod;          /* mknod of a socket file was logged (sys_fsmeta.c) */
     int logged_no_network;   /* socket() refusals so far (the first one is logged) */
     int read_took_files;     /* a read of the syscall under way reached files passed over a socket
                                 (SCM_RIGHTS): readv reads no further buffer (vector_io resets it) */

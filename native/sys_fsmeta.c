@@ -261,10 +261,14 @@ long zb_fs_mksock(zb_sandbox *sb, const char *path, uint64_t bind_id) {
 }
 
 /* mknod/mknodat: a regular file (S_IFREG or 0), in the overlay or, in a read-write folder, on the
- * host as open(O_CREAT | O_EXCL) would make it. Devices need CAP_MKNOD, which the guest's uid lacks
- * (EPERM). FIFOs and socket files are not made yet: after the checks any creation makes (EEXIST,
- * EROFS in a read-only folder, ...) they answer ENOSYS, with one log line saying why, never a node
- * on the host. */
+ * host as open(O_CREAT | O_EXCL) would make it; a FIFO (S_IFIFO, what mkfifo(3) calls), in the
+ * sandbox's own files only (file_fifo.c). Devices need CAP_MKNOD, which the guest's uid lacks
+ * (EPERM). Socket files are made by bind(2) only: after the checks any creation makes (EEXIST,
+ * EROFS in a read-only folder, ...) mknod(S_IFSOCK) answers ENOSYS, with one log line saying why.
+ * A FIFO in a read-write folder is EPERM, what Linux answers on a file system without FIFOs (vfat):
+ * made on the host, guest data would put a node there that blocks whoever opens it (the user's
+ * editor, a backup); kept in the overlay, it would be a name the folder itself never shows
+ * (%sandbox diff and export read the host there). */
 static long do_mknod(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mode, uint64_t dev) {
     (void)dev;
     unsigned type = (unsigned)mode & S_IFMT;
@@ -274,23 +278,27 @@ static long do_mknod(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mod
     zb_resolved r;
     long rc = creatable(sb, dirfd, upath, &r);
     if (rc < 0) return rc;
-    if (type == S_IFIFO || type == S_IFSOCK) {
+    if (type == S_IFSOCK) {
         if (!sb->logged_mknod) {
             sb->logged_mknod = 1;
-            zb_log(sb, "mknod(%s) answered ENOSYS: FIFOs and socket files made by mknod are not implemented "
-                       "(a FIFO's open must wait for its other end); use pipes or bind(2)",
-                   type == S_IFIFO ? "S_IFIFO, mkfifo" : "S_IFSOCK");
+            zb_log(sb, "mknod(S_IFSOCK) answered ENOSYS: socket files made by mknod are not implemented; "
+                       "bind(2) an AF_UNIX socket to the path instead");
         }
         return -ENOSYS;
     }
     unsigned perm = (unsigned)mode & 07777 & ~sb->proc.umask;
+    if (rc == ON_HOST && type == S_IFIFO) {
+        zb_log(sb, "mknod(S_IFIFO, mkfifo) of %s refused with EPERM: FIFOs can be made only in the sandbox's own "
+                   "files (such as /tmp), never in a host folder", r.path);
+        return -EPERM;
+    }
     if (rc == ON_HOST) {
         int fd = zb_proj_host_open(&r, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, perm & ZB_HOST_MODE_BITS);
         if (fd < 0) return fd;
         close(fd);
         return 0;
     }
-    uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, perm);
+    uint32_t ino = zb_ovl_new_inode(sb->fs, type == S_IFIFO ? INO_FIFO : INO_FILE, perm);
     if (!ino) return -ENOSPC;
     if ((rc = zb_ovl_link(sb->fs, r.parent.ino, r.name, ino)) < 0) zb_ovl_discard(sb->fs, ino);
     return rc;

@@ -104,6 +104,7 @@ void zb_threads_resume(zb_threads *ts, int slot, long result) {
     t->cpu.pending_syscall = 0;
     t->cpu.pending_wake_ns = 0;
     t->cpu.io_done = 0;
+    t->cpu.fifo_wait = 0;
 }
 
 int zb_threads_futex_wake(zb_threads *ts, uint64_t addr, uint32_t bitset, int n) {
