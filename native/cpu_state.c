@@ -30,12 +30,16 @@ int zb_cpu_clone(zb_cpu *dst, const zb_cpu *src, size_t xsave_size) {
     return 0;
 }
 
-void zb_cpu_interrupted(zb_cpu *c) {
-    c->regs.rax = c->io_done ? c->io_done : (uint64_t)-EINTR;
+void zb_cpu_syscall_done(zb_cpu *c) {
     c->pending_syscall = 0;
     c->pending_wake_ns = 0;
     c->io_done = 0;
     c->fifo_wait = 0;
+}
+
+void zb_cpu_interrupted(zb_cpu *c) {
+    c->regs.rax = c->io_done ? c->io_done : (uint64_t)-EINTR;
+    zb_cpu_syscall_done(c);
 }
 
 void zb_cpu_free(zb_cpu *c) {

@@ -308,10 +308,7 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         *ev = sb->stop_ev;
         return 1;
     }
-    sb->cpu.pending_syscall = 0;
-    sb->cpu.pending_wake_ns = 0;
-    sb->cpu.io_done = 0;
-    sb->cpu.fifo_wait = 0;
+    zb_cpu_syscall_done(&sb->cpu);
     r->rax = (uint64_t)ret;
     zb_wake_gen++; /* it completed: a yielded syscall of another thread or process may go on now */
     ZB_PROF_BEGIN(sb, t_ret);

@@ -237,10 +237,7 @@ int zb_run_threads_block(zb_sandbox *sb, zb_vm *vm, uint64_t nr, zb_event *ev) {
         sb->cpu.pending_syscall = 1;
         sb->cpu.pending_nr = nr;
     } else {
-        sb->cpu.pending_syscall = 0;
-        sb->cpu.pending_wake_ns = 0;
-        sb->cpu.io_done = 0;
-        sb->cpu.fifo_wait = 0;
+        zb_cpu_syscall_done(&sb->cpu);
     }
     return switch_away(sb, vm, -1, ev);
 }

@@ -101,10 +101,7 @@ void zb_threads_resume(zb_threads *ts, int slot, long result) {
     /* a waiting thread is parked (run_threads.c), the running one's included: its slot holds its state */
     if (result == -EINTR && t->cpu.pending_syscall) { zb_cpu_interrupted(&t->cpu); return; } /* a whole write's count */
     t->cpu.regs.rax = (uint64_t)result;
-    t->cpu.pending_syscall = 0;
-    t->cpu.pending_wake_ns = 0;
-    t->cpu.io_done = 0;
-    t->cpu.fifo_wait = 0;
+    zb_cpu_syscall_done(&t->cpu);
 }
 
 int zb_threads_futex_wake(zb_threads *ts, uint64_t addr, uint32_t bitset, int n) {

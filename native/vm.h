@@ -181,6 +181,8 @@ void zb_cpu_free(zb_cpu *c);
 /* A signal interrupts the blocked syscall c was to serve again: it is no longer pending, and its
  * result is -EINTR, or what a whole write moved before it waited (io_done), as Linux returns a
  * partial count then. */
+/* The syscall it was in completed (or the thread gave it up): nothing of it is pending any more. */
+void zb_cpu_syscall_done(zb_cpu *c);
 void zb_cpu_interrupted(zb_cpu *c);
 /* On disk. A load refuses an XSAVE image of another size than xsave_size (another host's CPU). */
 void zb_cpu_save(const zb_cpu *c, size_t xsave_size, struct zb_out *o);
