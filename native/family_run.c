@@ -318,14 +318,25 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
         if (i != fam->current) fam->switches++;
         fam->current = i;
         fam->yielded = -1;
-        zb_member *m = &fam->m[i];
-        zb_sandbox *p = m->sb;
+        zb_sandbox *p = fam->m[i].sb;
+        int32_t pid = fam->m[i].pid;
         p->threads.slice_start_ns = now;
         shared_before_run(fam, p);
         int64_t t_run = zb_now_ns();
         rc = zb_run_one(p, deadline_ns, ev);
         if (p != root) fam->child_run_ns += (uint64_t)(zb_now_ns() - t_run);
         shared_after_run(fam, p);
+        /* its run may have reaped other members (wait4), and a removal moves the last member into
+         * the freed slot: p's own slot can have moved, so it is looked up again (a process never
+         * reaps itself, and only its end removes it) */
+        i = zb_family_find(fam, pid);
+        if (i < 0) { /* cannot happen: treated as the end of the family's run */
+            memset(ev, 0, sizeof *ev);
+            ev->kind = ZB_EVENT_ERROR;
+            snprintf(ev->message, sizeof ev->message, "process %d left the family during its own run", pid);
+            break;
+        }
+        fam->current = i;
         if (ev->kind == ZB_EVENT_PROC_YIELD) {
             fam->yielded = i;
             continue;
@@ -334,7 +345,7 @@ int zb_sandbox_run(zb_sandbox *root, int64_t deadline_ns, zb_event *ev) {
             if (ev->kind == ZB_EVENT_EXIT || ev->kind == ZB_EVENT_FAULT || ev->kind == ZB_EVENT_ERROR) zb_family_end(root);
             break;
         }
-        int32_t pid = m->pid;
+        zb_member *m = &fam->m[i];
         if (ev->kind == ZB_EVENT_EXIT) { end_member(root, fam, i, (ev->status & 0xff) << 8); continue; }
         if (ev->kind == ZB_EVENT_FAULT) { end_member(root, fam, i, ev->signal & 0x7f); continue; }
         if (ev->kind == ZB_EVENT_ERROR) {

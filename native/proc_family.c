@@ -151,10 +151,14 @@ void zb_family_signal(zb_family *fam, int i, int sig) {
 
 void zb_family_remove(zb_family *fam, int i) {
     if (i <= 0 || i >= fam->count) return; /* process 1 stays */
-    fam->m[i] = fam->m[fam->count - 1];
-    memset(&fam->m[fam->count - 1], 0, sizeof fam->m[0]);
+    int last = fam->count - 1;
+    fam->m[i] = fam->m[last]; /* the last member moves into the freed slot: indexes into m follow it */
+    memset(&fam->m[last], 0, sizeof fam->m[0]);
     fam->count--;
-    if (fam->current >= fam->count) fam->current = 0;
+    if (fam->current == last) fam->current = i;
+    else if (fam->current >= fam->count) fam->current = 0;
+    if (fam->yielded == last) fam->yielded = i;
+    else if (fam->yielded == i || fam->yielded >= fam->count) fam->yielded = -1;
 }
 
 void zb_family_member_execed(zb_sandbox *sb) {

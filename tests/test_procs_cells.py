@@ -747,3 +747,36 @@ def test_the_time_limit_stops_a_cell_whose_child_spins(template) -> None:
         assert s.sandbox.guest.process_count() == 1
     finally:
         s.close()
+
+
+def test_a_process_that_reaps_its_child_and_exits_in_one_run_is_seen_to_exit(template) -> None:
+    """The family keeps its processes in an array, and reaping one moves the last into the freed
+    slot. Here the family is [1, a, b, c], the parent reaps a (c moves into a's slot), then b reaps
+    c and exits without blocking in between: during b's own run b moved to another slot, and its exit was once
+    recorded for the slot b had when its run began, so b never became a zombie and every wait
+    for it (the parent's here, sh's in `!pwd | xargs basename`) waited forever. The cell's time
+    limit bounds the test if it comes back."""
+    s = Session(template, timeout=60)
+    try:
+        out = ok(cell(s, "import os\n"
+                         "r1, w1 = os.pipe()  # b to the parent: c has exited\n"
+                         "r2, w2 = os.pipe()  # the parent to b: a is reaped\n"
+                         "a = os.fork()\n"
+                         "if a == 0:\n    os._exit(0)\n"
+                         "b = os.fork()\n"
+                         "if b == 0:\n"
+                         "    c = os.fork()\n"
+                         "    if c == 0:\n        os._exit(0)\n"
+                         "    os.waitid(os.P_PID, c, os.WEXITED | os.WNOWAIT)  # c is a zombie, not reaped\n"
+                         "    os.write(w1, b'x'); os.read(r2, 1)\n"
+                         "    os.waitpid(c, 0)\n"
+                         "    os._exit(7)\n"
+                         "os.read(r1, 1)\n"
+                         "os.waitpid(a, 0)  # the family is [1, a, b, c]: c moves into a's slot\n"
+                         "os.write(w2, b'x')\n"
+                         "print(os.waitstatus_to_exitcode(os.waitpid(b, 0)[1]))", 1))
+        assert out == "7\n", out
+        here = ok(cell(s, "print(os.path.basename(os.getcwd()))", 2)).strip()
+        assert ok(cell(s, "!pwd | xargs basename", 3)).strip() == here
+    finally:
+        s.close()
