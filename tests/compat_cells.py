@@ -27,7 +27,8 @@ class Cell:
 # allocation cells is dropped, and so whether a later cell says so on stderr; waiting makes the
 # battery's outputs the same in every run (the default is tested in tests/test_checkpoint_spill.py).
 ENV = {"MY_NOTEBOOK_VAR": "hello", "OPENBLAS_CORETYPE": "Haswell", "LANG": "C.UTF-8",
-       "ZEROBOOT_CHECKPOINT_SPILL_BEHIND": "wait"}
+       "ZEROBOOT_CHECKPOINT_SPILL_BEHIND": "wait",
+       "SHELL": "/bin/bash"}  # a bash user's `!cmd` (IPython runs `$SHELL -c cmd`)
 
 # The project the notebook lives in: {relative path: content}; the notebook folder is "notebooks".
 PROJECT = {
@@ -127,6 +128,22 @@ CELLS: list[Cell] = [
     Cell("bash-slow-loop", "%%bash\nfor i in 1 2 3; do echo line $i; sleep 0.2; done"),
     Cell("sh-stdout-kind", "%%sh\ntest -t 1 && echo terminal || echo pipe"),
     Cell("os-system", "os.system('true')"),
+    # the user's shell, pipelines whose processes reap each other, errors and exit codes
+    Cell("shell-is-users", "!test -n \"$BASH_VERSION\" && echo bash || echo sh"),
+    Cell("shell-pipeline-xargs", "!pwd | xargs basename"),
+    Cell("shell-missing-file", "!cat no-such-file; echo rc=$?"),
+    Cell("bash-stderr-exit", "%%bash\necho out\necho err >&2\nexit 3"),
+    Cell("script-python", "%%script python3\nprint('from script')"),
+    Cell("check-output-pipeline", "import subprocess\n"
+                                  "subprocess.check_output('seq 1 1000 | sort -rn | head -3', shell=True, text=True)"),
+    Cell("popen-communicate", "p = subprocess.Popen(['cat'], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+                              "len(p.communicate(b'x' * 100000)[0])"),
+    Cell("os-popen", "os.popen('echo hi').read()"),
+    Cell("process-pool-executor", "from concurrent.futures import ProcessPoolExecutor\nimport math\n"
+                                  "with ProcessPoolExecutor(2) as ex:\n    r = list(ex.map(math.factorial, range(10)))\nr[-1]"),
+    Cell("threading-timer", "import threading\nev = threading.Event(); threading.Timer(0.05, ev.set).start()\nev.wait(5)"),
+    Cell("event-loop-running", "import asyncio\nasyncio.get_event_loop().is_running()"),
+    Cell("sigint-handler", "import signal\nsignal.getsignal(signal.SIGINT) is signal.default_int_handler"),
     # issue 15: multiprocessing with the fork start method, a forked child's print
     Cell("multiprocessing-pool", "import multiprocessing\nwith multiprocessing.Pool(2) as pool:\n"
                                  "    print(pool.map(abs, [-3, -2, -1, 0, 1]))"),

@@ -4,6 +4,7 @@ notebook's project (not only its folder) is shown, the locale follows the host's
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -123,6 +124,21 @@ def test_environment_policy() -> None:
     assert guest_environ.template_environment(env) == {"OPENBLAS_CORETYPE": "Haswell"}
     with pytest.raises(guest_environ.EnvironmentConfigError):
         guest_environ.session_environment({"ZEROBOOT_ENV": "everything"})
+
+
+def test_the_users_shell_is_forwarded_when_the_sandbox_has_it(tmp_path) -> None:
+    """`!cmd` runs `$SHELL -c cmd`: bash users get bash in the guest too (the system view has it);
+    a shell the view lacks (a host path outside it, a relative name) is not forwarded, and then
+    IPython falls back to sh, as it does without SHELL."""
+    bash = shutil.which("bash")
+    assert bash, "the host has no bash"
+    assert guest_environ.session_environment({"SHELL": bash}) == {"SHELL": bash}
+    own = tmp_path / "myshell"
+    own.write_text("#!/bin/sh\n")
+    own.chmod(0o755)
+    for shell in (str(own), "bash", "/nonexistent/zsh"):
+        assert "SHELL" not in guest_environ.session_environment({"SHELL": shell}), shell
+    assert "SHELL" not in guest_environ.session_environment({"SHELL": bash, "ZEROBOOT_ENV": "clean"})
 
 
 def test_environment_reaches_the_cells(template, tmp_path) -> None:

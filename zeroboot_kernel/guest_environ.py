@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping
 
 from .errors import ZerobootError
+from .guest_view import program_in_system_view
 
 ENV_MODES = ("inherit", "clean")
 
@@ -34,7 +35,6 @@ WITHHELD: dict[str, str] = {
     "USER": "the guest's identity is fixed (user 'sandbox')",
     "LOGNAME": "the guest's identity is fixed (user 'sandbox')",
     "USERNAME": "the guest's identity is fixed (user 'sandbox')",
-    "SHELL": "there is no shell in the guest",
     "MAIL": "a host path of the user's mailbox",
     "TMPDIR": "the guest has its own private /tmp",
     "PWD": "the guest's working directory is set by the sandbox",
@@ -129,6 +129,12 @@ def session_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
             continue
         if _matches(name, allow) or _matches(name, LOCALE_VARIABLES):
             out[name] = value
+        elif name == "SHELL":
+            # IPython's `!cmd` and `%%sx` run `$SHELL -c cmd` (sh without it): the user's shell,
+            # when the sandbox has that program, so that `!echo {1..3}` means what it means under
+            # ipykernel (bash: 1 2 3; sh: {1..3})
+            if mode == "inherit" and program_in_system_view(value, dict(env)):
+                out[name] = value
         elif mode == "inherit" and withheld_reason(name) is None and not _matches(name, TEMPLATE_VARIABLES):
             out[name] = value
         if len(out) >= MAX_VARIABLES:

@@ -273,6 +273,17 @@ def system_view(env: dict[str, str] | None = None) -> list[str]:
     return sorted(paths)
 
 
+def program_in_system_view(path: str, env: dict[str, str] | None = None) -> bool:
+    """Whether the guest can run the host program at `path` (an absolute path): it is an executable
+    file inside the system view, so the guest sees it at the same path."""
+    if not os.path.isabs(path):
+        return False
+    real = os.path.realpath(path)
+    if not (os.path.isfile(real) and os.access(real, os.X_OK)):
+        return False
+    return any(real == p or real.startswith(p.rstrip("/") + "/") for p in system_view(env))
+
+
 # Compiled locales (glibc's locale-archive and per-locale folders): `setlocale(LC_ALL, "")` with the
 # host's LANG/LC_* (forwarded, guest_environ.py) finds the same locales as on the host.
 LOCALE_DIRS = ("/usr/lib/locale", "/usr/lib64/locale")
