@@ -288,6 +288,8 @@ static uint64_t build_stack(zb_sandbox *sb, const zb_exec_args *args, const char
     uint64_t execfn_at = sp;
     PUSH_BYTES(args->buf, args->len);
     uint64_t strings = sp;
+    sb->proc.arg_start = sb->proc.arg_end = strings;
+    for (uint32_t i = 0; i < args->argc; i++) sb->proc.arg_end += strlen((const char *)m + sb->proc.arg_end) + 1;
     PUSH_BYTES("x86_64", 7);
     uint64_t platform = sp;
     uint8_t rnd[16];

@@ -32,7 +32,8 @@ enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART, DEV_PTMX,
        DEV_PTS_PTMX, /* /dev/pts/ptmx: mode 0000 and root's, as devpts makes it (EACCES to the guest) */
        /* /proc files synthesised when opened (fs_proc.c): regular read-only files, not devices */
        DEV_PROC_FIRST = 32, DEV_PROC_MAPS = DEV_PROC_FIRST, DEV_PROC_STATUS, DEV_PROC_STAT, DEV_PROC_STATM,
-       DEV_PROC_SMAPS_ROLLUP, DEV_PROC_CGROUP, DEV_PROC_MEMINFO, DEV_PROC_CPUINFO, DEV_PROC_LAST = DEV_PROC_CPUINFO,
+       DEV_PROC_SMAPS_ROLLUP, DEV_PROC_CGROUP, DEV_PROC_MEMINFO, DEV_PROC_CPUINFO, DEV_PROC_UPTIME,
+       DEV_PROC_SYSTEM_STAT, DEV_PROC_CMDLINE, DEV_PROC_LAST = DEV_PROC_CMDLINE,
        /* /dev/pts/N, the slave end of pty N (N < ZB_PTY_MAX): opened by file_pty.c zb_pty_open_slave */
        DEV_PTS_FIRST = 64 };
 /* st_ino of a device (stat of its path, fstat of what it opened, d_ino of its /dev/pts entry) */
@@ -161,6 +162,8 @@ typedef struct zb_loc {
     zb_mnode *proj_root;     /* that project's trie node */
     int lower;               /* project: the host has this object too (not hidden) */
     uint32_t upper;          /* project, overlay mode: the upper-layer inode here, or 0 */
+    int32_t pid;             /* /proc/<pid> and what is below it: the process of the family it names
+                                (fs_proc.c zb_proc_target); 0: the caller's own (/proc/self) */
 } zb_loc;
 
 typedef struct zb_resolved {
@@ -314,7 +317,12 @@ int zb_host_fd_ordinary(int fd);
 /* fs_proc.c */
 int zb_proc_add_files(zb_mnode *proc, zb_mnode *self);
 int zb_dev_is_proc(int dev);
-long zb_proc_snapshot(zb_sandbox *sb, int dev); /* a new unnamed inode with the content, or -errno */
+long zb_proc_snapshot(zb_sandbox *sb, int32_t pid, int dev); /* a new unnamed inode with the content of
+                                                              process pid's file (0: sb's own), or -errno */
+/* The live process of sb's family that /proc/<pid> names (0: sb itself), or NULL: zombies and
+ * processes outside the family have no /proc entry here. */
+zb_sandbox *zb_proc_target(zb_sandbox *sb, int32_t pid);
+int zb_proc_list_pids(zb_sandbox *sb, zb_listing *out); /* /proc's numeric entries */
 
 /* fs_overlay.c */
 uint32_t zb_ovl_new_inode(zb_fs *fs, int type, uint32_t mode);

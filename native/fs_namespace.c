@@ -271,17 +271,28 @@ int zb_walk_stat_get(const char *host_path, struct stat *st) {
     return 0;
 }
 
+/* The pid a /proc entry's name is (digits, no leading zero, 1..INT32_MAX), else 0. */
+static int32_t proc_pid_name(const char *name) {
+    if (name[0] < '1' || name[0] > '9' || strlen(name) > 10) return 0;
+    int64_t v = 0;
+    for (const char *c = name; *c; c++) {
+        if (*c < '0' || *c > '9') return 0;
+        v = v * 10 + (*c - '0');
+    }
+    return v <= INT32_MAX ? (int32_t)v : 0;
+}
+
 /* Look `name` up in directory `dir` (whose canonical path is `path`). If it is a symlink, its
  * target is copied to `link` and 1 is returned. */
 static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const char *name, zb_loc *out, char *link) {
     zb_mnode *m = dir->mnode ? zb_mnode_child(dir->mnode, name) : NULL;
-    /* /proc/<own pid> is /proc/self (psutil.Process(os.getpid()) in a fork child reads it); other
-     * processes' /proc entries do not exist */
+    /* /proc/<pid> of a live process of the family is /proc/self's files of that process (ps,
+     * psutil); <own pid> is /proc/self itself */
     if (!m && dir->mnode && dir->mnode->parent == sb->fs->root && !strcmp(dir->mnode->name, "proc")) {
-        char own[16];
-        snprintf(own, sizeof own, "%d", (int)zb_proc_getpid(sb));
-        if (!strcmp(name, own) && (m = zb_mnode_child(dir->mnode, "self"))) {
+        int32_t pid = proc_pid_name(name);
+        if (pid > 0 && zb_proc_target(sb, pid) && (m = zb_mnode_child(dir->mnode, "self"))) {
             int r = loc_from_mnode(sb, m, out);
+            out->pid = zb_proc_target(sb, pid) == sb ? 0 : pid;
             return r < 0 ? r : 0;
         }
     }
@@ -296,8 +307,14 @@ static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const cha
     if (m) {
         int r = loc_from_mnode(sb, m, out);
         if (r < 0) return r;
+        out->pid = dir->pid; /* below /proc/<pid>: that process's files */
         if (m->kind == MNT_SYMLINK) { snprintf(link, PATH_MAX, "%s", m->target); return 1; }
-        if (m->kind == MNT_PROC_EXE) { snprintf(link, PATH_MAX, "%s", sb->proc.exe); return 1; }
+        if (m->kind == MNT_PROC_EXE) {
+            const zb_sandbox *t = zb_proc_target(sb, dir->pid);
+            if (!t) return -ENOENT; /* it ended since its directory was looked up */
+            snprintf(link, PATH_MAX, "%s", t->proc.exe);
+            return 1;
+        }
         if (out->kind == LOC_OVERLAY && zb_ovl_inode(sb->fs, out->ino)->type == INO_SYMLINK) {
             snprintf(link, PATH_MAX, "%s", zb_ovl_inode(sb->fs, out->ino)->target);
             return 1;
@@ -485,7 +502,13 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
         return 0;
     case LOC_SYMLINK:
         st->st_mode = S_IFLNK | 0777;
-        st->st_size = l->mnode->kind == MNT_PROC_EXE ? strlen(sb->proc.exe) : strlen(l->mnode->target);
+        if (l->mnode->kind == MNT_PROC_EXE) {
+            const zb_sandbox *t = zb_proc_target(sb, l->pid);
+            if (!t) return -ENOENT;
+            st->st_size = (off_t)strlen(t->proc.exe);
+        } else {
+            st->st_size = (off_t)strlen(l->mnode->target);
+        }
         return 0;
     case LOC_DEV:
         zb_dev_stat(l->dev, st);
@@ -533,6 +556,8 @@ int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
     int ret = 0;
     if ((ret = zb_listing_add(out, ".", DT_DIR, 0)) < 0 || (ret = zb_listing_add(out, "..", DT_DIR, 0)) < 0) goto fail;
     if (l->mnode && l->mnode->kind == MNT_PTS && (ret = zb_pty_list(sb, out)) < 0) goto fail; /* then its ptmx */
+    if (l->mnode && l->mnode->parent == sb->fs->root && !strcmp(l->mnode->name, "proc") && (ret = zb_proc_list_pids(sb, out)) < 0)
+        goto fail;
     for (size_t i = 0; l->mnode && i < l->mnode->nchildren; i++) {
         zb_mnode *c = l->mnode->children[i];
         if ((ret = zb_listing_add(out, c->name, mnode_dtype(sb, c), 0)) < 0) goto fail;

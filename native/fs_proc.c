@@ -14,6 +14,7 @@
 #include "sandbox_state.h"
 #include "fs.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <sys/mman.h>
@@ -43,6 +44,22 @@ static void put(proc_buf *b, const char *fmt, ...) {
         b->data = nd;
         b->cap = cap;
     }
+}
+
+/* Raw bytes (with NULs, which put's format cannot carry). */
+static void put_bytes(proc_buf *b, const void *data, size_t n) {
+    if (b->failed) return;
+    if (b->len + n > PROC_MAX) { b->failed = 1; return; }
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n) cap *= 2;
+        char *nd = realloc(b->data, cap);
+        if (!nd) { b->failed = 1; return; }
+        b->data = nd;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
 }
 
 static uint64_t kib(uint64_t pages) { return pages * (ZB_PAGE / 1024); }
@@ -198,6 +215,40 @@ static void gen_cpuinfo(zb_sandbox *sb, proc_buf *b) {
            "initial apicid\t: 0\n\n", cpu_desc);
 }
 
+/* /proc/uptime and /proc/stat, which ps, top, uptime and psutil read first (procps gives up
+ * without them: "fatal library error, reap"). The uptime is the guest's CLOCK_BOOTTIME, which
+ * sys_time.c serves from the host's, so that btime + a clock the guest reads agree; the idle
+ * time is what the sandbox did not spend running this process. */
+static void gen_uptime(zb_sandbox *sb, proc_buf *b) {
+    uint64_t up = zb_guest_uptime_ns(), cpu = zb_guest_cpu_ns(sb), idle = up > cpu ? up - cpu : 0;
+    put(b, "%llu.%02llu %llu.%02llu\n", (unsigned long long)(up / 1000000000), (unsigned long long)(up % 1000000000 / 10000000),
+        (unsigned long long)(idle / 1000000000), (unsigned long long)(idle % 1000000000 / 10000000));
+}
+
+static void gen_system_stat(zb_sandbox *sb, proc_buf *b) {
+    const uint64_t tick = 10000000; /* USER_HZ 100 */
+    uint64_t user, sys, up = zb_guest_uptime_ns();
+    zb_guest_cpu_split(sb, &user, &sys);
+    uint64_t idle = up > user + sys ? (up - user - sys) / tick : 0;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned long long u = (unsigned long long)(user / tick), s = (unsigned long long)(sys / tick);
+    put(b, "cpu  %llu 0 %llu %llu 0 0 0 0 0 0\ncpu0 %llu 0 %llu %llu 0 0 0 0 0 0\nintr 0\nctxt 0\nbtime %llu\n"
+           "processes %d\nprocs_running 1\nprocs_blocked 0\nsoftirq 0 0 0 0 0 0 0 0 0 0 0\n",
+        u, s, (unsigned long long)idle, u, s, (unsigned long long)idle,
+        (unsigned long long)(now.tv_sec - (time_t)(up / 1000000000)), zb_sandbox_process_count(sb));
+}
+
+/* The argv strings as the process's memory holds them now (setproctitle rewrites them), NUL-separated,
+ * as Linux reads mm->arg_start..arg_end; empty if that memory is gone. */
+static void gen_cmdline(zb_sandbox *sb, proc_buf *b) {
+    uint64_t n = ZB_MIN(sb->proc.arg_end - sb->proc.arg_start, (uint64_t)ZB_PROC_CMDLINE_MAX);
+    char *buf = n ? malloc(n) : NULL;
+    if (n && !buf) { b->failed = 1; return; }
+    if (n && zb_copy_from_guest(sb, buf, sb->proc.arg_start, n) == 0) put_bytes(b, buf, n);
+    free(buf);
+}
+
 static void gen_cgroup(zb_sandbox *sb, proc_buf *b) {
     (void)sb;
     put(b, "0::/\n");
@@ -211,8 +262,11 @@ static const struct { int id; const char *name; int in_self; proc_gen gen; } pro
     {DEV_PROC_STATM, "statm", 1, gen_statm},
     {DEV_PROC_SMAPS_ROLLUP, "smaps_rollup", 1, gen_smaps_rollup},
     {DEV_PROC_CGROUP, "cgroup", 1, gen_cgroup},
+    {DEV_PROC_CMDLINE, "cmdline", 1, gen_cmdline},
     {DEV_PROC_MEMINFO, "meminfo", 0, gen_meminfo},
     {DEV_PROC_CPUINFO, "cpuinfo", 0, gen_cpuinfo},
+    {DEV_PROC_UPTIME, "uptime", 0, gen_uptime},
+    {DEV_PROC_SYSTEM_STAT, "stat", 0, gen_system_stat},
 };
 #define NPROC (sizeof proc_files / sizeof proc_files[0])
 
@@ -227,14 +281,36 @@ int zb_proc_add_files(zb_mnode *proc, zb_mnode *self) {
 
 int zb_dev_is_proc(int dev) { return dev >= DEV_PROC_FIRST && dev <= DEV_PROC_LAST; }
 
-/* An unnamed read-only overlay file holding the content of /proc file `dev` now: its inode, or -errno. */
-long zb_proc_snapshot(zb_sandbox *sb, int dev) {
+zb_sandbox *zb_proc_target(zb_sandbox *sb, int32_t pid) {
+    if (!pid || pid == own_pid(sb)) return sb;
+    int i = sb->fam ? zb_family_find(sb->fam, pid) : -1;
+    if (i < 0 || sb->fam->m[i].zombie || !sb->fam->m[i].sb || sb->fam->m[i].sb->finished) return NULL;
+    return sb->fam->m[i].sb;
+}
+
+int zb_proc_list_pids(zb_sandbox *sb, zb_listing *out) {
+    int n = sb->fam ? sb->fam->count : 1;
+    for (int i = 0; i < n; i++) {
+        int32_t pid = sb->fam ? sb->fam->m[i].pid : own_pid(sb);
+        if (!zb_proc_target(sb, pid)) continue;
+        char name[16];
+        snprintf(name, sizeof name, "%d", (int)pid);
+        int r = zb_listing_add(out, name, DT_DIR, 0);
+        if (r < 0) return r;
+    }
+    return 0;
+}
+
+/* An unnamed read-only overlay file holding the content of /proc file `dev` of process pid now:
+ * its inode, or -errno. */
+long zb_proc_snapshot(zb_sandbox *sb, int32_t pid, int dev) {
     proc_gen gen = NULL;
     for (size_t i = 0; i < NPROC; i++)
         if (proc_files[i].id == dev) gen = proc_files[i].gen;
-    if (!gen) return -ENOENT;
+    zb_sandbox *target = zb_proc_target(sb, pid);
+    if (!gen || !target) return -ENOENT;
     proc_buf b = {0};
-    gen(sb, &b);
+    gen(target, &b);
     if (b.failed) { free(b.data); return -ENOMEM; }
     uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, 0444);
     if (!ino) { free(b.data); return -ENOMEM; }

@@ -45,13 +45,15 @@ typedef struct zb_process {
                                 PR_SET_NAME): prctl(PR_GET_NAME), /proc/self/status and stat */
     char cwd[PATH_MAX];
     uint64_t tid_address;
+    uint64_t arg_start, arg_end; /* guest range of its argv strings (the initial stack's, elf_loader.c),
+                                read by /proc/PID/cmdline as Linux reads mm->arg_start..arg_end */
     int32_t pid;             /* its pid in its family (1: process 1, also without a family) */
     int32_t vfork_child;     /* in vfork: the child it waits for (sys_procs.c) */
     unsigned umask;
     int32_t nice;            /* getpriority/setpriority (sys_priority.c): -20..19, no effect on scheduling */
     int exit_status;
     uint64_t cpu_ns;         /* CPU time the guest has used (its runs' wall time), as the guest reads it
-                                (clock_gettime CPU clocks, getrusage, times, sysinfo): part of the state a
+                                (clock_gettime CPU clocks, getrusage, times): part of the state a
                                 snapshot restores, so an isolated cell never learns how long another ran */
     uint64_t sys_ns;         /* the part of cpu_ns the engine spent serving the guest\'s syscalls (its
                                 "system" time), restored the same way */
@@ -165,6 +167,7 @@ int64_t zb_threads_timer_horizon(const zb_threads *ts);
  * thread's slice, since a switch of processes re-attaches the VM to other memory and both sides
  * then re-fault what they touch (docs/PERFORMANCE.md, "Processes"). */
 #define ZB_PROC_SLICE_NS 100000000
+#define ZB_PROC_CMDLINE_MAX (2u << 20) /* the most of argv /proc/PID/cmdline shows (ARG_MAX's 2 MiB) */
 #define ZB_TIMER_RETRY_NS 1000000 /* a spent wake-up timer whose reason is still to come looks again after this */
 /* Internal stop events (never returned by zb_sandbox_run): the running process cannot go on now
  * and another process of its family can run. */
@@ -331,6 +334,8 @@ long zb_signals_sigreturn(zb_sandbox *sb);
 
 /* The guest's CPU time in ns: proc.cpu_ns plus the run under way (run_events.c). */
 uint64_t zb_guest_cpu_ns(const zb_sandbox *sb);
+/* The guest's uptime: CLOCK_BOOTTIME, which the guest reads from the host's (sys_time.c). */
+uint64_t zb_guest_uptime_ns(void);
 /* The same split as a kernel reports it: syscall service is system time, the rest user time. */
 void zb_guest_cpu_split(const zb_sandbox *sb, uint64_t *user_ns, uint64_t *sys_ns);
 

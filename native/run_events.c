@@ -229,6 +229,12 @@ void zb_run_timer_update(zb_sandbox *sb) {
 
 /* ---- the guest's CPU clock ---- */
 
+uint64_t zb_guest_uptime_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t zb_guest_cpu_ns(const zb_sandbox *sb) {
     uint64_t ns = sb->proc.cpu_ns; /* the finished runs, plus the one under way */
     if (sb->run_started_ns) ns += (uint64_t)(zb_now_ns() - sb->run_started_ns);

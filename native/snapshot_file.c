@@ -54,8 +54,9 @@
  *  19: a process's nice value (sys_priority.c) after its umask; a memfd's flag and seals after an
  *      overlay inode's target (sys_memfd.c); a pipe's capacity (F_SETPIPE_SZ) with its stream; the
  *      bytes a blocked write already moved (zb_cpu.io_done) after the pending syscall.
- *  20: FIFOs (overlay inodes of type INO_FIFO, file_fifo.c) and their open ends (file kind 13). */
-#define STATE_FORMAT 20
+ *  20: FIFOs (overlay inodes of type INO_FIFO, file_fifo.c) and their open ends (file kind 13).
+ *  21: a process's argv range (arg_start, arg_end: /proc/PID/cmdline) after its tid address. */
+#define STATE_FORMAT 21
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

@@ -70,7 +70,7 @@ static long sys_uname(zb_sandbox *sb, const uint64_t a[6]) {
 static long sys_sysinfo(zb_sandbox *sb, const uint64_t a[6]) {
     struct sysinfo si;
     memset(&si, 0, sizeof si);
-    si.uptime = (long)(zb_guest_cpu_ns(sb) / 1000000000) + 1;
+    si.uptime = (long)(zb_guest_uptime_ns() / 1000000000); /* /proc/uptime's (fs_proc.c) */
     si.totalram = sb->mem.pages_limit * ZB_PAGE;
     si.freeram = (sb->mem.pages_limit - ZB_MIN(sb->mem.pages_allocated, sb->mem.pages_limit)) * ZB_PAGE;
     si.procs = 1;
@@ -253,6 +253,8 @@ void zb_process_save(const zb_process *p, struct zb_out *o) {
     out_str(o, p->comm);
     out_str(o, p->cwd);
     out_u64(o, p->tid_address);
+    out_u64(o, p->arg_start);
+    out_u64(o, p->arg_end);
     out_u32(o, p->umask);
     out_u32(o, (uint32_t)p->nice);
 }
@@ -263,9 +265,12 @@ int zb_process_load(zb_process *p, struct zb_in *in, char *err) {
     in_str_into(in, p->comm, sizeof p->comm);
     in_str_into(in, p->cwd, sizeof p->cwd);
     p->tid_address = in_u64(in);
+    p->arg_start = in_u64(in);
+    p->arg_end = in_u64(in);
     uint32_t umask = in_u32(in);
     int32_t nice = (int32_t)in_u32(in);
-    if (in->err || umask > 0777 || nice < -20 || nice > 19) {
+    if (in->err || umask > 0777 || nice < -20 || nice > 19 || p->arg_end < p->arg_start ||
+        p->arg_end - p->arg_start > ZB_STACK_SIZE) {
         memset(p, 0, sizeof *p);
         zb_seterr(err, "process state: truncated or corrupt");
         return -1;

@@ -129,6 +129,7 @@ CELLS: list[Cell] = [
     Cell("sh-stdout-kind", "%%sh\ntest -t 1 && echo terminal || echo pipe"),
     Cell("os-system", "os.system('true')"),
     # the user's shell, pipelines whose processes reap each other, errors and exit codes
+    Cell("shell-ps", "!ps -o comm= -p $$"),
     Cell("shell-is-users", "!test -n \"$BASH_VERSION\" && echo bash || echo sh"),
     Cell("shell-pipeline-xargs", "!pwd | xargs basename"),
     Cell("shell-missing-file", "!cat no-such-file; echo rc=$?"),

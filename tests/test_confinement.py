@@ -89,12 +89,14 @@ def test_host_secrets_are_invisible():
     assert r["top"] == ["ok", sorted(top)]
 
 
-SYNTHESISED_PROC = ("/proc/self/maps", "/proc/self/status", "/proc/cpuinfo", "/proc/meminfo")
+SYNTHESISED_PROC = ("/proc/self/maps", "/proc/self/status", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/cmdline",
+                    "/proc/1/cmdline")
 
 
 def test_proc_shows_only_exe_and_synthesised_files():
     """/proc has the executable's link and the files libraries read about their process, written by
-    the engine in guest terms (fs_proc.c); nothing else of the host's /proc."""
+    the engine in guest terms (fs_proc.c), for the sandbox's own processes only (here pid 1, the
+    agent: its argv in cmdline); nothing else of the host's /proc."""
     r = run_guest('''
         attempt("exe", lambda: os.readlink("/proc/self/exe"))
         attempt("self", lambda: sorted(os.listdir("/proc/self")))
@@ -107,8 +109,8 @@ def test_proc_shows_only_exe_and_synthesised_files():
         attempt("exe_dotdot", lambda: read("/proc/self/exe/../../../etc/shadow"))
     ''')
     assert r["exe"][0] == "ok" and r["exe"][1].endswith("python3.11")
-    assert r["self"] == ["ok", ["cgroup", "exe", "maps", "smaps_rollup", "stat", "statm", "status"]]
-    assert r["proc"] == ["ok", ["cpuinfo", "meminfo", "self"]]
+    assert r["self"] == ["ok", ["cgroup", "cmdline", "exe", "maps", "smaps_rollup", "stat", "statm", "status"]]
+    assert r["proc"] == ["ok", ["1", "cpuinfo", "meminfo", "self", "stat", "uptime"]]
     host = open("/proc/self/status").read()
     for name, result in r.items():
         if name in SYNTHESISED_PROC:

@@ -243,7 +243,7 @@ def test_proc_files_in_guest_terms(template, tmp_path) -> None:
         assert r["status"] == "ok", r
         import ast
         assert ast.literal_eval(r["result"]) == (True, True, '1', '1', True, True, 52, '1', '0::/\n', True, True, True,
-                                                 ['cgroup', 'exe', 'maps', 'smaps_rollup', 'stat', 'statm', 'status']), r
+                                                 ['cgroup', 'cmdline', 'exe', 'maps', 'smaps_rollup', 'stat', 'statm', 'status']), r
         # the host's pid appears nowhere
         host_pid = str(os.getpid())
         r = cell(s, "open('/proc/self/status').read() + open('/proc/self/stat').read()", 2)

@@ -780,3 +780,25 @@ def test_a_process_that_reaps_its_child_and_exits_in_one_run_is_seen_to_exit(tem
         assert ok(cell(s, "!pwd | xargs basename", 3)).strip() == here
     finally:
         s.close()
+
+
+def test_proc_lists_the_familys_processes_for_ps_and_psutil(s: Session) -> None:
+    """/proc has an entry per live process of the sandbox, with its stat, status and cmdline, and
+    /proc/uptime and /proc/stat exist: ps (procps gave up with 'fatal library error, reap'
+    without them) and psutil's children() see what the cell started."""
+    out = ok(cell(s, "import os, subprocess, psutil\n"
+                     "p = subprocess.Popen(['sleep', '30'])\n"
+                     "kids = psutil.Process().children()\n"
+                     "print([k.pid for k in kids] == [p.pid], psutil.Process(p.pid).cmdline(), p.pid in psutil.pids())\n"
+                     "print(sorted(int(n) for n in os.listdir('/proc') if n.isdigit()) == sorted([1, p.pid]))\n"
+                     "print(open(f'/proc/{p.pid}/stat').read().split()[3], os.path.exists('/proc/99999'))\n"
+                     "p.kill(); p.wait()\n"
+                     "print(os.path.exists(f'/proc/{p.pid}'))", 1))
+    assert out == "True ['sleep', '30'] True\nTrue\n1 False\nFalse\n", out
+    out = ok(cell(s, "!ps -o pid=,ppid=,comm=", 2))
+    rows = [line.split() for line in out.replace("\r", "").splitlines()]
+    pids = {r[0] for r in rows}
+    assert ["1", "0", "python"] in rows and any(r[2] == "ps" for r in rows), rows
+    assert all(r[1] == "0" or r[1] in pids for r in rows), rows  # every parent is listed too
+    up = ok(cell(s, "print(float(open('/proc/uptime').read().split()[0]) > 0, 'btime' in open('/proc/stat').read())", 3))
+    assert up == "True True\n", up

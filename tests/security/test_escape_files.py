@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import battery
+import guest_c
 from zeroboot_kernel.native import EventKind
 
 
@@ -37,8 +38,10 @@ def host(tmp_path):
 
 # attempts that succeed by design: the guest's own objects, or listings of what it may see
 READ_OK = {"view_parent_listing", "readlink_overlay", "readlink_proc_exe", "dev_listing", "pts_listing", "proc_self_listing"}
-# written by the engine in guest terms when opened (native/fs_proc.c), never the host's
-SYNTHESISED = {"/proc/self/maps": "000000400000-", "/proc/cpuinfo": "processor\t: 0"}
+# written by the engine in guest terms when opened (native/fs_proc.c), never the host's: the
+# guest's own addresses, one CPU, and its own argv (the program the battery ran, with its mode)
+SYNTHESISED = {"/proc/self/maps": "000000400000-", "/proc/cpuinfo": "processor\t: 0",
+               "/proc/self/cmdline": str(guest_c.BIN_DIR / "escape_files-")}
 
 
 def test_reads_outside_the_view_fail(host):
@@ -65,7 +68,7 @@ def test_reads_outside_the_view_fail(host):
     assert got["pts_listing"] == ("ok", ".,..,ptmx,")
     assert got["proc_self_listing"][0] == "ok"
     assert sorted(got["proc_self_listing"][1].split(",")) == sorted(
-        ".,..,exe,maps,status,stat,statm,smaps_rollup,cgroup,".split(","))
+        ".,..,exe,maps,status,stat,statm,smaps_rollup,cgroup,cmdline,".split(","))
     assert got["overlay_symlink_loop"] == ("err", "ELOOP")
     assert got["openat2_how_in_low_region"] == ("err", "EFAULT")
     assert got["open_path_in_low_region"] == ("err", "EFAULT")
