@@ -197,6 +197,7 @@ static void end_member(zb_sandbox *root, zb_family *fam, int i, int wstatus) {
 
     if (fam->shared_latest == p) fam->shared_latest = NULL;
     if (p) zb_pty_session_leader_ends(fam, i); /* before its fds go: they may hold its terminal */
+    zb_lock_process_gone(root->fs, fam->m[i].pid); /* its record locks (fcntl(2)) */
     zb_family_member_ended(fam, i, wstatus);
     zb_wake_gen++; /* its parent's wait, readers of its pipes: may go on */
     if (p) {
@@ -226,6 +227,7 @@ void zb_family_end(zb_sandbox *root) {
     if (!fam || fam->m[0].sb != root) return;
     for (int i = fam->count - 1; i > 0; i--) {
         zb_sandbox *p = fam->m[i].sb;
+        zb_lock_process_gone(root->fs, fam->m[i].pid); /* its record locks (fcntl(2)) */
         if (p) {
             take_child_log(root, p);
             free_child(p);

@@ -92,6 +92,7 @@ zb_file *zb_file_new(int kind) {
 static void file_free(zb_fs *fs, zb_file *f) {
     /* what any kind may hold (fs.h: host fd, overlay inode, streams, location), then the kind's own */
     if (f->ops->release) f->ops->release(fs, f);
+    zb_lock_file_gone(fs, f); /* its flock and OFD locks (before its host fd, which names the file) */
     zb_hostfd_unref(f->host);
     zb_file_detach_rx(f);
     zb_file_detach_tx(f);
@@ -268,6 +269,7 @@ size_t zb_fdtable_listing_bytes(const zb_fdtable *t) {
 
 int zb_fd_close(zb_sandbox *sb, int fd) {
     if (fd < 0 || fd >= ZB_MAX_FDS || !sb->fds->fd[fd]) return -EBADF;
+    zb_lock_closed_fd(sb, sb->fds->fd[fd]); /* the process's record locks on the file go (fcntl(2)) */
     zb_file_unref(sb->fs, sb->fds->fd[fd]);
     sb->fds->fd[fd] = NULL;
     sb->fds->cloexec[fd] = 0;

@@ -147,6 +147,10 @@ struct zb_fs {
      * starts its open over), freeing the file system closes them. */
     struct zb_fifo_wait *fifo_waits;
     uint64_t fifo_wait_ids;
+    /* Advisory locks of the family's processes (flock, fcntl record and OFD locks): file_lock.c.
+     * A clone has none (locks are not part of snapshots). */
+    struct zb_lock *locks;
+    size_t nlocks, locks_cap;
 };
 
 /* Where a resolved path lives. */
@@ -495,6 +499,17 @@ struct zb_fdtable {
     uint8_t cloexec[ZB_MAX_FDS];
     uint64_t next_file_id;
 };
+
+
+/* Advisory file locks (file_lock.c): flock(2) and fcntl's F_GETLK/F_SETLK(W)/F_OFD_* on f, and
+ * the releases Linux makes: a process closing a descriptor of the file (its record locks), a
+ * description's last reference going (its flock and OFD locks), a process ending. */
+long zb_lock_flock(zb_sandbox *sb, zb_file *f, unsigned op);
+long zb_lock_fcntl(zb_sandbox *sb, zb_file *f, unsigned cmd, uint64_t uflock);
+void zb_lock_closed_fd(zb_sandbox *sb, zb_file *f);
+void zb_lock_file_gone(zb_fs *fs, const zb_file *f);
+void zb_lock_process_gone(zb_fs *fs, int32_t pid);
+void zb_lock_free_all(zb_fs *fs);
 
 /* What a kind of open file does (Linux's struct file_operations). The syscall handlers decode and
  * validate their arguments, then call these; a NULL entry means the kind does not support the

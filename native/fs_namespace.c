@@ -73,6 +73,7 @@ void zb_fs_free(zb_fs *fs) {
     if (!fs) return;
     zb_scm_free_all(fs); /* files in flight on its family's sockets (cycles live until now) */
     zb_fifo_free_all(fs); /* the ends of FIFO opens still waiting */
+    zb_lock_free_all(fs);
     zb_ovl_free_all(fs);
     if (fs->trie_refs && atomic_fetch_sub(fs->trie_refs, 1) == 1) {
         zb_mnode_free(fs->root);

@@ -298,13 +298,8 @@ static long sys_fcntl(zb_sandbox *sb, const uint64_t a[6]) {
     case F_SETFD: sb->fds->cloexec[a[0]] = (a[2] & FD_CLOEXEC) ? 1 : 0; return 0;
     case F_GETFL: return f->flags | f->ops->status_flags;
     case F_SETFL: f->flags = (f->flags & ~(O_APPEND | O_NONBLOCK)) | (a[2] & (O_APPEND | O_NONBLOCK)); return 0;
-    case F_GETLK: {
-        struct flock fl;
-        if (zb_copy_from_guest(sb, &fl, a[2], sizeof fl) < 0) return -EFAULT;
-        fl.l_type = F_UNLCK; /* one process: no lock can conflict */
-        return zb_copy_to_guest(sb, a[2], &fl, sizeof fl);
-    }
-    case F_SETLK: case F_SETLKW: case F_OFD_SETLK: case F_OFD_SETLKW: return 0;
+    case F_GETLK: case F_SETLK: case F_SETLKW: case F_OFD_GETLK: case F_OFD_SETLK: case F_OFD_SETLKW:
+        return zb_lock_fcntl(sb, f, (unsigned)a[1], a[2]);
     default: /* the kind's own commands; F_GETPIPE_SZ of what is not a pipe is EBADF, as in Linux */
         if (f->ops->fcntl) return f->ops->fcntl(sb, f, (unsigned)a[1], a[2]);
         return a[1] == F_GETPIPE_SZ ? -EBADF : -EINVAL;
@@ -388,6 +383,11 @@ static long sys_fallocate(zb_sandbox *sb, const uint64_t a[6]) {
 
 static long sys_fd_noop(zb_sandbox *sb, const uint64_t a[6]) { return zb_fd_get(sb, a[0]) ? 0 : -EBADF; }
 
+static long sys_flock(zb_sandbox *sb, const uint64_t a[6]) {
+    zb_file *f = zb_fd_get(sb, a[0]);
+    return f ? zb_lock_flock(sb, f, (unsigned)a[1]) : -EBADF;
+}
+
 void zb_sys_files_register(zb_syscall_fn *t) {
     t[SYS_read] = sys_read;
     t[SYS_write] = sys_write;
@@ -416,6 +416,6 @@ void zb_sys_files_register(zb_syscall_fn *t) {
     t[SYS_fsync] = sys_fd_noop;
     t[SYS_fdatasync] = sys_fd_noop;
     t[SYS_fadvise64] = sys_fd_noop;
-    t[SYS_flock] = sys_fd_noop;
+    t[SYS_flock] = sys_flock;
     t[SYS_syncfs] = sys_fd_noop;
 }

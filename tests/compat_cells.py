@@ -130,6 +130,9 @@ CELLS: list[Cell] = [
     Cell("os-system", "os.system('true')"),
     # the user's shell, pipelines whose processes reap each other, errors and exit codes
     Cell("shell-ps", "!ps -o comm= -p $$"),
+    Cell("flock-excludes-subprocess", "import fcntl, subprocess\nwith open('lockfile', 'w') as f:\n    fcntl.flock(f, fcntl.LOCK_EX)\n"
+                                      "    held = subprocess.run(['flock', '-n', 'lockfile', 'true']).returncode\n"
+                                      "os.remove('lockfile')\nheld"),
     Cell("shell-is-users", "!test -n \"$BASH_VERSION\" && echo bash || echo sh"),
     Cell("shell-pipeline-xargs", "!pwd | xargs basename"),
     Cell("shell-missing-file", "!cat no-such-file; echo rc=$?"),
