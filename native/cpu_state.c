@@ -32,6 +32,7 @@ int zb_cpu_clone(zb_cpu *dst, const zb_cpu *src, size_t xsave_size) {
 
 void zb_cpu_syscall_done(zb_cpu *c) {
     c->pending_syscall = 0;
+    c->vfork_child = 0;
     c->pending_wake_ns = 0;
     c->io_done = 0;
     c->fifo_wait = 0;

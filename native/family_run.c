@@ -113,7 +113,7 @@ zb_sandbox *zb_family_fork_sandbox(zb_sandbox *parent, int32_t pid, char *err) {
     child->sig.alarm_ns = child->sig.alarm_interval_ns = 0;
     child->sig.fault_sig = 0;
     child->proc.pid = pid;
-    child->proc.vfork_child = 0;
+    child->cpu.vfork_child = 0;
     child->proc.exit_status = 0;
     child->proc.cpu_ns = child->proc.sys_ns = 0;
     child->proc.children_utime_ns = child->proc.children_stime_ns = child->proc.children_maxrss_kib = 0;
@@ -382,6 +382,8 @@ int zb_sandbox_process_count(zb_sandbox *sb) {
     for (int i = 0; i < sb->fam->count; i++) n += !sb->fam->m[i].zombie;
     return n;
 }
+
+int zb_sandbox_child_count(zb_sandbox *sb) { return sb->fam ? sb->fam->count - 1 : 0; }
 
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     zb_family *fam = sb->fam;

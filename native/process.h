@@ -48,7 +48,6 @@ typedef struct zb_process {
     uint64_t arg_start, arg_end; /* guest range of its argv strings (the initial stack's, elf_loader.c),
                                 read by /proc/PID/cmdline as Linux reads mm->arg_start..arg_end */
     int32_t pid;             /* its pid in its family (1: process 1, also without a family) */
-    int32_t vfork_child;     /* in vfork: the child it waits for (sys_procs.c) */
     unsigned umask;
     int32_t nice;            /* getpriority/setpriority (sys_priority.c): -20..19, no effect on scheduling */
     int exit_status;

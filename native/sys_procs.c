@@ -40,21 +40,21 @@ static zb_member *me(zb_sandbox *sb) {
 
 /* vfork: the parent waits until the child exits or execs (served again until then). */
 static long vfork_wait(zb_sandbox *sb) {
-    int32_t pid = sb->proc.vfork_child;
+    int32_t pid = sb->cpu.vfork_child;
     int i = zb_family_find(sb->fam, pid);
     if (i >= 0 && !sb->fam->m[i].zombie && !sb->fam->m[i].vfork_done) {
         long r = zb_sleep_until(sb, INT64_MAX);
         if (r == ZB_SYSCALL_BLOCK || r == ZB_SYSCALL_STOP) return r;
     }
-    sb->proc.vfork_child = 0;
+    sb->cpu.vfork_child = 0;
     return pid;
 }
 
 long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t parent_tid, uint64_t child_tid,
                         uint64_t tls, uint64_t exit_signal) {
-    if (sb->proc.vfork_child) {
+    if (sb->cpu.vfork_child) {
         if (sb->cpu.pending_syscall) return vfork_wait(sb); /* served again: still waiting */
-        sb->proc.vfork_child = 0;
+        sb->cpu.vfork_child = 0;
     }
     if (exit_signal > 64) return -EINVAL;
     if (flags & ~(uint64_t)PROC_FLAGS_OK) return -EINVAL;
@@ -118,7 +118,7 @@ long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t
     if (flags & CLONE_PARENT_SETTID) zb_copy_to_guest(sb, parent_tid, &v, 4);
     zb_run_timer_update(sb); /* another process can run now: the caller's time slice counts */
     if (flags & CLONE_VFORK) {
-        sb->proc.vfork_child = pid;
+        sb->cpu.vfork_child = pid;
         long r = vfork_wait(sb);
         return r;
     }

@@ -166,6 +166,9 @@ typedef struct zb_cpu {
     uint64_t io_done;        /* a blocking write to a pipe or stream socket waiting for room: the bytes
                                 it moved already (sys_files.c whole writes); its result if a signal
                                 interrupts it (zb_cpu_interrupted) */
+    int32_t vfork_child;     /* a thread in vfork: the child it waits for (sys_procs.c), 0 once the
+                                syscall is over; per thread, since threads of a process vfork at
+                                the same time (subprocess from a thread pool) */
     uint64_t fifo_wait;      /* a blocked open of a FIFO: the id of its zb_fifo_wait (file_fifo.c), 0
                                 once the syscall completed or was interrupted; not saved (a loaded
                                 thread starts its open over) */

@@ -277,6 +277,9 @@ int zb_sandbox_set_max_threads(zb_sandbox *sb, int n);
 int zb_sandbox_set_max_processes(zb_sandbox *sb, int n);
 /* The processes of the sandbox's family alive now (1 without children). */
 int zb_sandbox_process_count(zb_sandbox *sb);
+/* Its child processes, zombies (exited, not waited for) included: while there are any,
+ * zb_sandbox_snapshot fails (0 without children). */
+int zb_sandbox_child_count(zb_sandbox *sb);
 /* The listening AF_UNIX sockets process 1 has open (a snapshot cannot hold them yet, so while
  * there are any zb_sandbox_snapshot fails, as it does with child processes). */
 int zb_sandbox_listening_sockets(zb_sandbox *sb);

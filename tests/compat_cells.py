@@ -130,6 +130,17 @@ CELLS: list[Cell] = [
     Cell("os-system", "os.system('true')"),
     # the user's shell, pipelines whose processes reap each other, errors and exit codes
     Cell("shell-ps", "!ps -o comm= -p $$"),
+    Cell("threads-subprocess", "import threading, subprocess\nres = [None] * 4\n"
+                               "def run(i):\n    res[i] = subprocess.run(['sh', '-c', f'echo {i}'], capture_output=True, text=True).stdout\n"
+                               "ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]\n"
+                               "[t.start() for t in ts]; [t.join() for t in ts]\nres"),
+    Cell("sqlite-two-processes", "import sqlite3, multiprocessing as mp\n"
+                                 "c = sqlite3.connect('two.db'); c.execute('create table t(x)'); c.commit(); c.close()\n"
+                                 "def ins(n):\n    c = sqlite3.connect('two.db', timeout=30)\n"
+                                 "    for i in range(n):\n        c.execute('insert into t values (?)', (i,)); c.commit()\n    c.close()\n"
+                                 "ps = [mp.Process(target=ins, args=(50,)) for _ in range(2)]\n[p.start() for p in ps]; [p.join() for p in ps]\n"
+                                 "c = sqlite3.connect('two.db'); n = c.execute('select count(*) from t').fetchone()[0]; c.close()\n"
+                                 "os.remove('two.db'); (n, [p.exitcode for p in ps])"),
     Cell("flock-excludes-subprocess", "import fcntl, subprocess\nwith open('lockfile', 'w') as f:\n    fcntl.flock(f, fcntl.LOCK_EX)\n"
                                       "    held = subprocess.run(['flock', '-n', 'lockfile', 'true']).returncode\n"
                                       "os.remove('lockfile')\nheld"),

@@ -802,3 +802,36 @@ def test_proc_lists_the_familys_processes_for_ps_and_psutil(s: Session) -> None:
     assert all(r[1] == "0" or r[1] in pids for r in rows), rows  # every parent is listed too
     up = ok(cell(s, "print(float(open('/proc/uptime').read().split()[0]) > 0, 'btime' in open('/proc/stat').read())", 3))
     assert up == "True True\n", up
+
+
+def test_threads_that_spawn_processes_at_once_each_get_their_own_child(s: Session) -> None:
+    """subprocess.run from four threads at once: each thread's vfork waits for its own child. The
+    child a thread waited for was once the process's (one per process), so a second thread's vfork
+    replaced the first's: the first then forked again (its command ran twice, '1\\n1') and the
+    extra children were left as zombies, which made every later cell fail to take its checkpoint."""
+    out = ok(cell(s, "import threading, subprocess\n"
+                     "res = [None] * 4\n"
+                     "def run(i):\n"
+                     "    res[i] = subprocess.run(['sh', '-c', f'echo {i}'], capture_output=True, text=True).stdout\n"
+                     "ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]\n"
+                     "[t.start() for t in ts]; [t.join() for t in ts]\n"
+                     "print(res)", 1))
+    assert out == "['0\\n', '1\\n', '2\\n', '3\\n']\n", out
+    assert s.sandbox.guest.child_processes() == 0
+
+
+def test_a_zombie_a_cell_leaves_does_not_break_the_next_cells(s: Session) -> None:
+    """A child that exited and was not waited for (os.fork without waitpid) stays a zombie, as under
+    Linux. The next cells run without a checkpoint of their own and say so once; before, each of
+    them failed with the snapshot's SandboxError (only live children were looked at). Reaping it
+    brings checkpoints back."""
+    reply = cell(s, "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(3)\ntime.sleep(0.1)", 1)
+    assert reply["status"] == "ok", reply
+    s.prepare_next_cell()
+    assert s.sandbox.guest.child_processes() == 1 and s.sandbox.guest.process_count() == 1
+    reply = cell(s, "print('next')", 2)
+    assert ok(reply).endswith("next\n") and "no checkpoint of its own" in reply["stdout"], reply
+    assert ok(cell(s, "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))", 3)) == "3\n"
+    s.prepare_next_cell()
+    assert ok(cell(s, "print('checkpointed')", 4)) == "checkpointed\n"
+    assert s.checkpoints[-1].number == 4 and s.checkpoints[-1].snapshot is not None

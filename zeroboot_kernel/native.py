@@ -291,6 +291,11 @@ class Guest:
         """The processes of this sandbox's family alive now (1: no child processes)."""
         return int(lib.zb_sandbox_process_count(self.handle))
 
+    def child_processes(self) -> int:
+        """Its child processes, zombies (exited, not waited for) included: a snapshot is refused
+        while there are any."""
+        return int(lib.zb_sandbox_child_count(self.handle))
+
     def listening_sockets(self) -> int:
         """The listening AF_UNIX sockets of process 1 (while there are any, snapshot() fails)."""
         return int(lib.zb_sandbox_listening_sockets(self.handle))

@@ -262,7 +262,7 @@ class Session:
             snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
         except SandboxError as exc:
             guest = self.sandbox.guest
-            if guest.process_count() <= 1 and not guest.listening_sockets() and not guest.fds_in_flight():
+            if not guest.child_processes() and not guest.listening_sockets() and not guest.fds_in_flight():
                 raise
             return self._without_checkpoint(exc), 0.0
         self._told_without = ""
