@@ -25,6 +25,14 @@ def s(template):
     session.close()
 
 
+@pytest.fixture
+def bounded(template):
+    """A session whose cell time limit (120 s) ends a test that would otherwise hang."""
+    session = Session(template, timeout=120)
+    yield session
+    session.close()
+
+
 def test_fork_and_wait_in_a_cell(s: Session) -> None:
     out = ok(cell(s, "import os, signal\n"
                      "pid = os.fork()\n"
@@ -698,39 +706,31 @@ def test_children_keep_their_executor_while_they_take_turns(s: Session, n: int) 
     assert attaches == n if n <= 8 else attaches > n, attaches
 
 
-def test_a_spawned_spinning_child_does_not_starve_its_parent(template) -> None:
+def test_a_spawned_spinning_child_does_not_starve_its_parent(bounded: Session) -> None:
     """subprocess.Popen (vfork, then the child's execve) of a shell that spins without a syscall:
     its execve lets the parent go on, and the time slice must then end for the parent even though
     the child never exits to the engine again. Before, the wake-up timer was armed only when the
     child's run began (the parent was still in vfork then), so the parent's sleep never ended;
     the cell's time limit bounds the test if it comes back."""
-    s = Session(template, timeout=120)
-    try:
-        reply = cell(s, "import subprocess, time\n"
-                        "p = subprocess.Popen(['/bin/sh', '-c', 'while :; do :; done'])\n"
-                        "time.sleep(0.5)\nprint('parent ran', p.poll())\np.kill(); print('killed', p.wait())", 1)
-        assert ok(reply) == "parent ran None\nkilled -9\n", reply
-    finally:
-        s.close()
+    reply = cell(bounded, "import subprocess, time\n"
+                    "p = subprocess.Popen(['/bin/sh', '-c', 'while :; do :; done'])\n"
+                    "time.sleep(0.5)\nprint('parent ran', p.poll())\np.kill(); print('killed', p.wait())", 1)
+    assert ok(reply) == "parent ran None\nkilled -9\n", reply
 
 
-def test_a_parent_polling_a_spinning_child_keeps_its_turns(template) -> None:
+def test_a_parent_polling_a_spinning_child_keeps_its_turns(bounded: Session) -> None:
     """The parent polls (waitpid WNOHANG) and sleeps in a loop while its exec'd child spins without
     a syscall. Each sleep's end falls inside the child's time slice; the wake-up timer, armed again
     for it after it went off, was once armed for that already-past time, fired at once and was then
     spent, so the child ran on with no timer at all: the parent never got the VM back and the cell
     ran past its time limit. The limit bounds the test if it comes back."""
-    s = Session(template, timeout=120)
-    try:
-        reply = cell(s, "import subprocess, time\n"
-                        "p = subprocess.Popen(['/bin/sh', '-c', 'while :; do :; done'])\n"
-                        "polls, t0 = 0, time.monotonic()\n"
-                        "while p.poll() is None and polls < 10:\n"
-                        "    time.sleep(0.1); polls += 1\n"
-                        "print('polls', polls, p.poll()); p.kill(); print('killed', p.wait())", 1)
-        assert ok(reply) == "polls 10 None\nkilled -9\n", reply
-    finally:
-        s.close()
+    reply = cell(bounded, "import subprocess, time\n"
+                    "p = subprocess.Popen(['/bin/sh', '-c', 'while :; do :; done'])\n"
+                    "polls = 0\n"
+                    "while p.poll() is None and polls < 10:\n"
+                    "    time.sleep(0.1); polls += 1\n"
+                    "print('polls', polls, p.poll()); p.kill(); print('killed', p.wait())", 1)
+    assert ok(reply) == "polls 10 None\nkilled -9\n", reply
 
 
 def test_the_time_limit_stops_a_cell_whose_child_spins(template) -> None:
@@ -749,37 +749,33 @@ def test_the_time_limit_stops_a_cell_whose_child_spins(template) -> None:
         s.close()
 
 
-def test_a_process_that_reaps_its_child_and_exits_in_one_run_is_seen_to_exit(template) -> None:
+def test_a_process_that_reaps_its_child_and_exits_in_one_run_is_seen_to_exit(bounded: Session) -> None:
     """The family keeps its processes in an array, and reaping one moves the last into the freed
     slot. Here the family is [1, a, b, c], the parent reaps a (c moves into a's slot), then b reaps
     c and exits without blocking in between: during b's own run b moved to another slot, and its exit was once
     recorded for the slot b had when its run began, so b never became a zombie and every wait
     for it (the parent's here, sh's in `!pwd | xargs basename`) waited forever. The cell's time
     limit bounds the test if it comes back."""
-    s = Session(template, timeout=60)
-    try:
-        out = ok(cell(s, "import os\n"
-                         "r1, w1 = os.pipe()  # b to the parent: c has exited\n"
-                         "r2, w2 = os.pipe()  # the parent to b: a is reaped\n"
-                         "a = os.fork()\n"
-                         "if a == 0:\n    os._exit(0)\n"
-                         "b = os.fork()\n"
-                         "if b == 0:\n"
-                         "    c = os.fork()\n"
-                         "    if c == 0:\n        os._exit(0)\n"
-                         "    os.waitid(os.P_PID, c, os.WEXITED | os.WNOWAIT)  # c is a zombie, not reaped\n"
-                         "    os.write(w1, b'x'); os.read(r2, 1)\n"
-                         "    os.waitpid(c, 0)\n"
-                         "    os._exit(7)\n"
-                         "os.read(r1, 1)\n"
-                         "os.waitpid(a, 0)  # the family is [1, a, b, c]: c moves into a's slot\n"
-                         "os.write(w2, b'x')\n"
-                         "print(os.waitstatus_to_exitcode(os.waitpid(b, 0)[1]))", 1))
-        assert out == "7\n", out
-        here = ok(cell(s, "print(os.path.basename(os.getcwd()))", 2)).strip()
-        assert ok(cell(s, "!pwd | xargs basename", 3)).strip() == here
-    finally:
-        s.close()
+    out = ok(cell(bounded, "import os\n"
+                     "r1, w1 = os.pipe()  # b to the parent: c has exited\n"
+                     "r2, w2 = os.pipe()  # the parent to b: a is reaped\n"
+                     "a = os.fork()\n"
+                     "if a == 0:\n    os._exit(0)\n"
+                     "b = os.fork()\n"
+                     "if b == 0:\n"
+                     "    c = os.fork()\n"
+                     "    if c == 0:\n        os._exit(0)\n"
+                     "    os.waitid(os.P_PID, c, os.WEXITED | os.WNOWAIT)  # c is a zombie, not reaped\n"
+                     "    os.write(w1, b'x'); os.read(r2, 1)\n"
+                     "    os.waitpid(c, 0)\n"
+                     "    os._exit(7)\n"
+                     "os.read(r1, 1)\n"
+                     "os.waitpid(a, 0)  # the family is [1, a, b, c]: c moves into a's slot\n"
+                     "os.write(w2, b'x')\n"
+                     "print(os.waitstatus_to_exitcode(os.waitpid(b, 0)[1]))", 1))
+    assert out == "7\n", out
+    here = ok(cell(bounded, "print(os.path.basename(os.getcwd()))", 2)).strip()
+    assert ok(cell(bounded, "!pwd | xargs basename", 3)).strip() == here
 
 
 def test_proc_lists_the_familys_processes_for_ps_and_psutil(s: Session) -> None:
