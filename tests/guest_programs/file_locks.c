@@ -139,7 +139,32 @@ static void test_lockf(int argc, char **argv) {
     unlink(path);
 }
 
+/* Malformed requests get Linux's errors: a bad whence or type, a range before 0 or past the
+ * largest offset, a struct at an unmapped address; and many disjoint locks of one process work. */
+static void test_bad_requests(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    int fd = open_file();
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = 7, .l_start = 0, .l_len = 1};
+    CHECK_ERR(fcntl(fd, F_SETLK, &fl), EINVAL);
+    fl = (struct flock){.l_type = 9, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    CHECK_ERR(fcntl(fd, F_SETLK, &fl), EINVAL);
+    CHECK_ERR(record_lock(fd, F_SETLK, F_WRLCK, -1, 1), EINVAL);
+    CHECK_ERR(record_lock(fd, F_SETLK, F_WRLCK, 5, -10), EINVAL); /* reaches before byte 0 */
+    CHECK_ERR(record_lock(fd, F_SETLK, F_WRLCK, 10, INT64_MAX), EOVERFLOW);
+    fl = (struct flock){.l_type = F_WRLCK, .l_whence = SEEK_END, .l_start = -30, .l_len = 1};
+    CHECK_ERR(fcntl(fd, F_SETLK, &fl), EINVAL); /* the file has 20 bytes */
+    CHECK_ERR(fcntl(fd, F_SETLK, (struct flock *)8), EFAULT);
+    CHECK_ERR(fcntl(fd, F_GETLK, (struct flock *)8), EFAULT);
+    for (int i = 0; i < 2000; i++) OK(record_lock(fd, F_SETLK, i % 2 ? F_RDLCK : F_WRLCK, 2 * i, 1));
+    OK(record_lock(fd, F_SETLK, F_UNLCK, 0, 0));
+    OK(record_lock(fd, F_SETLK, F_WRLCK, 5, -5)); /* bytes 0..4 */
+    OK(close(fd));
+    unlink(path);
+}
+
 static const zb_test tests[] = {
+    {"bad_requests", test_bad_requests},
     {"flock", test_flock},
     {"record", test_record},
     {"ofd", test_ofd},
