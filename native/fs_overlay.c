@@ -524,7 +524,9 @@ void zb_ovl_stat(zb_fs *fs, uint32_t ino, struct stat *st) {
     st->st_nlink = in->type == INO_DIR ? 2 : in->nlink ? in->nlink : in->memfd ? 0 : 1; /* a memfd is never named */
     st->st_mode = in->mode | (in->type == INO_DIR ? S_IFDIR : in->type == INO_SYMLINK ? S_IFLNK
                               : in->type == INO_SOCKET ? S_IFSOCK : in->type == INO_FIFO ? S_IFIFO : S_IFREG);
-    st->st_size = in->type == INO_SYMLINK ? (off_t)strlen(in->target) : (off_t)in->size;
+    /* a directory is one 4 KiB block, as ext4 reports a small one (the notebook folder's usual
+     * file system): tools and code that read a directory's size see what they see on the host */
+    st->st_size = in->type == INO_SYMLINK ? (off_t)strlen(in->target) : in->type == INO_DIR ? 4096 : (off_t)in->size;
     st->st_blocks = (st->st_size + 511) / 512;
     st->st_mtim.tv_sec = in->mtime_ns / 1000000000;
     st->st_mtim.tv_nsec = in->mtime_ns % 1000000000;

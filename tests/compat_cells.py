@@ -130,6 +130,8 @@ CELLS: list[Cell] = [
     Cell("os-system", "os.system('true')"),
     # the user's shell, pipelines whose processes reap each other, errors and exit codes
     Cell("shell-ps", "!ps -o comm= -p $$"),
+    Cell("dir-size", "os.makedirs('dsz/sub', exist_ok=True)\n"
+                     "r = [os.stat(p).st_size > 0 for p in ('dsz', 'dsz/sub', '/tmp')]\nos.rmdir('dsz/sub'); os.rmdir('dsz'); r"),
     Cell("threads-subprocess", "import threading, subprocess\nres = [None] * 4\n"
                                "def run(i):\n    res[i] = subprocess.run(['sh', '-c', f'echo {i}'], capture_output=True, text=True).stdout\n"
                                "ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]\n"
