@@ -787,10 +787,11 @@ def test_proc_lists_the_familys_processes_for_ps_and_psutil(s: Session) -> None:
                      "kids = psutil.Process().children()\n"
                      "print([k.pid for k in kids] == [p.pid], psutil.Process(p.pid).cmdline(), p.pid in psutil.pids())\n"
                      "print(sorted(int(n) for n in os.listdir('/proc') if n.isdigit()) == sorted([1, p.pid]))\n"
-                     "print(open(f'/proc/{p.pid}/stat').read().split()[3], os.path.exists('/proc/99999'))\n"
+                     "print(open(f'/proc/{p.pid}/stat').read().split()[3],\n"
+                     "      [os.path.exists(f'/proc/{n}') for n in ('99999', '01', '0', '-1', '+1', '4294967297', '1 ')])\n"
                      "p.kill(); p.wait()\n"
                      "print(os.path.exists(f'/proc/{p.pid}'))", 1))
-    assert out == "True ['sleep', '30'] True\nTrue\n1 False\nFalse\n", out
+    assert out == "True ['sleep', '30'] True\nTrue\n1 [False, False, False, False, False, False, False]\nFalse\n", out
     out = ok(cell(s, "!ps -o pid=,ppid=,comm=", 2))
     rows = [line.split() for line in out.replace("\r", "").splitlines()]
     pids = {r[0] for r in rows}
