@@ -129,6 +129,30 @@ CELLS: list[Cell] = [
     Cell("sh-stdout-kind", "%%sh\ntest -t 1 && echo terminal || echo pipe"),
     Cell("os-system", "os.system('true')"),
     # the user's shell, pipelines whose processes reap each other, errors and exit codes
+    Cell("shared-offset-fork", "fd = os.open('/tmp/so.txt', os.O_RDWR | os.O_CREAT | os.O_TRUNC)\npid = os.fork()\n"
+                               "if pid == 0:\n    os.write(fd, b'child'); os._exit(0)\nos.waitpid(pid, 0)\nos.write(fd, b'parent')\n"
+                               "os.lseek(fd, 0, 0); r = os.read(fd, 100); os.close(fd); r"),
+    Cell("append-three-processes", "fd = os.open('/tmp/ap.txt', os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)\npids = []\n"
+                                   "for i in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
+                                   "        for _ in range(50): os.write(fd, b'%d' % i)\n        os._exit(0)\n    pids.append(pid)\n"
+                                   "[os.waitpid(p, 0) for p in pids]\nos.close(fd)\ndata = open('/tmp/ap.txt', 'rb').read()\n"
+                                   "(len(data), sorted(set(data)))"),
+    Cell("sigchld-ignored-reaps", "import signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\npid = os.fork()\n"
+                                  "if pid == 0:\n    os._exit(0)\ntime.sleep(0.2)\ntry:\n    os.waitpid(pid, 0); r = 'waited'\n"
+                                  "except ChildProcessError:\n    r = 'reaped'\nsignal.signal(signal.SIGCHLD, signal.SIG_DFL)\nr"),
+    Cell("killpg-new-session", "import signal, subprocess\np = subprocess.Popen(['sleep', '30'], start_new_session=True)\n"
+                               "os.killpg(p.pid, signal.SIGTERM)\np.wait()"),
+    Cell("select-two-children", "import select, subprocess\n"
+                                "ps = [subprocess.Popen(['sh', '-c', f'sleep 0.{i}; echo {i}'], stdout=subprocess.PIPE) for i in (2, 1)]\n"
+                                "out = []\nwhile len(out) < 2:\n    r, _, _ = select.select([p.stdout for p in ps], [], [], 10)\n"
+                                "    for f in r:\n        line = f.readline()\n        if line: out.append(line.strip())\n"
+                                "[p.wait() for p in ps]\nsorted(out)  # the order is the scheduler's"),
+    Cell("mp-value-lock", "import multiprocessing as mp\nv = mp.Value('i', 0)\ndef inc(v):\n    for _ in range(100):\n"
+                          "        with v.get_lock(): v.value += 1\nps = [mp.Process(target=inc, args=(v,)) for _ in range(3)]\n"
+                          "[p.start() for p in ps]; [p.join() for p in ps]\nv.value"),
+    Cell("scandir-attributes", "os.makedirs('sd/sub', exist_ok=True); open('sd/f.txt', 'w').write('x'); os.symlink('f.txt', 'sd/ln')\n"
+                               "r = sorted((e.name, e.is_file(), e.is_dir(), e.is_symlink(), e.stat(follow_symlinks=False).st_size > 0)\n"
+                               "           for e in os.scandir('sd'))\nimport shutil; shutil.rmtree('sd'); r"),
     Cell("shell-ps", "!ps -o comm= -p $$"),
     Cell("dir-size", "os.makedirs('dsz/sub', exist_ok=True)\n"
                      "r = [os.stat(p).st_size > 0 for p in ('dsz', 'dsz/sub', '/tmp')]\nos.rmdir('dsz/sub'); os.rmdir('dsz'); r"),
