@@ -169,17 +169,26 @@ static void test_fork(int argc, char **argv) {
     CHECK_EQ(write(w, "abc", 3), 3);
     OK(close(w));
     expect_exit(pid, 0);
-    /* two writers, each blocked until the reader comes, into one pipe; the reader waits on epoll */
+    /* two writers, each blocked until the reader comes, into one pipe; the reader waits on epoll.
+     * The writers keep their ends open until the reader has both bytes (the go pipe): a writer
+     * that came and went before the other opened would give the reader an EOF between them, as
+     * Linux does, and the bytes would then depend on the scheduler. */
+    int go[2];
+    OK(pipe(go));
     pid_t a = fork_or_fail();
     if (a == 0) {
         int wa = (int)OK(open(path, O_WRONLY));
         CHECK_EQ(write(wa, "1", 1), 1);
+        char x;
+        CHECK_EQ(read(go[0], &x, 1), 1);
         child_exit(0);
     }
     pid_t c = fork_or_fail();
     if (c == 0) {
         int wc = (int)OK(open(path, O_WRONLY));
         CHECK_EQ(write(wc, "2", 1), 1);
+        char x;
+        CHECK_EQ(read(go[0], &x, 1), 1);
         child_exit(0);
     }
     r = (int)OK(open(path, O_RDONLY));
@@ -187,17 +196,22 @@ static void test_fork(int argc, char **argv) {
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = r};
     OK(epoll_ctl(ep, EPOLL_CTL_ADD, r, &ev));
     got = 0;
-    for (;;) {
+    while (got < 2) {
         struct epoll_event out;
         CHECK_EQ(epoll_wait(ep, &out, 1, 10000), 1);
         long k = read(r, b + got, sizeof b - got);
+        CHECK(k > 0, "read %ld after %zu bytes", k, got);
         if (k <= 0) break;
         got += (size_t)k;
     }
     CHECK_EQ(got, 2);
     CHECK((b[0] == '1' && b[1] == '2') || (b[0] == '2' && b[1] == '1'), "read %.2s", b);
+    CHECK_EQ(write(go[1], "gg", 2), 2);
     expect_exit(a, 0);
     expect_exit(c, 0);
+    CHECK_EQ(read(r, b, sizeof b), 0); /* both writers gone: EOF */
+    OK(close(go[0]));
+    OK(close(go[1]));
     OK(close(ep));
     OK(close(r));
     remove_fifo();
