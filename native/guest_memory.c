@@ -277,7 +277,7 @@ void zb_mem_destroy(zb_memory *m) {
     free(m->stale);
     free(m->window_logged);
     free(m->window_still);
-    free(m->unchanged_runs);
+    zb_reprotect_free(m);
     free(m->regions);
     zb_shmap_free(m->shmap);
     zb_image_unref(m->image);

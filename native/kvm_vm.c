@@ -192,9 +192,10 @@ int zb_vm_create(zb_engine *e, zb_vm **out, char *err) {
     vm->vm_fd = ioctl(e->kvm_fd, KVM_CREATE_VM, 0);
     if (vm->vm_fd < 0) { zb_seterr(err, "KVM_CREATE_VM: %s", strerror(errno)); goto fail; }
     /* Manual dirty-log protection: pages a cell writes stay writable across the snapshot after it
-     * (each later first write would otherwise cost a write-protect fault, ~3 us here, for the
-     * ~1,000 pages every IPython cell rewrites); the snapshot finds out by comparison whether they
-     * changed. Optional: without it, reading the log re-protects every page, as before. */
+     * (each later first write would otherwise cost a write-protect fault, ~20 us on the nested test
+     * host, for the ~1,000 pages every IPython cell rewrites); the snapshot finds out by comparison
+     * whether they changed, and page_reprotect.c decides when to protect them again. Optional:
+     * without it, reading the log re-protects every page. */
     if (ioctl(vm->vm_fd, KVM_CHECK_EXTENSION, KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2) & KVM_DIRTY_LOG_MANUAL_PROTECT_ENABLE) {
         struct kvm_enable_cap cap;
         memset(&cap, 0, sizeof cap);

@@ -82,9 +82,10 @@ typedef struct zb_memory {
     zb_region *regions;
     size_t nregions, regions_cap;
     zb_image *image;         /* base image this mapping was forked from, or NULL */
-    uint8_t *unchanged_runs; /* per page: snapshots in a row that found it logged as written but
-                                unchanged while it was left writable (snapshot.c); NULL until the
-                                first snapshot needs it */
+    struct zb_reprotect *reprotect; /* when pages left writable after a snapshot are protected
+                                again (page_reprotect.c); NULL until the first snapshot needs it */
+    uint64_t unchanged_finds;  /* pages a snapshot or restore found logged as written but unchanged */
+    uint64_t pages_reprotected; /* of which write-protected again (statistics) */
     uint64_t *stale;         /* bitmap: freed anonymous pages kept mapped for reuse (still holding
                                 what the guest wrote): zeroed when handed out again, given back at
                                 the next restore (zb_mem_free_for_reuse) */
@@ -158,6 +159,15 @@ typedef struct zb_mem_meta {
 int zb_mem_meta_capture(const zb_memory *m, zb_mem_meta *out);
 int zb_mem_meta_apply(zb_memory *m, const zb_mem_meta *in);
 void zb_mem_meta_free(zb_mem_meta *meta);
+
+/* page_reprotect.c: a pass (one snapshot or restore) meets pages that were logged as written
+ * (logged: in KVM's log or written by the engine since the base) or left writable earlier. For one
+ * found holding what it should, zb_reprotect_unchanged says whether to write-protect it again now;
+ * for one that changed (or is rewritten), zb_reprotect_changed restarts its count. */
+void zb_reprotect_pass_begin(zb_memory *m);
+int zb_reprotect_unchanged(zb_memory *m, uint64_t pfn, int logged);
+void zb_reprotect_changed(zb_memory *m, uint64_t pfn, int logged);
+void zb_reprotect_free(zb_memory *m);
 /* On disk; a load refuses another page count than npages (the snapshot's memory size). */
 void zb_mem_meta_save(const zb_mem_meta *m, struct zb_out *o);
 int zb_mem_meta_load(zb_mem_meta *m, uint64_t npages, struct zb_in *in, char *err);

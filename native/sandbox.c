@@ -223,6 +223,8 @@ void zb_sandbox_stats(zb_sandbox *sb, zb_stats *out) {
     uint64_t dirty = 0, words = (sb->mem.npages + 63) / 64;
     for (uint64_t i = 0; i < words; i++) dirty += (uint64_t)__builtin_popcountll(sb->mem.host_dirty[i]);
     out->dirty_pages = dirty;
+    out->unchanged_finds = sb->mem.unchanged_finds;
+    out->pages_reprotected = sb->mem.pages_reprotected;
     out->guest_pages = sb->mem.pages_allocated;
     out->guest_pages_limit = sb->mem.pages_limit;
     out->threads = (uint64_t)sb->threads.count;

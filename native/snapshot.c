@@ -244,28 +244,6 @@ static int page_holds(const zb_memory *m, const zb_page *p, uint64_t pfn) {
     }
 }
 
-/* Snapshots and restores in a row that may find a page written but unchanged before it is
- * write-protected again. CPython rewrites ~450 pages per cell and puts them back as they were
- * (reference counts): protecting them at once costs a fault each in the next cell; never
- * protecting them would make every snapshot compare every page ever written. */
-#define UNCHANGED_RUNS_BEFORE_PROTECT 4
-
-/* The sandbox's per-page counters of unchanged finds, allocated when first needed; NULL when out
- * of memory, and then unchanged pages are write-protected at once. */
-static uint8_t *unchanged_runs(zb_memory *m) {
-    if (!m->unchanged_runs) m->unchanged_runs = calloc(m->npages, 1);
-    return m->unchanged_runs;
-}
-
-/* Page pfn was logged as written but holds what it should: count it, and say whether to
- * write-protect it again now (runs == NULL: no counters, protect at once). */
-static int unchanged_again(uint8_t *runs, uint64_t pfn) {
-    if (!runs) return 1;
-    if (++runs[pfn] < UNCHANGED_RUNS_BEFORE_PROTECT) return 0;
-    runs[pfn] = 0;
-    return 1;
-}
-
 /* ---- the sandbox state next to memory ---- */
 
 void zb_guest_state_free(zb_guest_state *st) {
@@ -406,7 +384,7 @@ static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapsh
     run_batch b = {.sb = sb};
     zb_memory *m = &sb->mem;
     const uint64_t *dirty = m->host_dirty;
-    uint8_t *runs = protect ? unchanged_runs(m) : m->unchanged_runs;
+    if (protect) zb_reprotect_pass_begin(m);
     for (uint64_t c = 0; c < snap->nchunks; c++) {
         const zb_chunk *bc = base ? base->chunks[c] : NULL, *nc = snap->chunks[c];
         int any_dirty = 0;
@@ -420,10 +398,10 @@ static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapsh
              * not use (and that may be freed later): it is rewritten, never left alone */
             int foreign = zb_bit(m->file_backed, pfn) && !zb_bit(m->from_image, pfn);
             if (protect && !foreign && page_holds(m, want, pfn) == 1) {
-                if (unchanged_again(runs, pfn)) zb_bit_set(protect, pfn);
+                if (zb_reprotect_unchanged(m, pfn, zb_bit(dirty, pfn))) zb_bit_set(protect, pfn);
                 continue;
             }
-            if (runs) runs[pfn] = 0;
+            zb_reprotect_changed(m, pfn, zb_bit(dirty, pfn));
             add_page(&b, pfn, want);
         }
     }
@@ -570,16 +548,16 @@ static uint64_t *drop_unchanged_pages(zb_sandbox *sb) {
     uint64_t words = (m->npages + 63) / 64, *dirty = m->host_dirty;
     uint64_t *protect = calloc(words, sizeof *protect);
     if (!protect) return NULL;
-    uint8_t *runs = unchanged_runs(m);
+    zb_reprotect_pass_begin(m);
     for (uint64_t w = 0; w < words; w++) {
         for (uint64_t bits = dirty[w] & m->allocated[w]; bits; bits &= bits - 1) {
             uint64_t pfn = w * 64 + (uint64_t)__builtin_ctzll(bits);
             if (page_holds(m, zb_snapshot_page(sb->base, pfn), pfn) != 1) {
-                if (runs) runs[pfn] = 0;
+                zb_reprotect_changed(m, pfn, 1);
                 continue;
             }
             zb_bit_clear(dirty, pfn);
-            if (unchanged_again(runs, pfn)) zb_bit_set(protect, pfn);
+            if (zb_reprotect_unchanged(m, pfn, 1)) zb_bit_set(protect, pfn);
         }
     }
     return protect;

@@ -79,6 +79,9 @@ typedef struct zb_stats {
     uint64_t dirty_pages;      /* pages known to be written since the last snapshot/restore: the
                                   engine's own writes, and the guest's as of the last time KVM's
                                   dirty log was read (reading it re-protects pages, so stats do not) */
+    uint64_t unchanged_finds;  /* pages that snapshots and restores found logged as written but
+                                  holding what they should (left writable, or written back), ever */
+    uint64_t pages_reprotected; /* of which write-protected again (page_reprotect.c), ever */
     uint64_t guest_pages;      /* pages the guest has allocated (mmap/brk/stack/ELF) */
     uint64_t guest_pages_limit;
     uint64_t threads;          /* guest threads alive */
