@@ -141,6 +141,18 @@ def test_a_page_left_writable_for_many_snapshots_keeps_its_change(sb: Sandbox) -
     after.release()
 
 
+def test_a_full_collection_in_a_fork_leaves_the_templates_objects_alone(sb: Sandbox) -> None:
+    """The template's objects are in the permanent generation (gc.freeze at the end of the agent's
+    start-up), so gc.collect() in a fork walks only the fork's own objects: without the freeze it
+    wrote the GC header of all ~120,000 template objects, ~11,000 pages (and ~800 ms of faults)."""
+    assert int(text(sb.execute("import gc; gc.get_freeze_count()"))) > 10_000
+    sb.execute("garbage = [[] for _ in range(1000)]\nfor g in garbage: g.append(g)\ndel garbage, g")
+    sb.snapshot().release()
+    r = sb.execute("gc.collect()")
+    assert int(text(r)) >= 1000  # the fork's own cycles are still collected
+    assert sb.guest.pending_bytes() >> 12 < 6_000
+
+
 def test_restores_compare_pages_left_writable_and_reset_the_changed_ones(template: Template) -> None:
     """A restore leaves logged pages that already hold the target's content alone (mapped and
     writable), and rewrites the others: back to a snapshot, and back to the template."""
