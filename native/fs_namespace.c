@@ -283,13 +283,18 @@ static int32_t proc_pid_name(const char *name) {
     return v <= INT32_MAX ? (int32_t)v : 0;
 }
 
+/* mnode is the namespace's /proc, where the family's pids are entries too. */
+static int is_proc_dir(const zb_sandbox *sb, const zb_mnode *m) {
+    return m && m->parent == sb->fs->root && !strcmp(m->name, "proc");
+}
+
 /* Look `name` up in directory `dir` (whose canonical path is `path`). If it is a symlink, its
  * target is copied to `link` and 1 is returned. */
 static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const char *name, zb_loc *out, char *link) {
     zb_mnode *m = dir->mnode ? zb_mnode_child(dir->mnode, name) : NULL;
     /* /proc/<pid> of a live process of the family is /proc/self's files of that process (ps,
      * psutil); <own pid> is /proc/self itself */
-    if (!m && dir->mnode && dir->mnode->parent == sb->fs->root && !strcmp(dir->mnode->name, "proc")) {
+    if (!m && is_proc_dir(sb, dir->mnode)) {
         int32_t pid = proc_pid_name(name);
         if (pid > 0 && zb_proc_target(sb, pid) && (m = zb_mnode_child(dir->mnode, "self"))) {
             int r = loc_from_mnode(sb, m, out);
@@ -557,7 +562,7 @@ int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
     int ret = 0;
     if ((ret = zb_listing_add(out, ".", DT_DIR, 0)) < 0 || (ret = zb_listing_add(out, "..", DT_DIR, 0)) < 0) goto fail;
     if (l->mnode && l->mnode->kind == MNT_PTS && (ret = zb_pty_list(sb, out)) < 0) goto fail; /* then its ptmx */
-    if (l->mnode && l->mnode->parent == sb->fs->root && !strcmp(l->mnode->name, "proc") && (ret = zb_proc_list_pids(sb, out)) < 0)
+    if (is_proc_dir(sb, l->mnode) && (ret = zb_proc_list_pids(sb, out)) < 0)
         goto fail;
     for (size_t i = 0; l->mnode && i < l->mnode->nchildren; i++) {
         zb_mnode *c = l->mnode->children[i];
