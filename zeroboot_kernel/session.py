@@ -304,18 +304,17 @@ class Session:
         trip. Everything else that changes the sandbox undoes it (_state_changes)."""
         t0 = time.perf_counter()
         started_ns = latency_trace.now() if latency_trace.ENABLED else 0
+        self._release_retired()
         self._reap_spills()
         try:
             if self.mode == "isolated" and not self.reset_done:
-                self._release_retired()
                 self.sandbox.restore(self.clean, fresh=True)
                 self.reset_done = True
                 self.restored = True
             elif self.mode == "chained" and self.ready is None and not self.sandbox.broken:
-                self.ready = self._checkpoint_now()  # releases the retired checkpoints too
+                self.ready = self._checkpoint_now()
                 self.enforce_budget(protect=self.ready)
             else:
-                self._release_retired()
                 return
         except SandboxError as exc:  # the next cell does it again and reports it
             log.warning("could not prepare the next cell: %s", exc)
@@ -775,10 +774,7 @@ class Session:
         incoming = self.sandbox.guest.pending_bytes()
         keep_spare_pages(True)
         try:
-            # checkpoints past `keep` and finished spills give their pages back now: this snapshot
-            # reuses them instead of allocating fresh store pages and punching the dead ones out
-            self._release_retired()
-            self._reap_spills()
+            self._reap_spills()  # finished spills give their pages back now: this snapshot reuses them
             limit, held = self.budget_bytes(), self._held_upper()
             fits = held + incoming <= limit
             if not fits:  # maybe over: decided on the exact count, as before
