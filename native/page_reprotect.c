@@ -12,9 +12,9 @@
  * (protected after a few cells, then faulted in again: ~450 faults in every fifth `1+1` cell, ~1,400
  * in a pandas describe() after a restart) nor the pages a cell touched once (compared for nothing).
  * So the count adapts per page: a page starts at PROTECT_AFTER finds, and each time it is written
- * again after being protected (it is back in the log) the count doubles, up to PROTECT_AFTER_MAX. A
- * page touched once is compared PROTECT_AFTER times and protected for good; a page every cell
- * touches stays writable for up to PROTECT_AFTER_MAX snapshots between faults.
+ * again after being protected (it is back in the log) the count doubles, PROTECT_LEVEL_MAX times at
+ * most (128 finds). A page touched once is compared PROTECT_AFTER times and protected for good; a
+ * page every cell touches stays writable for up to 128 snapshots between faults.
  *
  * Bounded cost: when a pass found more than MAX_WRITABLE_UNCHANGED pages unchanged, the next pass
  * protects every page at the first count again, so no snapshot compares more than about that many
