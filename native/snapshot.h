@@ -18,6 +18,7 @@ typedef struct zb_store {
     uint64_t npages;
     uint32_t *page_refs;     /* per page: the page entries that point at it */
     uint64_t live_pages;     /* pages with page_refs > 0 */
+    uint64_t born;           /* the number of snapshots taken in this process when it was made */
     uint64_t seen;           /* zb_snapshots_memory's pass that last met it ... */
     uint64_t *counted;       /* ... and the pages it counted in that pass (freed after it) */
 } zb_store;
