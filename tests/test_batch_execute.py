@@ -8,6 +8,7 @@ values and tracebacks) and which metadata keys exist; cell ids and timestamps ar
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -349,3 +350,18 @@ def test_papermill_engine_writes_what_papermill_writes(tmp_path: Path) -> None:
     assert [c.metadata.get("papermill", {}).get("exception") for c in a.cells] == \
         [c.metadata.get("papermill", {}).get("exception") for c in b.cells]
     assert [(c.cell_type, c.get("execution_count")) for c in a.cells] == [(c.cell_type, c.get("execution_count")) for c in b.cells]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rfc3987_syntax") is None, reason="rfc3987_syntax is not installed")
+def test_execute_leaves_out_jsonschemas_iri_grammar_and_still_validates(tmp_path: Path) -> None:
+    """`execute`'s process imports nbformat without rfc3987_syntax (a 1.9 s grammar build that
+    nbformat's validation never uses), and a malformed notebook is still refused as before."""
+    bad = tmp_path / "bad.ipynb"
+    cell = {"cell_type": "code", "id": "a", "source": "1", "metadata": {}, "outputs": [], "execution_count": "x"}
+    bad.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [cell]}))
+    probe = ("import sys\nfrom zeroboot_kernel import cli\ncli._leave_out_iri_grammar()\nimport nbformat\n"
+             f"nb = nbformat.read({str(bad)!r}, as_version=4)\n"
+             "try:\n    nbformat.validate(nb)\nexcept nbformat.ValidationError:\n    print('refused')\n"
+             "print('rfc3987_syntax' in sys.modules and sys.modules['rfc3987_syntax'] is not None)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split() == ["refused", "False"]

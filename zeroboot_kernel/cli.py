@@ -87,9 +87,21 @@ def _cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def _leave_out_iri_grammar() -> None:
+    """nbformat imports jsonschema, which imports rfc3987_syntax when it is installed (Jupyter
+    Server's jsonschema[format-nongpl] extra brings it), and that module builds a lark grammar as it
+    is imported: 1.9 of the 2.2 s `import nbformat` takes here, most of `execute`'s start-up.
+    nbformat validates notebooks without format checks (a Draft4Validator without a FormatChecker),
+    so the grammar is never used. Only in this command's own process, and only if nothing loaded
+    it yet: jsonschema then goes on without its `iri` format checks (its ImportError fallback)."""
+    if "jsonschema" not in sys.modules:
+        sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
+
 def _cmd_execute(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    _leave_out_iri_grammar()
     from .batch import execute_notebooks, summary_table
     from .notebook_params import parse_cli_value
 
