@@ -16,10 +16,11 @@
  * files, the overlay inode for the sandbox's own files); other kinds of files (pipes, sockets,
  * devices) are named by their open file description, so only users of that description contend.
  * A blocking request that conflicts waits as other blocking syscalls do (zb_sleep_until: it yields
- * to the other processes and is served again), so the cell's time limit and interrupt end it; a
- * deadlock between two waiters is not detected (Linux answers EDEADLK for record locks) and lasts
- * until then. Locks are not part of snapshots: a checkpoint, a rollback or %rewind starts with none
- * (the processes that could contend end with it). Locks of the guest never reach the host's files.
+ * to the other processes and is served again), so the cell's time limit and interrupt end it. A
+ * blocking record-lock request that would close a cycle of waiting processes fails with EDEADLK,
+ * as on Linux (would_deadlock); waits on flock and OFD locks are not followed, as on Linux either.
+ * Locks are not part of snapshots: a checkpoint, a rollback or %rewind starts with none (the
+ * processes that could contend end with it). Locks of the guest never reach the host's files.
  */
 #include "util.h"
 #include "process.h"
@@ -29,6 +30,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 
 #define LOCKS_MAX 65536u /* per sandbox: past it, ENOLCK (Linux's limit is memory) */
 #define TO_EOF UINT64_MAX
@@ -127,12 +129,73 @@ static int carve(zb_fs *fs, int space, const lock_key *k, int32_t pid, const zb_
     return 0;
 }
 
-/* Set (or with F_UNLCK clear) the owner's lock; a conflict waits or fails with EAGAIN. */
+static long flock_range(zb_sandbox *sb, zb_file *f, const struct flock *fl, uint64_t *start, uint64_t *end);
+
+/* ---- deadlocks between processes waiting for record locks ----
+ * Linux refuses a blocking record-lock request (F_SETLKW) with EDEADLK when the process holding the
+ * conflicting lock itself waits in F_SETLKW for a lock of the requesting process, following such
+ * waits up to ten steps (its MAX_DEADLK_ITERATIONS). Who waits for what is read from the processes
+ * as they are, not recorded: a process waits when one of its threads is blocked in fcntl(F_SETLKW)
+ * (the syscall yielded and is served again: cpu.pending_syscall), for the holder of the first lock
+ * that request conflicts with now. So a wait that a signal ended (EINTR) or that the holder's exit
+ * resolved never counts. Every value read from the waiting process (its fd, its struct flock) is
+ * checked as its own request was. */
+#define DEADLOCK_STEPS_MAX 10
+/* Blocked requests a check looks at, at most: each costs a pass over the lock table, and a guest
+ * could block up to 1,024 threads in each of its processes. Past it the check gives up (the
+ * request just waits, as without the check). */
+#define DEADLOCK_REQUESTS_MAX 64
+
+/* The process whose record lock the blocked request in thread state c of process m waits for, or 0. */
+static int32_t request_waits_for(zb_sandbox *m, const zb_cpu *c) {
+    if (!c->pending_syscall || c->pending_nr != SYS_fcntl || (unsigned)c->regs.rsi != F_SETLKW) return 0;
+    zb_file *f = zb_fd_get(m, c->regs.rdi);
+    struct flock fl;
+    if (!f || zb_copy_from_guest(m, &fl, c->regs.rdx, sizeof fl) < 0) return 0;
+    if (fl.l_type != F_RDLCK && fl.l_type != F_WRLCK) return 0;
+    uint64_t start, end;
+    lock_key k;
+    if (flock_range(m, f, &fl, &start, &end) < 0 || start == end || key_of(f, &k) < 0) return 0;
+    const struct zb_lock *l = conflict(m->fs, SPACE_RECORD, &k, fl.l_type, zb_proc_getpid(m), NULL, start, end);
+    return l ? l->pid : 0;
+}
+
+/* The process that process pid of sb's family waits for (a record lock it holds), or 0; each
+ * blocked request looked at takes one from *budget (none left: 0). */
+static int32_t process_waits_for(zb_sandbox *sb, int32_t pid, int *budget) {
+    zb_family *fam = sb->fam;
+    int i = fam ? zb_family_find(fam, pid) : -1;
+    zb_sandbox *m = i >= 0 ? fam->m[i].sb : NULL; /* NULL: a zombie waits for nothing */
+    if (!m || m == sb) return 0;
+    const zb_threads *ts = &m->threads;
+    for (int t = 0; t < ts->cap; t++) {
+        const zb_cpu *c = t == ts->current ? &m->cpu : &ts->t[t].cpu;
+        if (!ts->t[t].tid || !c->pending_syscall || c->pending_nr != SYS_fcntl) continue;
+        if ((*budget)-- <= 0) return 0;
+        int32_t holder = request_waits_for(m, c);
+        if (holder) return holder;
+    }
+    return 0;
+}
+
+/* Process pid waiting for holder's record lock would close a cycle of waits. */
+static int would_deadlock(zb_sandbox *sb, int32_t pid, int32_t holder) {
+    int budget = DEADLOCK_REQUESTS_MAX;
+    for (int step = 0; holder > 0 && step < DEADLOCK_STEPS_MAX; step++) {
+        holder = process_waits_for(sb, holder, &budget);
+        if (holder == pid) return 1;
+    }
+    return 0;
+}
+
+/* Set (or with F_UNLCK clear) the owner's lock; a conflict waits or fails with EAGAIN (or EDEADLK). */
 static long set_lock(zb_sandbox *sb, int space, const lock_key *k, int type, int32_t pid, const zb_file *file,
                      uint64_t start, uint64_t end, int wait) {
     zb_fs *fs = sb->fs;
-    if (type != F_UNLCK && conflict(fs, space, k, type, pid, file, start, end)) {
+    const struct zb_lock *held = type != F_UNLCK ? conflict(fs, space, k, type, pid, file, start, end) : NULL;
+    if (held) {
         if (!wait) return -EAGAIN;
+        if (space == SPACE_RECORD && pid > 0 && held->pid > 0 && would_deadlock(sb, pid, held->pid)) return -EDEADLK;
         long rc = zb_sleep_until(sb, INT64_MAX); /* yields to the holder; the syscall is served again */
         if (rc == ZB_SYSCALL_BLOCK || rc == ZB_SYSCALL_STOP) return rc;
         return rc < 0 ? rc : -EINTR;

@@ -10,7 +10,7 @@ import pytest
 import guest_c
 from session_helpers import cell, ok
 
-GUEST_TESTS = ["flock", "record", "ofd", "lockf", "bad_requests"]
+GUEST_TESTS = ["flock", "record", "ofd", "lockf", "bad_requests", "deadlock"]
 
 
 @pytest.mark.parametrize("test", GUEST_TESTS)

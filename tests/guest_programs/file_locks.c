@@ -1,7 +1,8 @@
 /* file_locks.c - advisory locks between processes: flock(2) (whole file, owned by the open file
  * description: a fork's copy shares it, another open contends), fcntl(2) record locks (byte
  * ranges owned by the process: F_GETLK names the holder, a close of any descriptor of the file
- * and the process's end release them, F_SETLKW waits for the holder), OFD locks (owned by the
+ * and the process's end release them, F_SETLKW waits for the holder, or fails with EDEADLK when the
+ * holder waits for the caller), OFD locks (owned by the
  * description, contending within one process) and lockf. Each test also runs on the host
  * (guest_c.check_on_linux): Linux's behaviour is the reference. */
 #include "check.h"
@@ -163,7 +164,69 @@ static void test_bad_requests(int argc, char **argv) {
     unlink(path);
 }
 
+/* n processes in a ring, each holding byte i and then waiting (F_SETLKW) for byte i + 1 of the
+ * next: the request that would close the cycle fails with EDEADLK, whichever process makes it last
+ * (the order is the scheduler's), and exactly one does; it lets its byte go, and the others then
+ * get theirs in turn. Returns 1 if this process got EDEADLK. */
+static int ring_member(int fd, int i, int n) {
+    int rc = record_lock(fd, F_SETLKW, F_WRLCK, (i + 1) % n, 1);
+    if (rc < 0) {
+        CHECK_EQ(errno, EDEADLK);
+        OK(record_lock(fd, F_SETLK, F_UNLCK, i, 1));
+        return 1;
+    }
+    return 0;
+}
+
+static void deadlock_ring(int n) {
+    int fd = open_file();
+    int ready[2], go[2];
+    OK(pipe(ready));
+    OK(pipe(go));
+    pid_t pids[8];
+    OK(record_lock(fd, F_SETLK, F_WRLCK, 0, 1));
+    for (int i = 1; i < n; i++) {
+        pids[i] = fork_or_fail();
+        if (pids[i] == 0) {
+            int mine = open_file(); /* its own descriptor: record locks are the process's anyway */
+            OK(record_lock(mine, F_SETLK, F_WRLCK, i, 1));
+            char c;
+            CHECK_EQ(write(ready[1], "r", 1), 1);
+            CHECK_EQ(read(go[0], &c, 1), 1);
+            child_exit(ring_member(mine, i, n));
+        }
+    }
+    char c;
+    for (int i = 1; i < n; i++) CHECK_EQ(read(ready[0], &c, 1), 1);
+    for (int i = 1; i < n; i++) CHECK_EQ(write(go[1], "g", 1), 1);
+    int deadlocks = ring_member(fd, 0, n);
+    OK(record_lock(fd, F_SETLK, F_UNLCK, 0, 0)); /* lets the process before it go on */
+    for (int i = 1; i < n; i++) {
+        int st = 0;
+        CHECK_EQ(OK(waitpid(pids[i], &st, 0)), pids[i]);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) <= 1, "pid %d: status 0x%x", pids[i], st);
+        deadlocks += WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+    }
+    CHECK_EQ(deadlocks, 1);
+    OK(close(fd));
+    OK(close(ready[0]));
+    OK(close(ready[1]));
+    OK(close(go[0]));
+    OK(close(go[1]));
+}
+
+/* Deadlocks between record-lock waiters: EDEADLK for the request that closes a cycle of two or of
+ * three processes, as on Linux (test_record has a wait that closes none: it just waits). */
+static void test_deadlock(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    deadlock_ring(2);
+    deadlock_ring(3);
+    unlink(path);
+}
+
 static const zb_test tests[] = {
+    {"deadlock", test_deadlock},
     {"bad_requests", test_bad_requests},
     {"flock", test_flock},
     {"record", test_record},
