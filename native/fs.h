@@ -323,9 +323,10 @@ int zb_proc_add_files(zb_mnode *proc, zb_mnode *self);
 int zb_dev_is_proc(int dev);
 long zb_proc_snapshot(zb_sandbox *sb, int32_t pid, int dev); /* a new unnamed inode with the content of
                                                               process pid's file (0: sb's own), or -errno */
-/* The live process of sb's family that /proc/<pid> names (0: sb itself), or NULL: zombies and
- * processes outside the family have no /proc entry here. */
+/* The live process of sb's family that /proc/<pid> names (0: sb itself), or NULL: processes outside
+ * the family have no /proc entry here, and a zombie's entry has files of its own (zb_proc_exists). */
 zb_sandbox *zb_proc_target(zb_sandbox *sb, int32_t pid);
+int zb_proc_exists(zb_sandbox *sb, int32_t pid); /* /proc/<pid> exists: a live process or a zombie of the family */
 int zb_proc_list_pids(zb_sandbox *sb, zb_listing *out); /* /proc's numeric entries */
 
 /* fs_overlay.c */

@@ -292,11 +292,11 @@ static int is_proc_dir(const zb_sandbox *sb, const zb_mnode *m) {
  * target is copied to `link` and 1 is returned. */
 static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const char *name, zb_loc *out, char *link) {
     zb_mnode *m = dir->mnode ? zb_mnode_child(dir->mnode, name) : NULL;
-    /* /proc/<pid> of a live process of the family is /proc/self's files of that process (ps,
-     * psutil); <own pid> is /proc/self itself */
+    /* /proc/<pid> of a process of the family (live or a zombie) is /proc/self's files of that
+     * process (ps, psutil); <own pid> is /proc/self itself */
     if (!m && is_proc_dir(sb, dir->mnode)) {
         int32_t pid = proc_pid_name(name);
-        if (pid > 0 && zb_proc_target(sb, pid) && (m = zb_mnode_child(dir->mnode, "self"))) {
+        if (pid > 0 && zb_proc_exists(sb, pid) && (m = zb_mnode_child(dir->mnode, "self"))) {
             int r = loc_from_mnode(sb, m, out);
             out->pid = zb_proc_target(sb, pid) == sb ? 0 : pid;
             return r < 0 ? r : 0;

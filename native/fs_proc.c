@@ -288,11 +288,43 @@ zb_sandbox *zb_proc_target(zb_sandbox *sb, int32_t pid) {
     return sb->fam->m[i].sb;
 }
 
+/* A zombie of sb's family (it ended and its parent has not waited for it yet), or NULL. */
+static const zb_member *zombie_of(const zb_sandbox *sb, int32_t pid) {
+    int i = sb->fam && pid > 0 ? zb_family_find(sb->fam, pid) : -1;
+    return i >= 0 && sb->fam->m[i].zombie ? &sb->fam->m[i] : NULL;
+}
+
+int zb_proc_exists(zb_sandbox *sb, int32_t pid) { return zb_proc_target(sb, pid) || zombie_of(sb, pid); }
+
+/* A zombie's /proc/PID files, as Linux shows a task without memory or files: state Z, its name and
+ * ids, the CPU time wait4 will report; no memory, an empty cmdline and maps (ps: "[name] <defunct>"). */
+static void gen_zombie(const zb_member *z, int dev, proc_buf *b) {
+    const uint64_t tick = 10000000; /* USER_HZ 100 */
+    switch (dev) {
+    case DEV_PROC_STATUS:
+        put(b, "Name:\t%.15s\nState:\tZ (zombie)\nTgid:\t%d\nNgid:\t0\nPid:\t%d\nPPid:\t%d\nTracerPid:\t0\n"
+               "Uid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\nFDSize:\t0\nGroups:\t1000\n"
+               "Threads:\t1\nSigQ:\t0/0\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000000\n"
+               "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000000\n",
+            z->comm, (int)z->pid, (int)z->pid, (int)z->ppid);
+        break;
+    case DEV_PROC_STAT:
+        put(b, "%d (%.15s) Z %d %d %d 0 -1 4194308 0 0 0 0 %llu %llu 0 0 20 0 1 0 0 0 0 "
+               "18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 %d\n",
+            (int)z->pid, z->comm, (int)z->ppid, (int)z->pgid, (int)z->sid, (unsigned long long)(z->utime_ns / tick),
+            (unsigned long long)(z->stime_ns / tick), z->wstatus); /* flags: PF_EXITING; last: the exit code */
+        break;
+    case DEV_PROC_STATM: put(b, "0 0 0 0 0 0 0\n"); break;
+    case DEV_PROC_CGROUP: put(b, "0::/\n"); break;
+    default: break; /* maps, cmdline, smaps_rollup: empty */
+    }
+}
+
 int zb_proc_list_pids(zb_sandbox *sb, zb_listing *out) {
     int n = sb->fam ? sb->fam->count : 1;
     for (int i = 0; i < n; i++) {
         int32_t pid = sb->fam ? sb->fam->m[i].pid : own_pid(sb);
-        if (!zb_proc_target(sb, pid)) continue;
+        if (!zb_proc_exists(sb, pid)) continue;
         char name[16];
         snprintf(name, sizeof name, "%d", (int)pid);
         int r = zb_listing_add(out, name, DT_DIR, 0);
@@ -308,9 +340,11 @@ long zb_proc_snapshot(zb_sandbox *sb, int32_t pid, int dev) {
     for (size_t i = 0; i < NPROC; i++)
         if (proc_files[i].id == dev) gen = proc_files[i].gen;
     zb_sandbox *target = zb_proc_target(sb, pid);
-    if (!gen || !target) return -ENOENT;
+    const zb_member *zombie = target ? NULL : zombie_of(sb, pid);
+    if (!gen || (!target && !zombie)) return -ENOENT;
     proc_buf b = {0};
-    gen(target, &b);
+    if (target) gen(target, &b);
+    else gen_zombie(zombie, dev, &b);
     if (b.failed) { free(b.data); return -ENOMEM; }
     uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, 0444);
     if (!ino) { free(b.data); return -ENOMEM; }

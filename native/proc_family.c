@@ -178,6 +178,7 @@ static int parent_reaps_nothing(const zb_sandbox *parent) {
 void zb_family_member_ended(zb_family *fam, int i, int wstatus) {
     zb_member *m = &fam->m[i];
     int32_t pid = m->pid;
+    if (m->sb) memcpy(m->comm, m->sb->proc.comm, sizeof m->comm);
     m->sb = NULL;
     m->zombie = 1;
     m->wstatus = wstatus;

@@ -181,6 +181,7 @@ typedef struct zb_member {
     int vfork_done;          /* its vfork parent may go on (it exited or exec'ed) */
     int waits_input;         /* it read the UART with nothing queued: only process 1 gets input */
     int orphan;              /* its parent ended: reaped at once when it ends (pid 1 never waits) */
+    char comm[16];           /* once ended: its name, for the zombie's /proc/PID (fs_proc.c) */
     uint64_t utime_ns, stime_ns, maxrss_kib; /* once ended: its rusage as wait4 reports it (its own
                                 and its waited-for children's CPU time; the larger maxrss) */
 } zb_member;

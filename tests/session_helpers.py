@@ -1,5 +1,8 @@
-"""Running one cell in a Session (zeroboot_kernel.session) and collecting what it printed."""
+"""Running one cell in a Session (zeroboot_kernel.session) and collecting what it printed; counting
+the snapshot stores the engine (in this process) holds."""
 from __future__ import annotations
+
+import os
 
 from zeroboot_kernel.session import Session
 
@@ -31,3 +34,14 @@ def run(s: Session, code: str, n: int, stderr: list[str] | None = None) -> dict:
     s.prepare_next_cell()
     reply["stdout"] = "".join(out)
     return reply
+
+
+def snapshot_stores() -> int:
+    """memfds of snapshot stores open in this process (the engine runs in it)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += "zeroboot-snapshot" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return n

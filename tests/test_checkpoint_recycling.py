@@ -5,13 +5,13 @@ that freed memory still reads as zeros, and that no spare page outlives the snap
 for (the budget counts every page the checkpoints hold)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from zeroboot_kernel.native import keep_spare_pages, spare_bytes, spare_reused_bytes
 from zeroboot_kernel.sandbox import Sandbox
 from zeroboot_kernel.session import Session
+from session_helpers import snapshot_stores
 
 MIB = 1 << 20
 N = 8 * MIB // 8 * 8   # float64 elements of a 64 MiB array
@@ -96,17 +96,6 @@ def test_budgets_that_drop_everything_or_nothing_keep_rollback(template, budget_
         assert cell(s, "print(a.min(), a.max())", 6)["stdout"].strip() == "4.0 4.0"
     finally:
         s.close()
-
-
-def snapshot_stores() -> int:
-    """The engine's snapshot stores alive in this process (one memfd each)."""
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += "zeroboot-snapshot" in os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
-    return n
 
 
 SMALL_CELLS = ["1+1", "x = [i * i for i in range(1000)]", "print('x' * 100)", "hist.append(len(hist))",

@@ -12,6 +12,7 @@ import pytest
 
 from zeroboot_kernel.engine import Sandbox, SandboxError, SandboxTimeout, Template
 from zeroboot_kernel.frames import MAGIC
+from session_helpers import snapshot_stores
 
 
 @pytest.fixture
@@ -225,30 +226,19 @@ def test_a_cell_that_changes_nothing_stores_next_to_nothing(sb: Sandbox) -> None
     assert min(pages) < 600, pages  # without the comparison: ~730-960 pages per such cell
 
 
-def _snapshot_stores() -> int:
-    """memfds of snapshot stores open in this process (the engine runs in it)."""
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += "zeroboot-snapshot" in os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
-    return n
-
-
 def test_a_long_chain_of_checkpoints_keeps_a_bounded_number_of_stores(sb: Sandbox) -> None:
     """Every cell keeps one new small object and rewrites 8 MB of scratch; the last 5 checkpoints
     are kept, as the kernel keeps its last 20. A page no later cell rewrites must not keep its
     whole cell's store (8 MB) alive: stores and memory stay flat, and old checkpoints stay right."""
     sb.execute("import numpy as np\nscratch = np.zeros(1 << 20)\nkept = []")
     keep: list = []
-    before = _snapshot_stores()
+    before = snapshot_stores()
     for k in range(40):
         sb.execute(f"kept.append(bytearray(b'x' * 3000))\nscratch[:] = {k}")
         keep.append(sb.snapshot())
         while len(keep) > 5:
             keep.pop(0).release()
-    assert _snapshot_stores() - before <= 15
+    assert snapshot_stores() - before <= 15
     sb.restore(keep[0])
     assert text(sb.execute("len(kept), int(scratch[-1])")) == "(36, 35)"
 

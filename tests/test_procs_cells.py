@@ -817,6 +817,34 @@ def test_threads_that_spawn_processes_at_once_each_get_their_own_child(s: Sessio
     assert s.sandbox.guest.child_processes() == 0
 
 
+ZOMBIE_PROC = """import os, subprocess
+pid = os.fork()
+if pid == 0:
+    os._exit(3)
+os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)   # it has ended; not reaped
+st, mine = open(f'/proc/{pid}/stat').read(), open('/proc/self/stat').read()
+name = lambda stat: stat[stat.index('(') + 1:stat.rindex(')')]
+fields = st[st.rindex(')') + 2:].split()
+status = dict(line.split(':\\t', 1) for line in open(f'/proc/{pid}/status').read().splitlines() if ':\\t' in line)
+ps = subprocess.run(['ps', '-o', 'stat=,args=', '-p', str(pid)], capture_output=True, text=True).stdout.split()
+print(fields[0], int(fields[1]) == os.getpid(), name(st) == name(mine), status['State'], status['PPid'] == str(os.getpid()),
+      open(f'/proc/{pid}/cmdline').read() == '', str(pid) in os.listdir('/proc'), ps[0][0], ps[-1])
+os.waitpid(pid, 0)
+print(os.path.exists(f'/proc/{pid}'))
+"""
+
+
+def test_a_zombie_has_a_proc_entry_as_on_linux(s: Session) -> None:
+    """A child that ended and was not waited for keeps its /proc/PID, as on Linux: state Z in stat
+    and status, its name and parent, an empty cmdline, listed in /proc, and `ps` shows it
+    `<defunct>`; once reaped it is gone. The same code on the host's Linux prints the same."""
+    import subprocess
+    import sys
+    host = subprocess.run([sys.executable, "-c", ZOMBIE_PROC], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert host == "Z True True Z (zombie) True True True Z <defunct>\nFalse\n", host
+    assert ok(cell(s, ZOMBIE_PROC, 1)) == host
+
+
 def test_a_zombie_a_cell_leaves_does_not_break_the_next_cells(s: Session) -> None:
     """A child that exited and was not waited for (os.fork without waitpid) stays a zombie, as under
     Linux. The next cells run without a checkpoint of their own and say so once; before, each of
