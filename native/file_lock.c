@@ -146,9 +146,12 @@ static long flock_range(zb_sandbox *sb, zb_file *f, const struct flock *fl, uint
  * request just waits, as without the check). */
 #define DEADLOCK_REQUESTS_MAX 64
 
-/* The process whose record lock the blocked request in thread state c of process m waits for, or 0. */
+/* Thread state c is blocked in fcntl (any command: request_waits_for looks at which). */
+static int blocked_in_fcntl(const zb_cpu *c) { return c->pending_syscall && c->pending_nr == SYS_fcntl; }
+
+/* The process whose record lock the blocked fcntl in thread state c of process m waits for, or 0. */
 static int32_t request_waits_for(zb_sandbox *m, const zb_cpu *c) {
-    if (!c->pending_syscall || c->pending_nr != SYS_fcntl || (unsigned)c->regs.rsi != F_SETLKW) return 0;
+    if ((unsigned)c->regs.rsi != F_SETLKW) return 0;
     zb_file *f = zb_fd_get(m, c->regs.rdi);
     struct flock fl;
     if (!f || zb_copy_from_guest(m, &fl, c->regs.rdx, sizeof fl) < 0) return 0;
@@ -170,7 +173,7 @@ static int32_t process_waits_for(zb_sandbox *sb, int32_t pid, int *budget) {
     const zb_threads *ts = &m->threads;
     for (int t = 0; t < ts->cap; t++) {
         const zb_cpu *c = t == ts->current ? &m->cpu : &ts->t[t].cpu;
-        if (!ts->t[t].tid || !c->pending_syscall || c->pending_nr != SYS_fcntl) continue;
+        if (!ts->t[t].tid || !blocked_in_fcntl(c)) continue;
         if ((*budget)-- <= 0) return 0;
         int32_t holder = request_waits_for(m, c);
         if (holder) return holder;

@@ -83,9 +83,13 @@ static void page_hold(zb_store *s, uint32_t index) {
  * dead-store copies in zb_sandbox_snapshot). */
 static int spare_push(zb_store *s, uint32_t first, uint32_t n);
 
+/* Give n dead pages from first back to the host (their memfd's memory). */
+static void store_punch(zb_store *s, uint32_t first, uint32_t n) {
+    (void)madvise(s->map + (uint64_t)first * ZB_PAGE, (uint64_t)n * ZB_PAGE, MADV_REMOVE);
+}
+
 static void store_free_pages(zb_store *s, uint32_t first, uint32_t n) {
-    if (n && !spare_push(s, first, n))
-        (void)madvise(s->map + (uint64_t)first * ZB_PAGE, (uint64_t)n * ZB_PAGE, MADV_REMOVE);
+    if (n && !spare_push(s, first, n)) store_punch(s, first, n);
 }
 
 /* ---- spare store pages: pages that died just before a snapshot, refilled by it ----
@@ -136,16 +140,16 @@ static int spare_push(zb_store *s, uint32_t first, uint32_t n) {
 #define SPARE_REFILL_AGE 24
 static int store_to_empty(const zb_store *s);
 
-static int spare_refillable(const zb_store *s) {
-    return atomic_load(&snapshots_taken) - s->born <= SPARE_REFILL_AGE || !store_to_empty(s);
-}
+static int store_past_refill_age(const zb_store *s) { return atomic_load(&snapshots_taken) - s->born > SPARE_REFILL_AGE; }
+
+static int spare_refillable(const zb_store *s) { return !store_past_refill_age(s) || !store_to_empty(s); }
 
 /* A kept dead page for a new snapshot's page (the caller takes its own reference with page_set),
  * or 0 when none is left. */
 static int spare_take(zb_store **store, uint32_t *index) {
     while (spare.head < spare.nruns && (!spare.runs[spare.head].n || !spare_refillable(spare.runs[spare.head].store))) {
         spare_run *r = &spare.runs[spare.head++];
-        if (r->n) (void)madvise(r->store->map + (uint64_t)r->first * ZB_PAGE, (uint64_t)r->n * ZB_PAGE, MADV_REMOVE);
+        if (r->n) store_punch(r->store, r->first, r->n);
         store_unref(r->store);
     }
     if (spare.head == spare.nruns) return 0;
@@ -594,8 +598,7 @@ static uint64_t *drop_unchanged_pages(zb_sandbox *sb) {
  * used, such stores add up, one per cell: 47 -> 137 memfds over 600 cells). */
 #define STORE_SMALL_PAGES 256
 static int store_to_empty(const zb_store *s) {
-    return store_mostly_dead(s) ||
-           (s->npages < STORE_SMALL_PAGES && atomic_load(&snapshots_taken) - s->born > SPARE_REFILL_AGE);
+    return store_mostly_dead(s) || (s->npages < STORE_SMALL_PAGES && store_past_refill_age(s));
 }
 
 /* The pages a new snapshot s stores itself: those its sandbox wrote since the previous snapshot,

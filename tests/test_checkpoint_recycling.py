@@ -5,7 +5,6 @@ that freed memory still reads as zeros, and that no spare page outlives the snap
 for (the budget counts every page the checkpoints hold)."""
 from __future__ import annotations
 
-
 import pytest
 
 from zeroboot_kernel.native import keep_spare_pages, spare_bytes, spare_reused_bytes

@@ -307,7 +307,6 @@ class Session:
         self._reap_spills()
         try:
             if self.mode == "isolated" and not self.reset_done:
-                self._release_retired()
                 self.sandbox.restore(self.clean, fresh=True)
                 self.reset_done = True
                 self.restored = True
@@ -315,12 +314,12 @@ class Session:
                 self.ready = self._checkpoint_now()  # releases the retired checkpoints first
                 self.enforce_budget(protect=self.ready)
             else:
-                self._release_retired()
                 return
         except SandboxError as exc:  # the next cell does it again and reports it
             log.warning("could not prepare the next cell: %s", exc)
-            self._release_retired()
             return
+        finally:
+            self._release_retired()  # what _checkpoint_now did not release (other modes, errors)
         self.ready_ms = (time.perf_counter() - t0) * 1e3
         if latency_trace.ENABLED:
             self.prepared_ns = (started_ns, latency_trace.now())
