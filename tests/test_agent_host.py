@@ -283,6 +283,16 @@ def test_warm_up_leaves_no_trace(fresh_agent: AgentProcess) -> None:
     assert stdout_text(frames) == "None\n"
 
 
+def test_start_up_maps_every_module_file_for_tracebacks(agent: AgentProcess) -> None:
+    # A traceback's inspect.getmodule() maps each module it has not seen, with a stat per path
+    # component; the template must hold that map complete, or each fork's first error pays it.
+    frames = agent.execute("import inspect, sys\n"
+                           "print([m for m, v in sys.modules.copy().items() if inspect.ismodule(v) and "
+                           "hasattr(v, '__file__') and inspect._filesbymodname.get(m) != v.__file__])",
+                           execution_count=1)
+    assert stdout_text(frames) == "[]\n"
+
+
 def test_eof_ends_agent_cleanly(fresh_agent: AgentProcess) -> None:
     fresh_agent.sock.shutdown(socket.SHUT_WR)
     assert fresh_agent.proc.wait(timeout=30) == 0
