@@ -26,6 +26,16 @@
  * ZB_STUB_OUT_LEN as a syscall (rcx = the return address); user code that jumps there itself has
  * made a syscall by other means, nothing more, and any other use of the port ends the sandbox. */
 #define ZB_SYSCALL_ENTRY 0xe000        /* LSTAR */
+/* zeroboot's own syscalls, for the guest agent (guest/_zeroboot_agent reads these two lines):
+ * numbers in x86-64's unused range 335-423 (syscall_64.tbl goes from rseq, 334, to 424, where the
+ * numbers common to all architectures start), so that Linux never gives them another meaning; on
+ * Linux they fail with ENOSYS and the agent does without.
+ * ZB_SYS_STAT_MANY(const char *const paths[n], n, struct stat out[n], int32_t errors[n], 0):
+ * stat(2) of each path (relative to the cwd, symlinks followed), one exit for all of them;
+ * errors[i] is 0 (out[i] holds the result) or the errno stat would have set. Returns n, or -EINVAL
+ * (n > ZB_STAT_MANY_MAX, flags not 0), -EFAULT (paths, out or errors not writable/readable). */
+#define ZB_SYS_STAT_MANY 400
+#define ZB_STAT_MANY_MAX 1024
 #define ZB_LOW_REGION_BYTES 0x200000   /* the low 2 MiB: supervisor-only but this page; no user buffer */
 /* The entry page's layout (offsets from ZB_SYSCALL_ENTRY; cpl0_entry.S checks them with .org):
  * at 0 the dispatch of the syscalls answered in the guest, each slot ZB_ENTRY_SLOT_SIZE bytes from

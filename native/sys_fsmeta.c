@@ -7,6 +7,7 @@
 #include "sandbox_state.h"
 #include "fs.h"
 #include "linux.h"
+#include "guest_abi.h"
 #include "shared_map.h"
 
 #include <fcntl.h>
@@ -66,6 +67,24 @@ static long sys_newfstatat(zb_sandbox *sb, const uint64_t a[6]) {
     struct stat st;
     long rc = do_fstatat(sb, (int)a[0], a[1], (int)a[3], &st);
     return rc < 0 ? rc : stat_to_guest(sb, &st, a[2]);
+}
+
+/* ZB_SYS_STAT_MANY (guest_abi.h): what n stat(2) calls would answer, for one exit. Each path goes
+ * through the same copy, resolution and confinement as stat's; a bad path pointer is that entry's
+ * EFAULT, a bad array the call's. n is bounded, so one call costs at most ZB_STAT_MANY_MAX stats. */
+static long sys_zb_stat_many(zb_sandbox *sb, const uint64_t a[6]) {
+    uint64_t paths = a[0], n = a[1], out = a[2], errors = a[3];
+    if (n > ZB_STAT_MANY_MAX || a[4] != 0) return -EINVAL;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t path;
+        if (zb_copy_from_guest(sb, &path, paths + i * sizeof path, sizeof path) != 0) return -EFAULT;
+        struct stat st;
+        long rc = do_fstatat(sb, AT_FDCWD, path, 0, &st);
+        int32_t err = rc >= 0 ? 0 : rc >= -4095 ? (int32_t)-rc : EIO; /* no pause or block in a stat */
+        if (err == 0 && stat_to_guest(sb, &st, out + i * sizeof st) != 0) return -EFAULT;
+        if (zb_copy_to_guest(sb, errors + i * sizeof err, &err, sizeof err) != 0) return -EFAULT;
+    }
+    return (long)n;
 }
 
 static void ts_to_statx(struct statx_timestamp *d, const struct timespec *s) {
@@ -680,4 +699,5 @@ void zb_sys_fsmeta_register(zb_syscall_fn *t) {
     t[SYS_umask] = sys_umask;
     t[SYS_statfs] = sys_statfs;
     t[SYS_fstatfs] = sys_fstatfs;
+    t[ZB_SYS_STAT_MANY] = sys_zb_stat_many;
 }

@@ -5,6 +5,7 @@
 #include "util.h"
 #include "sandbox_state.h"
 #include "linux.h"
+#include "guest_abi.h"
 
 extern const char *const zb_syscall_names[ZB_SYSCALL_MAX]; /* generated from <asm/unistd_64.h> */
 
@@ -33,6 +34,7 @@ static void fill_table(void) {
 }
 
 const char *zb_syscall_name(uint64_t nr) {
+    if (nr == ZB_SYS_STAT_MANY) return "zb_stat_many";
     return nr < ZB_SYSCALL_MAX && zb_syscall_names[nr] ? zb_syscall_names[nr] : "unknown";
 }
 

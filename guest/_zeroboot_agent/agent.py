@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
 from . import agent_io as aio
-from . import agent_mp
+from . import agent_mp, agent_stat_ahead
 from .agent_io import log
 from .frame_protocol import FrameType
 from .agent_comm import CommBridge
@@ -519,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     del sys.path[0]
     insert_cwd_entry()
     agent_mp.install()
+    agent_stat_ahead.install()
     gate.install()
     map_module_files()
     # Everything the template holds now lives as long as the template: a full collection in a fork

@@ -20,27 +20,23 @@
 from __future__ import annotations
 
 import os
-import sys
-from typing import Any, Callable
+from typing import Any
+
+from .agent_after_import import when_imported
 
 
 def install() -> None:
     """Apply the adaptations: now for the modules the agent has imported, at first import for the
-    others (a meta-path hook, so the template does not import what no cell asked for)."""
+    others (so the template does not import what no cell asked for)."""
     try:
         from multiprocessing import resource_tracker
     except ImportError:  # a Python built without _multiprocessing
         return
     _null_tracker(resource_tracker)
-    hook = _AfterImport({
+    when_imported({
         "joblib.externals.loky.backend.resource_tracker": _null_tracker,
         "loky.backend.resource_tracker": _null_tracker,
     })
-    for name in list(hook.callbacks):
-        module = sys.modules.get(name)
-        if module is not None:
-            hook.callbacks.pop(name)(module)
-    sys.meta_path.insert(0, hook)
 
 
 def _null_tracker(module: Any) -> None:
@@ -48,28 +44,3 @@ def _null_tracker(module: Any) -> None:
     tracker = getattr(module, "_resource_tracker", None)
     if tracker is not None and getattr(tracker, "_fd", None) is None and getattr(tracker, "_pid", None) is None:
         tracker._fd = os.open(os.devnull, os.O_WRONLY)
-
-
-class _AfterImport:
-    """A meta-path finder that runs a callback on a module right after its first import."""
-
-    def __init__(self, callbacks: dict[str, Callable[[Any], None]]) -> None:
-        self.callbacks = callbacks
-
-    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
-        callback = self.callbacks.pop(name, None)
-        if callback is None:
-            return None
-        import importlib.machinery
-        spec = importlib.machinery.PathFinder.find_spec(name, path)  # type: ignore[arg-type]
-        loader = spec.loader if spec is not None else None
-        exec_module = getattr(loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-
-        def exec_then_adapt(module: Any) -> None:
-            exec_module(module)
-            callback(module)
-
-        loader.exec_module = exec_then_adapt  # type: ignore[union-attr]
-        return spec
