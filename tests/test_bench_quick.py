@@ -20,7 +20,7 @@ FIELDS = {
                "template_build_s", "exits_per_print_cell"],
 }
 PEER_CASES = ["empty sandbox", "1+1", "print 10 KB", "numpy matmul 512", "matplotlib PNG"]
-KERNEL_CASES = ["1+1", "print", "matmul", "plot"]
+KERNEL_CASES = ["1+1", "print", "matmul", "plot", "autoreload"]
 HEADLINE = ["fork_p50_ms", "fork_p99_ms", "fork_first_batch_p50_ms", "vs_zeroboot_fork_p50", "vs_e2b_create", "fork_exec_p50_ms",
             "restore_exec_p50_ms", "isolated_cell_p50_ms", "vs_subprocess_cell", "vs_bubblewrap_cell",
             "kernel_1plus1_p50_ms", "ipykernel_1plus1_p50_ms", "kernel_vs_ipykernel_1plus1", "template_build_s",

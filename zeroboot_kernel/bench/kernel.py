@@ -42,6 +42,7 @@ class Case:
     name: str
     code: str
     setup: str = ""
+    teardown: str = ""  # run after the case, so that the cases after it start as before
 
 
 CASES = (
@@ -49,6 +50,8 @@ CASES = (
     Case("print", "print('x' * 10_000)"),
     Case("matmul", "b = a @ a", "import numpy as np\na = np.random.default_rng(0).random((512, 512))"),
     Case("plot", "plt.plot([1, 3, 2]); plt.show()", "%matplotlib inline\nimport matplotlib.pyplot as plt"),
+    # autoreload checks the mtime of every module's source before each cell (a stat each)
+    Case("autoreload", "x = 1", "%load_ext autoreload\n%autoreload 2", "%autoreload 0"),
 )
 
 
@@ -200,6 +203,9 @@ def measure(iterations: int = 100, warmup: int = 5, kernel: str = OURS, stock: s
                 for name, k in kernels.items():  # interleaved
                     samples[name].setdefault(case.name, []).append(k.round_trip(case.code) * 1e3)
                     stamps[name].setdefault(case.name, []).append(k.last_stamps)
+            for k in kernels.values():
+                if case.teardown:
+                    k.round_trip(case.teardown)
         queued: dict[str, list[float]] = {name: [] for name in names}
         for _ in range(QUEUED_REPEATS):  # Run All: QUEUED cells sent at once, interleaved by batch
             for name in names:
