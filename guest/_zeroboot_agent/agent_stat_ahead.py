@@ -16,7 +16,7 @@ it) the stat fails with ENOSYS and check() runs unchanged.
 from __future__ import annotations
 
 import ctypes
-import errno
+import functools
 import os
 import re
 import struct
@@ -105,6 +105,11 @@ def _source_path(module: Any) -> str | None:
     filename = getattr(module, "__file__", None)
     if not isinstance(filename, str) or getattr(module, "__name__", None) in (None, "__mp_main__", "__main__"):
         return None
+    return _source_of(filename)
+
+
+@functools.lru_cache(maxsize=8192)  # a pure function of the name; a .so's ValueError is slow
+def _source_of(filename: str) -> str | None:
     if os.path.splitext(filename)[1].lower() == ".py":
         return filename
     try:
