@@ -82,3 +82,12 @@ def test_cli_build_list_rm(cache: Path) -> None:
     r = subprocess.run(exe + ["template", "rm", "cli"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "removed" in r.stdout
     assert not list(cache.iterdir())
+
+
+def test_environment_key_reads_each_distribution_as_importlib_metadata_does() -> None:
+    import importlib.metadata
+
+    from zeroboot_kernel.template import _name_version
+
+    for d in importlib.metadata.distributions():
+        assert _name_version(d) == f"{d.metadata['Name']}=={d.version}", d
