@@ -515,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     wire.send(sock, {"event": "ready", "language_info": template.ready.get("language_info", {}),
                      "python_version": template.ready.get("python_version"), "template": str(template.directory)})
     server = EngineServer(sock, session, idle_sock)
+    session.warm_up()  # while the kernel finishes starting; its first request waits in the socket
     try:
         server.network_enabled = bool(network and network.enabled)
         server.serve()

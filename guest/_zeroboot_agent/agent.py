@@ -236,6 +236,10 @@ class Agent:
         store_history = bool(request.get("store_history", not silent))
         expressions = request.get("user_expressions") or {}
         count = _as_int(request.get("execution_count"), shell.execution_count)
+        # the host's warm-up request (zeroboot_kernel/sandbox.py warm_up): silent, and the shell
+        # left as it was, so that the first cell sees what a new ipykernel shell shows
+        kept = ((shell.execution_count, shell.last_execution_result, shell.last_execution_succeeded)
+                if request.get("warm_up") is True else None)
         self.allow_stdin = bool(request.get("allow_stdin", False))
         shell.execution_count = count
         shell.request_execution_count = count
@@ -280,6 +284,8 @@ class Agent:
                          traceback=list(shell._last_traceback or []), user_expressions={})
         reply["payload"] = shell.payload_manager.read_payload()
         shell.payload_manager.clear_payload()
+        if kept is not None:
+            shell.execution_count, shell.last_execution_result, shell.last_execution_succeeded = kept
         if stamps is not None and len(stamps) == 3:  # not when run_cell raised
             stamps.append(monotonic_ns())
             reply["trace"] = stamps
