@@ -151,7 +151,7 @@ def test_repository_kernelspecs() -> None:
     for name in KERNEL_NAMES:
         spec = json.loads((REPO / "kernelspec" / name / "kernel.json").read_text())
         assert spec["language"] == "python" and spec["interrupt_mode"] == "signal"
-        assert spec["argv"][1:] == ["-m", "zeroboot_kernel.kernel", "-f", "{connection_file}"]
+        assert spec["argv"][1:] == ["-m", "zeroboot_kernel.kernel_launch", "-f", "{connection_file}"]
         assert spec["env"]["ZEROBOOT_MODE"] == ("isolated" if name.endswith("isolated") else "chained")
         assert spec["display_name"].startswith("Python 3 (zeroboot VM")
         for size in (32, 64):
@@ -192,3 +192,30 @@ def test_cli_install_uninstall(tmp_path: Path) -> None:
     help_text = subprocess.run([*run, "--help"], capture_output=True, text=True, check=True).stdout
     for sub in ("run", "template", "install", "uninstall"):
         assert sub in help_text
+
+
+# ---- the engine started before the kernel (kernel_launch.py, engine_owner.py) ----------------
+
+def test_the_early_engine_goes_to_the_kernel_made_for_it(monkeypatch) -> None:
+    import logging
+
+    from zeroboot_kernel import engine_owner
+
+    monkeypatch.setattr(engine_owner.EngineOwner, "run", lambda self: None)  # no engine process here
+    settings = KernelSettings()
+    engine_owner.start_early(settings, "/nb")
+    owner = engine_owner.take_early(settings, "/nb")
+    assert owner is not None and not owner.closing.is_set()
+    assert engine_owner.take_early(settings, "/nb") is None  # one kernel takes it, once
+    # an engine that exited before the kernel adopted its owner is reported at adoption
+    owner._exited("the sandbox engine process (pid 1) exited (exit status 1)")
+    reasons: list[str] = []
+    owner.adopt(logging.getLogger("test"), reasons.append)
+    assert reasons == ["the sandbox engine process (pid 1) exited (exit status 1)"]
+    owner._exited("again")
+    assert reasons[-1] == "again"
+    # started for other settings or another folder: not taken, and told to close
+    engine_owner.start_early(settings, "/nb")
+    other = engine_owner._early
+    assert engine_owner.take_early(KernelSettings(mode="isolated"), "/nb") is None
+    assert other is not None and other.closing.is_set()

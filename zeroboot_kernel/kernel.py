@@ -1,6 +1,7 @@
 """The Jupyter kernel: ipykernel's Kernel, with every cell run in a KVM sandbox by the engine.
 
-    python -m zeroboot_kernel.kernel -f {connection_file}
+    python -m zeroboot_kernel.kernel_launch -f {connection_file}   (the kernelspecs: engine started first)
+    python -m zeroboot_kernel.kernel -f {connection_file}          (the same, engine started once set up)
 
 ipykernel does the wire protocol (ZMQ channels, busy/idle, execute_input, stop_on_error, abort
 replies); this class maps requests to the engine process (engine_server.py, reached through
@@ -17,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import os
-import select
 import signal
 import sys
 import threading
@@ -44,7 +43,11 @@ from . import listing
 from . import magics as mg
 from . import outputs
 from . import schema
+from . import engine_owner
 from .engine_client import EngineClient, EngineDied
+from .engine_owner import EngineOwner
+from .engine_owner import MagicFailed as _MagicFailed
+from .engine_owner import checked_call as _checked_call
 from .errors import ZerobootError
 from .guest_memory_size import parse_size
 from .kernel_config import KernelSettings
@@ -58,115 +61,11 @@ from .stream_batch import StreamBatcher
 OUTPUT_EVENTS = ("display_data", "update_display_data", "execute_result", "error", "clear_output")
 # Give the last reply and idle status time to leave before the kernel stops itself.
 STOP_DELAY = 0.5
-# An engine that dies while starting, without a reason, gets one more try.
-START_ATTEMPTS = 2
 EXIT_ENGINE_FAILED = 1
 
 
 class _InputAbandoned(Exception):
     """The engine stopped waiting for the frontend's answer (interrupt) or the kernel is stopping."""
-
-
-class _MagicFailed(Exception):
-    def __init__(self, ename: str, evalue: str) -> None:
-        super().__init__(evalue)
-        self.ename = ename
-        self.evalue = evalue
-
-
-class EngineOwner(threading.Thread):
-    """Starts the engine process and lives as long as it does.
-
-    The engine arms PR_SET_PDEATHSIG so that it dies with the kernel; Linux sends that signal when
-    the *thread* that spawned the process exits, not the process. Spawning from an executor thread
-    would kill the engine whenever the pool retires that thread, and spawning from the main thread
-    would block the kernel while a template is built. So one thread spawns it, then stays to
-    watch it (pidfd) and report an unexpected exit.
-    """
-
-    def __init__(self, settings: KernelSettings, notebook_dir: str, log: logging.Logger, on_exit: Any) -> None:
-        super().__init__(name="zeroboot-engine-owner", daemon=True)
-        self.settings = settings
-        self.notebook_dir = notebook_dir
-        self.log = log
-        self.on_exit = on_exit
-        self.future: concurrent.futures.Future[EngineClient] = concurrent.futures.Future()
-        self.closing = threading.Event()
-        self.startup_note: str | None = None  # ZEROBOOT_RESUME / autosave: said with the first output
-
-    def run(self) -> None:
-        t0 = time.monotonic()
-        try:
-            client = self._start()
-        except BaseException as exc:  # noqa: BLE001 - reported to the first request
-            self.log.error("zeroboot: the sandbox engine did not start: %s", exc)
-            self.future.set_exception(exc)
-            return
-        self.log.info("zeroboot: sandbox engine ready in %.2f s (pid %d, template %s)",
-                      time.monotonic() - t0, client.proc.pid, client.info.get("template"))
-        self.startup_note = session_save.startup_resume(_checked_call(client), self.notebook_dir)
-        self.future.set_result(client)
-        self._watch(client)
-
-    def _start(self) -> EngineClient:
-        for attempt in range(1, START_ATTEMPTS + 1):
-            try:
-                # The engine logs only while it has to build the template (first start, or after
-                # an upgrade): seconds of waiting worth seeing at the kernel's default log level.
-                # Jupyter starts a kernel in the notebook's folder: the guest sees it at the same
-                # path and starts there, so relative paths in the notebook work unchanged.
-                return EngineClient(template=self.settings.template, mode=self.settings.mode,
-                                    timeout=self.settings.cell_timeout, checkpoints=self.settings.checkpoints,
-                                    project=self.notebook_dir, files=self.settings.files,
-                                    hidden=self.settings.hidden,
-                                    network=self.settings.network.to_wire() if self.settings.network.enabled else None,
-                                    on_log=lambda text: self.log.warning("zeroboot: %s", text),
-                                    live_output=True)  # threads' output between cells (_publish_idle_output)
-            except EngineDied as exc:
-                # The process vanished without saying why (a ZerobootError, e.g. no /dev/kvm or a
-                # broken template, arrives as a "fatal" message instead and is not retried).
-                if attempt == START_ATTEMPTS:
-                    raise
-                self.log.warning("zeroboot: the sandbox engine died while starting (%s); starting it again", exc)
-        raise AssertionError("unreachable")
-
-    def start_worker(self) -> EngineClient:
-        """A %%fanout --jobs worker engine (fanout_jobs.py): started as the kernel's own engine is
-        (the same confinement, notebook folder, files mode, network policy), without live output."""
-        return EngineClient(template=self.settings.template, mode="chained", timeout=self.settings.cell_timeout,
-                            checkpoints=1, project=self.notebook_dir, files=self.settings.files,
-                            hidden=self.settings.hidden,
-                            network=self.settings.network.to_wire() if self.settings.network.enabled else None,
-                            on_log=lambda text: self.log.info("zeroboot: fan-out worker: %s", text))
-
-    def _watch(self, client: EngineClient) -> None:
-        try:
-            fd = os.pidfd_open(client.proc.pid)
-        except (OSError, AttributeError):
-            self.closing.wait()  # no pidfd: stay alive (see above); death shows at the next request
-            return
-        try:
-            select.select([fd], [], [])
-        finally:
-            os.close(fd)
-        if not self.closing.is_set():
-            code = client.proc.poll()
-            if code is None:
-                status = "unknown status"
-            else:
-                status = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-            self.on_exit(f"the sandbox engine process (pid {client.proc.pid}) exited ({status})")
-
-
-def _checked_call(client: EngineClient) -> Any:
-    """client.call that raises the engine's error reply (for session_save's kernel side)."""
-    def call(op: str, **fields: Any) -> dict[str, Any]:
-        content = client.call(op, **fields)
-        if content.get("status") != "ok":
-            raise _MagicFailed(str(content.get("ename") or "SandboxError"),
-                               str(content.get("evalue") or f"the engine could not do {op!r}"))
-        return content
-    return call
 
 
 class ZerobootKernel(Kernel):
@@ -218,9 +117,13 @@ class ZerobootKernel(Kernel):
                                                                           {"name": "stderr", "text": text}))
         for msg_type in ("comm_open", "comm_msg", "comm_close"):
             self.shell_handlers[msg_type] = self.comm_request
-        self._owner = EngineOwner(self.settings, self.notebook_dir, self.log, self._on_engine_exit)
+        # started by kernel_launch.py before ipykernel was imported, else now
+        self._owner = engine_owner.take_early(self.settings, self.notebook_dir) or \
+            EngineOwner(self.settings, self.notebook_dir)
+        self._owner.adopt(self.log, self._on_engine_exit)
         self._owner.future.add_done_callback(self._take_idle_output)
-        self._owner.start()
+        if not self._owner.is_alive():
+            self._owner.start()
 
     # ---- kernel_info ----------------------------------------------------------------------
 
