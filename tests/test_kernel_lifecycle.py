@@ -82,6 +82,24 @@ def test_engine_death_during_a_cell_replies_then_stops() -> None:
         assert wait_until(lambda: not km.is_alive(), 15), "the kernel kept running without its engine"
 
 
+def test_an_engine_that_cannot_start_is_said_at_the_first_cell() -> None:
+    # The engine refuses /tmp as the notebook's folder at once, so the one started before the
+    # kernel's imports (kernel_launch.py) has ended by the time the kernel takes it over.
+    km = manager("zeroboot")
+    km.start_kernel(cwd="/tmp", stderr=subprocess.PIPE)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=TIMEOUT)
+        reply, msgs = execute(kc, "1")
+        assert reply["status"] == "error" and "private /tmp" in reply["evalue"], reply
+        assert any(m["msg_type"] == "error" for m in msgs)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        km.cleanup_resources()
+
+
 def test_bad_configuration_fails_loudly() -> None:
     km = manager("zeroboot", ZEROBOOT_MODE="sideways")
     km.start_kernel(stderr=subprocess.PIPE)

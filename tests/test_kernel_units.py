@@ -206,6 +206,8 @@ def test_the_early_engine_goes_to_the_kernel_made_for_it(monkeypatch) -> None:
     engine_owner.start_early(settings, "/nb")
     owner = engine_owner.take_early(settings, "/nb")
     assert owner is not None and not owner.closing.is_set()
+    owner.join()  # its engine failed at once, say: the kernel's start_once must not start it again
+    owner.start_once()
     assert engine_owner.take_early(settings, "/nb") is None  # one kernel takes it, once
     # an engine that exited before the kernel adopted its owner is reported at adoption
     owner._exited("the sandbox engine process (pid 1) exited (exit status 1)")

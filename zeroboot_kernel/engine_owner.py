@@ -87,6 +87,12 @@ class EngineOwner(threading.Thread):
         if reason is not None:
             on_exit(reason)
 
+    def start_once(self) -> None:
+        """Start the thread unless it has been started: an early owner's may even have ended
+        already (its engine failed to start), and a thread cannot be started twice."""
+        if self.ident is None:
+            self.start()
+
     def _exited(self, reason: str) -> None:
         with self._adopt_lock:
             on_exit = self._on_exit

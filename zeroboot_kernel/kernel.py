@@ -122,8 +122,7 @@ class ZerobootKernel(Kernel):
             EngineOwner(self.settings, self.notebook_dir)
         self._owner.adopt(self.log, self._on_engine_exit)
         self._owner.future.add_done_callback(self._take_idle_output)
-        if not self._owner.is_alive():
-            self._owner.start()
+        self._owner.start_once()
 
     # ---- kernel_info ----------------------------------------------------------------------
 
