@@ -272,6 +272,37 @@ int zb_walk_stat_get(const char *host_path, struct stat *st) {
     return 0;
 }
 
+/* Host directories this syscall has looked up (lstat'ed) already: a ZB_SYS_STAT_MANY walks the
+ * same few directories for each of its paths (the modules of one package). Kept for one syscall
+ * only, like walk_st: no metadata outlives the syscall that read it. Directories only, so that a
+ * hit never skips a symlink's readlink. */
+#define DIR_MEMO_SLOTS 8
+static __thread struct {
+    uint64_t serial;
+    struct stat st;
+    char path[PATH_MAX];
+} dir_memo[DIR_MEMO_SLOTS];
+static __thread unsigned dir_memo_next;
+
+static int dir_memo_get(const char *host_path, struct stat *st) {
+    if (!(zb_syscall_serial & 1)) return -1;
+    for (unsigned i = 0; i < DIR_MEMO_SLOTS; i++)
+        if (dir_memo[i].serial == zb_syscall_serial && !strcmp(dir_memo[i].path, host_path)) {
+            *st = dir_memo[i].st;
+            return 0;
+        }
+    return -1;
+}
+
+static void dir_memo_put(const char *host_path, const struct stat *st) {
+    size_t n = strlen(host_path);
+    if (!(zb_syscall_serial & 1) || !S_ISDIR(st->st_mode) || n >= PATH_MAX) return;
+    unsigned i = dir_memo_next++ % DIR_MEMO_SLOTS;
+    memcpy(dir_memo[i].path, host_path, n + 1);
+    dir_memo[i].st = *st;
+    dir_memo[i].serial = zb_syscall_serial;
+}
+
 /* The pid a /proc entry's name is (digits, no leading zero, 1..INT32_MAX), else 0. */
 static int32_t proc_pid_name(const char *name) {
     if (name[0] < '1' || name[0] > '9' || strlen(name) > 10) return 0;
@@ -334,7 +365,10 @@ static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const cha
         struct stat st;
         if (join_path(hp, sizeof hp, path, name) < 0) return -ENAMETOOLONG;
         if (dir->proj && zb_proj_hidden(dir->proj_root, hp)) return -ENOENT; /* fs_project.c */
-        if (ZB_HOSTCALL(lstat(hp, &st)) < 0) return -ENOENT;
+        if (dir_memo_get(hp, &st) != 0) {
+            if (ZB_HOSTCALL(lstat(hp, &st)) < 0) return -ENOENT;
+            dir_memo_put(hp, &st);
+        }
         zb_walk_stat_put(hp, &st);
         out->kind = LOC_HOST;
         out->proj = dir->proj;

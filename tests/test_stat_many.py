@@ -149,3 +149,21 @@ def test_autoreload_sees_a_module_edited_on_the_host(s: Session, project: Path) 
     helper.unlink()
     r = cell(s, "helper.ANSWER", 3)
     assert r["status"] == "ok" and r["result"] == "44", r
+
+
+def test_one_call_looks_each_directory_up_on_the_host_once(s: Session) -> None:
+    # the standard library's encodings package: ~120 files below the same few directories of the
+    # read-only Python view; each path then costs its own lstat, not one per directory above it
+    ok(cell(s, agent_stat_ahead() + "import encodings, glob, os\n"
+               "paths = sorted(glob.glob(os.path.dirname(encodings.__file__) + '/*.py'))\n"
+               "assert len(paths) > 50, len(paths)\nsa.stat_many(paths)"))
+    s.sandbox.guest.set_profile(True)
+    try:
+        out = ok(cell(s, "answers = sa.stat_many(paths)\nprint(len(paths), sum(isinstance(a, int) for a in answers.values()))", 2))
+    finally:
+        s.sandbox.guest.set_profile(False)
+    n, failed = map(int, out.split())
+    assert failed == 0
+    calls = s.sandbox.guest.syscall_profile_by_number()["zb_stat_many"]
+    assert calls["calls"] == 1
+    assert calls["host_calls"] <= n + 8, (calls["host_calls"], n)  # one per path, a few for the directories
