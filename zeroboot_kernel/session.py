@@ -34,6 +34,8 @@ from .sandbox import InputCallback, MessageCallback, Sandbox, StreamCallback
 from .template import Template, cache_root
 
 log = logging.getLogger(__name__)
+# seconds the warm-up request before a session's first cell may take (Session.warm_up)
+WARM_UP_TIMEOUT = 30.0
 
 MODES = ("chained", "isolated")
 
@@ -194,7 +196,8 @@ class Session:
         if self.cells_run:
             return
         try:
-            self.sandbox.warm_up(timeout=self.timeout)
+            # bounded whatever the cells' limit: the first request waits behind it
+            self.sandbox.warm_up(timeout=WARM_UP_TIMEOUT)
         except (SandboxCrashed, SandboxTimeout, SandboxMemoryError, SandboxError) as exc:
             log.warning("the sandbox's warm-up request failed (%s); starting from its clean state", exc)
             self.sandbox.restore(self.clean, fresh=True)
