@@ -27,9 +27,10 @@
  * made a syscall by other means, nothing more, and any other use of the port ends the sandbox. */
 #define ZB_SYSCALL_ENTRY 0xe000        /* LSTAR */
 /* zeroboot's own syscalls, for the guest agent (guest/_zeroboot_agent reads these two lines):
- * numbers in x86-64's unused range 335-423 (syscall_64.tbl goes from rseq, 334, to 424, where the
- * numbers common to all architectures start), so that Linux never gives them another meaning; on
- * Linux they fail with ENOSYS and the agent does without.
+ * numbers from 400 up in x86-64's unused range 335-423 (syscall_64.tbl goes from rseq, 334, to
+ * 424, where the numbers common to all architectures start), so that Linux never gives them
+ * another meaning; on Linux they fail with ENOSYS and the agent does without (the tests use 423
+ * as a number nothing implements).
  * ZB_SYS_STAT_MANY(const char *const paths[n], n, struct stat out[n], int32_t errors[n], 0):
  * stat(2) of each path (relative to the cwd, symlinks followed), one exit for all of them;
  * errors[i] is 0 (out[i] holds the result) or the errno stat would have set. Returns n, or -EINVAL
