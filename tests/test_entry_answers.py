@@ -7,24 +7,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
-from pathlib import Path
 
 import pytest
 
+from guest_abi import abi
 from session_helpers import cell, ok
 from zeroboot_kernel.native import Engine
 from zeroboot_kernel.session import Session
-
-
-GUEST_ABI = Path(__file__).resolve().parents[1] / "guest" / "guest_abi.h"
-
-
-def abi(name: str) -> int:
-    """A number of the guest ABI (guest/guest_abi.h: `#define NAME 0x...`)."""
-    m = re.search(rf"^#define {name} (0x[0-9a-f]+|[0-9]+)\b", GUEST_ABI.read_text(), re.M)
-    assert m, name
-    return int(m.group(1), 0)
 
 
 def answers_on() -> bool:

@@ -6,22 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import pytest
 
+from guest_abi import abi
 from session_helpers import cell, ok
 from zeroboot_kernel.session import Session
-
-GUEST_ABI = Path(__file__).resolve().parents[1] / "guest" / "guest_abi.h"
-
-
-def abi(name: str) -> int:
-    m = re.search(rf"^#define {name} (0x[0-9a-f]+|[0-9]+)\b", GUEST_ABI.read_text(), re.M)
-    assert m, name
-    return int(m.group(1), 0)
-
 
 # a cell prelude: the raw syscall, as user code (or a hostile cell) can make it
 RAW = (f"import ctypes, errno, os, json\nNR, MAX = {abi('ZB_SYS_STAT_MANY')}, {abi('ZB_STAT_MANY_MAX')}\n"
@@ -52,14 +43,14 @@ def s(template, project: Path):
     session.close()
 
 
-def agent_stat_ahead() -> str:
-    return ("import sys\nsa = next(m for k, m in sys.modules.items() if k.endswith('agent_stat_ahead'))\n")
+# a cell prelude: the agent's module as `sa`
+STAT_AHEAD = "import sys\nsa = next(m for k, m in sys.modules.items() if k.endswith('agent_stat_ahead'))\n"
 
 
 def test_each_answer_is_what_os_stat_gives(s: Session) -> None:
     # files, a directory, a symlink (followed), a dangling one, a missing name, a path through a
     # file, the view of the Python installation, /proc, the overlay /tmp, a relative path
-    out = ok(cell(s, agent_stat_ahead() + "import json, os\n"
+    out = ok(cell(s, STAT_AHEAD + "import json, os\n"
                      "open('/tmp/made', 'w').write('x' * 5000)\n"
                      f"fields = {STAT_FIELDS!r}\n"
                      "paths = ['helper.py', 'sub', 'link', 'dangling', 'nope', 'helper.py/x', os.__file__, '/proc/self/status',"
@@ -115,7 +106,7 @@ def test_a_path_outside_the_view_is_not_found_as_with_stat(s: Session, tmp_path:
     secret = tmp_path / "secret.txt"  # a host file the sandbox does not show
     secret.write_text("no")
     paths = [str(secret), "/tmp/../" + str(secret), "../../" + str(secret)]
-    out = ok(cell(s, agent_stat_ahead() + "import json, os\n"
+    out = ok(cell(s, STAT_AHEAD + "import json, os\n"
                      f"paths = {paths!r}\n"
                      "def err(p):\n"
                      "    try:\n"
@@ -154,7 +145,7 @@ def test_autoreload_sees_a_module_edited_on_the_host(s: Session, project: Path) 
 def test_one_call_looks_each_directory_up_on_the_host_once(s: Session) -> None:
     # the standard library's encodings package: ~120 files below the same few directories of the
     # read-only Python view; each path then costs its own lstat, not one per directory above it
-    ok(cell(s, agent_stat_ahead() + "import encodings, glob, os\n"
+    ok(cell(s, STAT_AHEAD + "import encodings, glob, os\n"
                "paths = sorted(glob.glob(os.path.dirname(encodings.__file__) + '/*.py'))\n"
                "assert len(paths) > 50, len(paths)\nsa.stat_many(paths)"))
     s.sandbox.guest.set_profile(True)

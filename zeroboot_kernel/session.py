@@ -198,7 +198,7 @@ class Session:
         try:
             # bounded whatever the cells' limit: the first request waits behind it
             self.sandbox.warm_up(timeout=WARM_UP_TIMEOUT)
-        except (SandboxCrashed, SandboxTimeout, SandboxMemoryError, SandboxError) as exc:
+        except SandboxError as exc:  # a crash, a timeout, memory: all of them
             log.warning("the sandbox's warm-up request failed (%s); starting from its clean state", exc)
             self.sandbox.restore(self.clean, fresh=True)
 

@@ -57,13 +57,20 @@ def _stat_result(raw: bytes) -> os.stat_result:
                            blksize, blocks, rdev))
 
 
+@functools.cache  # once per process, not per check
+def _syscall() -> Any:
+    """libc's syscall(), returning a long."""
+    function = ctypes.CDLL(None, use_errno=True).syscall
+    function.restype = ctypes.c_long
+    return function
+
+
 def stat_many(paths: list[str]) -> dict[str, os.stat_result | int]:
     """stat() of each path in one exit per ZB_STAT_MANY_MAX paths: the result, or the errno the
     stat would have raised. {} where the sandbox cannot answer (then stat each path yourself)."""
     if SYS_STAT_MANY is None or STAT_MANY_MAX <= 0:
         return {}
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
+    syscall = _syscall()
     answers: dict[str, os.stat_result | int] = {}
     usable = [p for p in dict.fromkeys(paths) if "\0" not in p]  # os.stat raises ValueError for those
     for start in range(0, len(usable), STAT_MANY_MAX):
@@ -72,7 +79,7 @@ def stat_many(paths: list[str]) -> dict[str, os.stat_result | int]:
         names = (ctypes.c_char_p * n)(*(os.fsencode(p) for p in chunk))
         out = ctypes.create_string_buffer(_STAT.size * n)
         errors = (ctypes.c_int32 * n)()
-        done = libc.syscall(ctypes.c_long(SYS_STAT_MANY), names, ctypes.c_long(n), out, errors, ctypes.c_long(0))
+        done = syscall(ctypes.c_long(SYS_STAT_MANY), names, ctypes.c_long(n), out, errors, ctypes.c_long(0))
         if done != n:
             return {}
         raw = out.raw
