@@ -58,7 +58,7 @@ static void share_file_system(zb_sandbox *child, zb_sandbox *parent) {
 zb_sandbox *zb_family_fork_sandbox(zb_sandbox *parent, int32_t pid, char *err) {
     zb_snapshot *snap = zb_snapshot_take(parent, err);
     if (!snap) return NULL;
-    zb_sandbox *child = zb_snapshot_fork(snap, err);
+    zb_sandbox *child = zb_snapshot_fork_for(snap, 1, err);
     /* The pages this snapshot copied into a store of its own are the child's base (and the
      * parent's): another host copy of what the parent wrote since its last snapshot, charged to
      * the family once, while any of them lives. Held before the snapshot goes. */

@@ -118,9 +118,20 @@ int zb_mem_unlogged_window(int on) { return atomic_exchange(&unlogged_window_on,
  * libraries and interpreter heap, ~450 MiB with numpy, pandas and matplotlib, allocated top-down).
  * Only where that leaves at least 256 MiB. What lies where is a matter of speed only: tracking
  * changes in the window is correct for any page. */
+static int window_wanted(uint64_t size, uint64_t *lo, uint64_t *top) {
+    *lo = 256ul << 20;
+    *top = ZB_MAX(size / 8, 640ul << 20) & ~(ZB_HUGE - 1);
+    return atomic_load(&unlogged_window_on) && size >= *lo + *top + (256ul << 20);
+}
+
+int zb_mem_window_as_new(const zb_memory *m) {
+    uint64_t lo, top;
+    return window_wanted(m->size, &lo, &top) == (m->window_parts != 0);
+}
+
 static int place_unlogged_window(zb_memory *m) {
-    const uint64_t lo = 256ul << 20, top = ZB_MAX(m->size / 8, 640ul << 20) & ~(ZB_HUGE - 1);
-    if (!atomic_load(&unlogged_window_on) || m->size < lo + top + (256ul << 20)) return 0;
+    uint64_t lo, top;
+    if (!window_wanted(m->size, &lo, &top)) return 0;
     /* parts of 256 MiB, or a sixteenth of the window: at most 16 memslots */
     uint64_t bytes = m->size - top - lo, part = ZB_MAX(256ul << 20, (bytes / 16 + ZB_HUGE - 1) & ~(ZB_HUGE - 1));
     uint32_t parts = (uint32_t)((bytes + part - 1) / part);

@@ -152,7 +152,7 @@ uint64_t zb_engine_fingerprint(zb_engine *e) {
     return fnv(fnv(h, e->xsave_size), e->xcr0);
 }
 
-void zb_engine_close(zb_engine *e) {
+void zb_engine_destroy(zb_engine *e) {
     if (!e) return;
     if (e->vm) zb_vm_destroy(e->vm);
     for (int i = 0; i < ZB_CHILD_VMS; i++) if (e->child_vms[i]) zb_vm_destroy(e->child_vms[i]);
@@ -238,6 +238,7 @@ fail:
 
 void zb_vm_destroy(zb_vm *vm) {
     if (!vm) return;
+    zb_mem_destroy(&vm->parked); /* normally given back before (zb_engine_close): a no-op then */
     if (vm->run) munmap(vm->run, vm->run_size);
     if (vm->vcpu_fd >= 0) close(vm->vcpu_fd);
     if (vm->vm_fd >= 0) close(vm->vm_fd);
@@ -261,10 +262,29 @@ static int slot_region(zb_vm *vm, int i, const zb_memory *m, char *err) {
     return 0;
 }
 
+/* Memory m as memslots (into out, at most ZB_MAX_MEMSLOTS; returns how many): below its unlogged
+ * window, each part of the window as the memory wishes it logged or not, above it. */
+static int slot_layout(const zb_memory *m, struct zb_memslot *out) {
+    uint64_t lo = m->unlogged_lo / ZB_PAGE, hi = m->unlogged_hi / ZB_PAGE;
+    int n = 0;
+    if (lo < hi && m->window_parts + 2 <= ZB_MAX_MEMSLOTS) {
+        out[n++] = (struct zb_memslot){0, lo, 1, -1};
+        for (uint32_t k = 0; k < m->window_parts; k++) {
+            uint64_t first = lo + (uint64_t)k * m->window_part_pages;
+            out[n++] = (struct zb_memslot){first, ZB_MIN(m->window_part_pages, hi - first), m->window_logged[k], (int)k};
+        }
+        if (hi < m->npages) out[n++] = (struct zb_memslot){hi, m->npages - hi, 1, -1};
+    } else {
+        out[n++] = (struct zb_memslot){0, m->npages, 1, -1};
+    }
+    return n;
+}
+
 /* Replace the VM's memslots with those of memory m (none if m is NULL). A slot's host address
- * cannot change: delete, then add. */
+ * cannot change: delete, then add. KVM drops its shadow page tables of the old ones. */
 static int set_slots(zb_vm *vm, const zb_memory *m, char *err) {
     struct kvm_userspace_memory_region r;
+    vm->slots_host = NULL;
     for (int i = 0; i < vm->nslots; i++) {
         memset(&r, 0, sizeof r);
         r.slot = (uint32_t)i; /* memory_size 0: delete */
@@ -275,23 +295,27 @@ static int set_slots(zb_vm *vm, const zb_memory *m, char *err) {
     }
     vm->nslots = 0;
     if (!m) return 0;
-    uint64_t lo = m->unlogged_lo / ZB_PAGE, hi = m->unlogged_hi / ZB_PAGE;
-    int n = 0;
-    if (lo < hi && m->window_parts + 2 <= ZB_MAX_MEMSLOTS) {
-        vm->slot[n++] = (struct zb_memslot){0, lo, 1, -1};
-        for (uint32_t k = 0; k < m->window_parts; k++) {
-            uint64_t first = lo + (uint64_t)k * m->window_part_pages;
-            vm->slot[n++] = (struct zb_memslot){first, ZB_MIN(m->window_part_pages, hi - first), m->window_logged[k], (int)k};
-        }
-        if (hi < m->npages) vm->slot[n++] = (struct zb_memslot){hi, m->npages - hi, 1, -1};
-    } else {
-        vm->slot[n++] = (struct zb_memslot){0, m->npages, 1, -1};
-    }
+    int n = slot_layout(m, vm->slot);
     for (int i = 0; i < n; i++) {
         if (slot_region(vm, i, m, err) < 0) return -1;
         vm->nslots = i + 1;
     }
+    vm->slots_host = m->host;
     return 0;
+}
+
+/* The memslots already map memory m, slot for slot (whether each is logged may differ: the
+ * attach's zb_vm_sync_window makes that so). */
+static int slots_map(const zb_vm *vm, const zb_memory *m) {
+    if (!m->host || vm->slots_host != m->host) return 0;
+    struct zb_memslot want[ZB_MAX_MEMSLOTS];
+    int n = slot_layout(m, want);
+    if (n != vm->nslots) return 0;
+    for (int i = 0; i < n; i++)
+        if (want[i].first_pfn != vm->slot[i].first_pfn || want[i].npages != vm->slot[i].npages ||
+            want[i].part != vm->slot[i].part)
+            return 0;
+    return 1;
 }
 
 /* Read slot i's dirty log into bits (a whole-memory bitmap) and, unless keep_writable, write-protect
@@ -454,15 +478,23 @@ zb_vm *zb_vm_of(const zb_sandbox *sb) {
 }
 
 static zb_vm **child_executor(zb_engine *e, const zb_sandbox *sb) {
-    zb_vm **idle = NULL, **empty = NULL, **oldest = NULL;
+    zb_vm **idle = NULL, **reserved = NULL, **empty = NULL, **oldest = NULL;
     for (int i = 0; i < ZB_CHILD_VMS; i++) {
         zb_vm **v = &e->child_vms[i];
         if (!*v) { if (!empty) empty = v; continue; }
         if ((*v)->attached == sb) return v;
-        if (!(*v)->attached && !idle) idle = v;
+        if (!(*v)->attached) {
+            /* its memslots map sb's memory (a parked memory the fork took): KVM's shadow pages are warm */
+            if ((*v)->slots_host && (*v)->slots_host == sb->mem.host) return v;
+            /* memslots that map another process's memory that the fork took (it has not run yet)
+             * are its warm ones: used only when there is no other idle VM and no VM to create */
+            int taken = (*v)->slots_host && (*v)->slots_host != (*v)->parked.host;
+            if (taken && !reserved) reserved = v;
+            if (!taken && !idle) idle = v;
+        }
         if (!oldest || (*v)->last_used < (*oldest)->last_used) oldest = v;
     }
-    return idle ? idle : empty ? empty : oldest;
+    return idle ? idle : empty ? empty : reserved ? reserved : oldest;
 }
 
 zb_vm *zb_engine_executor(zb_engine *e, zb_sandbox *sb, int is_child, char *err) {
@@ -478,9 +510,14 @@ zb_vm *zb_engine_executor(zb_engine *e, zb_sandbox *sb, int is_child, char *err)
 int zb_vm_attach(zb_vm *vm, zb_sandbox *sb, char *err) {
     if (vm->attached == sb) return 0;
     if (vm->attached && zb_vm_detach(vm, err) < 0) return -1;
-    if (set_slots(vm, &sb->mem, err) < 0) return -1;
+    /* Memslots that already map this memory are kept, and with them KVM's shadow page tables of
+     * it. That is safe: since they were last attached, nothing ran on them, and the host's changes
+     * of the memory went through its own mapping, which KVM follows (MMU notifiers); its dirty log
+     * still holds what the guest wrote, for the next collection. */
+    if (!slots_map(vm, &sb->mem) && set_slots(vm, &sb->mem, err) < 0) return -1;
     if (zb_vm_load_cpu(vm, sb, err) < 0) return -1;
     vm->attached = sb;
+    zb_vm_sync_window(vm, sb, 0); /* parts whose logging the memory wants changed meanwhile */
     return 0;
 }
 
@@ -530,11 +567,19 @@ int zb_vm_detach(zb_vm *vm, char *err) {
     return 0;
 }
 
-/* The sandbox's memory goes away: make sure the executor no longer points at it. */
-int zb_vm_forget(zb_vm *vm, zb_sandbox *sb, char *err) {
-    if (!vm || vm->attached != sb) return 0;
-    vm->attached = NULL;
-    return set_slots(vm, NULL, err);
+static void forget(zb_vm *vm, const zb_sandbox *sb, const zb_memory *m) {
+    if (!vm) return;
+    if (vm->attached && (vm->attached == sb || (m->host && vm->attached->mem.host == m->host))) vm->attached = NULL;
+    if (!m->host) return;
+    char ignored[ZB_ERRLEN];
+    /* if deleting fails the slots stay counted and the next attach replaces them; slots_host is
+     * NULL from the first step on, so nothing takes them for this memory's successor */
+    if (vm->slots_host == m->host) (void)set_slots(vm, NULL, ignored);
+}
+
+void zb_engine_forget(zb_engine *e, const zb_sandbox *sb, const zb_memory *m) {
+    forget(e->vm, sb, m);
+    for (int i = 0; i < ZB_CHILD_VMS; i++) forget(e->child_vms[i], sb, m);
 }
 
 static int vcpu_stat(zb_vm *vm, const char *name, uint64_t *value) {

@@ -137,6 +137,9 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err);
  * The VM applies these wishes (zb_vm_sync_window); whatever a part's state, collecting is correct.
  * Guest memory gets a window while zb_mem_unlogged_window (zeroboot.h) is on, the default. */
 #define ZB_UNLOGGED_MIN_BYTES (4ul << 20)
+/* m has an unlogged window if and only if new memory of its size would get one now (memory kept
+ * for another fork must be what zb_mem_init would make: zb_mem_unlogged_window may have changed). */
+int zb_mem_window_as_new(const zb_memory *m);
 /* Set in `dirty` (one bit per guest page) every page of [first, first+n) the host has populated.
  * If the host cannot say, every page of it. */
 void zb_mem_populated(const zb_memory *m, uint64_t first, uint64_t n, uint64_t *dirty);

@@ -272,8 +272,7 @@ void zb_sandbox_free_state(zb_sandbox *sb) {
  * failed zb_sandbox_new) comes here directly. */
 void zb_sandbox_destroy(zb_sandbox *sb) {
     if (!sb) return;
-    char err[ZB_ERRLEN];
-    (void)zb_vm_forget(zb_vm_of(sb), sb, err); /* fails only to delete the slot, which the next attach replaces */
+    zb_engine_forget(sb->engine, sb, &sb->mem);
     zb_sandbox_free_state(sb);
     zb_mem_destroy(&sb->mem);
     zb_uart_destroy(&sb->uart);

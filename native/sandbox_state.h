@@ -42,6 +42,11 @@ struct zb_sandbox {
     uint64_t snapshots_taken; /* by zb_sandbox_snapshot: every 8th also moves pages out of mostly dead stores */
 
     int finished;            /* exited, crashed or broke a rule: cannot run again */
+    int memory_unknown;      /* a restore of it failed halfway: its memory is not what its base and
+                                dirty bits say, so it is never parked for another fork (snapshot.c) */
+    int image_replaced;      /* it executed a program (execve): hardly a page of its memory is its
+                                lineage's any more, so restoring it to a snapshot of that lineage
+                                would rewrite all of it; never parked */
     int fs_borrowed;         /* a child process: fs is its family's (process 1's), not freed with it */
     int vcpu_stale;          /* the host changed `cpu` while the process did not run and its executor VM
                                 stayed attached to it (a parked thread loaded, run_threads.c): the vCPU

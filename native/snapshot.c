@@ -13,11 +13,13 @@
  */
 #include "util.h"
 #include "memory.h"
+#include "shared_map_state.h"
 #include "vm.h"
 #include "dev.h"
 #include "process.h"
 #include "sandbox_state.h"
 #include "fs.h"
+#include "shared_map.h"
 #include "sandbox.h"
 #include "snapshot.h"
 
@@ -784,8 +786,128 @@ fail:
     return NULL;
 }
 
+/* ---- parked memory: a freed sandbox's memory kept for the next fork ----
+ * A fork gets a new host mapping of guest memory, and the VM it runs on new memslots, for which
+ * KVM has no shadow page tables: on this nested host each page the fork touches first costs a
+ * shadow fault (20-40 us), ~2,800 for a new fork's first cell, ~950 for a child process's run.
+ * So a freed sandbox's memory that an executor's memslots still map is parked on that executor
+ * (one per executor), and the next fork of a snapshot with the same memory image takes it
+ * instead: the memory is made equal to the snapshot in place, as zb_sandbox_restore does (every
+ * page the old sandbox or its base may have changed is rewritten or compared), and the fork runs
+ * with the shadow pages of everything the old one touched. Forks of process 1 (sessions) take
+ * the main executor's parked memory, forks of child processes a children's executor's. */
+
+static zb_vm *executor_of(zb_engine *e, int i) { return i == 0 ? e->vm : e->child_vms[i - 1]; }
+
+/* Give back the memory parked on vm (first out of every executor's memslots: another one may
+ * still map it, if its sandbox ran there before). */
+static void drop_parked(zb_engine *e, zb_vm *vm) {
+    if (!vm || !vm->parked.host) return;
+    zb_engine_forget(e, NULL, &vm->parked);
+    zb_mem_destroy(&vm->parked);
+    zb_snapshot_release(vm->parked_base);
+    vm->parked_base = NULL;
+    e->parked_dropped++;
+}
+
+void zb_engine_release_parked(zb_engine *e) {
+    for (int i = 0; i <= ZB_CHILD_VMS; i++) drop_parked(e, executor_of(e, i));
+}
+
+void zb_engine_set_parking(zb_engine *e, int on) {
+    e->parking_off = !on;
+    if (!on) zb_engine_release_parked(e);
+}
+
+void zb_engine_parking_stats(zb_engine *e, uint64_t *taken, uint64_t *dropped) {
+    *taken = e->parked_taken;
+    *dropped = e->parked_dropped;
+}
+
+void zb_engine_close(zb_engine *e) {
+    if (!e) return;
+    zb_engine_release_parked(e);
+    zb_engine_destroy(e);
+}
+
+/* Park sb's memory on the executor whose memslots map it, if it can serve another fork: 1 if
+ * parked (sb->mem and sb->base are then empty), else 0. */
+static int park(zb_sandbox *sb) {
+    zb_engine *e = sb->engine;
+    zb_memory *m = &sb->mem;
+    /* a memory whose restore failed is not what its dirty bits say; an exec'd one is hardly the
+     * lineage's any more (sandbox_state.h) */
+    if (e->parking_off || !sb->base || !m->host || !m->image || sb->memory_unknown || sb->image_replaced) return 0;
+    zb_vm *vm = NULL;
+    for (int i = 0; i <= ZB_CHILD_VMS && !vm; i++) {
+        zb_vm *v = executor_of(e, i);
+        if (v && v->slots_host == m->host) vm = v;
+    }
+    if (!vm) return 0;
+    drop_parked(e, vm); /* one per executor: its memslots map sb's memory now, not that one */
+    /* Attached or not, KVM's dirty log of the memslots keeps what the guest wrote: the fork that
+     * takes the memory collects it (a detach already moved it into host_dirty). */
+    if (vm->attached == sb) vm->attached = NULL;
+    /* Its shared file mappings end here, as when sb is freed (their pages were written back when it
+     * last stopped; their copies in memory are pages like any other, in its base or dirty bits):
+     * their opens leave the file system, which is the family's for a child. */
+    zb_shmap_count_opens(m, sb->fs, -1);
+    zb_shmap_free(m->shmap);
+    m->shmap = NULL;
+    vm->parked = *m;
+    vm->parked.peak_charge = 0;
+    memset(m, 0, sizeof *m);
+    vm->parked_base = sb->base;
+    sb->base = NULL;
+    return 1;
+}
+
+/* The executor with a parked memory that a fork of snap can take (process 1: the main one; a
+ * child: a children's one), or NULL. Parked memory that its executor no longer maps (another
+ * sandbox attached since) would save nothing: it is given back on the way. */
+static zb_vm *parked_for(zb_engine *e, const zb_snapshot *snap, int child) {
+    if (e->parking_off) return NULL;
+    for (int i = child ? 1 : 0; i <= (child ? ZB_CHILD_VMS : 0); i++) {
+        zb_vm *vm = executor_of(e, i);
+        if (!vm || !vm->parked.host) continue;
+        if (vm->slots_host != vm->parked.host || !zb_mem_window_as_new(&vm->parked)) {
+            drop_parked(e, vm); /* no longer warm, or not laid out as a new fork's memory would be */
+            continue;
+        }
+        if (vm->parked.image == snap->image && vm->parked.size == snap->mem_size) return vm;
+    }
+    return NULL;
+}
+
+/* Give sb (new, without memory) the memory parked on vm, made equal to snap's. */
+static int take_parked(zb_sandbox *sb, zb_vm *vm, const zb_snapshot *snap, char *err) {
+    sb->mem = vm->parked;
+    memset(&vm->parked, 0, sizeof vm->parked);
+    zb_snapshot *old = vm->parked_base;
+    vm->parked_base = NULL;
+    sb->engine->parked_taken++;
+    /* Attached for the dirty log's collection and the write protection after the compare (as a
+     * restore of an attached sandbox), not for its vCPU: the run's attach loads that. */
+    vm->attached = sb;
+    uint64_t *protect = vm->manual_protect ? calloc((sb->mem.npages + 63) / 64, sizeof *protect) : NULL;
+    int rc = zb_vm_collect_dirty(vm, protect != NULL, err);
+    int released = rc < 0 ? 0 : zb_mem_release_stale(&sb->mem);
+    if (released < 0) {
+        zb_seterr(err, "cannot give back freed guest memory: %s", strerror(-released));
+        rc = -1;
+    }
+    if (rc == 0) rc = apply_memory(sb, old, snap, protect, err);
+    char ignored[ZB_ERRLEN]; /* if this fails the pages stay in the log: only slower */
+    if (rc == 0 && protect) (void)zb_vm_protect_pages(vm, protect, ignored);
+    vm->attached = NULL;
+    free(protect);
+    zb_snapshot_release(old);
+    if (rc < 0) sb->memory_unknown = 1;
+    return rc;
+}
+
 /* The sandbox's reference to its base snapshot is this layer's (sandbox.c never calls into
- * snapshots): drop it, then let sandbox.c free the rest. */
+ * snapshots): drop it, or park the memory with it, then let sandbox.c free the rest. */
 void zb_sandbox_free(zb_sandbox *sb) {
     if (!sb) return;
     zb_mem_budget_leave(&sb->mem); /* a child's charge goes off its family's budget */
@@ -796,18 +918,23 @@ void zb_sandbox_free(zb_sandbox *sb) {
         free(sb->fam);
     }
     sb->fam = NULL;
-    zb_snapshot_release(sb->base);
-    sb->base = NULL;
+    if (!park(sb)) {
+        zb_snapshot_release(sb->base);
+        sb->base = NULL;
+    }
     zb_sandbox_destroy(sb);
 }
 
-zb_sandbox *zb_snapshot_fork(zb_snapshot *snap, char *err) {
+zb_sandbox *zb_snapshot_fork_for(zb_snapshot *snap, int child, char *err) {
     zb_sandbox *sb = zb_sandbox_alloc(snap->engine, err);
     if (!sb) return NULL;
-    if (zb_mem_init(&sb->mem, snap->mem_size, snap->image, err) < 0) goto fail;
-    if (apply_memory(sb, NULL, snap, NULL, err) < 0 || state_apply(sb, &snap->st, err) < 0 ||
-        zb_sandbox_own_policies(sb, err) < 0)
+    zb_vm *vm = parked_for(snap->engine, snap, child);
+    if (vm) {
+        if (take_parked(sb, vm, snap, err) < 0) goto fail;
+    } else if (zb_mem_init(&sb->mem, snap->mem_size, snap->image, err) < 0 || apply_memory(sb, NULL, snap, NULL, err) < 0) {
         goto fail;
+    }
+    if (state_apply(sb, &snap->st, err) < 0 || zb_sandbox_own_policies(sb, err) < 0) goto fail;
     atomic_fetch_add(&snap->refs, 1);
     sb->base = snap;
     return sb;
@@ -815,6 +942,8 @@ fail:
     zb_sandbox_free(sb);
     return NULL;
 }
+
+zb_sandbox *zb_snapshot_fork(zb_snapshot *snap, char *err) { return zb_snapshot_fork_for(snap, 0, err); }
 
 int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
     if (snap->image != sb->mem.image || snap->mem_size != sb->mem.size) {
@@ -842,6 +971,7 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
     if (apply_memory(sb, sb->base, snap, protect, err) < 0 || state_apply(sb, &snap->st, err) < 0) {
         free(protect);
         sb->finished = 1; /* half restored: never run it */
+        sb->memory_unknown = 1;
         return -1;
     }
     char ignored[ZB_ERRLEN];  /* if this fails the pages stay in the log: only slower */
@@ -851,6 +981,7 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
     zb_snapshot_release(sb->base);
     sb->base = snap;
     sb->finished = 0;
+    sb->image_replaced = 0; /* every page an exec changed was in the dirty bits: rewritten now */
     atomic_store(&sb->kick_requested, 0);
     if (vm && vm->attached == sb && zb_vm_load_cpu(vm, sb, err) < 0) return -1;
     return 0;

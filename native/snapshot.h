@@ -69,6 +69,9 @@ const zb_page *zb_snapshot_page(const zb_snapshot *s, uint64_t pfn);
 /* A snapshot of the sandbox as it is now, also inside one of its syscalls (a fork): what
  * zb_sandbox_snapshot takes once it has checked the sandbox has no other processes. */
 zb_snapshot *zb_snapshot_take(zb_sandbox *sb, char *err);
+/* zb_snapshot_fork for process 1 (child 0) or a child process (child 1): which executor's parked
+ * memory the fork may take (snapshot.c, "parked memory"). */
+zb_sandbox *zb_snapshot_fork_for(zb_snapshot *snap, int child, char *err);
 /* Free every process of process 1's family but itself (family_run.c): it ended, is restored or freed. */
 void zb_family_end(zb_sandbox *root);
 void zb_guest_state_free(zb_guest_state *st);

@@ -239,6 +239,7 @@ static long do_execve(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t ua
     /* ---- the point of no return: from here on a failure kills the process ---- */
     reset_signals(sb);
     single_thread(sb);
+    sb->image_replaced = 1;
     if ((rc = drop_image(sb)) < 0) { rc = exec_failed(sb, "releasing the old image", rc); goto out; }
     close_on_exec(sb);
     if ((rc = reset_fpu(sb)) < 0) { rc = exec_failed(sb, "the FPU state", rc); goto out; }

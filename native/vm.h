@@ -11,6 +11,7 @@
 #include <time.h>
 
 struct zb_out; /* serial.h: the snapshot state writer and reader */
+struct zb_snapshot; /* snapshot.h: a parked memory's base snapshot (below) */
 #define ZB_MAX_MEMSLOTS 18   /* below the window, its parts (at most 16), above it */
 struct zb_in;
 /* ---- executor VM (kvm_vm.c) ---- */
@@ -29,6 +30,16 @@ typedef struct zb_vm {
         int part;            /* the window part it is, or -1 */
     } slot[ZB_MAX_MEMSLOTS];
     int nslots;
+    /* Host address of the memory the memslots map (NULL: none). The slots stay after a detach, so
+     * that attaching the same memory again keeps KVM's shadow page tables of it (zb_vm_attach):
+     * on this nested host every page a guest touches first in a VM costs a shadow fault of
+     * 20-40 us, ~2,800 of them for a new fork's first cell. */
+    const uint8_t *slots_host;
+    /* A freed sandbox's memory that the memslots still map, kept for the next fork of its lineage
+     * (snapshot.c, "parked memory"), and that memory's base snapshot. Owned by the snapshot
+     * layer: it parks, takes and drops them; this layer only keeps them. */
+    zb_memory parked;
+    struct zb_snapshot *parked_base;
     uint64_t tsc_khz;
     timer_t wake_timer;      /* during a run: sends the kick signal at the deadline or the guest's alarm */
     int wake_timer_live;
@@ -79,6 +90,8 @@ struct zb_engine {
     int syscall_path_off;    /* ZB_SYSCALLS_* bits switched off (zb_engine_set_syscall_path) */
     int entry_runs_at_cpl3;  /* KVM is PVM (kvm_pvm loaded, no kvm_intel/kvm_amd): `syscall` reaches
                               * LSTAR at CPL3, so the entry may return to user code itself */
+    int parking_off;         /* zb_engine_set_parking(e, 0): freed memory is never parked (snapshot.c) */
+    uint64_t parked_taken, parked_dropped; /* forks that took a parked memory; parked ones given back */
 };
 
 int zb_vm_create(zb_engine *e, zb_vm **out, char *err);
@@ -115,8 +128,12 @@ int zb_vm_load_cpu(zb_vm *vm, zb_sandbox *sb, char *err);
  * FS/GS base with the next entry, as a syscall's return sets them (KVM_CAP_SYNC_REGS), instead of
  * zb_vm_load_cpu's four ioctls. zb_vm_load_cpu for a sandbox that is not attached. */
 int zb_vm_load_thread(zb_vm *vm, zb_sandbox *sb, char *err);
-/* The sandbox's memory goes away: unmap it from the executor if attached. */
-int zb_vm_forget(zb_vm *vm, zb_sandbox *sb, char *err);
+/* Sandbox sb (NULL: none) and memory m (its own, or a parked one) go away: no executor may keep
+ * either attached or m in its memslots. */
+void zb_engine_forget(zb_engine *e, const zb_sandbox *sb, const zb_memory *m);
+/* Close /dev/kvm and free the executors (zb_engine_close, snapshot.c, gives back what they
+ * park first). */
+void zb_engine_destroy(zb_engine *e);
 /* The vCPU's registers at the last exit of KVM_RUN (kvm_run's copy with sync_regs, else
  * KVM_GET_REGS). -1 with errno on failure. */
 int zb_vm_exit_regs(zb_vm *vm, struct kvm_regs *out);

@@ -135,6 +135,14 @@ typedef struct zb_syscall_nr_profile {
 /* ---- engine ---- */
 zb_engine *zb_engine_open(char *err);
 void zb_engine_close(zb_engine *engine);
+/* Parked memory (snapshot.c): a freed sandbox's memory that an executor VM still maps is kept
+ * (one per executor) and the next fork of a snapshot with the same memory image takes it, made
+ * equal to the snapshot in place, so that the fork keeps KVM's shadow page tables of it. On by
+ * default; off gives back what is parked. release gives it back now (an idle engine), stats
+ * counts the forks that took one and the parked memories given back unused. */
+void zb_engine_set_parking(zb_engine *engine, int on);
+void zb_engine_release_parked(zb_engine *engine);
+void zb_engine_parking_stats(zb_engine *engine, uint64_t *taken, uint64_t *dropped);
 /* A hash of what a snapshot depends on in this host's KVM: CPUID, XSAVE layout, XCR0.
  * A template made under another fingerprint must be rebuilt. */
 uint64_t zb_engine_fingerprint(zb_engine *engine);

@@ -113,6 +113,22 @@ class Engine:
         return (bool(got & lib.ZB_SYSCALLS_SYNC_REGS), bool(got & lib.ZB_SYSCALLS_DIRECT_ENTRY),
                 bool(got & lib.ZB_SYSCALLS_GUEST_ANSWERS))
 
+    def set_parking(self, on: bool) -> None:
+        """Whether a freed sandbox's memory is kept for the next fork of its lineage (on by
+        default, zb_engine_set_parking): such a fork keeps KVM's shadow page tables of it. Off gives
+        back what is parked (for measurements and tests)."""
+        lib.zb_engine_set_parking(self._handle, 1 if on else 0)
+
+    def release_parked(self) -> None:
+        """Give back the memory of freed sandboxes kept for the next fork (an idle engine)."""
+        lib.zb_engine_release_parked(self._handle)
+
+    def parking_stats(self) -> dict[str, int]:
+        """Forks that took a parked memory, and parked memories given back unused."""
+        taken, dropped = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        lib.zb_engine_parking_stats(self._handle, taken, dropped)
+        return {"taken": int(taken[0]), "dropped": int(dropped[0])}
+
     def lockdown(self, phase: str) -> None:
         """seccomp on this whole process (native/seccomp.c), irreversibly: "setup" (no exec, no
         network, no new processes) or "run" (also no host file writes)."""

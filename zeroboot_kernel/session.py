@@ -374,7 +374,10 @@ class Session:
         unchanged, so every checkpoint, rollback and %rewind stays as it was; the next cell pays a
         host fault for each of those pages it writes again, and its next big allocations get fresh
         pages. Not while threads of user code may run (the guest runs between requests then).
-        Returns the pages given back."""
+        Also gives back the memory of freed sandboxes (child processes, an earlier session) that
+        the engine keeps for its next fork (Engine.release_parked). Returns the pages given back
+        from the session's own sandbox."""
+        self.sandbox.guest.engine.release_parked()
         if self.sandbox.broken or self.threads_may_run():
             return 0
         try:
