@@ -15,14 +15,14 @@ from zeroboot_kernel.bench.batch import QUICK_NOTEBOOKS
 # section -> fields its JSON must have (numbers unless said)
 FIELDS = {
     "engine": ["fork_p50_ms", "fork_p99_ms", "fork_max_ms", "fork_first_batch_p50_ms", "fork_exec_p50_ms", "fork_exec_p99_ms",
-               "restore_exec_p50_ms", "chained_fork_1mib_p50_ms", "chained_fork_64mib_p50_ms", "concurrent_s",
+               "fork_exec_parked_p50_ms", "fork_exec_parked_p99_ms", "restore_exec_p50_ms", "chained_fork_1mib_p50_ms", "chained_fork_64mib_p50_ms", "concurrent_s",
                "concurrent_forks", "idle_fork_uss_kb", "idle_fork_pss_kb", "unstarted_fork_uss_kb",
                "template_build_s", "exits_per_print_cell"],
 }
 PEER_CASES = ["empty sandbox", "1+1", "print 10 KB", "numpy matmul 512", "matplotlib PNG"]
 KERNEL_CASES = ["1+1", "print", "matmul", "plot", "autoreload"]
 HEADLINE = ["fork_p50_ms", "fork_p99_ms", "fork_first_batch_p50_ms", "vs_zeroboot_fork_p50", "vs_e2b_create", "fork_exec_p50_ms",
-            "restore_exec_p50_ms", "isolated_cell_p50_ms", "vs_subprocess_cell", "vs_bubblewrap_cell",
+            "fork_exec_parked_p50_ms", "restore_exec_p50_ms", "isolated_cell_p50_ms", "vs_subprocess_cell", "vs_bubblewrap_cell",
             "kernel_1plus1_p50_ms", "ipykernel_1plus1_p50_ms", "kernel_vs_ipykernel_1plus1", "template_build_s",
             "batch_notebooks_per_s", "batch_vs_papermill", "batch_vs_nbconvert"]
 

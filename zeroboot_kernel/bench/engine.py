@@ -1,7 +1,7 @@
 """`python -m zeroboot_kernel.bench engine`: what forks cost, measured side by side in one run.
 
-Forks from the template, fork + `print(1)`, restore-in-place + `print(1)` (what the kernel does
-per isolated cell), forks of a live sandbox after a cell that dirtied 1 MiB / 64 MiB, many live
+Forks from the template, fork + `print(1)` (on new memory, and on the memory a closed fork left
+parked), restore-in-place + `print(1)` (what the kernel does per isolated cell), forks of a live sandbox after a cell that dirtied 1 MiB / 64 MiB, many live
 forks at once (wall time, USS per fork and host kernel memory from MemAvailable), the template
 build, exits and first-touch faults per cell; and, as references measured in the same run,
 `subprocess.run(['true'])` and `os.fork()` + `_exit`.
@@ -62,18 +62,32 @@ def _forks(template: Template, n: int) -> dict[str, Any]:
 
 
 def _fork_exec(template: Template, engine: Engine, n: int) -> dict[str, Any]:
-    times, exits, faults = [], [], []
+    """fork + print(1), interleaved: onto a new mapping (parking off: the VM gets new memslots and
+    KVM's shadow faults for every page the cell touches) and onto the memory of the fork closed just
+    before (parked, the default: a restore in place on warm memslots)."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    first_faults: dict[bool, list[int]] = {False: [], True: []}
+    exits, faults = [], []
     for _ in range(n):
-        t = time.perf_counter()
-        sb = template.fork()
-        sb.execute(PRINT)
-        times.append((time.perf_counter() - t) * 1e3)
-        before = _stat(engine, "pf_fixed")
-        st0 = sb.guest.stats()["exits"]
-        sb.execute(PRINT)  # a second cell in the same fork: what one cell costs once warm
-        exits.append(sb.guest.stats()["exits"] - st0)
-        faults.append(_stat(engine, "pf_fixed") - before)
-        sb.close()
+        for parking in (False, True):
+            engine.set_parking(parking)
+            if parking:  # something to take: a fork that ran a cell (its VM maps its memory), closed
+                with template.fork() as before_it:
+                    before_it.execute("pass")
+            f0 = _stat(engine, "pf_fixed")
+            t = time.perf_counter()
+            sb = template.fork()
+            sb.execute(PRINT)
+            times[parking].append((time.perf_counter() - t) * 1e3)
+            first_faults[parking].append(_stat(engine, "pf_fixed") - f0)
+            if parking:
+                before = _stat(engine, "pf_fixed")
+                st0 = sb.guest.stats()["exits"]
+                sb.execute(PRINT)  # a second cell in the same fork: what one cell costs once warm
+                exits.append(sb.guest.stats()["exits"] - st0)
+                faults.append(_stat(engine, "pf_fixed") - before)
+            sb.close()
+    engine.set_parking(True)
     # restore in place: how the kernel resets a sandbox between isolated cells
     sb = template.fork()
     sb.execute(PRINT)
@@ -83,16 +97,14 @@ def _fork_exec(template: Template, engine: Engine, n: int) -> dict[str, Any]:
         sb.execute(PRINT)
 
     r = _times(n, restore_exec)
-    first_touch_before = _stat(engine, "pf_fixed")
-    fresh = template.fork()
-    fresh.execute(PRINT)
-    first_touch = _stat(engine, "pf_fixed") - first_touch_before
-    fresh.close()
     sb.close()
-    return {"fork_exec_p50_ms": percentile(times, 50), "fork_exec_p99_ms": percentile(times, 99),
+    return {"fork_exec_p50_ms": percentile(times[False], 50), "fork_exec_p99_ms": percentile(times[False], 99),
+            "fork_exec_parked_p50_ms": percentile(times[True], 50),
+            "fork_exec_parked_p99_ms": percentile(times[True], 99),
             "restore_exec_p50_ms": percentile(r, 50), "restore_exec_p99_ms": percentile(r, 99),
             "exits_per_print_cell": percentile(exits, 50), "faults_per_warm_print_cell": percentile(faults, 50),
-            "first_touch_pages_per_print_cell": first_touch}
+            "first_touch_pages_per_print_cell": percentile(first_faults[False], 50),
+            "first_touch_pages_parked": percentile(first_faults[True], 50)}
 
 
 def _chained(template: Template, mib: int, n: int) -> float:
@@ -114,6 +126,7 @@ def _chained(template: Template, mib: int, n: int) -> float:
 
 def _concurrent(template: Template, n: int) -> dict[str, Any]:
     gc.collect()
+    template.snapshot.engine.release_parked()  # memory per new fork: none of them starts on an earlier one's memory
     before = memory_sample()
     t = time.perf_counter()
     sandboxes = [template.fork() for _ in range(n)]
@@ -199,7 +212,12 @@ def measure(quick: bool = False) -> dict[str, Any]:
 TABLE = [
     ("fork from template, p50 / p99 (steady state)", "fork_p50_ms", "fork_p99_ms", "ms", "zeroboot 0.79 / 1.74 (published)"),
     ("the same, first batch of a fresh process", "fork_first_batch_p50_ms", "fork_first_batch_p99_ms", "ms", ""),
-    ("fork + print(1), p50 / p99", "fork_exec_p50_ms", "fork_exec_p99_ms", "ms", "zeroboot ~8 (published)"),
+    ("fork + print(1), new memory (nothing parked), p50 / p99", "fork_exec_p50_ms", "fork_exec_p99_ms", "ms",
+     "zeroboot ~8 (published)"),
+    ("fork + print(1) onto a closed fork's parked memory, p50 / p99", "fork_exec_parked_p50_ms",
+     "fork_exec_parked_p99_ms", "ms", "zeroboot ~8 (published)"),
+    ("KVM shadow faults of that fork's first cell: new memory / parked", "first_touch_pages_per_print_cell",
+     "first_touch_pages_parked", "", ""),
     ("restore in place + print(1), p50 / p99", "restore_exec_p50_ms", "restore_exec_p99_ms", "ms", ""),
     ("fork of a live sandbox after a 1 MiB / 64 MiB cell", "chained_fork_1mib_p50_ms", "chained_fork_64mib_p50_ms", "ms", ""),
     ("reference: os.fork()+_exit / subprocess true", "ref_os_fork_p50_ms", "ref_subprocess_true_p50_ms", "ms", "same run"),

@@ -33,6 +33,7 @@ def fork_scaling(template: Template, populations: tuple[int, ...]) -> list[dict[
     live: list[Any] = []
     with template.fork() as warm:  # one-time costs (the template mapping, engine tables) go in the baseline
         warm.execute("print(1)")
+    template.snapshot.engine.release_parked()  # memory per new fork: none starts on the warm one's memory
     gc.collect()
     before = common.memory_sample()
     try:
