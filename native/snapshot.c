@@ -799,6 +799,19 @@ fail:
 
 static zb_vm *executor_of(zb_engine *e, int i) { return i == 0 ? e->vm : e->child_vms[i - 1]; }
 
+/* A memory with more pages of its own than this is not parked: what parked memory holds (one per
+ * executor, up to nine) and what the fork that takes it rewrites stay bounded (64 MiB). A pool
+ * worker or a session that built big data gives its memory back when it ends, as before. */
+#define PARK_MAX_OWN_PAGES 16384u
+
+/* Pages of snap that are not the image's and hold data (a store page each). */
+static uint64_t stored_pages(const zb_snapshot *snap) {
+    uint64_t n = 0;
+    for (uint64_t c = 0; c < snap->nchunks; c++)
+        for (int i = 0; snap->chunks[c] && i < CHUNK_PAGES; i++) n += snap->chunks[c]->page[i].kind == PAGE_STORED;
+    return n;
+}
+
 /* Give back the memory parked on vm (first out of every executor's memslots: another one may
  * still map it, if its sandbox ran there before). */
 static void drop_parked(zb_engine *e, zb_vm *vm) {
@@ -844,9 +857,17 @@ static int park(zb_sandbox *sb) {
         if (v && v->slots_host == m->host) vm = v;
     }
     if (!vm) return 0;
+    /* Its own pages: what it wrote since its base (KVM's log, which a detach moved into host_dirty
+     * already, and the unlogged window's populated pages; left writable and in the log, as a
+     * restore leaves them, for the fork that takes it to collect and compare again) and, for
+     * process 1, its base's data (a child's base is its parent's, held by the parent anyway). */
+    char ignored[ZB_ERRLEN];
+    if (vm->attached == sb && zb_vm_collect_dirty(vm, vm->manual_protect, ignored) < 0) return 0;
+    uint64_t own = 0;
+    for (uint64_t w = 0; w < (m->npages + 63) / 64; w++) own += (uint64_t)__builtin_popcountll(m->host_dirty[w]);
+    if (own <= PARK_MAX_OWN_PAGES && !sb->fs_borrowed) own += stored_pages(sb->base);
+    if (own > PARK_MAX_OWN_PAGES) return 0;
     drop_parked(e, vm); /* one per executor: its memslots map sb's memory now, not that one */
-    /* Attached or not, KVM's dirty log of the memslots keeps what the guest wrote: the fork that
-     * takes the memory collects it (a detach already moved it into host_dirty). */
     if (vm->attached == sb) vm->attached = NULL;
     /* Its shared file mappings end here, as when sb is freed (their pages were written back when it
      * last stopped; their copies in memory are pages like any other, in its base or dirty bits):

@@ -146,3 +146,22 @@ def test_parking_off(template: Template, engine: Engine) -> None:
         with template.fork() as sb:
             assert sb.execute("print(1)").stdout.strip() == "1"
     assert _taken(engine) == taken
+
+
+def test_a_child_that_wrote_much_gives_its_memory_back(template: Template, engine: Engine) -> None:
+    """Parked memory is bounded (64 MiB of a memory's own pages): a child that wrote 80 MiB is
+    not parked, so the child after it finds nothing to take."""
+    child = ("import os\n"
+             "def child(n):\n"
+             "    pid = os.fork()\n"
+             "    if pid == 0:\n"
+             "        data = bytearray(b'x' * n)\n"
+             "        os._exit(0)\n"
+             "    os.waitpid(pid, 0)\n"
+             "child(1 << 20)\n")
+    with template.fork() as sb:
+        assert sb.execute(child).status == "ok"  # a small child: parked
+        taken = _taken(engine)
+        r = sb.execute("child(80 << 20)\nchild(1 << 20)")
+        assert r.status == "ok", r.error
+        assert _taken(engine) == taken + 1, "the big child was parked (or the small one's memory was not taken)"
