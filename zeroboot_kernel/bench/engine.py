@@ -1,10 +1,11 @@
 """`python -m zeroboot_kernel.bench engine`: what forks cost, measured side by side in one run.
 
 Forks from the template, fork + `print(1)` (on new memory, and on the memory a closed fork left
-parked), restore-in-place + `print(1)` (what the kernel does per isolated cell), forks of a live sandbox after a cell that dirtied 1 MiB / 64 MiB, many live
-forks at once (wall time, USS per fork and host kernel memory from MemAvailable), the template
-build, exits and first-touch faults per cell; and, as references measured in the same run,
-`subprocess.run(['true'])` and `os.fork()` + `_exit`.
+parked), restore-in-place + `print(1)` (what the kernel does per isolated cell), forks of a live
+sandbox after a cell that dirtied 1 MiB / 64 MiB, many live forks at once (wall time, USS per fork
+and host kernel memory from MemAvailable), the template build, exits and first-touch faults per
+cell; and, as references measured in the same run, `subprocess.run(['true'])` and `os.fork()` +
+`_exit`.
 """
 from __future__ import annotations
 
@@ -227,7 +228,8 @@ TABLE = [
 def markdown(res: dict[str, Any]) -> str:
     rows = ["| what | value | unit | compare |", "|---|---|---|---|"]
     for label, a, b, unit, cmp in TABLE:
-        rows.append(f"| {label} | {res[a]:.3f} / {res[b]:.3f} | {unit} | {cmp} |")
+        digits = 3 if unit else 0  # times in ms; counts
+        rows.append(f"| {label} | {res[a]:.{digits}f} / {res[b]:.{digits}f} | {unit} | {cmp} |")
     n = res["concurrent_forks"]
     rows.append(f"| {n:,} live forks: create / create + print(1) each | {res['concurrent_s']:.3f} / "
                 f"{res[f'concurrent_{n}_exec_s']:.2f} | s | zeroboot 0.815 for 1,000 (published) |")
