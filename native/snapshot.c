@@ -859,13 +859,14 @@ static int park(zb_sandbox *sb) {
     if (!vm) return 0;
     /* Its own pages: what it wrote since its base (KVM's log, which a detach moved into host_dirty
      * already, and the unlogged window's populated pages; left writable and in the log, as a
-     * restore leaves them, for the fork that takes it to collect and compare again) and, for
-     * process 1, its base's data (a child's base is its parent's, held by the parent anyway). */
+     * restore leaves them, for the fork that takes it to collect and compare again) and, if it
+     * holds the last reference to its base, the base's data (a closing session's last
+     * checkpoint; a child's or a fan-out job's base is held by its parent or its session). */
     char ignored[ZB_ERRLEN];
     if (vm->attached == sb && zb_vm_collect_dirty(vm, vm->manual_protect, ignored) < 0) return 0;
     uint64_t own = 0;
     for (uint64_t w = 0; w < (m->npages + 63) / 64; w++) own += (uint64_t)__builtin_popcountll(m->host_dirty[w]);
-    if (own <= PARK_MAX_OWN_PAGES && !sb->fs_borrowed) own += stored_pages(sb->base);
+    if (own <= PARK_MAX_OWN_PAGES && atomic_load(&sb->base->refs) == 1) own += stored_pages(sb->base);
     if (own > PARK_MAX_OWN_PAGES) return 0;
     drop_parked(e, vm); /* one per executor: its memslots map sb's memory now, not that one */
     if (vm->attached == sb) vm->attached = NULL;
