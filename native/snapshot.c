@@ -444,6 +444,32 @@ static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapsh
     return 0;
 }
 
+/* Make sb's memory, based on `from`, equal to snap's in place: what a restore and a fork onto
+ * parked memory share. vm is the executor attached to sb, or NULL: attached, with manual
+ * dirty-log protection, logged pages stay writable and are compared instead of all rewritten (a
+ * page rewritten by the host stays mapped too), and those found unchanged several times are
+ * write-protected again. Returns 0; -1 with err and the memory as it was; -2 with err and the
+ * memory half rewritten (then memory_unknown is set). */
+static int restore_memory(zb_sandbox *sb, zb_vm *vm, const zb_snapshot *from, const zb_snapshot *snap, char *err) {
+    uint64_t *protect = vm && vm->manual_protect ? calloc((sb->mem.npages + 63) / 64, sizeof *protect) : NULL;
+    if (vm && zb_vm_collect_dirty(vm, protect != NULL, err) < 0) { free(protect); return -1; }
+    int released = zb_mem_release_stale(&sb->mem);
+    if (released < 0) {
+        free(protect);
+        zb_seterr(err, "cannot give back freed guest memory: %s", strerror(-released));
+        return -1;
+    }
+    if (apply_memory(sb, from, snap, protect, err) < 0) {
+        free(protect);
+        sb->memory_unknown = 1;
+        return -2;
+    }
+    char ignored[ZB_ERRLEN];  /* if this fails the pages stay in the log: only slower */
+    if (protect) (void)zb_vm_protect_pages(vm, protect, ignored);
+    free(protect);
+    return 0;
+}
+
 /* ---- public API ---- */
 
 static void snapshot_free(zb_snapshot *s) {
@@ -911,21 +937,11 @@ static int take_parked(zb_sandbox *sb, zb_vm *vm, const zb_snapshot *snap, char 
     /* Attached for the dirty log's collection and the write protection after the compare (as a
      * restore of an attached sandbox), not for its vCPU: the run's attach loads that. */
     vm->attached = sb;
-    uint64_t *protect = vm->manual_protect ? calloc((sb->mem.npages + 63) / 64, sizeof *protect) : NULL;
-    int rc = zb_vm_collect_dirty(vm, protect != NULL, err);
-    int released = rc < 0 ? 0 : zb_mem_release_stale(&sb->mem);
-    if (released < 0) {
-        zb_seterr(err, "cannot give back freed guest memory: %s", strerror(-released));
-        rc = -1;
-    }
-    if (rc == 0) rc = apply_memory(sb, old, snap, protect, err);
-    char ignored[ZB_ERRLEN]; /* if this fails the pages stay in the log: only slower */
-    if (rc == 0 && protect) (void)zb_vm_protect_pages(vm, protect, ignored);
+    int rc = restore_memory(sb, vm, old, snap, err);
     vm->attached = NULL;
-    free(protect);
     zb_snapshot_release(old);
-    if (rc < 0) sb->memory_unknown = 1;
-    return rc;
+    if (rc < 0) sb->memory_unknown = 1; /* its dirty bits may be incomplete too: never parked again */
+    return rc < 0 ? -1 : 0;
 }
 
 /* The sandbox's reference to its base snapshot is this layer's (sandbox.c never calls into
@@ -979,26 +995,13 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
     /* the snapshot has no other processes (zb_sandbox_snapshot refuses them): the family's go */
     zb_family_end(sb);
     zb_vm *vm = zb_vm_of(sb);
-    int attached = vm && vm->attached == sb;
-    /* Attached, with manual dirty-log protection: logged pages stay writable, and the restore
-     * compares them instead of rewriting them all (a page rewritten by the host stays mapped too). */
-    uint64_t *protect = attached && vm->manual_protect ? calloc((sb->mem.npages + 63) / 64, sizeof *protect) : NULL;
-    if (attached && zb_vm_collect_dirty(vm, protect != NULL, err) < 0) { free(protect); return -1; }
-    int released = zb_mem_release_stale(&sb->mem);
-    if (released < 0) {
-        free(protect);
-        zb_seterr(err, "cannot give back freed guest memory: %s", strerror(-released));
-        return -1;
-    }
-    if (apply_memory(sb, sb->base, snap, protect, err) < 0 || state_apply(sb, &snap->st, err) < 0) {
-        free(protect);
+    int rc = restore_memory(sb, vm && vm->attached == sb ? vm : NULL, sb->base, snap, err);
+    if (rc == -1) return -1;
+    if (rc < 0 || state_apply(sb, &snap->st, err) < 0) {
         sb->finished = 1; /* half restored: never run it */
         sb->memory_unknown = 1;
         return -1;
     }
-    char ignored[ZB_ERRLEN];  /* if this fails the pages stay in the log: only slower */
-    if (protect) (void)zb_vm_protect_pages(vm, protect, ignored);
-    free(protect);
     atomic_fetch_add(&snap->refs, 1);
     zb_snapshot_release(sb->base);
     sb->base = snap;
