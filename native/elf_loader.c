@@ -339,7 +339,7 @@ int zb_exec_load(zb_sandbox *sb, zb_exec_image *img, const zb_exec_args *args, c
         const zb_elf_info *ie = &img->interp_elf;
         uint64_t span = ie->hi - ie->lo;
         if (ie->type == ET_DYN) {
-            uint64_t at = zb_mem_alloc(m, span);
+            uint64_t at = zb_mem_alloc(m, span, ZB_ALLOC_OTHER);
             if (!at) { zb_seterr(err, "%s: no room in guest memory", img->interp.path); return -ENOMEM; }
             interp_base = at - ie->lo;
         }

@@ -463,15 +463,15 @@ static uint64_t alloc_in(const zb_memory *m, uint64_t n, uint64_t lo, uint64_t h
     return 0;
 }
 
-/* Top-down below mmap_top. A big mapping goes into the unlogged window first (2 MiB aligned); the
- * others go around it, and into it only when nothing else is left. */
-uint64_t zb_mem_alloc(zb_memory *m, uint64_t len) {
+/* Top-down below mmap_top. A big data mapping goes into the unlogged window first (2 MiB aligned);
+ * the others go around it, and into it only when nothing else is left. */
+uint64_t zb_mem_alloc(zb_memory *m, uint64_t len, zb_alloc_kind kind) {
     uint64_t n = ZB_PAGE_UP(len) / ZB_PAGE, at = 0;
     if (!n || !zb_mem_fits(m, n)) return 0;
     uint64_t low = ZB_LOW_REGION / ZB_PAGE, top = m->mmap_top / ZB_PAGE;
     uint64_t wlo = ZB_MIN(m->unlogged_lo / ZB_PAGE, top), whi = ZB_MIN(m->unlogged_hi / ZB_PAGE, top);
     if (wlo >= whi) return alloc_in(m, n, low, top, 1);
-    if (len >= ZB_UNLOGGED_MIN_BYTES && (at = alloc_in(m, n, wlo, whi, ZB_HUGE / ZB_PAGE))) return at;
+    if (kind == ZB_ALLOC_DATA && len >= ZB_UNLOGGED_MIN_BYTES && (at = alloc_in(m, n, wlo, whi, ZB_HUGE / ZB_PAGE))) return at;
     if ((at = alloc_in(m, n, whi, top, 1)) || (at = alloc_in(m, n, low, wlo, 1))) return at;
     return alloc_in(m, n, low, top, 1);
 }
@@ -529,9 +529,8 @@ static int scan_populated(const zb_memory *m, int fd, uint64_t first, uint64_t n
 
 void zb_mem_populated(const zb_memory *m, uint64_t first, uint64_t n, uint64_t *dirty) {
     if (!n || first + n > m->npages) return;
-    /* /proc/self/pagemap. Opened each time: it is bound to the process that opens it. */
-    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0 && scan_populated(m, fd, first, n, dirty) == 0) { close(fd); return; }
+    int fd = zb_self_pagemap_fd();
+    if (fd >= 0 && scan_populated(m, fd, first, n, dirty) == 0) return;
     /* without PAGEMAP_SCAN: 8 bytes per page, bit 63 present, bit 62 swapped */
     enum { BATCH = 4096 };
     uint64_t *e = fd >= 0 ? malloc(BATCH * sizeof *e) : NULL;
@@ -548,7 +547,6 @@ void zb_mem_populated(const zb_memory *m, uint64_t first, uint64_t n, uint64_t *
     }
     if (done < n) zb_bits_set_range(dirty, first + done, n - done, 1); /* cannot tell: all of it */
     free(e);
-    if (fd >= 0) close(fd);
 }
 
 int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
@@ -722,12 +720,11 @@ static void release_read(release_pass *r, int fd, uint64_t limit) {
 int64_t zb_mem_release_image_copies(zb_memory *m) {
     if (!m->image || !m->image->map) return 0;
     uint64_t limit = ZB_MIN(m->npages, m->image->size / ZB_PAGE);
-    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC); /* bound to the process that opens it */
+    int fd = zb_self_pagemap_fd();
     if (fd < 0) return -errno;
     release_pass r = {m, 0, 0, 0};
     if (release_scan(&r, fd, limit) < 0) release_read(&r, fd, limit);
     r.released += release_run(m, r.run, r.len);
-    close(fd);
     return r.released;
 }
 

@@ -124,8 +124,8 @@ void zb_mem_budget_leave(zb_memory *m);
 int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err);
 /* The unlogged window. KVM's dirty logging maps guest memory in 4 KiB pages, so a guest filling a
  * fresh 2 GiB array takes 524,288 shadow page faults (8-20 us each here); in a memslot without dirty
- * logging backed by transparent huge pages it takes 1,024. Big anonymous mappings (zb_mem_alloc of
- * at least ZB_UNLOGGED_MIN_BYTES) are placed in such a window, 2 MiB aligned. The window is a few
+ * logging backed by transparent huge pages it takes 1,024. Big data mappings (zb_mem_alloc of
+ * ZB_ALLOC_DATA, at least ZB_UNLOGGED_MIN_BYTES) are placed in such a window, 2 MiB aligned. The window is a few
  * memslots ("parts"), each either unlogged or logged:
  *  - unlogged, what changed there is found without KVM: every page the host has populated (present
  *    or swapped, zb_mem_populated) counts as possibly written at each dirty collection, and the
@@ -181,7 +181,13 @@ int zb_copy_from_guest(zb_sandbox *sb, void *dst, uint64_t addr, uint64_t len);
 int zb_copy_to_guest(zb_sandbox *sb, uint64_t addr, const void *src, uint64_t len);
 /* Copy a NUL-terminated guest string; -EFAULT or -ENAMETOOLONG. */
 int zb_guest_string(zb_sandbox *sb, uint64_t addr, char *buf, size_t cap);
-uint64_t zb_mem_alloc(zb_memory *m, uint64_t len);            /* top-down; 0 if none */
+/* What a new mapping holds, which decides where zb_mem_alloc puts it. Only big data the guest is
+ * about to fill belongs in the unlogged window: a library's image, a malloc arena or a thread stack
+ * there would be written at nearly every snapshot, so its part would never be logged and every
+ * populated page of the part (libraries' text included) would be compared at every snapshot and
+ * fork (~1,700 pages of libpython, numpy and OpenBLAS in the template: ~1 ms a fork). */
+typedef enum { ZB_ALLOC_OTHER, ZB_ALLOC_DATA } zb_alloc_kind;
+uint64_t zb_mem_alloc(zb_memory *m, uint64_t len, zb_alloc_kind kind); /* top-down; 0 if none */
 int zb_mem_range_free(const zb_memory *m, uint64_t addr, uint64_t len);
 int zb_mem_range_allocated(const zb_memory *m, uint64_t addr, uint64_t len);
 void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated);

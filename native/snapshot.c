@@ -1021,17 +1021,15 @@ int zb_snapshot_learn_working_set(zb_snapshot *snap, zb_sandbox *sb, char *err) 
     }
     size_t words = (sb->mem.npages + 63) / 64;
     uint64_t *ws = calloc(words, 8), *entries = malloc(sb->mem.npages * 8);
-    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    int fd = zb_self_pagemap_fd();
     size_t want = sb->mem.npages * 8;
     off_t at = (off_t)((uintptr_t)sb->mem.host / ZB_PAGE * 8);
     if (!ws || !entries || fd < 0 || pread(fd, entries, want, at) != (ssize_t)want) {
         zb_seterr(err, "cannot read /proc/self/pagemap: %s", strerror(errno));
         free(ws);
         free(entries);
-        if (fd >= 0) close(fd);
         return -1;
     }
-    close(fd);
     for (uint64_t p = 0; p < sb->mem.npages; p++)
         if ((entries[p] >> 63) & 1) zb_bit_set(ws, p); /* present: the guest (or engine) touched it */
     free(entries);

@@ -32,6 +32,15 @@ static int user_range(const zb_memory *m, uint64_t addr, uint64_t len) {
     return addr >= ZB_LOW_REGION && addr + len >= addr && addr + len <= m->size;
 }
 
+/* Is a new mapping data the guest is about to fill (glibc's malloc gives numpy arrays their own
+ * anonymous mapping)? Not a file's (a library's image), not a reservation (MAP_NORESERVE or
+ * PROT_NONE: malloc's arenas, ld.so's span for a library, a thread stack before its guard page is
+ * set), not a stack (MAP_STACK, MAP_GROWSDOWN). */
+static zb_alloc_kind new_mapping_kind(const zb_file *f, uint64_t prot, uint64_t flags) {
+    int data = !f && (prot & PROT_WRITE) && !(flags & (MAP_NORESERVE | MAP_STACK | MAP_GROWSDOWN));
+    return data ? ZB_ALLOC_DATA : ZB_ALLOC_OTHER;
+}
+
 static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
     zb_memory *m = &sb->mem;
     uint64_t addr = a[0], len = a[1], prot = a[2], flags = a[3], off = a[5];
@@ -93,7 +102,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
     } else if (addr && !(addr & (ZB_PAGE - 1)) && user_range(m, addr, len) && zb_mem_range_free(m, addr, len) &&
                zb_mem_fits(m, len / ZB_PAGE)) {
         at = addr; /* a free hint is honoured, as Linux does */
-    } else if (!(at = zb_mem_alloc(m, len))) {
+    } else if (!(at = zb_mem_alloc(m, len, new_mapping_kind(f, prot, flags)))) {
         return -ENOMEM;
     }
     zb_mem_mark(m, at, len, 1);
@@ -113,10 +122,8 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         }
         name = "/dev/zero (deleted)";
     }
-    /* a big writable anonymous mapping is about to be filled (glibc's malloc gives numpy arrays
-     * their own mapping): fault it in on the host now, at a fraction of the guest's cost.
-     * MAP_NORESERVE and PROT_NONE mappings are reservations (arenas): left alone. */
-    if (!f && (prot & PROT_WRITE) && !(flags & MAP_NORESERVE)) {
+    /* data about to be filled: fault it in on the host now, at a fraction of the guest's cost */
+    if (new_mapping_kind(f, prot, flags) == ZB_ALLOC_DATA) {
         zb_mem_prefault_anonymous(m, at, len);
         zb_vm_sync_window(zb_vm_of(sb), sb, 0); /* window parts it lies in: unlogged for the fill */
     }
@@ -211,7 +218,8 @@ static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
         if (!zb_mem_fits(m, new_pages(m, want, nsz))) return -ENOMEM;
         if (zb_shmap_unmap(sb, want, nsz) < 0 || zb_mem_zero(m, want, nsz) < 0) return -ENOMEM;
         at = want;
-    } else if (!(at = zb_mem_alloc(m, nsz))) {
+    } else if (!(at = zb_mem_alloc(m, nsz, (prot & PROT_WRITE) && !strcmp(name, "[anon]") ? ZB_ALLOC_DATA
+                                                                                          : ZB_ALLOC_OTHER))) {
         return -ENOMEM;
     }
     zb_mem_mark(m, at, nsz, 1);

@@ -32,6 +32,10 @@ void zb_seterr(char *err, const char *fmt, ...) __attribute__((format(printf, 2,
 void zb_log(zb_sandbox *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Host CLOCK_MONOTONIC in ns. */
 int64_t zb_now_ns(void);
+/* This process's /proc/self/pagemap, opened once (an open costs more than a scan of the unlogged
+ * window at every snapshot); callers do not close it. It is bound to the process that opened it,
+ * so a forked engine process opens its own. -1 with errno if it cannot be opened. */
+int zb_self_pagemap_fd(void);
 /* seccomp.c: the filter of a lockdown phase (ZB_LOCKDOWN_*), with the client socket calls a
  * network policy needs when `network` is set (zb_engine_lockdown in kvm_vm.c decides). */
 int zb_seccomp_lockdown(int phase, int network, char *err);

@@ -42,7 +42,7 @@ static uint64_t place(zb_sandbox *sb, uint64_t at) {
 
 uint64_t zb_vdso_load(zb_sandbox *sb, char *err) {
     uint64_t len = zb_vdso_size();
-    uint64_t at = zb_mem_alloc(&sb->mem, len);
+    uint64_t at = zb_mem_alloc(&sb->mem, len, ZB_ALLOC_OTHER);
     if (!at) { zb_seterr(err, "no guest memory left for the vDSO"); return 0; }
     zb_mem_mark(&sb->mem, at, len, 1);
     return place(sb, at);

@@ -16,7 +16,7 @@ WINDOW_LO = 256 * MIB                 # memory.h: the window starts above the fi
 WINDOW_TOP = 640 * MIB                # ... and ends at least 640 MiB below the top of guest memory
 
 SETUP = """
-import ctypes, hashlib, mmap, numpy as np
+import ctypes, hashlib, mmap, os, numpy as np
 libc = ctypes.CDLL(None)
 libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
@@ -59,6 +59,37 @@ def test_big_mappings_go_to_the_window_and_small_ones_do_not(template) -> None:
         assert big_b % (2 * MIB) == 0       # 2 MiB aligned: one host huge page per guest huge page
         assert not lo <= small < hi
 
+
+
+def test_libraries_stacks_reservations_and_files_stay_out_of_the_window(template) -> None:
+    """Only data goes to the window: a library image, a thread stack, an arena reservation or a file
+    mapping there is written (or compared) at every snapshot and keeps its part unlogged, so every
+    populated page of the part would be compared at every snapshot and fork (memory.h)."""
+    lo, hi = window_of(template)
+    with template.fork() as sb:
+        out(sb, SETUP)
+        shown = out(sb, "\n".join([
+            "import threading",
+            "libc.pthread_self.restype = ctypes.c_void_p",
+            "tops = []",   # glibc keeps a thread's descriptor at the top of its stack mapping
+            "t = threading.Thread(target=lambda: tops.append(libc.pthread_self())); t.start(); t.join()",
+            "flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS",
+            "rw = mmap.PROT_READ | mmap.PROT_WRITE",     # (Python 3.11's mmap lacks the other names)
+            "arena = libc.mmap(None, 64 * MIB, 0, flags, -1, 0)",                  # PROT_NONE
+            "noreserve = libc.mmap(None, 64 * MIB, rw, flags | 0x4000, -1, 0)",   # MAP_NORESERVE
+            "stack = libc.mmap(None, 8 * MIB, rw, flags | 0x20000, -1, 0)",       # MAP_STACK
+            "with open('/tmp/big.bin', 'wb') as f: f.truncate(8 * MIB)",
+            "fd = os.open('/tmp/big.bin', os.O_RDWR)",
+            "fmap = libc.mmap(None, 8 * MIB, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE, fd, 0)",
+            "libs = [int(l.split('-')[0], 16) for l in open('/proc/self/maps') if '.so' in l]",
+            "print(tops[0], arena, noreserve, stack, fmap, len(libs), *libs)"]))
+        top, arena, noreserve, stack, fmap, nlibs, *libs = (int(x) for x in shown.split())
+        assert nlibs > 10 and len(libs) == nlibs       # libpython, numpy's, OpenBLAS, ...
+        for what, at in [("thread stack", top), ("PROT_NONE", arena), ("MAP_NORESERVE", noreserve),
+                         ("MAP_STACK", stack), ("file", fmap)]:
+            assert not lo <= at < hi, f"{what} at {at:#x} is in the window [{lo:#x}, {hi:#x})"
+        inside = [hex(a) for a in libs if lo <= a < hi]
+        assert not inside, f"library mappings in the window: {inside}"
 
 def test_restore_after_writes_munmap_mremap_and_madvise_gives_back_every_byte(template) -> None:
     with template.fork() as sb:
