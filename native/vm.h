@@ -41,6 +41,11 @@ typedef struct zb_vm {
     zb_memory parked;
     struct zb_snapshot *parked_base;
     uint64_t tsc_khz;
+    /* The guest's TSC is the host's plus this (KVM_VCPU_TSC_OFFSET, checked against KVM's own
+     * reading at creation): zb_vm_guest_tsc reads it without an ioctl, which under PVM costs a vCPU
+     * load and put (8-20 us), and the vDSO's clock sampling took up to eight of them at every run. */
+    int64_t tsc_offset;
+    int tsc_offset_known;
     timer_t wake_timer;      /* during a run: sends the kick signal at the deadline or the guest's alarm */
     int wake_timer_live;
     int64_t wake_at;         /* the CLOCK_MONOTONIC time it is armed for (0: disarmed): once past, the
