@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 /* ---- stores and chunks ---- */
@@ -647,38 +648,48 @@ static uint64_t *take_pages(const zb_snapshot *s, const uint64_t *dirty, uint64_
     return take;
 }
 
-/* Pages going into a new store, written with pwrite in runs of consecutive pages. Copying through
+/* Pages going into a new store, written with pwritev in batches of consecutive store pages whose
+ * sources may lie anywhere in guest memory (consecutive sources share an iovec). Copying through
  * the store's shared mapping costs a page fault per fresh shmem page, in which the kernel also
  * zeroes the page: on the nested test host 400 MB took 4.9-5.3 s that way and 1.5-1.7 s with pwrite
  * of 1 MiB runs (the write path allocates without faulting and skips the zeroing of pages it
- * fills whole). */
+ * fills whole). One call per batch, not per run of consecutive guest pages: a chained `1+1`
+ * cell's checkpoint made ~250 pwrite calls, a process fork's ~27. */
 typedef struct {
-    int fd;               /* the run's store */
-    const uint8_t *src;   /* host address of the run's first page */
-    uint64_t index, len;  /* store page of the run's first page; pages in the run */
+    int fd;               /* the batch's store */
+    uint64_t index, len;  /* store page of the batch's first page; pages in the batch */
+    struct iovec iov[STORE_WRITE_RUN];
+    int niov;
     int error;
 } store_writer;
 
 static void store_write_flush(store_writer *w) {
-    uint64_t done = 0, bytes = w->len * ZB_PAGE;
-    while (!w->error && done < bytes) {
-        ssize_t n = pwrite(w->fd, w->src + done, bytes - done, (off_t)(w->index * ZB_PAGE + done));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) w->error = n < 0 ? errno : EIO;
-        else done += (uint64_t)n;
+    struct iovec *iov = w->iov;
+    int n = w->niov;
+    off_t at = (off_t)(w->index * ZB_PAGE);
+    while (!w->error && n > 0) {
+        ssize_t got = pwritev(w->fd, iov, n, at);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) { w->error = got < 0 ? errno : EIO; break; }
+        at += got;
+        for (; n > 0 && (size_t)got >= iov->iov_len; iov++, n--) got -= (ssize_t)iov->iov_len;
+        if (n > 0) { iov->iov_base = (uint8_t *)iov->iov_base + got; iov->iov_len -= (size_t)got; }
     }
     w->len = 0;
+    w->niov = 0;
 }
 
 /* Copy the page at src into page index of the store with file fd. */
 static void store_write(store_writer *w, int fd, const uint8_t *src, uint64_t index) {
-    if (w->len && fd == w->fd && src == w->src + w->len * ZB_PAGE && index == w->index + w->len &&
-        w->len < STORE_WRITE_RUN) {
-        w->len++;
-        return;
+    if (!w->len || fd != w->fd || index != w->index + w->len || w->len >= STORE_WRITE_RUN) {
+        store_write_flush(w);
+        w->fd = fd;
+        w->index = index;
     }
-    store_write_flush(w);
-    *w = (store_writer){fd, src, index, 1, w->error};
+    struct iovec *last = w->niov ? &w->iov[w->niov - 1] : NULL;
+    if (last && (const uint8_t *)last->iov_base + last->iov_len == src) last->iov_len += ZB_PAGE;
+    else w->iov[w->niov++] = (struct iovec){(void *)(uintptr_t)src, ZB_PAGE};
+    w->len++;
 }
 
 zb_snapshot *zb_snapshot_take(zb_sandbox *sb, char *err) {

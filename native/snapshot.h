@@ -7,7 +7,7 @@
 #define CHUNK_PAGES 512
 #define MIN_MAP_RUN 64     /* store runs at least this long are mapped, shorter ones copied */
 #define MAX_INPLACE_RUN 32 /* restore runs up to this long are rewritten in place (stay warm) */
-#define STORE_WRITE_RUN 256 /* a snapshot writes its new pages in pwrite runs of at most 1 MiB */
+#define STORE_WRITE_RUN 256 /* a snapshot writes its new pages in pwritev batches of at most 1 MiB */
 
 enum { PAGE_IMAGE = 0, PAGE_ZERO, PAGE_STORED };
 
