@@ -588,8 +588,13 @@ int zb_vm_collect_dirty(zb_vm *vm, int keep_writable, char *err) {
     int rc = 0;
     for (int i = 0; i < vm->nslots && rc == 0; i++) {
         const struct zb_memslot *sl = &vm->slot[i];
-        if (sl->logged) rc = slot_log(vm, i, bits, keep_writable, err);
-        else zb_mem_populated(&sb->mem, sl->first_pfn, sl->npages, bits); /* no log: what the host populated */
+        if (sl->logged) { rc = slot_log(vm, i, bits, keep_writable, err); continue; }
+        /* no log: what the host populated, in one scan for a run of adjacent unlogged slots (the
+         * window's empty parts stay unlogged: a scan per part was 12 ioctls per collection) */
+        uint64_t end = sl->first_pfn + sl->npages;
+        while (i + 1 < vm->nslots && !vm->slot[i + 1].logged && vm->slot[i + 1].first_pfn == end)
+            end += vm->slot[++i].npages;
+        zb_mem_populated(&sb->mem, sl->first_pfn, end - sl->first_pfn, bits);
     }
     if (rc == 0)
         for (size_t i = 0; i < words; i++) sb->mem.host_dirty[i] |= bits[i];
