@@ -759,14 +759,21 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     }
 }
 
+/* The signal mask KVM applies while the vCPU runs; set only when it differs from the last one set
+ * (a vCPU ioctl is a vCPU load and put under PVM, 8-10 us, and every run set the same mask). */
 static int set_kvm_sigmask(zb_vm *vm, const sigset_t *mask) {
+    if (vm->run_sigmask_set && !memcmp(vm->run_sigmask, mask, sizeof vm->run_sigmask)) return 0;
     struct {
         struct kvm_signal_mask h;
         uint8_t set[8];
     } m;
     m.h.len = 8; /* the kernel's sigset_t */
     memcpy(m.set, mask, 8);
-    return ioctl(vm->vcpu_fd, KVM_SET_SIGNAL_MASK, &m);
+    vm->run_sigmask_set = 0;
+    if (ioctl(vm->vcpu_fd, KVM_SET_SIGNAL_MASK, &m) < 0) return -1;
+    memcpy(vm->run_sigmask, mask, sizeof vm->run_sigmask);
+    vm->run_sigmask_set = 1;
+    return 0;
 }
 
 int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {

@@ -46,6 +46,8 @@ typedef struct zb_vm {
      * load and put (8-20 us), and the vDSO's clock sampling took up to eight of them at every run. */
     int64_t tsc_offset;
     int tsc_offset_known;
+    uint8_t run_sigmask[8];  /* the KVM_SET_SIGNAL_MASK last set (run_loop.c), if run_sigmask_set */
+    int run_sigmask_set;
     timer_t wake_timer;      /* during a run: sends the kick signal at the deadline or the guest's alarm */
     int wake_timer_live;
     int64_t wake_at;         /* the CLOCK_MONOTONIC time it is armed for (0: disarmed): once past, the
