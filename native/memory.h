@@ -125,8 +125,8 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err);
 /* The unlogged window. KVM's dirty logging maps guest memory in 4 KiB pages, so a guest filling a
  * fresh 2 GiB array takes 524,288 shadow page faults (8-20 us each here); in a memslot without dirty
  * logging backed by transparent huge pages it takes 1,024. Big data mappings (zb_mem_alloc of
- * ZB_ALLOC_DATA, at least ZB_UNLOGGED_MIN_BYTES) are placed in such a window, 2 MiB aligned. The window is a few
- * memslots ("parts"), each either unlogged or logged:
+ * ZB_ALLOC_DATA, at least ZB_UNLOGGED_MIN_BYTES) are placed in such a window, 2 MiB aligned. The
+ * window is a few memslots ("parts"), each either unlogged or logged:
  *  - unlogged, what changed there is found without KVM: every page the host has populated (present
  *    or swapped, zb_mem_populated) counts as possibly written at each dirty collection, and the
  *    snapshot's comparison drops those that did not change (snapshot.c);

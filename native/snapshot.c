@@ -418,11 +418,12 @@ static int apply_memory(zb_sandbox *sb, const zb_snapshot *base, const zb_snapsh
     if (protect) zb_reprotect_pass_begin(m);
     for (uint64_t c = 0; c < snap->nchunks; c++) {
         const zb_chunk *bc = base ? base->chunks[c] : NULL, *nc = snap->chunks[c];
-        int any_dirty = 0;
-        for (int w = 0; w < CHUNK_PAGES / 64; w++) any_dirty |= dirty[c * (CHUNK_PAGES / 64) + w] != 0;
-        if (bc == nc && !any_dirty) continue;
-        for (uint64_t i = 0; i < CHUNK_PAGES; i++) {
-            uint64_t pfn = c * CHUNK_PAGES + i;
+        /* the same chunk table: only the dirty pages can differ, so only those are visited */
+        uint64_t visit[CHUNK_PAGES / 64], any = 0;
+        for (int w = 0; w < CHUNK_PAGES / 64; w++)
+            any |= visit[w] = bc == nc ? dirty[c * (CHUNK_PAGES / 64) + w] : ~0ull;
+        for (int w = 0; any && w < CHUNK_PAGES / 64; w++) for (uint64_t bits = visit[w]; bits; bits &= bits - 1) {
+            uint64_t pfn = c * CHUNK_PAGES + (uint64_t)w * 64 + (uint64_t)__builtin_ctzll(bits);
             const zb_page *want = zb_snapshot_page(snap, pfn);
             if (!zb_bit(dirty, pfn) && page_same(zb_snapshot_page(base, pfn), want)) continue;
             /* a page mapped from a file other than the image may be a store page that `snap` does
