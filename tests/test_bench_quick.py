@@ -15,7 +15,8 @@ from zeroboot_kernel.bench.batch import QUICK_NOTEBOOKS
 # section -> fields its JSON must have (numbers unless said)
 FIELDS = {
     "engine": ["fork_p50_ms", "fork_p99_ms", "fork_max_ms", "fork_first_batch_p50_ms", "fork_exec_p50_ms", "fork_exec_p99_ms",
-               "fork_exec_parked_p50_ms", "fork_exec_parked_p99_ms", "restore_exec_p50_ms", "chained_fork_1mib_p50_ms", "chained_fork_64mib_p50_ms", "concurrent_s",
+               "fork_exec_parked_p50_ms", "fork_exec_parked_p99_ms", "fork_exec_loop_p50_ms", "first_touch_pages_loop",
+               "restore_exec_p50_ms", "chained_fork_1mib_p50_ms", "chained_fork_64mib_p50_ms", "concurrent_s",
                "concurrent_forks", "idle_fork_uss_kb", "idle_fork_pss_kb", "unstarted_fork_uss_kb",
                "template_build_s", "exits_per_print_cell"],
 }
