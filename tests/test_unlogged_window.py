@@ -60,7 +60,6 @@ def test_big_mappings_go_to_the_window_and_small_ones_do_not(template) -> None:
         assert not lo <= small < hi
 
 
-
 def test_libraries_stacks_reservations_and_files_stay_out_of_the_window(template) -> None:
     """Only data goes to the window: a library image, a thread stack, an arena reservation or a file
     mapping there is written (or compared) at every snapshot and keeps its part unlogged, so every
@@ -90,6 +89,7 @@ def test_libraries_stacks_reservations_and_files_stay_out_of_the_window(template
             assert not lo <= at < hi, f"{what} at {at:#x} is in the window [{lo:#x}, {hi:#x})"
         inside = [hex(a) for a in libs if lo <= a < hi]
         assert not inside, f"library mappings in the window: {inside}"
+
 
 def test_restore_after_writes_munmap_mremap_and_madvise_gives_back_every_byte(template) -> None:
     with template.fork() as sb:
