@@ -84,15 +84,22 @@ long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t
         self = me(sb);
     }
     /* the family's memory budget (memory.h): the child is charged with every page it could write,
-     * so it must fit now (zb_family_fork_sandbox checks again, with the store its snapshot made) */
+     * so it must fit now (zb_family_fork_sandbox checks again, with the store its snapshot made).
+     * That is the parent's allocated pages: freed memory the parent keeps for reuse (its stale
+     * pages, charged to the parent) is not part of the child. If the child does not fit, that kept
+     * memory is given back first: it is a cache, and a big array freed cells ago must not make a
+     * later fork fail (a `Manager()` with three processes after a 610 MB array was freed did). */
     zb_mem_budget_sync(&sb->mem);
-    if (zb_mem_budget_total(&fam->mem) + zb_mem_charge(&sb->mem) > fam->mem.owner->pages_limit) {
+    uint64_t limit = fam->mem.owner->pages_limit, want = sb->mem.pages_allocated;
+    if (zb_mem_budget_total(&fam->mem) + want > limit && sb->mem.stale_pages && zb_mem_release_stale(&sb->mem) == 0)
+        zb_mem_budget_sync(&sb->mem);
+    if (zb_mem_budget_total(&fam->mem) + want > limit) {
         fam->mem.refusals++;
         zb_log(sb, "fork refused (ENOMEM): the sandbox's memory limit of %llu MiB is for all its processes, "
                    "%llu MiB are in use and this process could write %llu MiB",
-               (unsigned long long)(fam->mem.owner->pages_limit * ZB_PAGE >> 20),
+               (unsigned long long)(limit * ZB_PAGE >> 20),
                (unsigned long long)(zb_mem_budget_total(&fam->mem) * ZB_PAGE >> 20),
-               (unsigned long long)(zb_mem_charge(&sb->mem) * ZB_PAGE >> 20));
+               (unsigned long long)(want * ZB_PAGE >> 20));
         return -ENOMEM;
     }
     int32_t pid = zb_family_new_id(fam);
