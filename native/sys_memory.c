@@ -35,7 +35,7 @@ static int user_range(const zb_memory *m, uint64_t addr, uint64_t len) {
 /* Is a new mapping data the guest is about to fill (glibc's malloc gives numpy arrays their own
  * anonymous mapping)? Not a file's (a library's image), not a reservation (MAP_NORESERVE or
  * PROT_NONE: malloc's arenas, ld.so's span for a library, a thread stack before its guard page is
- * set), not a stack (MAP_STACK, MAP_GROWSDOWN). */
+ * set), not a stack (MAP_STACK, MAP_GROWSDOWN). mremap asks it of an anonymous region it moves. */
 static zb_alloc_kind new_mapping_kind(const zb_file *f, uint64_t prot, uint64_t flags) {
     int data = !f && (prot & PROT_WRITE) && !(flags & (MAP_NORESERVE | MAP_STACK | MAP_GROWSDOWN));
     return data ? ZB_ALLOC_DATA : ZB_ALLOC_OTHER;
@@ -82,6 +82,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         /* its bytes live in the file system once shared with another process: they must fit there */
         if (len > sb->fs->bytes_limit - ZB_MIN(sb->fs->bytes_used, sb->fs->bytes_limit)) return -ENOMEM;
     }
+    zb_alloc_kind kind = new_mapping_kind(f, prot, flags); /* where it goes, and whether it is prefaulted */
     uint64_t at;
     if (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)) {
         if (addr & (ZB_PAGE - 1)) return -EINVAL;
@@ -102,7 +103,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
     } else if (addr && !(addr & (ZB_PAGE - 1)) && user_range(m, addr, len) && zb_mem_range_free(m, addr, len) &&
                zb_mem_fits(m, len / ZB_PAGE)) {
         at = addr; /* a free hint is honoured, as Linux does */
-    } else if (!(at = zb_mem_alloc(m, len, new_mapping_kind(f, prot, flags)))) {
+    } else if (!(at = zb_mem_alloc(m, len, kind))) {
         return -ENOMEM;
     }
     zb_mem_mark(m, at, len, 1);
@@ -123,7 +124,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         name = "/dev/zero (deleted)";
     }
     /* data about to be filled: fault it in on the host now, at a fraction of the guest's cost */
-    if (new_mapping_kind(f, prot, flags) == ZB_ALLOC_DATA) {
+    if (kind == ZB_ALLOC_DATA) {
         zb_mem_prefault_anonymous(m, at, len);
         zb_vm_sync_window(zb_vm_of(sb), sb, 0); /* window parts it lies in: unlogged for the fill */
     }
@@ -218,8 +219,7 @@ static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
         if (!zb_mem_fits(m, new_pages(m, want, nsz))) return -ENOMEM;
         if (zb_shmap_unmap(sb, want, nsz) < 0 || zb_mem_zero(m, want, nsz) < 0) return -ENOMEM;
         at = want;
-    } else if (!(at = zb_mem_alloc(m, nsz, (prot & PROT_WRITE) && !strcmp(name, "[anon]") ? ZB_ALLOC_DATA
-                                                                                          : ZB_ALLOC_OTHER))) {
+    } else if (!(at = zb_mem_alloc(m, nsz, strcmp(name, "[anon]") ? ZB_ALLOC_OTHER : new_mapping_kind(NULL, prot, 0)))) {
         return -ENOMEM;
     }
     zb_mem_mark(m, at, nsz, 1);
