@@ -211,7 +211,8 @@ int zb_mem_init(zb_memory *m, uint64_t size, zb_image *image, char *err) {
     m->file_backed = calloc(1, bitmap_bytes(m->npages));
     m->from_image = calloc(1, bitmap_bytes(m->npages));
     m->stale = calloc(1, bitmap_bytes(m->npages));
-    if (!m->allocated || !m->host_dirty || !m->file_backed || !m->from_image || !m->stale) {
+    m->dropped = calloc(1, bitmap_bytes(m->npages));
+    if (!m->allocated || !m->host_dirty || !m->file_backed || !m->from_image || !m->stale || !m->dropped) {
         zb_seterr(err, "out of memory for guest page bitmaps");
         zb_mem_destroy(m);
         return -1;
@@ -243,12 +244,18 @@ void zb_mem_budget_sync(zb_memory *m) {
     if (zb_mem_budget_total(b) > b->peak) b->peak = zb_mem_budget_total(b);
 }
 
-int zb_mem_fits(zb_memory *m, uint64_t n) {
-    if (n > m->pages_limit || m->pages_allocated + n > m->pages_limit) return 0;
-    if (!m->budget) return 1;
+static int budget_fits(zb_memory *m, uint64_t n) {
     zb_mem_budget_sync(m);
     uint64_t limit = m->budget->owner->pages_limit, total = zb_mem_budget_total(m->budget);
-    if (n <= limit && total <= limit && total + n <= limit) return 1;
+    return n <= limit && total <= limit && total + n <= limit;
+}
+
+int zb_mem_fits(zb_memory *m, uint64_t n) {
+    if (n > m->pages_limit || m->pages_allocated + n > m->pages_limit) return 0;
+    if (!m->budget || budget_fits(m, n)) return 1;
+    if ((m->stale_pages || m->dropped_pages) && zb_mem_release_stale(m) == 0 && zb_mem_release_dropped(m) == 0 &&
+        budget_fits(m, n))
+        return 1;
     m->budget->refusals++;
     return 0;
 }
@@ -286,6 +293,7 @@ void zb_mem_destroy(zb_memory *m) {
     free(m->file_backed);
     free(m->from_image);
     free(m->stale);
+    free(m->dropped);
     free(m->window_logged);
     free(m->window_still);
     zb_reprotect_free(m);
@@ -440,9 +448,62 @@ static void forget_stale(zb_memory *m, uint64_t first, uint64_t n) {
         if (zb_bit(m->stale, p)) { zb_bit_clear(m->stale, p); m->stale_pages--; }
 }
 
+/* Forget that pages of the range were dropped: their content was just replaced. */
+static void forget_dropped(zb_memory *m, uint64_t first, uint64_t n) {
+    if (!m->dropped_pages) return;
+    for (uint64_t p = first; p < first + n; p++)
+        if (zb_bit(m->dropped, p)) { zb_bit_clear(m->dropped, p); m->dropped_pages--; }
+}
+
+/* Zero pages [p, q) (zb_mem_zero gives their host pages back; if that fails, they are cleared in
+ * place). */
+static void zero_run(zb_memory *m, uint64_t p, uint64_t q) {
+    if (zb_mem_zero(m, p * ZB_PAGE, (q - p) * ZB_PAGE) == 0) return; /* it forgets them */
+    memset(m->host + p * ZB_PAGE, 0, (q - p) * ZB_PAGE);
+    zb_bits_set_range(m->host_dirty, p, q - p, 1);
+    forget_stale(m, p, q - p);
+    forget_dropped(m, p, q - p);
+}
+
+/* A dropped page that the host has not populated reads as zeros if its mapping is anonymous or a
+ * hole of the image: it is handed out as it is, so it stays out of the dirty set (an exec'd
+ * program's 8 MiB stack lies where the old one's was, mostly never touched: zeroing all of it
+ * made the restore that reuses the memory rewrite 2,048 pages, 4 ms). Any page the guest wrote is
+ * populated. */
+static int reads_zero(const zb_memory *m, uint64_t pfn, const uint64_t *populated) {
+    if (zb_bit(populated, pfn)) return 0;
+    return !zb_bit(m->file_backed, pfn) || (zb_bit(m->from_image, pfn) && zb_image_page_is_hole(m->image, pfn));
+}
+
+/* Zero the dropped pages of [first, first+n) that may not read as zeros, and forget the others. */
+static void zero_dropped(zb_memory *m, uint64_t first, uint64_t n) {
+    uint64_t *populated = NULL;
+    for (uint64_t p = first; p < first + n && m->dropped_pages;) {
+        if (!(p & 63) && p + 64 <= first + n && !m->dropped[p >> 6]) { p += 64; continue; }
+        if (!zb_bit(m->dropped, p)) { p++; continue; }
+        uint64_t q = p;
+        while (q < first + n && zb_bit(m->dropped, q)) q++;
+        if (!populated && !(populated = calloc(1, bitmap_bytes(m->npages)))) { zero_run(m, p, q); p = q; continue; }
+        zb_mem_populated(m, p, q - p, populated); /* all of it if it cannot tell */
+        for (uint64_t r = p; r < q;) {
+            uint64_t e = r;
+            int zero = reads_zero(m, r, populated);
+            while (e < q && reads_zero(m, e, populated) == zero) e++;
+            if (zero) forget_dropped(m, r, e - r);
+            else zero_run(m, r, e);
+            r = e;
+        }
+        p = q;
+    }
+    free(populated);
+}
+
 void zb_mem_mark(zb_memory *m, uint64_t addr, uint64_t len, int allocated) {
     uint64_t first = addr / ZB_PAGE, n = ZB_PAGE_UP(len) / ZB_PAGE;
-    if (allocated) zero_stale(m, first, n); /* freed memory reads as zeros when handed out again */
+    if (allocated) { /* freed memory reads as zeros when handed out again */
+        zero_stale(m, first, n);
+        zero_dropped(m, first, n);
+    }
     for (uint64_t p = first; p < first + n; p++) {
         if (zb_bit(m->allocated, p) == allocated) continue;
         if (allocated) { zb_bit_set(m->allocated, p); m->pages_allocated++; }
@@ -564,6 +625,7 @@ int zb_mem_zero(zb_memory *m, uint64_t addr, uint64_t len) {
         return -errno;
     }
     forget_stale(m, first, n);
+    forget_dropped(m, first, n);
     zb_bits_set_range(m->host_dirty, first, n, 1);
     zb_mem_budget_sync(m);
     return 0;
@@ -601,6 +663,36 @@ int zb_mem_release_stale(zb_memory *m) {
         p = q;
     }
     return 0;
+}
+
+void zb_mem_drop(zb_memory *m, uint64_t addr, uint64_t len) {
+    uint64_t first = addr / ZB_PAGE, n = ZB_PAGE_UP(len) / ZB_PAGE;
+    for (uint64_t p = first; p < first + n; p++) {
+        if (!zb_bit(m->allocated, p) || zb_bit(m->dropped, p)) continue;
+        zb_bit_set(m->dropped, p);
+        m->dropped_pages++;
+    }
+    zb_mem_mark(m, addr, len, 0); /* syncs the charge: allocated pages become dropped ones */
+}
+
+int zb_mem_release_dropped(zb_memory *m) {
+    for (uint64_t p = 0; p < m->npages && m->dropped_pages;) {
+        if (!(p & 63) && !m->dropped[p >> 6]) { p += 64; continue; }
+        if (!zb_bit(m->dropped, p)) { p++; continue; }
+        uint64_t q = p;
+        while (q < m->npages && zb_bit(m->dropped, q)) q++;
+        int rc = zb_mem_zero(m, p * ZB_PAGE, (q - p) * ZB_PAGE); /* clears their dropped bits */
+        if (rc < 0) return rc;
+        p = q;
+    }
+    return 0;
+}
+
+void zb_mem_forget_dropped(zb_memory *m) {
+    if (!m->dropped_pages) return;
+    memset(m->dropped, 0, bitmap_bytes(m->npages));
+    m->dropped_pages = 0;
+    zb_mem_budget_sync(m);
 }
 
 /* Mappings at least this big are prefaulted on the host, and backed by huge pages where their
@@ -856,13 +948,14 @@ uint64_t zb_sandbox_window_logged_bytes(zb_sandbox *sb) {
 }
 
 int64_t zb_sandbox_release_freed(zb_sandbox *sb, char *err) {
-    uint64_t n = sb->mem.stale_pages;
+    uint64_t n = sb->mem.stale_pages + sb->mem.dropped_pages;
     int rc = zb_mem_release_stale(&sb->mem);
+    if (rc == 0) rc = zb_mem_release_dropped(&sb->mem);
     if (rc < 0) {
         zb_seterr(err, "cannot give back the guest's freed memory: %s", strerror(-rc));
         return -1;
     }
-    return (int64_t)(n - sb->mem.stale_pages);
+    return (int64_t)(n - sb->mem.stale_pages - sb->mem.dropped_pages);
 }
 
 int64_t zb_sandbox_release_template_copies(zb_sandbox *sb, char *err) {

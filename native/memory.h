@@ -90,6 +90,11 @@ typedef struct zb_memory {
                                 what the guest wrote): zeroed when handed out again, given back at
                                 the next restore (zb_mem_free_for_reuse) */
     uint64_t stale_pages;
+    uint64_t *dropped;       /* bitmap: pages an execve let go of without zeroing them (zb_mem_drop):
+                                free, holding what they held then, zeroed when handed out again.
+                                Unlike stale pages, they are not in the dirty set unless written,
+                                so where they are not, they still hold the base's content */
+    uint64_t dropped_pages;
     struct zb_shmap *shmap;  /* MAP_SHARED mappings of overlay files (shared_map.h), or NULL */
     uint64_t unlogged_lo, unlogged_hi; /* the unlogged window (below): guest physical [lo, hi),
                                 2 MiB aligned, where big anonymous mappings go; lo == hi: none */
@@ -105,14 +110,16 @@ typedef struct zb_memory {
 
 /* What m costs the host at most, in pages, counted toward its budget: every page the guest has
  * allocated (any of them may be written, so become a private copy) and the freed pages kept for
- * reuse (they still hold memory). Pages shared by the whole family are the budget's shared_pages:
- * MAP_SHARED memory shared across fork (the `mp` work) must be left out of this count and charged
- * there once, so that it counts once per family and not once per process. */
-static inline uint64_t zb_mem_charge(const zb_memory *m) { return m->pages_allocated + m->stale_pages; }
+ * reuse or left by an execve (they still hold memory). Pages shared by the whole family are the
+ * budget's shared_pages: MAP_SHARED memory shared across fork (the `mp` work) must be left out of
+ * this count and charged there once, so that it counts once per family and not once per process. */
+static inline uint64_t zb_mem_charge(const zb_memory *m) { return m->pages_allocated + m->stale_pages + m->dropped_pages; }
 /* Bring m's charge to its budget up to date (after its pages changed; cheap, no-op alone). */
 void zb_mem_budget_sync(zb_memory *m);
 /* Can m take n more pages: under its own pages_limit and, in a family, under the family's budget.
- * Every allocation path asks this before zb_mem_mark (mmap, brk, mremap, the ELF loader). */
+ * Every allocation path asks this before zb_mem_mark (mmap, brk, mremap, the ELF loader). When the
+ * family's budget is what refuses, m's kept freed pages (stale, dropped) are given back first: they
+ * are a cache, and must not make an allocation fail. */
 int zb_mem_fits(zb_memory *m, uint64_t n);
 /* Charge m to budget b: -ENOMEM, and nothing charged, if that does not fit. */
 int zb_mem_budget_join(zb_memory *m, zb_mem_budget *b);
@@ -202,6 +209,17 @@ int zb_mem_free_for_reuse(zb_memory *m, uint64_t addr, uint64_t len);
 /* Give back every page kept for reuse (before a restore: memory then holds exactly what the
  * snapshot says, and nothing freed survives a rollback, a rewind or an isolated cell's reset). */
 int zb_mem_release_stale(zb_memory *m);
+/* An execve lets go of the old program's pages [addr, addr+len) (allocated ones): marked free and
+ * dropped, without touching them. Zeroing ~300 MB of a Python image there made every exec'd child
+ * dirty all of it, so its memory could not serve the next fork (snapshot.c, parked memory): each
+ * `!cmd` then ran on new memory with cold shadow page tables (~1,000 faults, 35 ms). Dropped pages
+ * are zeroed when handed out again (zb_mem_mark), given back before a snapshot records the memory
+ * (zb_mem_release_dropped: a free page must be a zero page there), and forgotten by a restore, which
+ * rewrites every page in the dirty set and leaves the others, which hold the base's content. */
+void zb_mem_drop(zb_memory *m, uint64_t addr, uint64_t len);
+int zb_mem_release_dropped(zb_memory *m);
+/* After a restore made the memory equal to a snapshot: nothing is dropped any more. */
+void zb_mem_forget_dropped(zb_memory *m);
 /* Host-side prefault of a new anonymous guest mapping the guest is about to fill (numpy arrays,
  * pandas frames): transparent huge pages where allowed, then MADV_POPULATE_WRITE, so the guest's
  * first touch of each page costs ~1.5 us instead of 8-20 us. Best effort: errors are ignored. */

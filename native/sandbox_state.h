@@ -44,9 +44,6 @@ struct zb_sandbox {
     int finished;            /* exited, crashed or broke a rule: cannot run again */
     int memory_unknown;      /* a restore of it failed halfway: its memory is not what its base and
                                 dirty bits say, so it is never parked for another fork (snapshot.c) */
-    int image_replaced;      /* it executed a program (execve): hardly a page of its memory is its
-                                lineage's any more, so restoring it to a snapshot of that lineage
-                                would rewrite all of it; never parked */
     int fs_borrowed;         /* a child process: fs is its family's (process 1's), not freed with it */
     int vcpu_stale;          /* the host changed `cpu` while the process did not run and its executor VM
                                 stayed attached to it (a parked thread loaded, run_threads.c): the vCPU

@@ -466,6 +466,7 @@ static int restore_memory(zb_sandbox *sb, zb_vm *vm, const zb_snapshot *from, co
         sb->memory_unknown = 1;
         return -2;
     }
+    zb_mem_forget_dropped(&sb->mem); /* they held from's content, or were in the dirty set: snap's now */
     char ignored[ZB_ERRLEN];  /* if this fails the pages stay in the log: only slower */
     if (protect) (void)zb_vm_protect_pages(vm, protect, ignored);
     free(protect);
@@ -696,6 +697,12 @@ static void store_write(store_writer *w, int fd, const uint8_t *src, uint64_t in
 zb_snapshot *zb_snapshot_take(zb_sandbox *sb, char *err) {
     if (sb->finished) { zb_seterr(err, "cannot snapshot a sandbox that has finished"); return NULL; }
     if (sync_from_vm(sb, err) < 0) return NULL;
+    /* An exec'd process's dropped pages are free: a zero page each in this snapshot (memory.h) */
+    int released = zb_mem_release_dropped(&sb->mem);
+    if (released < 0) {
+        zb_seterr(err, "cannot give back the memory of the program the process executed before: %s", strerror(-released));
+        return NULL;
+    }
     /* Freed pages kept for reuse (zb_mem_free_for_reuse) stay kept: they are logged as written and
      * not allocated, so this snapshot records them as zero pages, and whoever allocates them again
      * zeroes them first. The next cell's first big array then reuses the last cell's freed one. */
@@ -886,9 +893,9 @@ void zb_engine_close(zb_engine *e) {
 static int park(zb_sandbox *sb) {
     zb_engine *e = sb->engine;
     zb_memory *m = &sb->mem;
-    /* a memory whose restore failed is not what its dirty bits say; an exec'd one is hardly the
-     * lineage's any more (sandbox_state.h) */
-    if (e->parking_off || !sb->base || !m->host || !m->image || sb->memory_unknown || sb->image_replaced) return 0;
+    /* a memory whose restore failed is not what its dirty bits say (an exec'd one is: the old
+     * program's pages were dropped, not zeroed, zb_mem_drop) */
+    if (e->parking_off || !sb->base || !m->host || !m->image || sb->memory_unknown) return 0;
     zb_vm *vm = NULL;
     for (int i = 0; i <= ZB_CHILD_VMS && !vm; i++) {
         zb_vm *v = executor_of(e, i);
@@ -916,15 +923,30 @@ static int park(zb_sandbox *sb) {
     m->shmap = NULL;
     vm->parked = *m;
     vm->parked.peak_charge = 0;
+    vm->parked_own = own;
     memset(m, 0, sizeof *m);
     vm->parked_base = sb->base;
     sb->base = NULL;
     return 1;
 }
 
+/* Pages where snapshots a and b (of one memory image) differ, counted until more than limit. */
+static uint64_t pages_differing(const zb_snapshot *a, const zb_snapshot *b, uint64_t limit) {
+    uint64_t n = 0;
+    for (uint64_t c = 0; c < b->nchunks && n <= limit; c++) {
+        if (a->chunks[c] == b->chunks[c]) continue;
+        for (uint64_t pfn = c * CHUNK_PAGES; pfn < (c + 1) * CHUNK_PAGES; pfn++)
+            n += !page_same(zb_snapshot_page(a, pfn), zb_snapshot_page(b, pfn));
+    }
+    return n;
+}
+
 /* The executor with a parked memory that a fork of snap can take (process 1: the main one; a
  * child: a children's one), or NULL. Parked memory that its executor no longer maps (another
- * sandbox attached since) would save nothing: it is given back on the way. */
+ * sandbox attached since) would save nothing: it is given back on the way. One that is far from
+ * snap is left for a fork it suits (a child exec'd by a shell is parked with the shell's snapshot
+ * as its base: a fork of the notebook's Python taking it would rewrite the ~75,000 pages where the
+ * shell and the Python differ, the shell's next child hardly any). */
 static zb_vm *parked_for(zb_engine *e, const zb_snapshot *snap, int child) {
     if (e->parking_off) return NULL;
     for (int i = child ? 1 : 0; i <= (child ? ZB_CHILD_VMS : 0); i++) {
@@ -934,7 +956,9 @@ static zb_vm *parked_for(zb_engine *e, const zb_snapshot *snap, int child) {
             drop_parked(e, vm); /* no longer warm, or not laid out as a new fork's memory would be */
             continue;
         }
-        if (vm->parked.image == snap->image && vm->parked.size == snap->mem_size) return vm;
+        if (vm->parked.image != snap->image || vm->parked.size != snap->mem_size) continue;
+        if (vm->parked_own + pages_differing(vm->parked_base, snap, PARK_MAX_OWN_PAGES) <= PARK_MAX_OWN_PAGES)
+            return vm;
     }
     return NULL;
 }
@@ -1018,7 +1042,6 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
     zb_snapshot_release(sb->base);
     sb->base = snap;
     sb->finished = 0;
-    sb->image_replaced = 0; /* every page an exec changed was in the dirty bits: rewritten now */
     atomic_store(&sb->kick_requested, 0);
     if (vm && vm->attached == sb && zb_vm_load_cpu(vm, sb, err) < 0) return -1;
     return 0;

@@ -129,7 +129,8 @@ static void single_thread(zb_sandbox *sb) {
     sb->proc.tid_address = 0;
 }
 
-/* Give back every user page but the vDSO's; forget the regions and the brk. */
+/* Let go of every user page but the vDSO's (zb_mem_drop: free, zeroed when handed out again, left
+ * as they are until then); forget the regions and the brk. */
 static long drop_image(zb_sandbox *sb) {
     zb_memory *m = &sb->mem;
     uint64_t keep_lo = sb->vdso_data / ZB_PAGE, keep_hi = sb->vdso_data ? keep_lo + zb_vdso_size() / ZB_PAGE : 0;
@@ -141,8 +142,7 @@ static long drop_image(zb_sandbox *sb) {
         if (!zb_bit(m->allocated, p) || (p >= keep_lo && p < keep_hi)) { p++; continue; }
         uint64_t q = p;
         while (q < m->npages && zb_bit(m->allocated, q) && !(q >= keep_lo && q < keep_hi)) q++;
-        if ((rc = zb_mem_zero(m, p * ZB_PAGE, (q - p) * ZB_PAGE)) < 0) return rc;
-        zb_mem_mark(m, p * ZB_PAGE, (q - p) * ZB_PAGE, 0);
+        zb_mem_drop(m, p * ZB_PAGE, (q - p) * ZB_PAGE);
         p = q;
     }
     zb_region_remove(m, ZB_LOW_REGION, m->size);
@@ -239,7 +239,6 @@ static long do_execve(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t ua
     /* ---- the point of no return: from here on a failure kills the process ---- */
     reset_signals(sb);
     single_thread(sb);
-    sb->image_replaced = 1;
     if ((rc = drop_image(sb)) < 0) { rc = exec_failed(sb, "releasing the old image", rc); goto out; }
     close_on_exec(sb);
     if ((rc = reset_fpu(sb)) < 0) { rc = exec_failed(sb, "the FPU state", rc); goto out; }

@@ -86,12 +86,14 @@ long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t
     /* the family's memory budget (memory.h): the child is charged with every page it could write,
      * so it must fit now (zb_family_fork_sandbox checks again, with the store its snapshot made).
      * That is the parent's allocated pages: freed memory the parent keeps for reuse (its stale
-     * pages, charged to the parent) is not part of the child. If the child does not fit, that kept
-     * memory is given back first: it is a cache, and a big array freed cells ago must not make a
-     * later fork fail (a `Manager()` with three processes after a 610 MB array was freed did). */
+     * and dropped pages, charged to the parent) is not part of the child. If the child does not
+     * fit, that kept memory is given back first: it is a cache, and a big array freed cells ago
+     * must not make a later fork fail (a `Manager()` with three processes after a 610 MB array was
+     * freed did). */
     zb_mem_budget_sync(&sb->mem);
     uint64_t limit = fam->mem.owner->pages_limit, want = sb->mem.pages_allocated;
-    if (zb_mem_budget_total(&fam->mem) + want > limit && sb->mem.stale_pages && zb_mem_release_stale(&sb->mem) == 0)
+    if (zb_mem_budget_total(&fam->mem) + want > limit && (sb->mem.stale_pages || sb->mem.dropped_pages) &&
+        zb_mem_release_stale(&sb->mem) == 0 && zb_mem_release_dropped(&sb->mem) == 0)
         zb_mem_budget_sync(&sb->mem);
     if (zb_mem_budget_total(&fam->mem) + want > limit) {
         fam->mem.refusals++;

@@ -40,6 +40,7 @@ typedef struct zb_vm {
      * layer: it parks, takes and drops them; this layer only keeps them. */
     zb_memory parked;
     struct zb_snapshot *parked_base;
+    uint64_t parked_own;     /* its pages that differ from parked_base (its dirty set) */
     uint64_t tsc_khz;
     /* The guest's TSC is the host's plus this (KVM_VCPU_TSC_OFFSET, checked against KVM's own
      * reading at creation): zb_vm_guest_tsc reads it without an ioctl, which under PVM costs a vCPU

@@ -20,7 +20,7 @@ from zeroboot_kernel.native import EventKind
 VIEW = [*system_view(), "/etc/ld.so.cache"]
 
 # Tests whose program execs itself (or a script) and passes in the new image.
-IN_NEW_IMAGE = ["script_args", "cloexec", "signals", "image", "thread", "fexecve", "setuid", "many_args"]
+IN_NEW_IMAGE = ["script_args", "cloexec", "signals", "image", "zeroed", "thread", "fexecve", "setuid", "many_args"]
 ERRORS = ["errors", "e2big", "efault"]
 
 

@@ -137,3 +137,41 @@ def test_a_child_is_not_charged_the_parents_freed_memory(template) -> None:
         r = sb.execute(FORK_CHILDREN.format(k=k))
         assert r.status == "ok", r.stderr
         assert r.stdout.split() == [str(k)], r.stdout
+
+
+ALLOCATE_WITH_A_CHILD = """
+import os, numpy as np
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(w)
+    os.read(r, 1)   # alive (and charged) while the parent allocates
+    os._exit(0)
+os.close(r)
+try:
+    b = np.ones({n})
+    print('allocated', b.nbytes)
+except MemoryError:
+    print('MemoryError')
+os.close(w)
+os.waitpid(pid, 0)
+"""
+
+
+def test_an_allocation_is_not_refused_for_the_process_s_own_freed_memory(template) -> None:
+    """An allocation that fits the family's budget only without the freed memory the process keeps
+    for reuse gets that memory given back first (zb_mem_fits), instead of ENOMEM: a cache must not
+    make an allocation fail."""
+    with template.fork() as sb:
+        r = sb.execute("import numpy as np\na = np.ones(100_000_000)\ndel a")   # 800 MB freed, kept
+        assert r.status == "ok", r.stderr
+        st = sb.guest.stats()
+        limit, family, alloc = st["guest_pages_limit"], st["family_pages"], st["guest_pages"]
+        stale = family - alloc
+        assert stale >= (512 * MIB) // PAGE, st
+        # with the child (charged the parent's allocated pages) alive: fits only without the stale pages
+        pages = limit - 2 * alloc - stale // 2 - 1024
+        assert limit - 2 * alloc - stale < pages < limit - alloc, st
+        r = sb.execute(ALLOCATE_WITH_A_CHILD.format(n=pages * PAGE // 8))
+        assert r.status == "ok", r.stderr
+        assert r.stdout.split() == ["allocated", str(pages * PAGE)], r.stdout

@@ -361,6 +361,68 @@ static void t_image_child(int argc, char **argv) {
     CHECK(named, "/proc/self/status names the new program");
 }
 
+/* Memory the new image gets reads as zeros, wherever the old image's pages were: the engine lets go
+ * of them without zeroing (zb_mem_drop) and must zero each one it hands out again. The old image
+ * fills an anonymous mapping and its brk with a pattern first. */
+#define ZEROED_MAP (64ul << 20)
+#define ZEROED_BRK (8ul << 20)
+
+static size_t nonzero_bytes(const unsigned char *p, size_t len) {
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) n += p[i] != 0;
+    return n;
+}
+
+static void t_zeroed(int argc, char **argv) {
+    (void)argc; (void)argv;
+    unsigned char *big = mmap(NULL, ZEROED_MAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(big != MAP_FAILED, "mmap");
+    if (big == MAP_FAILED) return;
+    memset(big, 0x5a, ZEROED_MAP);
+    unsigned char *heap = sbrk((intptr_t)ZEROED_BRK);
+    CHECK(heap != (void *)-1, "sbrk");
+    if (heap != (void *)-1) memset(heap, 0x5a, ZEROED_BRK);
+    char addr[32];
+    snprintf(addr, sizeof addr, "%p", (void *)big);
+    char *extra[] = {addr, NULL};
+    exec_self("zeroed_child", extra);
+}
+
+static void t_zeroed_child(int argc, char **argv) {
+    CHECK_EQ(argc, 3);
+    void *old = NULL;
+    sscanf(argv[2], "%p", &old);
+    /* where the old mapping was, by hint and by MAP_FIXED, and wherever the allocator puts a new one */
+    unsigned char *hinted = mmap(old, ZEROED_MAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(hinted != MAP_FAILED, "mmap at the old address (hint)");
+    if (hinted != MAP_FAILED) {
+        CHECK_EQ(nonzero_bytes(hinted, ZEROED_MAP), 0);
+        OK(munmap(hinted, ZEROED_MAP));
+    }
+    unsigned char *fixed = mmap(old, ZEROED_MAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    CHECK(fixed == old, "mmap MAP_FIXED at the old address");
+    if (fixed == old) CHECK_EQ(nonzero_bytes(fixed, ZEROED_MAP), 0);
+    size_t more = 2 * ZEROED_MAP;
+    unsigned char *fresh = mmap(NULL, more, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(fresh != MAP_FAILED, "mmap");
+    if (fresh != MAP_FAILED) CHECK_EQ(nonzero_bytes(fresh, more), 0);
+    unsigned char *heap = sbrk((intptr_t)(2 * ZEROED_BRK));
+    CHECK(heap != (void *)-1, "sbrk");
+    if (heap != (void *)-1) CHECK_EQ(nonzero_bytes(heap, 2 * ZEROED_BRK), 0);
+    if (fixed == old) OK(munmap(fixed, ZEROED_MAP)); /* the child below is charged what this process holds */
+    if (fresh != MAP_FAILED) OK(munmap(fresh, more));
+    /* a child of the new image: the fork records this memory, the old image's pages as free ones */
+    pid_t pid = fork();
+    if (pid == 0) {
+        unsigned char *c = mmap(NULL, more, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        _exit(c == MAP_FAILED ? 2 : nonzero_bytes(c, more) ? 3 : 0);
+    }
+    CHECK(pid > 0, "fork: %s", strerror(errno));
+    int status = -1;
+    if (pid > 0) OK(waitpid(pid, &status, 0) == pid ? 0 : -1);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's fresh mapping held non-zero bytes or failed: %d", status);
+}
+
 /* exec from a thread that is not the main one: the caller becomes the only thread, with the pid
  * as its tid. */
 static void *exec_from_thread(void *arg) {
@@ -593,6 +655,8 @@ static const zb_test tests[] = {
     {"signals_child", t_signals_child},
     {"image", t_image},
     {"image_child", t_image_child},
+    {"zeroed", t_zeroed},
+    {"zeroed_child", t_zeroed_child},
     {"thread", t_thread},
     {"thread_child", t_thread_child},
     {"fexecve", t_fexecve},

@@ -4,7 +4,8 @@ os.fork() + os.waitpid() of the Python process: the guest's (the agent's CPython
 template, where a fork is a copy-on-write sandbox fork run on the same executor VM) against a
 fresh host CPython's (a subprocess of this one, so no engine or VM is in the forked process),
 each timed inside its own process; a fork + pipe round trip (the child writes 1 byte, the
-parent reads it and waits); multiprocessing.Pool(2).map of 100 small tasks with the fork start
+parent reads it and waits); subprocess.run of /bin/true (fork, execve, wait) and of a shell
+pipeline (sh forks two children that exec echo and cat); multiprocessing.Pool(2).map of 100 small tasks with the fork start
 method (pool start, the map, close + join: its locks are semaphores in shared memory, woken across
 processes); and a multiprocessing.Manager() whose dict 4 processes write (its server is a process,
 each proxy call a round trip over an AF_UNIX socket); fewer iterations of the last two
@@ -45,6 +46,18 @@ SNIPPETS = {
         "    r, w = os.pipe(); t0 = time.perf_counter(); pid = os.fork()\n"
         "    if pid == 0: os.write(w, b'x'); os._exit(0)\n"
         "    os.read(r, 1); os.waitpid(pid, 0); ts.append(time.perf_counter() - t0); os.close(r); os.close(w)\n"
+        "print(*ts)"),
+    "subprocess.run(['true'])": (
+        "import subprocess, time\nts = []\n"
+        "for _ in range({n}):\n"
+        "    t0 = time.perf_counter(); subprocess.run(['true'], check=True); ts.append(time.perf_counter() - t0)\n"
+        "print(*ts)"),
+    "subprocess.run('echo hi | cat', shell=True)": (
+        "import subprocess, time\nts = []\n"
+        "for _ in range({n}):\n"
+        "    t0 = time.perf_counter()\n"
+        "    assert subprocess.run('echo hi | cat', shell=True, check=True, capture_output=True).stdout == b'hi\\n'\n"
+        "    ts.append(time.perf_counter() - t0)\n"
         "print(*ts)"),
     "multiprocessing.Pool(2).map, 100 tasks": (
         "import multiprocessing as mp, time\nts = []\n"
