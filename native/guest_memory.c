@@ -455,10 +455,16 @@ static void forget_dropped(zb_memory *m, uint64_t first, uint64_t n) {
         if (zb_bit(m->dropped, p)) { zb_bit_clear(m->dropped, p); m->dropped_pages--; }
 }
 
-/* Zero pages [p, q) (zb_mem_zero gives their host pages back; if that fails, they are cleared in
- * place). */
+/* Dropped anonymous runs up to this long are cleared in place: their host pages stay, and with them
+ * KVM's shadow pages of them (each page given back costs the new program a 20-40 us fault when it
+ * touches it: ~60 of the ~250 faults of an exec'd /bin/true). */
+#define ZERO_IN_PLACE_MAX_PAGES 512u
+
+/* Zero pages [p, q): in place if short and anonymous, else with zb_mem_zero (host pages given back;
+ * cleared in place if that fails). */
 static void zero_run(zb_memory *m, uint64_t p, uint64_t q) {
-    if (zb_mem_zero(m, p * ZB_PAGE, (q - p) * ZB_PAGE) == 0) return; /* it forgets them */
+    int in_place = q - p <= ZERO_IN_PLACE_MAX_PAGES && bits_all(m->file_backed, p, q - p, 0);
+    if (!in_place && zb_mem_zero(m, p * ZB_PAGE, (q - p) * ZB_PAGE) == 0) return; /* it forgets them */
     memset(m->host + p * ZB_PAGE, 0, (q - p) * ZB_PAGE);
     zb_bits_set_range(m->host_dirty, p, q - p, 1);
     forget_stale(m, p, q - p);

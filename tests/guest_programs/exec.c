@@ -366,6 +366,7 @@ static void t_image_child(int argc, char **argv) {
  * fills an anonymous mapping and its brk with a pattern first. */
 #define ZEROED_MAP (64ul << 20)
 #define ZEROED_BRK (8ul << 20)
+#define ZEROED_SMALL (256ul << 10) /* a short run: cleared in place, not given back */
 
 static size_t nonzero_bytes(const unsigned char *p, size_t len) {
     size_t n = 0;
@@ -379,19 +380,29 @@ static void t_zeroed(int argc, char **argv) {
     CHECK(big != MAP_FAILED, "mmap");
     if (big == MAP_FAILED) return;
     memset(big, 0x5a, ZEROED_MAP);
+    unsigned char *small = mmap(NULL, ZEROED_SMALL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(small != MAP_FAILED, "mmap");
+    if (small == MAP_FAILED) return;
+    memset(small, 0x5a, ZEROED_SMALL);
     unsigned char *heap = sbrk((intptr_t)ZEROED_BRK);
     CHECK(heap != (void *)-1, "sbrk");
     if (heap != (void *)-1) memset(heap, 0x5a, ZEROED_BRK);
-    char addr[32];
+    char addr[32], small_addr[32];
     snprintf(addr, sizeof addr, "%p", (void *)big);
-    char *extra[] = {addr, NULL};
+    snprintf(small_addr, sizeof small_addr, "%p", (void *)small);
+    char *extra[] = {addr, small_addr, NULL};
     exec_self("zeroed_child", extra);
 }
 
 static void t_zeroed_child(int argc, char **argv) {
-    CHECK_EQ(argc, 3);
-    void *old = NULL;
+    CHECK_EQ(argc, 4);
+    if (argc != 4) return;
+    void *old = NULL, *old_small = NULL;
     sscanf(argv[2], "%p", &old);
+    sscanf(argv[3], "%p", &old_small);
+    unsigned char *small = mmap(old_small, ZEROED_SMALL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(small == old_small, "mmap at the old small mapping's address (hint): %p, %p", (void *)small, old_small);
+    if (small != MAP_FAILED) CHECK_EQ(nonzero_bytes(small, ZEROED_SMALL), 0);
     /* where the old mapping was, by hint and by MAP_FIXED, and wherever the allocator puts a new one */
     unsigned char *hinted = mmap(old, ZEROED_MAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     CHECK(hinted != MAP_FAILED, "mmap at the old address (hint)");
