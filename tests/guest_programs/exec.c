@@ -362,8 +362,8 @@ static void t_image_child(int argc, char **argv) {
 }
 
 /* Memory the new image gets reads as zeros, wherever the old image's pages were: the engine lets go
- * of them without zeroing (zb_mem_drop) and must zero each one it hands out again. The old image
- * fills an anonymous mapping and its brk with a pattern first. */
+ * of them without zeroing (zb_mem_drop) and must zero each one it hands out again, also in a child
+ * the new image forks. The old image fills anonymous mappings and its brk with a pattern first. */
 #define ZEROED_MAP (64ul << 20)
 #define ZEROED_BRK (8ul << 20)
 #define ZEROED_SMALL (256ul << 10) /* a short run: cleared in place, not given back */
@@ -387,19 +387,50 @@ static void t_zeroed(int argc, char **argv) {
     unsigned char *heap = sbrk((intptr_t)ZEROED_BRK);
     CHECK(heap != (void *)-1, "sbrk");
     if (heap != (void *)-1) memset(heap, 0x5a, ZEROED_BRK);
-    char addr[32], small_addr[32];
+    /* left alone by the new image: still dropped when it forks, so its child inherits it dropped */
+    unsigned char *kept = mmap(NULL, ZEROED_SMALL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(kept != MAP_FAILED, "mmap");
+    if (kept == MAP_FAILED) return;
+    memset(kept, 0x5a, ZEROED_SMALL);
+    char addr[32], small_addr[32], kept_addr[32];
     snprintf(addr, sizeof addr, "%p", (void *)big);
     snprintf(small_addr, sizeof small_addr, "%p", (void *)small);
-    char *extra[] = {addr, small_addr, NULL};
+    snprintf(kept_addr, sizeof kept_addr, "%p", (void *)kept);
+    /* each fork snapshots this memory: the pattern becomes its base's content, and after a few
+     * snapshots that found it unchanged its pages leave the dirty set (page_reprotect.c): what the
+     * new image's fork below records of them must not be that content */
+    for (int i = 0; i < 8; i++) {
+        pid_t pid = fork();
+        if (pid == 0) _exit(0);
+        CHECK(pid > 0, "fork: %s", strerror(errno));
+        if (pid > 0) waitpid(pid, NULL, 0);
+    }
+    char *extra[] = {addr, small_addr, kept_addr, NULL};
     exec_self("zeroed_child", extra);
 }
 
 static void t_zeroed_child(int argc, char **argv) {
-    CHECK_EQ(argc, 4);
-    if (argc != 4) return;
-    void *old = NULL, *old_small = NULL;
+    CHECK_EQ(argc, 5);
+    if (argc != 5) return;
+    void *old = NULL, *old_small = NULL, *old_kept = NULL;
     sscanf(argv[2], "%p", &old);
     sscanf(argv[3], "%p", &old_small);
+    sscanf(argv[4], "%p", &old_kept);
+    size_t more = ZEROED_MAP; /* the family's budget also holds the fork snapshot's copy of the pattern */
+    /* first a child, while the old image's pages are still dropped here: the child must be handed
+     * them as zeros too */
+    pid_t pid = fork();
+    if (pid == 0) {
+        unsigned char *k = mmap(old_kept, ZEROED_SMALL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (k != old_kept) _exit(4);
+        if (nonzero_bytes(k, ZEROED_SMALL)) _exit(5);
+        unsigned char *c = mmap(NULL, more, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        _exit(c == MAP_FAILED ? 2 : nonzero_bytes(c, more) ? 3 : 0);
+    }
+    CHECK(pid > 0, "fork: %s", strerror(errno));
+    int status = -1;
+    if (pid > 0) OK(waitpid(pid, &status, 0) == pid ? 0 : -1);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's mapping held non-zero bytes or failed: %d", status);
     unsigned char *small = mmap(old_small, ZEROED_SMALL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     CHECK(small == old_small, "mmap at the old small mapping's address (hint): %p, %p", (void *)small, old_small);
     if (small != MAP_FAILED) CHECK_EQ(nonzero_bytes(small, ZEROED_SMALL), 0);
@@ -413,25 +444,12 @@ static void t_zeroed_child(int argc, char **argv) {
     unsigned char *fixed = mmap(old, ZEROED_MAP, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     CHECK(fixed == old, "mmap MAP_FIXED at the old address");
     if (fixed == old) CHECK_EQ(nonzero_bytes(fixed, ZEROED_MAP), 0);
-    size_t more = 2 * ZEROED_MAP;
     unsigned char *fresh = mmap(NULL, more, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    CHECK(fresh != MAP_FAILED, "mmap");
+    CHECK(fresh != MAP_FAILED, "mmap: %s", strerror(errno));
     if (fresh != MAP_FAILED) CHECK_EQ(nonzero_bytes(fresh, more), 0);
     unsigned char *heap = sbrk((intptr_t)(2 * ZEROED_BRK));
     CHECK(heap != (void *)-1, "sbrk");
     if (heap != (void *)-1) CHECK_EQ(nonzero_bytes(heap, 2 * ZEROED_BRK), 0);
-    if (fixed == old) OK(munmap(fixed, ZEROED_MAP)); /* the child below is charged what this process holds */
-    if (fresh != MAP_FAILED) OK(munmap(fresh, more));
-    /* a child of the new image: the fork records this memory, the old image's pages as free ones */
-    pid_t pid = fork();
-    if (pid == 0) {
-        unsigned char *c = mmap(NULL, more, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        _exit(c == MAP_FAILED ? 2 : nonzero_bytes(c, more) ? 3 : 0);
-    }
-    CHECK(pid > 0, "fork: %s", strerror(errno));
-    int status = -1;
-    if (pid > 0) OK(waitpid(pid, &status, 0) == pid ? 0 : -1);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's fresh mapping held non-zero bytes or failed: %d", status);
 }
 
 /* exec from a thread that is not the main one: the caller becomes the only thread, with the pid
