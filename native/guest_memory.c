@@ -657,19 +657,22 @@ int zb_mem_free_for_reuse(zb_memory *m, uint64_t addr, uint64_t len) {
     return 0; /* the caller's zb_mem_mark syncs the charge: allocated pages become stale ones */
 }
 
-int zb_mem_release_stale(zb_memory *m) {
-    if (!m->stale_pages) return 0;
-    for (uint64_t p = 0; p < m->npages && m->stale_pages;) {
-        if (!(p & 63) && !m->stale[p >> 6]) { p += 64; continue; }
-        if (!zb_bit(m->stale, p)) { p++; continue; }
+/* Give back the pages of `marked` (m's stale or dropped bitmap, whose count is *left), in runs:
+ * zb_mem_zero clears their bits and the count. */
+static int release_marked(zb_memory *m, const uint64_t *marked, const uint64_t *left) {
+    for (uint64_t p = 0; p < m->npages && *left;) {
+        if (!(p & 63) && !marked[p >> 6]) { p += 64; continue; }
+        if (!zb_bit(marked, p)) { p++; continue; }
         uint64_t q = p;
-        while (q < m->npages && zb_bit(m->stale, q)) q++;
-        int rc = zb_mem_zero(m, p * ZB_PAGE, (q - p) * ZB_PAGE); /* clears their stale bits */
+        while (q < m->npages && zb_bit(marked, q)) q++;
+        int rc = zb_mem_zero(m, p * ZB_PAGE, (q - p) * ZB_PAGE);
         if (rc < 0) return rc;
         p = q;
     }
     return 0;
 }
+
+int zb_mem_release_stale(zb_memory *m) { return release_marked(m, m->stale, &m->stale_pages); }
 
 void zb_mem_drop(zb_memory *m, uint64_t addr, uint64_t len) {
     uint64_t first = addr / ZB_PAGE, n = ZB_PAGE_UP(len) / ZB_PAGE;
@@ -681,18 +684,7 @@ void zb_mem_drop(zb_memory *m, uint64_t addr, uint64_t len) {
     zb_mem_mark(m, addr, len, 0); /* syncs the charge: allocated pages become dropped ones */
 }
 
-int zb_mem_release_dropped(zb_memory *m) {
-    for (uint64_t p = 0; p < m->npages && m->dropped_pages;) {
-        if (!(p & 63) && !m->dropped[p >> 6]) { p += 64; continue; }
-        if (!zb_bit(m->dropped, p)) { p++; continue; }
-        uint64_t q = p;
-        while (q < m->npages && zb_bit(m->dropped, q)) q++;
-        int rc = zb_mem_zero(m, p * ZB_PAGE, (q - p) * ZB_PAGE); /* clears their dropped bits */
-        if (rc < 0) return rc;
-        p = q;
-    }
-    return 0;
-}
+int zb_mem_release_dropped(zb_memory *m) { return release_marked(m, m->dropped, &m->dropped_pages); }
 
 void zb_mem_forget_dropped(zb_memory *m) {
     if (!m->dropped_pages) return;

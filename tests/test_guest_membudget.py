@@ -119,18 +119,25 @@ print(sum(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) == 0 for p in pids))
 """
 
 
+def _free_800_mb(sb) -> tuple[dict[str, int], int, int, int, int]:
+    """An 800 MB array made and freed in sb, which keeps it for reuse (stale pages): the engine's
+    stats, the memory limit, the family's pages, the process's allocated and its stale pages."""
+    r = sb.execute("import numpy as np\na = np.ones(100_000_000)\ndel a")
+    assert r.status == "ok", r.stderr
+    st = sb.guest.stats()
+    limit, family, alloc = st["guest_pages_limit"], st["family_pages"], st["guest_pages"]
+    stale = family - alloc
+    assert stale >= (512 * MIB) // PAGE, st   # the freed array is kept for reuse
+    return st, limit, family, alloc, stale
+
+
 def test_a_child_is_not_charged_the_parents_freed_memory(template) -> None:
     """Freed memory a process keeps mapped for reuse (stale pages, up to 1 GiB) is charged to it, but
     a fork does not copy it: the child is charged the parent's allocated pages only. Charging the
     child the parent's whole charge refused forks that fit (differential test: a Manager() and three
     processes after a 610 MB array was freed)."""
     with template.fork() as sb:
-        r = sb.execute("import numpy as np\na = np.ones(100_000_000)\ndel a")   # 800 MB freed, kept
-        assert r.status == "ok", r.stderr
-        st = sb.guest.stats()
-        limit, family, alloc = st["guest_pages_limit"], st["family_pages"], st["guest_pages"]
-        stale = family - alloc
-        assert stale >= (512 * MIB) // PAGE, st   # the freed array is kept for reuse
+        st, limit, family, alloc, stale = _free_800_mb(sb)
         k = (limit - family) // alloc - 1          # children that fit with one child's room to spare
         # ... and the last of them would not, were it charged the parent's freed memory as well
         assert k >= 1 and family + k * alloc + stale > limit, st
@@ -163,12 +170,7 @@ def test_an_allocation_is_not_refused_for_the_process_s_own_freed_memory(templat
     for reuse gets that memory given back first (zb_mem_fits), instead of ENOMEM: a cache must not
     make an allocation fail."""
     with template.fork() as sb:
-        r = sb.execute("import numpy as np\na = np.ones(100_000_000)\ndel a")   # 800 MB freed, kept
-        assert r.status == "ok", r.stderr
-        st = sb.guest.stats()
-        limit, family, alloc = st["guest_pages_limit"], st["family_pages"], st["guest_pages"]
-        stale = family - alloc
-        assert stale >= (512 * MIB) // PAGE, st
+        st, limit, family, alloc, stale = _free_800_mb(sb)
         # with the child (charged the parent's allocated pages) alive: fits only without the stale pages
         pages = limit - 2 * alloc - stale // 2 - 1024
         assert limit - 2 * alloc - stale < pages < limit - alloc, st
