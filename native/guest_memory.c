@@ -253,9 +253,7 @@ static int budget_fits(zb_memory *m, uint64_t n) {
 int zb_mem_fits(zb_memory *m, uint64_t n) {
     if (n > m->pages_limit || m->pages_allocated + n > m->pages_limit) return 0;
     if (!m->budget || budget_fits(m, n)) return 1;
-    if ((m->stale_pages || m->dropped_pages) && zb_mem_release_stale(m) == 0 && zb_mem_release_dropped(m) == 0 &&
-        budget_fits(m, n))
-        return 1;
+    if ((m->stale_pages || m->dropped_pages) && zb_mem_release_kept(m) == 0 && budget_fits(m, n)) return 1;
     m->budget->refusals++;
     return 0;
 }
@@ -686,6 +684,11 @@ void zb_mem_drop(zb_memory *m, uint64_t addr, uint64_t len) {
 
 int zb_mem_release_dropped(zb_memory *m) { return release_marked(m, m->dropped, &m->dropped_pages); }
 
+int zb_mem_release_kept(zb_memory *m) {
+    int rc = zb_mem_release_stale(m);
+    return rc < 0 ? rc : zb_mem_release_dropped(m);
+}
+
 void zb_mem_forget_dropped(zb_memory *m) {
     if (!m->dropped_pages) return;
     memset(m->dropped, 0, bitmap_bytes(m->npages));
@@ -947,8 +950,7 @@ uint64_t zb_sandbox_window_logged_bytes(zb_sandbox *sb) {
 
 int64_t zb_sandbox_release_freed(zb_sandbox *sb, char *err) {
     uint64_t n = sb->mem.stale_pages + sb->mem.dropped_pages;
-    int rc = zb_mem_release_stale(&sb->mem);
-    if (rc == 0) rc = zb_mem_release_dropped(&sb->mem);
+    int rc = zb_mem_release_kept(&sb->mem);
     if (rc < 0) {
         zb_seterr(err, "cannot give back the guest's freed memory: %s", strerror(-rc));
         return -1;

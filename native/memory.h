@@ -218,6 +218,8 @@ int zb_mem_release_stale(zb_memory *m);
  * rewrites every page in the dirty set and leaves the others, which hold the base's content. */
 void zb_mem_drop(zb_memory *m, uint64_t addr, uint64_t len);
 int zb_mem_release_dropped(zb_memory *m);
+/* Both kinds of kept freed pages given back (stale, then dropped): when a budget is tight. */
+int zb_mem_release_kept(zb_memory *m);
 /* After a restore made the memory equal to a snapshot: nothing is dropped any more. */
 void zb_mem_forget_dropped(zb_memory *m);
 /* Host-side prefault of a new anonymous guest mapping the guest is about to fill (numpy arrays,

@@ -92,9 +92,7 @@ long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t
      * freed did). */
     zb_mem_budget_sync(&sb->mem);
     uint64_t limit = fam->mem.owner->pages_limit, want = sb->mem.pages_allocated;
-    if (zb_mem_budget_total(&fam->mem) + want > limit && (sb->mem.stale_pages || sb->mem.dropped_pages) &&
-        zb_mem_release_stale(&sb->mem) == 0 && zb_mem_release_dropped(&sb->mem) == 0)
-        zb_mem_budget_sync(&sb->mem);
+    if (zb_mem_budget_total(&fam->mem) + want > limit) (void)zb_mem_release_kept(&sb->mem); /* syncs the charge */
     if (zb_mem_budget_total(&fam->mem) + want > limit) {
         fam->mem.refusals++;
         zb_log(sb, "fork refused (ENOMEM): the sandbox's memory limit of %llu MiB is for all its processes, "

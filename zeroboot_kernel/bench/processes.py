@@ -5,11 +5,11 @@ template, where a fork is a copy-on-write sandbox fork run on the same executor 
 fresh host CPython's (a subprocess of this one, so no engine or VM is in the forked process),
 each timed inside its own process; a fork + pipe round trip (the child writes 1 byte, the
 parent reads it and waits); subprocess.run of /bin/true (fork, execve, wait) and of a shell
-pipeline (sh forks two children that exec echo and cat); multiprocessing.Pool(2).map of 100 small tasks with the fork start
-method (pool start, the map, close + join: its locks are semaphores in shared memory, woken across
-processes); and a multiprocessing.Manager() whose dict 4 processes write (its server is a process,
-each proxy call a round trip over an AF_UNIX socket); fewer iterations of the last two
-(POOL_ITERATIONS).
+pipeline (sh forks two children that exec echo and cat); multiprocessing.Pool(2).map of 100
+small tasks with the fork start method (pool start, the map, close + join: its locks are
+semaphores in shared memory, woken across processes); and a multiprocessing.Manager() whose dict
+4 processes write (its server is a process, each proxy call a round trip over an AF_UNIX socket);
+fewer iterations of the last two (POOL_ITERATIONS).
 
 Then where a guest fork+wait's time goes (BREAKDOWN): perf_counter_ns stamps in the parent (before
 fork, when fork returns, when waitpid returns) and in the child (when fork returns 0, before
