@@ -25,6 +25,7 @@ pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 need=() want=()
 command -v gcc >/dev/null 2>&1 || need+=(build-essential)
 command -v objcopy >/dev/null 2>&1 || need+=(binutils)
+printf '#include <openssl/evp.h>\n' | cpp >/dev/null 2>&1 || need+=(libssl-dev)  # the spill file's MAC (native/mac.c)
 "$python" -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=("python$pyver-venv")
 "$python" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
     need+=("python$pyver-dev")

@@ -41,7 +41,7 @@ for h in "${harnesses[@]}"; do
     src="fuzz/${h}_fuzz.c"
     [ -f "$src" ] || { echo "fuzz: no harness $src" >&2; exit 2; }
     bin="$out/${h}_fuzz"
-    "$cc" "${flags[@]}" -o "$bin" "$src" fuzz/fuzz_blobs.c "${sources[@]}" "${generated[@]}" -lrt -lpthread
+    "$cc" "${flags[@]}" -o "$bin" "$src" fuzz/fuzz_blobs.c "${sources[@]}" "${generated[@]}" -lrt -lpthread -lcrypto
     mkdir -p "$out/corpus-$h" "$out/artifacts-$h" "fuzz/corpus/$h"
     log="$out/$h.log"
     echo "fuzz: running $h for ${secs}s (log: $log)"

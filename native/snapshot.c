@@ -489,6 +489,28 @@ static void snapshot_free(zb_snapshot *s) {
  * page unless it is a zero page) into s, whose chunks are all still the image's. The records come
  * from a file (a spilled checkpoint): every index must be within guest memory and above the one
  * before, every page whole, before anything is allocated. */
+/* A delta's page record number `count` names a page of the guest, after the one before it. */
+static int record_ok(uint64_t word, uint64_t count, uint64_t *last, uint64_t npages, char *err) {
+    uint64_t index = word >> 1;
+    if (index >= npages || (count && index <= *last)) {
+        zb_seterr(err, "the saved pages are corrupt (record %llu names page %llu of %llu)",
+                  (unsigned long long)count, (unsigned long long)index, (unsigned long long)npages);
+        return -1;
+    }
+    *last = index;
+    return 0;
+}
+
+/* The snapshot's page `index` is a zero page (contents NULL) or page `used` of its own store. */
+static int set_record(zb_snapshot *s, uint64_t word, uint64_t used, char *err) {
+    uint64_t index = word >> 1, c = index / CHUNK_PAGES;
+    if (!s->chunks[c] && !(s->chunks[c] = chunk_copy(NULL))) { zb_seterr(err, "out of memory"); return -1; }
+    zb_page *p = &s->chunks[c]->page[index % CHUNK_PAGES];
+    if (word & 1) page_set(p, PAGE_ZERO, NULL, 0);
+    else page_set(p, PAGE_STORED, s->own, (uint32_t)used);
+    return 0;
+}
+
 int zb_snapshot_fill_delta(zb_snapshot *s, const uint8_t *pages, size_t len, char *err) {
     uint64_t npages = s->nchunks * CHUNK_PAGES, nstored = 0, last = 0, count = 0;
     for (size_t pos = 0; pos < len; count++) {
@@ -496,13 +518,7 @@ int zb_snapshot_fill_delta(zb_snapshot *s, const uint8_t *pages, size_t len, cha
         if (len - pos < 8) { zb_seterr(err, "the saved pages are corrupt (a truncated page record)"); return -1; }
         memcpy(&word, pages + pos, 8);
         pos += 8;
-        uint64_t index = word >> 1;
-        if (index >= npages || (count && index <= last)) {
-            zb_seterr(err, "the saved pages are corrupt (record %llu names page %llu of %llu)",
-                      (unsigned long long)count, (unsigned long long)index, (unsigned long long)npages);
-            return -1;
-        }
-        last = index;
+        if (record_ok(word, count, &last, npages, err) < 0) return -1;
         if (word & 1) continue;
         if (len - pos < ZB_PAGE) { zb_seterr(err, "the saved pages are corrupt (a truncated page)"); return -1; }
         pos += ZB_PAGE;
@@ -514,14 +530,43 @@ int zb_snapshot_fill_delta(zb_snapshot *s, const uint8_t *pages, size_t len, cha
         uint64_t word;
         memcpy(&word, pages + pos, 8);
         pos += 8;
-        uint64_t index = word >> 1, c = index / CHUNK_PAGES;
-        if (!s->chunks[c] && !(s->chunks[c] = chunk_copy(NULL))) { zb_seterr(err, "out of memory"); return -1; }
-        zb_page *p = &s->chunks[c]->page[index % CHUNK_PAGES];
-        if (word & 1) { page_set(p, PAGE_ZERO, NULL, 0); continue; }
+        if (set_record(s, word, used, err) < 0) return -1;
+        if (word & 1) continue;
         memcpy(s->own->map + used * ZB_PAGE, pages + pos, ZB_PAGE);
         pos += ZB_PAGE;
-        page_set(p, PAGE_STORED, s->own, (uint32_t)used);
         used++;
+    }
+    s->state_bytes = zb_fdtable_copy_bytes(s->st.fds) + s->st.uart.rx_cap + s->st.uart.tx_cap;
+    return 0;
+}
+
+int zb_snapshot_fill_index(zb_snapshot *s, const uint8_t *words, uint64_t nwords, uint64_t stored, int fd,
+                           uint64_t offset, zb_mac *mac, char *err) {
+    uint64_t npages = s->nchunks * CHUNK_PAGES, nstored = 0, last = 0;
+    if (nwords > npages) { zb_seterr(err, "the saved pages are more than the guest's memory"); return -1; }
+    for (uint64_t i = 0; i < nwords; i++) {
+        uint64_t word;
+        memcpy(&word, words + 8 * i, 8);
+        if (record_ok(word, i, &last, npages, err) < 0) return -1;
+        nstored += !(word & 1);
+    }
+    if (nstored != stored) { zb_seterr(err, "the saved pages are corrupt (the index names another number of pages)"); return -1; }
+    if (!(s->own = store_new(nstored, err))) return -1;
+    for (uint64_t done = 0, total = nstored * ZB_PAGE; done < total;) { /* straight into the store */
+        ssize_t k = pread(fd, s->own->map + done, total - done, (off_t)(offset + done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            zb_seterr(err, "cannot read the saved pages: %s", k < 0 ? strerror(errno) : "the file is shorter (truncated)");
+            return -1;
+        }
+        done += (uint64_t)k;
+    }
+    if (mac && zb_mac_update(mac, s->own->map, nstored * ZB_PAGE) < 0) { zb_seterr(err, "the MAC failed"); return -1; }
+    for (uint64_t i = 0, used = 0; i < nwords; i++) {
+        uint64_t word;
+        memcpy(&word, words + 8 * i, 8);
+        if (set_record(s, word, used, err) < 0) return -1;
+        used += !(word & 1);
     }
     s->state_bytes = zb_fdtable_copy_bytes(s->st.fds) + s->st.uart.rx_cap + s->st.uart.tx_cap;
     return 0;

@@ -78,5 +78,10 @@ void zb_guest_state_free(zb_guest_state *st);
 /* Fill a snapshot made by a loader (all chunks the image's, no store yet) with the page records of
  * a delta (zb_snapshot_save_delta), checked as untrusted input; -1 with err (the caller releases s). */
 int zb_snapshot_fill_delta(zb_snapshot *s, const uint8_t *pages, size_t len, char *err);
+/* The same from an aligned spill record (zb_spill_write): the page records' words, of which `stored`
+ * must be stored pages (not zero pages), and those pages' contents read from fd at offset straight into the snapshot's store, added to mac (if any)
+ * as read; -1 with err (the caller releases s and must not use it). */
+int zb_snapshot_fill_index(zb_snapshot *s, const uint8_t *words, uint64_t nwords, uint64_t stored, int fd,
+                           uint64_t offset, zb_mac *mac, char *err);
 
 #endif

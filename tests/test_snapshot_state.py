@@ -30,7 +30,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sources = subprocess.run([*build, "--print-sources"], check=True, capture_output=True, text=True).stdout.split()
     includes = [f for f in subprocess.run([*build, "--print-flags"], check=True, capture_output=True,
                                           text=True).stdout.split() if f.startswith("-I")]
-    proc = subprocess.run(["gcc", *FLAGS, *includes, "-o", str(out), str(HARNESS), *sources, "-lrt", "-lpthread"],
+    proc = subprocess.run(["gcc", *FLAGS, *includes, "-o", str(out), str(HARNESS), *sources, "-lrt", "-lpthread", "-lcrypto"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return out

@@ -139,7 +139,7 @@ def make_ffibuilder() -> Any:
         '#include "zeroboot.h"',
         include_dirs=[str(NATIVE)],
         extra_objects=_engine_objects(),
-        libraries=["rt", "pthread"],
+        libraries=["rt", "pthread", "crypto"],
         extra_compile_args=["-O2"],
     )
     return builder

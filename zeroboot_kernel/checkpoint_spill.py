@@ -9,13 +9,14 @@ The write does not hold up the next request: the engine reserves the record's pl
 serializes the checkpoint's state and takes a reference to its snapshot (zb_spill_prepare), and the
 spill writer thread (SpillWriter, one per process, started before the engine's seccomp lockdown,
 which then filters it too) writes the record straight from the snapshot's stores (zb_spill_write,
-no copy into memfds, keyed BLAKE2b computed while writing). The session takes the result on its own
+no copy into memfds, the MAC computed while writing, the page contents with O_DIRECT). The session takes the result on its own
 thread (PendingSpill.done, Session._reap_spills) and only then releases the snapshot; until then
 the checkpoint is "writing": a %rewind to it uses the in-memory copy, a release of it lets the
 write finish first and then frees the record's space. Nothing depends on when the write ends.
 
-The writer is slower than cells that replace their data (~200 MB in 0.75 s here, against ~0.1-0.25 s
-for the cell), and what is in flight is held in memory, so it is bounded (Session._writing_cap). A
+The writer can be slower than cells that replace their data (~400 MB in 0.3-0.4 s here, against
+~0.2-0.3 s for such a cell and its checkpoint; through the page cache and with a portable BLAKE2b
+MAC it took 1.5 s), and what is in flight is held in memory, so it is bounded (Session._writing_cap). A
 checkpoint that must leave memory while that bound is reached is dropped (a gap in %rewind's list:
 %rewind to it is refused, saying why), so a Run All never waits for the disk; with
 ZEROBOOT_CHECKPOINT_SPILL_BEHIND=wait the session waits for the writer instead and keeps it.
@@ -27,24 +28,33 @@ The file:
   is not supported it is created under a name and unlinked at once; a successor session removes any
   such name whose process is gone (sweep_leftovers). Never a path from the guest.
 - holds one record per spilled checkpoint: only the pages that differ from the template's memory
-  image (zero pages as an index entry only; zb_snapshot_save_delta's records) and the engine's state,
-  each compressed with zstd when a sample says it pays (SAMPLE bytes must shrink to COMPRESS_BELOW).
+  image (zero pages as an index entry only) and the engine's state. Each record starts on an ALIGN
+  block and takes whole blocks (span). The spill writer's records are in the aligned layout below,
+  whose page contents are written with O_DIRECT (a second descriptor of the same file, _open_direct;
+  the page cache throttled a growing file's dirty pages to the disk's write-back speed, and each
+  cost a fresh page of host memory); write() (from memfds, zb_snapshot_save_delta's two streams)
+  compresses with zstd when a sample says it pays (SAMPLE bytes must shrink to COMPRESS_BELOW).
   Space of records that went (rewound past, dropped) is reused by later records and the file's tail is
   truncated (the run-phase lockdown allows no hole punching); the file never exceeds the disk budget.
 - is read back as untrusted input: the record's position and length are the session's own (kept in
-  memory), every length is bounded before anything is read or decompressed, a keyed BLAKE2b MAC with
-  a key that exists only in this process proves the bytes are the ones written, and the engine
+  memory), every length is bounded before anything is read or decompressed, a MAC (GMAC: AES-256-GCM
+  over the bytes as associated data, native.Mac, OpenSSL) with a key that exists only in this process
+  and the record's id as its nonce (never given twice) proves the bytes are the ones written, and the engine
   validates the state and page records (snapshot_file.c). A corrupt record is a SpillError for that
   %rewind.
 
 Record layout (little-endian):
     MAGIC (8) | u64 record id | u8 codec | u64 state raw | u64 state stored | u64 pages raw
-    | u64 pages stored | state | pages | keyed BLAKE2b-256 (32) of the state and pages, then the header
-Records of the spill writer are raw (codec 0); write() (from memfds) compresses where it pays.
+    | u64 pages stored | state | pages | GMAC tag (16) of the state and pages, then the header
+pages, by codec: raw (0) or zstd (2), written by write(): zb_snapshot_save_delta's page records
+(a u64 word `pfn << 1 | zero`, then 4096 bytes unless zero), as they are or compressed; aligned (3),
+the spill writer's: u64 count | count u64 words | zeros up to an ALIGN boundary of the file | the
+contents of the pages whose word says stored, in order ("pages raw" is the length of the same
+records interleaved); load() reads the contents straight into the snapshot's store
+(zb_snapshot_load_aligned) and checks the MAC before the snapshot is used.
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import io
 import logging
@@ -65,7 +75,7 @@ from .checkpoint_budget import BudgetSyntaxError, parse_size
 from .errors import ZerobootError
 
 if TYPE_CHECKING:  # the kernel process reads this module's settings without the engine (native library)
-    from .native import SpillJob
+    from .native import Mac, Snapshot, SpillJob
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +84,10 @@ BEHIND_ENV = "ZEROBOOT_CHECKPOINT_SPILL_BEHIND"  # drop (default) or wait: see w
 BEHIND_CHOICES = ("", "drop", "wait")
 MAGIC = b"ZBSPILL\x01"
 HEAD = struct.Struct("<8sQBQQQQ")
-MAC_BYTES = 32
+MAC_BYTES = 16                 # ZB_MAC_TAG_BYTES: GMAC's tag
 PAGE = 4096
-CODEC_RAW, CODEC_ZSTD = 0, 2
+ALIGN = 4096                   # ZB_SPILL_ALIGN: records (and the aligned layout's page contents) start on it
+CODEC_RAW, CODEC_ZSTD, CODEC_ALIGNED = 0, 2, 3
 MAX_STATE = 2 << 30            # as STATE_MAX_BYTES in native/snapshot_file.c
 BLOCK = 16 << 20               # copied from the engine's memfds in blocks of this size
 SAMPLE = 1 << 20               # compressed as a trial before a record is written ...
@@ -175,6 +186,17 @@ def _open_file(directory: Path) -> int:
         return fd
 
 
+def _open_direct(fd: int) -> int:
+    """The spill file opened again with O_DIRECT, for the page contents the spill writer writes
+    (past the page cache: see zb_spill_write); -1 where the file system has no O_DIRECT (tmpfs),
+    and the writer then writes them through fd."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC | os.O_DIRECT)
+    except OSError as exc:
+        log.info("the spill file cannot be written with O_DIRECT (%s): through the page cache", exc.strerror)
+        return -1
+
+
 class SpillFile:
     """One session's spill file (see the module doc); limit: the disk budget in bytes."""
 
@@ -183,8 +205,9 @@ class SpillFile:
         self.directory = directory
         self.removed_leftovers = sweep_leftovers(directory)
         self.fd = _open_file(directory)
+        self.direct_fd = _open_direct(self.fd)
         self.limit = limit
-        self._key = secrets.token_bytes(32)
+        self._key = secrets.token_bytes(32)  # ZB_MAC_KEY_BYTES
         self._next = 1
         self._free: list[tuple[int, int]] = []   # (offset, length) gaps inside the file, sorted
         self.end = 0                              # the file's size
@@ -198,6 +221,8 @@ class SpillFile:
 
     # ---- writing ----
     def _place(self, length: int) -> int:
+        """The offset of a new record's span (ALIGN-aligned: every span is a multiple of ALIGN)."""
+        length = span(length)
         for i, (off, size) in enumerate(self._free):
             if size >= length:
                 if size == length:
@@ -208,8 +233,9 @@ class SpillFile:
         off, self.end = self.end, self.end + length
         return off
 
-    def fits(self, raw_bytes: int) -> bool:
-        return self.used + raw_bytes + HEAD.size + MAC_BYTES <= self.limit
+    def fits(self, length: int) -> bool:
+        """A record of this length (aligned_length, or HEAD + raw + MAC) fits the disk budget now."""
+        return self.used + span(length) <= self.limit
 
     def write(self, state_fd: int, pages_fd: int) -> SpillRef:
         """A record of the two memfds zb_snapshot_save_delta wrote. SpillError if it does not fit
@@ -217,7 +243,7 @@ class SpillFile:
         t0 = time.perf_counter()
         state_raw, pages_raw = os.fstat(state_fd).st_size, os.fstat(pages_fd).st_size
         raw = state_raw + pages_raw
-        if not self.fits(raw):
+        if not self.fits(HEAD.size + raw + MAC_BYTES):
             raise SpillError(f"a checkpoint of {raw >> 20} MiB does not fit the spill file's disk budget "
                              f"({self.used >> 20} of {self.limit >> 20} MiB used)")
         sample = os.pread(pages_fd, SAMPLE, pages_raw // 2 - min(pages_raw // 2, SAMPLE // 2))
@@ -229,7 +255,7 @@ class SpillFile:
         off = self._place(HEAD.size + raw + MAC_BYTES) if codec == CODEC_RAW else self.end
         record = self._next
         self._next += 1
-        mac = self._mac()
+        mac = self._mac(record)
         pos = off + HEAD.size
         stored = []
         try:
@@ -259,36 +285,36 @@ class SpillFile:
             self._give_back(off, HEAD.size + raw + MAC_BYTES if codec == CODEC_RAW else pos - off)
             raise
         if codec == CODEC_ZSTD:
-            self.end = max(self.end, off + length)
-        elif length < HEAD.size + raw + MAC_BYTES:  # cannot happen for raw records; kept exact anyway
-            self._give_back(off + length, HEAD.size + raw + MAC_BYTES - length)
+            self.end = max(self.end, off + span(length))
         ref = SpillRef(record, off, length, raw, codec, time.perf_counter() - t0)
-        self.used += length
+        self.used += span(length)
         self.live[record] = ref
         return ref
 
-    def _mac(self) -> "hashlib.blake2b":
-        return hashlib.blake2b(key=self._key, digest_size=MAC_BYTES)
+    def _mac(self, record: int) -> Mac:
+        from .native import Mac  # the engine's process only (the kernel's reads settings here)
+        return Mac(self._key, nonce(record))
 
-    def reserve(self, state_len: int, pages_len: int) -> SpillRef:
-        """The place of a raw record of these lengths, for the spill writer (PendingSpill): counted
-        as used from now, readable once finished. SpillError if it does not fit."""
-        raw = state_len + pages_len
-        if not self.fits(raw):
-            raise SpillError(f"a checkpoint of {raw >> 20} MiB does not fit the spill file's disk budget "
+    def reserve(self, state_len: int, records: int, stored: int) -> SpillRef:
+        """The place of an aligned record (the spill writer's, PendingSpill) of a delta with these
+        lengths: counted as used from now, readable once finished. SpillError if it does not fit."""
+        length = aligned_length(state_len, records, stored)
+        if not self.fits(length):
+            raise SpillError(f"a checkpoint of {length >> 20} MiB does not fit the spill file's disk budget "
                              f"({self.used >> 20} of {self.limit >> 20} MiB used)")
-        length = HEAD.size + raw + MAC_BYTES
-        ref = SpillRef(self._next, self._place(length), length, raw, CODEC_RAW, 0.0, pending=True)
+        raw = state_len + 8 * records + PAGE * stored
+        ref = SpillRef(self._next, self._place(length), length, raw, CODEC_ALIGNED, 0.0, pending=True)
         self._next += 1
-        self.used += length
+        self.used += span(length)
         self.live[ref.record] = ref
         return ref
 
-    def head(self, ref: SpillRef, state_len: int, pages_len: int) -> bytes:
-        """The header of a reserved raw record."""
-        return HEAD.pack(MAGIC, ref.record, CODEC_RAW, state_len, state_len, pages_len, pages_len)
+    def head(self, ref: SpillRef, state_len: int, records: int, stored: int) -> bytes:
+        """The header of a reserved aligned record."""
+        return HEAD.pack(MAGIC, ref.record, CODEC_ALIGNED, state_len, state_len, 8 * records + PAGE * stored,
+                         ref.length - HEAD.size - state_len - MAC_BYTES)
 
-    def _pwrite(self, data: bytes, pos: int, mac: "hashlib.blake2b") -> int:
+    def _pwrite(self, data: bytes, pos: int, mac: Mac) -> int:
         mac.update(data)
         self._pwrite_all(data, pos)
         return pos + len(data)
@@ -303,8 +329,10 @@ class SpillFile:
 
     # ---- freeing ----
     def _give_back(self, off: int, length: int) -> None:
+        """A record's span (or what a failed write reserved) is free again."""
         if length <= 0:
             return
+        length = span(length)
         gaps = sorted(self._free + [(off, length)])
         merged: list[tuple[int, int]] = []
         for o, n in gaps:
@@ -324,32 +352,81 @@ class SpillFile:
     def free(self, ref: SpillRef) -> None:
         if self.live.pop(ref.record, None) is None:
             return
-        self.used -= ref.length
+        self.used -= span(ref.length)
         self._give_back(ref.offset, ref.length)
 
     # ---- reading back (untrusted) ----
-    def read(self, ref: SpillRef, memory_size: int) -> tuple[bytes, bytes]:
-        """(state, page records) of a record, checked; SpillError saying what is wrong."""
+    def load(self, ref: SpillRef, base: Snapshot, memory_size: int) -> Snapshot:
+        """A spilled checkpoint as a snapshot over base's memory image, checked; SpillError saying
+        what is wrong. An aligned record's page contents are read straight into the snapshot's store
+        (through the O_DIRECT descriptor where there is one), the MAC taken as they come in."""
+        if ref.codec != CODEC_ALIGNED:
+            state, pages = self.read(ref, memory_size)
+            return base.load_delta(state, pages)
+        self._check_readable(ref, memory_size)
+        head = self._pread(HEAD.size, ref.offset)
+        magic, record, codec, state_raw, state_stored, pages_raw, pages_stored = HEAD.unpack(head)
+        max_records = memory_size // PAGE
+        if magic != MAGIC or record != ref.record or codec != CODEC_ALIGNED or state_raw != state_stored \
+                or state_raw > MAX_STATE or HEAD.size + state_stored + pages_stored + MAC_BYTES != ref.length:
+            raise SpillError("the spilled checkpoint's record header is corrupt")
+        records = int.from_bytes(self._pread(8, ref.offset + HEAD.size + state_stored), "little")
+        if records > max_records:
+            raise SpillError("the spilled checkpoint's page index is corrupt")
+        data = span(HEAD.size + state_stored + 8 * (1 + records))
+        stored, left = divmod(ref.length - MAC_BYTES - data, PAGE)
+        if left or not 0 <= stored <= records or pages_raw != 8 * records + PAGE * stored:
+            raise SpillError("the spilled checkpoint's page index and contents disagree")
+        prefix = memoryview(self._pread(data - HEAD.size, ref.offset + HEAD.size))
+        mac = self._mac(ref.record)
+        mac.update(prefix)  # state, count, words, zeros
+        words = prefix[state_stored + 8:state_stored + 8 + 8 * records]
+        fd = self.direct_fd if self.direct_fd >= 0 else self.fd
+        from .native import SandboxError  # the engine's process only
+        try:
+            snap = base.load_aligned(bytes(prefix[:state_stored]), words, stored, fd, ref.offset + data, mac)
+        except SandboxError as exc:
+            raise SpillError(str(exc)) from None
+        tag = self._pread(MAC_BYTES, ref.offset + data + PAGE * stored)
+        mac.update(head)
+        if not hmac.compare_digest(mac.digest(), tag):
+            snap.release()
+            raise SpillError("the spilled checkpoint was changed on disk since it was written (its checksum does "
+                             "not match)")
+        return snap
+
+    def _check_readable(self, ref: SpillRef, memory_size: int) -> None:
         if self.live.get(ref.record) is not ref:
             raise SpillError("this checkpoint is no longer in the spill file")
         if ref.pending:
             raise SpillError("this checkpoint is still being written to the spill file")
         max_pages = (memory_size // PAGE) * (8 + PAGE)
-        if ref.length < HEAD.size + MAC_BYTES or ref.length > HEAD.size + MAX_STATE + max_pages + MAC_BYTES:
+        if ref.length < HEAD.size + MAC_BYTES or ref.length > span(HEAD.size + MAX_STATE + 8) + max_pages + MAC_BYTES:
             raise SpillError("the spilled checkpoint's record has an impossible length")
+
+    def _pread(self, length: int, offset: int) -> bytes:
+        """Exactly length bytes at offset (the caller bounded length); SpillError if the file is shorter."""
         try:
-            data = os.pread(self.fd, ref.length, ref.offset)
-            while len(data) < ref.length:
-                more = os.pread(self.fd, ref.length - len(data), ref.offset + len(data))
+            data = os.pread(self.fd, length, offset)
+            while len(data) < length:
+                more = os.pread(self.fd, length - len(data), offset + len(data))
                 if not more:
                     break
                 data += more
         except OSError as exc:
             raise SpillError(f"cannot read the spilled checkpoint: {exc.strerror}") from None
-        if len(data) != ref.length:
+        if len(data) != length:
             raise SpillError("the spill file is shorter than the checkpoint written to it (truncated)")
+        return data
+
+    def read(self, ref: SpillRef, memory_size: int) -> tuple[bytes, bytes]:
+        """(state, page records) of a record of write() (raw or zstd), checked; SpillError saying
+        what is wrong. Aligned records are read by load."""
+        self._check_readable(ref, memory_size)
+        max_pages = (memory_size // PAGE) * (8 + PAGE)
+        data = self._pread(ref.length, ref.offset)
         body, mac = memoryview(data)[:-MAC_BYTES], data[-MAC_BYTES:]
-        check = self._mac()
+        check = self._mac(ref.record)
         check.update(body[HEAD.size:])
         check.update(body[:HEAD.size])
         if not hmac.compare_digest(check.digest(), mac):
@@ -366,6 +443,9 @@ class SpillFile:
         return state, pages
 
     def close(self) -> None:
+        if self.direct_fd >= 0:
+            os.close(self.direct_fd)
+            self.direct_fd = -1
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -375,6 +455,23 @@ class SpillFile:
     def describe(self) -> dict[str, int]:
         return {"disk_budget_bytes": self.limit, "disk_used_bytes": self.used, "disk_file_bytes": self.end,
                 "spilled": len(self.live)}
+
+
+def span(length: int) -> int:
+    """The file space a record of this length takes: whole ALIGN blocks, so that every record starts
+    on a block (the page contents of the aligned layout are written with O_DIRECT)."""
+    return -(-length // ALIGN) * ALIGN
+
+
+def aligned_length(state_len: int, records: int, stored: int) -> int:
+    """The length of an aligned record (zb_spill_write): head, state, u64 count, the records' u64
+    words, zeros to the next ALIGN boundary, the stored pages' contents, MAC."""
+    return span(HEAD.size + state_len + 8 * (1 + records)) + PAGE * stored + MAC_BYTES
+
+
+def nonce(record: int) -> bytes:
+    """The MAC's nonce for a record: its id, which the file never gives twice (ZB_MAC_NONCE_BYTES)."""
+    return record.to_bytes(12, "little")
 
 
 def _decode(stored: memoryview, codec: int, raw_len: int, what: str) -> bytes:
@@ -399,6 +496,7 @@ class PendingSpill:
     job: SpillJob
     ref: SpillRef
     fd: int
+    direct_fd: int
     head: bytes
     key: bytes
     done: threading.Event = field(default_factory=threading.Event)
@@ -409,7 +507,8 @@ class PendingSpill:
         """The write itself (the writer's thread, or the caller's where no writer thread exists)."""
         t0 = time.perf_counter()
         try:
-            self.job.write(self.fd, self.ref.offset, self.head, self.key, MAC_BYTES)
+            self.job.write(self.fd, self.direct_fd, self.ref.offset, self.head, self.key, nonce(self.ref.record),
+                           MAC_BYTES)
         except Exception as exc:  # noqa: BLE001 - reported to the session's thread, never lost here
             self.error = str(exc) or type(exc).__name__
         finally:

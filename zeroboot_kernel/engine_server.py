@@ -30,7 +30,7 @@ from . import latency_trace
 from . import session_save
 from .schema import IDLE_STREAM
 from .errors import ZerobootError
-from .native import Engine, watch_fd
+from .native import Engine, mac_prepare, watch_fd
 from .network_policy import NetworkPolicy
 from .guest_view import python_view
 from .session import Session
@@ -501,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.set_network(network)  # before the lockdown: its filters allow sockets only with a policy
         python_view()  # computed before the lockdown: it may run ldconfig
         spill.WRITER.start()  # its thread, before the lockdown forbids new ones (and then filters it too)
+        mac_prepare()  # the spill file's MAC: OpenSSL reads its configuration on first use
         engine.lockdown("setup")
         config = TemplateConfig(args.template, default_preload())
         template = Template.ensure(config, engine, progress=lambda m: wire.send(sock, {"event": "log", "text": m}))

@@ -37,6 +37,9 @@ except ImportError as exc:  # pragma: no cover - only without a build
     raise ImportError("zeroboot_kernel._native is not built: run `pip install -e .` (or ./setup.sh) "
                       "in the zeroboot-kernel checkout") from exc
 
+PAGE_SIZE = 4096                  # a guest page (ZB_PAGE)
+SPILL_ALIGN = lib.ZB_SPILL_ALIGN  # where a spill record and its page contents start (zb_spill_write)
+
 
 class EventKind(enum.IntEnum):
     EXIT = lib.ZB_EVENT_EXIT
@@ -547,11 +550,11 @@ class Snapshot:
         """A job that writes this snapshot to a spill file (zb_spill_prepare): it holds the
         snapshot until freed, whatever happens to this object."""
         err = _err()
-        state_len, pages_len = ffi.new("uint64_t *"), ffi.new("uint64_t *")
-        handle = lib.zb_spill_prepare(self.handle, state_len, pages_len, err)
+        state_len, records, stored = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        handle = lib.zb_spill_prepare(self.handle, state_len, records, stored, err)
         if handle == ffi.NULL:
             raise SandboxError(_text(err))
-        return SpillJob(handle, int(state_len[0]), int(pages_len[0]))
+        return SpillJob(handle, int(state_len[0]), int(records[0]), int(stored[0]))
 
     @classmethod
     def load_bytes(cls, state: bytes, mem_fd: int, engine: Engine | None = None) -> Snapshot:
@@ -569,6 +572,17 @@ class Snapshot:
         sandbox of this lineage can be restored to it."""
         err = _err()
         handle = lib.zb_snapshot_load_delta(self.handle, state, len(state), pages, len(pages), err)
+        if handle == ffi.NULL:
+            raise SandboxError(_text(err))
+        return Snapshot(self.engine, handle)
+
+    def load_aligned(self, state: bytes, words: memoryview, stored: int, fd: int, offset: int, mac: Mac) -> Snapshot:
+        """The same from a spill record in the aligned layout (zb_snapshot_load_aligned): the page
+        contents (stored pages of them) read from fd at offset straight into the snapshot and added to mac, whose tag the
+        caller checks before it uses the snapshot (and releases it if the tag is wrong)."""
+        err = _err()
+        handle = lib.zb_snapshot_load_aligned(self.handle, state, len(state), ffi.from_buffer(words), len(words) // 8,
+                                              stored, fd, offset, mac.handle, err)
         if handle == ffi.NULL:
             raise SandboxError(_text(err))
         return Snapshot(self.engine, handle)
@@ -596,21 +610,30 @@ class Snapshot:
 class SpillJob:
     """A snapshot being written to a spill file (checkpoint_spill.py). prepare (Snapshot.spill_job)
     and free run on the engine's thread; write, on the spill writer's thread, while the engine goes
-    on (the call releases the GIL). free only after write returned (or was never called)."""
+    on (the call releases the GIL). free only after write returned (or was never called).
+    records: the page records of the delta; stored: those with contents (the others are zero pages)."""
 
-    def __init__(self, handle: Any, state_len: int, pages_len: int) -> None:
+    def __init__(self, handle: Any, state_len: int, records: int, stored: int) -> None:
         self.handle = handle
         self.state_len = state_len
-        self.pages_len = pages_len
+        self.records = records
+        self.stored = stored
 
-    def write(self, fd: int, offset: int, head: bytes, key: bytes, mac_len: int) -> bytes:
-        """Write the record at offset (head, state, page records, MAC); the MAC. OSError-free:
-        SandboxError saying what failed."""
+    @property
+    def pages_len(self) -> int:
+        """The page records' bytes in zb_snapshot_save_delta's format (what load_delta takes)."""
+        return 8 * self.records + PAGE_SIZE * self.stored
+
+    def write(self, fd: int, direct_fd: int, offset: int, head: bytes, key: bytes, nonce: bytes,
+              mac_len: int) -> bytes:
+        """Write the record at offset in the aligned layout (zb_spill_write: head, state, page
+        index, page contents through direct_fd, MAC); the MAC. SandboxError saying what failed."""
         if self.handle is None:
             raise SandboxError("this spill job was freed")
         err = _err()
         mac = ffi.new("uint8_t[]", mac_len)
-        if lib.zb_spill_write(self.handle, fd, offset, head, len(head), key, len(key), mac, mac_len, err) < 0:
+        if lib.zb_spill_write(self.handle, fd, direct_fd, offset, head, len(head), key, len(key), nonce, len(nonce),
+                              mac, mac_len, err) < 0:
             raise SandboxError(_text(err))
         return bytes(ffi.buffer(mac, mac_len))
 
@@ -618,6 +641,53 @@ class SpillJob:
         if self.handle is not None:
             lib.zb_spill_job_free(self.handle)
             self.handle = None
+
+
+class Mac:
+    """The spill file's MAC (zb_mac_*: GMAC with a key and a nonce it must never see twice), fed
+    in parts like hashlib's objects; digest() ends it."""
+
+    KEY_BYTES = lib.ZB_MAC_KEY_BYTES
+    NONCE_BYTES = lib.ZB_MAC_NONCE_BYTES
+    TAG_BYTES = lib.ZB_MAC_TAG_BYTES
+
+    def __init__(self, key: bytes, nonce: bytes) -> None:
+        err = _err()
+        handle = lib.zb_mac_begin(key, len(key), nonce, len(nonce), err)
+        if handle == ffi.NULL:
+            raise SandboxError(_text(err))
+        self._raw = handle
+        self._handle: Any = ffi.gc(handle, lib.zb_mac_abandon)
+
+    @property
+    def handle(self) -> Any:
+        """The zb_mac, for a native call that adds bytes to it (SandboxError once ended)."""
+        if self._handle is None:
+            raise SandboxError("this MAC has ended")
+        return self._raw
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        if self._handle is None:
+            raise SandboxError("this MAC has ended")
+        if lib.zb_mac_update(self._handle, ffi.from_buffer(data), len(data)) < 0:
+            raise SandboxError("the MAC could not take more bytes (OpenSSL refused them)")
+
+    def digest(self, length: int = TAG_BYTES) -> bytes:
+        if self._handle is None:
+            raise SandboxError("this MAC has ended")
+        ffi.gc(self._handle, None)  # zb_mac_end frees it
+        self._handle = None
+        err, tag = _err(), ffi.new("uint8_t[]", length)
+        if lib.zb_mac_end(self._raw, tag, length, err) < 0:
+            raise SandboxError(_text(err))
+        return bytes(ffi.buffer(tag, length))
+
+
+def mac_prepare() -> None:
+    """Load the MAC's cipher now, before the engine's lockdown (zb_mac_prepare)."""
+    err = _err()
+    if lib.zb_mac_prepare(err) < 0:
+        raise SandboxError(_text(err))
 
 
 def snapshots_memory(snapshots: list[Snapshot]) -> int:

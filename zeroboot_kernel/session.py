@@ -518,8 +518,7 @@ class Session:
         if self.spill is None or cp.spilled is None:
             raise SandboxError(f"the checkpoint before cell [{cp.number}] is neither in memory nor on disk")
         try:
-            state, pages = self.spill.read(cp.spilled, self._memory_size())
-            return self.clean.load_delta(state, pages)
+            return self.spill.load(cp.spilled, self.clean, self._memory_size())
         except (spill.SpillError, SandboxError) as exc:
             self._leave_gap(cp, f"its copy on disk could not be read back ({exc})")
             self._trim_gaps()
@@ -880,16 +879,17 @@ class Session:
                     job.free()
                     return "behind"
                 self._reap_spills(wait=True)  # bounded: the writes in flight hold memory until they end
-            if not self.spill.fits(raw) and raw + spill.HEAD.size + spill.MAC_BYTES > self.spill.limit:
+            length = spill.aligned_length(job.state_len, job.records, job.stored)
+            if spill.span(length) > self.spill.limit:
                 self.spill_reason = (f"a checkpoint of {budget.mib(raw)} is larger than the whole disk budget "
                                      f"({budget.mib(self.spill.limit)}, {spill.ENV})")
                 job.free()
                 return "no"
-            while not self.spill.fits(raw) and self.checkpoints and self.checkpoints[0].snapshot is None:
+            while not self.spill.fits(length) and self.checkpoints and self.checkpoints[0].snapshot is None:
                 old = self.checkpoints.popleft()
                 self._forget(old)
                 dropped.append(old.number)
-            ref = self.spill.reserve(job.state_len, job.pages_len)
+            ref = self.spill.reserve(job.state_len, job.records, job.stored)
         except (spill.SpillError, SandboxError, OSError) as exc:
             if job is not None:
                 job.free()
@@ -897,8 +897,8 @@ class Session:
             self.spill_reason = f"spilling failed: {exc}"
             return "no"
         cp.spilled = ref
-        cp.writing = spill.PendingSpill(job, ref, self.spill.fd, self.spill.head(ref, job.state_len, job.pages_len),
-                                        self.spill.key)
+        cp.writing = spill.PendingSpill(job, ref, self.spill.fd, self.spill.direct_fd,
+                                        self.spill.head(ref, job.state_len, job.records, job.stored), self.spill.key)
         spill.WRITER.submit(cp.writing)
         self.budget_spilled += 1
         if not self._told_spill:
