@@ -68,12 +68,24 @@ def test_spilled_checkpoints_rewind_exactly_and_are_listed(template) -> None:
         pass
 
 
-def test_a_corrupt_spill_fails_that_rewind_only(template) -> None:
+def _spilled(template, last: int) -> Session:
+    """A session whose cells 2..last each replaced 48 MiB under a 120 MiB budget, waiting for the
+    spill writer: its older checkpoints are on disk."""
     s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30, spill_waits=True)
     try:
         assert run(s, "import numpy as np, hashlib", 1)["status"] == "ok"
-        for n in range(2, 8):
+        for n in range(2, last + 1):
             assert run(s, CELL.format(n=n), n)["status"] == "ok"
+        assert s.spill is not None
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def test_a_corrupt_spill_fails_that_rewind_only(template) -> None:
+    s = _spilled(template, 7)
+    try:
         assert s.spill is not None
         disk = [cp for cp in s.checkpoints if cp.spilled is not None]
         assert len(disk) >= 2
@@ -97,11 +109,8 @@ def test_every_part_of_an_aligned_record_is_checked(template) -> None:
     """The spill writer's records (header, state, page index, zeros, page contents read straight
     into the snapshot, MAC): a flipped byte anywhere, or a cut-off file, is a SpillError and no
     snapshot; restored, the record loads."""
-    s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30, spill_waits=True)
+    s = _spilled(template, 5)
     try:
-        assert run(s, "import numpy as np, hashlib", 1)["status"] == "ok"
-        for n in range(2, 6):
-            assert run(s, CELL.format(n=n), n)["status"] == "ok"
         assert s.spill is not None
         s._reap_spills(wait=True)
         ref = max((cp.spilled for cp in s.checkpoints if cp.spilled is not None and not cp.spilled.pending),
@@ -422,15 +431,17 @@ def test_a_failed_write_drops_that_checkpoint(template) -> None:
         s.close()
 
 
-def test_a_checkpoint_to_spill_while_the_writer_is_busy_is_dropped_as_a_gap(template) -> None:
-    """The default (ZEROBOOT_CHECKPOINT_SPILL_BEHIND=drop): with the writer held (busy), checkpoints
-    that must leave memory beyond what may be in flight are dropped instead of waiting, so the next
-    cells run while the writer is still held. Each leaves a gap: %rewind to it is refused, saying
-    why and how far %rewind still goes, the others keep their depth and rewind exactly, and the user
-    is told once."""
+@pytest.mark.parametrize("wait_s", [0.0, 0.3], ids=["drop", "bounded"])
+def test_a_checkpoint_to_spill_while_the_writer_is_busy_is_dropped_as_a_gap(template, wait_s: float) -> None:
+    """ZEROBOOT_CHECKPOINT_SPILL_BEHIND=drop, and the default (bounded) once its wait is over: with
+    the writer held (busy), checkpoints that must leave memory beyond what may be in flight are
+    dropped instead of waiting longer, so the next cells run while the writer is still held. Each
+    leaves a gap: %rewind to it is refused, saying why and how far %rewind still goes, the others
+    keep their depth and rewind exactly, and the user is told once."""
     import threading
 
-    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30, spill_waits=False)
+    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30, spill_waits=None)
+    s.spill_wait_s = wait_s  # the default's bound, shortened: the held writer never ends meanwhile
     try:
         notes: list[str] = []
         cp = _one_writing(s)  # the writer is held with spills in flight
@@ -473,12 +484,47 @@ def test_a_checkpoint_to_spill_while_the_writer_is_busy_is_dropped_as_a_gap(temp
         s.close()
 
 
+def test_the_default_waits_for_a_writer_that_catches_up(template) -> None:
+    """The default (bounded): a checkpoint that must leave memory while the writer is busy waits for
+    it (its bound, generous here, is not reached), and once the writer goes on, every checkpoint is
+    kept, in memory or on disk, with no gap; %rewind reaches them exactly."""
+    import threading
+
+    s = Session(template, checkpoint_memory=4 << 30, checkpoint_disk=2 << 30, spill_waits=None)
+    assert s.spill_wait_s == spill.WAIT_BOUND_S
+    s.spill_wait_s = 600.0
+    try:
+        cp = _one_writing(s)  # the writer is held with spills in flight
+        done: list[dict] = []
+
+        def cells() -> None:
+            s.set_budget(64 * MIB)  # as in the test above: this and the next cells push checkpoints out
+            done.extend(run(s, CELL.format(n=n), n) for n in (6, 7))
+
+        worker = threading.Thread(target=cells, daemon=True)
+        worker.start()
+        worker.join(1.0)
+        assert worker.is_alive(), "the cell did not wait for the held writer"
+        spill.WRITER.release()
+        worker.join(600)
+        assert not worker.is_alive() and [r["status"] for r in done] == ["ok", "ok"]
+        s._reap_spills(wait=True)
+        where = [c.where() for c in s.checkpoints]
+        assert "dropped" not in where and s.spill_gaps == 0 and where.count("disk") >= 3, where
+        depth_of = {c.number: len(s.checkpoints) - i for i, c in enumerate(s.checkpoints)}
+        assert "from disk" in s.rewind(depth_of[cp.number])
+        _exact(s, cp)
+    finally:
+        spill.WRITER.release()
+        s.close()
+
+
 def test_spill_behind_setting_is_parsed() -> None:
-    assert spill.waits_from_env({}) is False
-    assert spill.waits_from_env({spill.BEHIND_ENV: "drop"}) is False
-    assert spill.waits_from_env({spill.BEHIND_ENV: " Wait "}) is True
-    with pytest.raises(BudgetSyntaxError, match="drop, wait"):
-        spill.waits_from_env({spill.BEHIND_ENV: "sometimes"})
+    assert spill.wait_from_env({}) == spill.WAIT_BOUND_S == spill.wait_from_env({spill.BEHIND_ENV: "bounded"})
+    assert spill.wait_from_env({spill.BEHIND_ENV: "drop"}) == 0
+    assert spill.wait_from_env({spill.BEHIND_ENV: " Wait "}) == float("inf")
+    with pytest.raises(BudgetSyntaxError, match="bounded, drop, wait"):
+        spill.wait_from_env({spill.BEHIND_ENV: "sometimes"})
 
 
 def test_an_idle_engine_releases_a_checkpoint_once_its_spill_is_written(template) -> None:

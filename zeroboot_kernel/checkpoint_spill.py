@@ -18,8 +18,9 @@ The writer can be slower than cells that replace their data (~400 MB in 0.3-0.4 
 ~0.2-0.3 s for such a cell and its checkpoint; through the page cache and with a portable BLAKE2b
 MAC it took 1.5 s), and what is in flight is held in memory, so it is bounded (Session._writing_cap). A
 checkpoint that must leave memory while that bound is reached is dropped (a gap in %rewind's list:
-%rewind to it is refused, saying why), so a Run All never waits for the disk; with
-ZEROBOOT_CHECKPOINT_SPILL_BEHIND=wait the session waits for the writer instead and keeps it.
+%rewind to it is refused, saying why) if the writer has not caught up within WAIT_BOUND_S, so a
+Run All waits for the disk at most that long per cell (ZEROBOOT_CHECKPOINT_SPILL_BEHIND=wait: as long
+as it takes; =drop: never, as before the writer kept up with such cells).
 
 The file:
 - is created by the engine process itself, before its run-phase lockdown (which forbids creating
@@ -58,6 +59,7 @@ from __future__ import annotations
 import hmac
 import io
 import logging
+import math
 import os
 import queue
 import re
@@ -80,8 +82,9 @@ if TYPE_CHECKING:  # the kernel process reads this module's settings without the
 log = logging.getLogger(__name__)
 
 ENV = "ZEROBOOT_CHECKPOINT_DISK"
-BEHIND_ENV = "ZEROBOOT_CHECKPOINT_SPILL_BEHIND"  # drop (default) or wait: see waits_from_env
-BEHIND_CHOICES = ("", "drop", "wait")
+BEHIND_ENV = "ZEROBOOT_CHECKPOINT_SPILL_BEHIND"  # bounded (default), drop or wait: see wait_from_env
+BEHIND_CHOICES = ("", "bounded", "drop", "wait")
+WAIT_BOUND_S = 2.0             # "bounded": the longest a checkpoint waits for the writes in flight
 MAGIC = b"ZBSPILL\x01"
 HEAD = struct.Struct("<8sQBQQQQ")
 MAC_BYTES = 16                 # ZB_MAC_TAG_BYTES: GMAC's tag
@@ -112,15 +115,18 @@ def from_env(env: Mapping[str, str] | None = None) -> int | None:
         raise BudgetSyntaxError(f"{ENV}={value!r}: {exc}") from None
 
 
-def waits_from_env(env: Mapping[str, str] | None = None) -> bool:
-    """What a checkpoint that must leave memory while the writer is still busy does (BEHIND_ENV):
-    "drop" (the default) drops it, so that the next cell never waits for the disk; "wait" waits for
-    the writer, so that %rewind keeps every checkpoint (a Run All of cells that each replace a lot
-    of data then goes at the disk writer's speed). Raises BudgetSyntaxError for another value."""
+def wait_from_env(env: Mapping[str, str] | None = None) -> float:
+    """How long a checkpoint that must leave memory while the writer is still busy waits for it
+    (BEHIND_ENV), in seconds; if the writes in flight have not ended by then, it is dropped (a gap
+    for %rewind). "bounded" (the default): WAIT_BOUND_S, which a disk of ~200 MB/s meets for a
+    checkpoint of 400 MB, so that %rewind keeps every checkpoint where the disk keeps up and a
+    slow disk costs a Run All at most that much per cell; "wait": as long as it takes (Run All goes
+    at the disk's speed); "drop": not at all (the next cell never waits for the disk). Raises
+    BudgetSyntaxError for another value."""
     value = (env if env is not None else os.environ).get(BEHIND_ENV, "").strip().lower()
     if value not in BEHIND_CHOICES:
         raise BudgetSyntaxError(f"{BEHIND_ENV}={value!r}: give one of {', '.join(c for c in BEHIND_CHOICES if c)}")
-    return value == "wait"
+    return {"drop": 0.0, "wait": math.inf}.get(value, WAIT_BOUND_S)
 
 
 def default_disk_budget(directory: Path) -> int:

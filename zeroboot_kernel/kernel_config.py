@@ -8,8 +8,9 @@
     ZEROBOOT_CHECKPOINT_MEMORY  memory the checkpoints may hold (e.g. 2G; default: see checkpoint_budget.py)
     ZEROBOOT_CHECKPOINT_DISK    disk the checkpoints spilled over that budget may use (e.g. 8G; 0: drop
                                 them instead; default: see checkpoint_spill.py)
-    ZEROBOOT_CHECKPOINT_SPILL_BEHIND  drop (default) or wait: a checkpoint to spill while the disk
-                                writer is still busy is dropped (a gap for %rewind) or waited for
+    ZEROBOOT_CHECKPOINT_SPILL_BEHIND  bounded (default), wait or drop: a checkpoint to spill while the
+                                disk writer is still busy waits for it up to 2 s, as long as it takes,
+                                or not at all, and is otherwise dropped (a gap for %rewind)
     ZEROBOOT_HIDE          paths in the notebook's folder the sandbox does not see, ':'-separated,
                            relative to the folder; "none" hides nothing; default: DEFAULT_HIDDEN
     ZEROBOOT_OUTPUTS       trusted (default) or safe: what rich outputs may do in the browser
@@ -91,7 +92,7 @@ class KernelSettings:
         try:
             checkpoint_budget.from_env(env)  # read by the engine process (it inherits the env)
             checkpoint_spill.from_env(env)
-            checkpoint_spill.waits_from_env(env)
+            checkpoint_spill.wait_from_env(env)
         except checkpoint_budget.BudgetSyntaxError as exc:
             raise KernelConfigError(str(exc)) from None
         files = (env.get("ZEROBOOT_FILES") or "overlay").strip().lower()

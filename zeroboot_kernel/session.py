@@ -14,6 +14,7 @@ Completion and inspection run against the current state and are rolled back afte
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -88,7 +89,8 @@ class Session:
         checkpoint_disk: the spill file's disk budget (None: ZEROBOOT_CHECKPOINT_DISK, else
         checkpoint_spill's default; 0: checkpoints over the memory budget are dropped, not spilled);
         spill_waits: a checkpoint that must leave memory while the spill writer is still busy waits
-        for it (True) or is dropped (False; None: ZEROBOOT_CHECKPOINT_SPILL_BEHIND, default drop).
+        for it (True) or is dropped (False; None: ZEROBOOT_CHECKPOINT_SPILL_BEHIND, default: waits
+        up to checkpoint_spill.WAIT_BOUND_S, then is dropped).
         The spill file is created here, before the engine process's run-phase lockdown."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -154,7 +156,8 @@ class Session:
         self.budget_spilled = 0             # checkpoints spilled to disk for the budget, this session
         self.spill: spill.SpillFile | None = None
         self.spill_reason = ""              # why there is no spill file ("" when there is one)
-        self.spill_waits = spill.waits_from_env() if spill_waits is None else spill_waits
+        # seconds a checkpoint that must leave memory waits for the spill writer (wait_from_env)
+        self.spill_wait_s = spill.wait_from_env() if spill_waits is None else math.inf if spill_waits else 0.0
         self.spill_gaps = 0                 # checkpoints dropped because the spill writer was behind
         self._told_behind = False
         self._open_spill(checkpoint_disk)
@@ -863,7 +866,7 @@ class Session:
         there by dropping the oldest spilled checkpoints (their numbers go to `dropped`). The spill
         writer writes it while the session goes on; its snapshot is released when the write is done
         (_reap_spills). Writes in flight hold at most _writing_cap() bytes: one that would go over
-        waits here for those before it when spill_waits, else it is not written ("behind": the
+        waits here for those before it up to spill_wait_s, else it is not written ("behind": the
         caller drops it and leaves a gap, so the next cell never waits for the disk). "spilled" when
         the write started; "no" when there is no spill file, it is larger than the whole disk
         budget, or it cannot start: then it is dropped."""
@@ -874,11 +877,10 @@ class Session:
         try:
             job = cp.snapshot.spill_job()
             raw = job.state_len + job.pages_len
-            if self.writing_bytes() and self.writing_bytes() + raw > self._writing_cap():
-                if not self.spill_waits:
-                    job.free()
-                    return "behind"
-                self._reap_spills(wait=True)  # bounded: the writes in flight hold memory until they end
+            if self.writing_bytes() and self.writing_bytes() + raw > self._writing_cap() \
+                    and not self._writer_caught_up(raw):
+                job.free()
+                return "behind"
             length = spill.aligned_length(job.state_len, job.records, job.stored)
             if spill.span(length) > self.spill.limit:
                 self.spill_reason = (f"a checkpoint of {budget.mib(raw)} is larger than the whole disk budget "
@@ -909,6 +911,21 @@ class Session:
                 f"{spill.ENV}) and %rewind reads them back. `%sandbox checkpoints` shows where each is. "
                 f"(Told once per session.)\n")
         return "spilled"
+
+    def _writer_caught_up(self, raw: int) -> bool:
+        """Wait up to spill_wait_s for the writes in flight (they hold memory until they end, so
+        what is in flight is bounded); whether a checkpoint of raw bytes can be written now."""
+        if self.spill_wait_s <= 0:
+            return False
+        if math.isinf(self.spill_wait_s):
+            self._reap_spills(wait=True)
+            return True
+        deadline = time.monotonic() + self.spill_wait_s
+        for cp in self.checkpoints:
+            if cp.writing is not None and not cp.writing.done.wait(max(0.0, deadline - time.monotonic())):
+                break
+        self._reap_spills()
+        return not self.writing_bytes() or self.writing_bytes() + raw <= self._writing_cap()
 
     def _reap_spills(self, wait: bool = False) -> None:
         """Take the results of the spill writer (on the session's thread, which alone touches
@@ -1016,9 +1033,9 @@ class Session:
             which = f"the checkpoint before cell [{gaps[-1]}]" if gaps else "an older checkpoint"
             self._budget_notices.append(
                 f"[zeroboot] cells ran faster than their checkpoints could be written to disk: {which} was "
-                f"dropped instead of making the next cell wait, so `%rewind` cannot return to it (it can to the "
-                f"others; `%sandbox checkpoints` shows the gaps). {spill.BEHIND_ENV}=wait keeps every checkpoint, "
-                f"and then cells wait for the disk. (Told once per session.)\n")
+                f"dropped instead of making the next cell wait longer, so `%rewind` cannot return to it (it can "
+                f"to the others; `%sandbox checkpoints` shows the gaps). {spill.BEHIND_ENV}=wait keeps every "
+                f"checkpoint, and then cells wait for the disk. (Told once per session.)\n")
 
     @staticmethod
     def _dropped_reason(limit: int) -> str:
