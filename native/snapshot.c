@@ -541,7 +541,7 @@ int zb_snapshot_fill_delta(zb_snapshot *s, const uint8_t *pages, size_t len, cha
 }
 
 int zb_snapshot_fill_index(zb_snapshot *s, const uint8_t *words, uint64_t nwords, uint64_t stored, int fd,
-                           uint64_t offset, zb_mac *mac, char *err) {
+                           int direct_fd, uint64_t offset, zb_mac *mac, char *err) {
     uint64_t npages = s->nchunks * CHUNK_PAGES, nstored = 0, last = 0;
     if (nwords > npages) { zb_seterr(err, "the saved pages are more than the guest's memory"); return -1; }
     for (uint64_t i = 0; i < nwords; i++) {
@@ -552,9 +552,14 @@ int zb_snapshot_fill_index(zb_snapshot *s, const uint8_t *words, uint64_t nwords
     }
     if (nstored != stored) { zb_seterr(err, "the saved pages are corrupt (the index names another number of pages)"); return -1; }
     if (!(s->own = store_new(nstored, err))) return -1;
+    int from = direct_fd >= 0 ? direct_fd : fd;
     for (uint64_t done = 0, total = nstored * ZB_PAGE; done < total;) { /* straight into the store */
-        ssize_t k = pread(fd, s->own->map + done, total - done, (off_t)(offset + done));
+        ssize_t k = pread(from, s->own->map + done, total - done, (off_t)(offset + done));
         if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && from != fd) { /* a file system that takes no O_DIRECT read like this one */
+            from = fd;
+            continue;
+        }
         if (k <= 0) {
             zb_seterr(err, "cannot read the saved pages: %s", k < 0 ? strerror(errno) : "the file is shorter (truncated)");
             return -1;

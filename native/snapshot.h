@@ -79,9 +79,11 @@ void zb_guest_state_free(zb_guest_state *st);
  * a delta (zb_snapshot_save_delta), checked as untrusted input; -1 with err (the caller releases s). */
 int zb_snapshot_fill_delta(zb_snapshot *s, const uint8_t *pages, size_t len, char *err);
 /* The same from an aligned spill record (zb_spill_write): the page records' words, of which `stored`
- * must be stored pages (not zero pages), and those pages' contents read from fd at offset straight into the snapshot's store, added to mac (if any)
- * as read; -1 with err (the caller releases s and must not use it). */
+ * must be stored pages (not zero pages), and those pages' contents read from the file at offset
+ * straight into the snapshot's store (through direct_fd, the file opened O_DIRECT, unless it is -1
+ * or refuses the read; else through fd), added to mac (if any) as read; -1 with err (the caller
+ * releases s and must not use it). */
 int zb_snapshot_fill_index(zb_snapshot *s, const uint8_t *words, uint64_t nwords, uint64_t stored, int fd,
-                           uint64_t offset, zb_mac *mac, char *err);
+                           int direct_fd, uint64_t offset, zb_mac *mac, char *err);
 
 #endif

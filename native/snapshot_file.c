@@ -392,10 +392,10 @@ zb_snapshot *zb_snapshot_load_delta(zb_snapshot *base, const uint8_t *state, siz
 }
 
 zb_snapshot *zb_snapshot_load_aligned(zb_snapshot *base, const uint8_t *state, size_t state_len, const uint8_t *words,
-                                      uint64_t nwords, uint64_t stored, int fd, uint64_t offset, zb_mac *mac,
-                                      char *err) {
+                                      uint64_t nwords, uint64_t stored, int fd, int direct_fd, uint64_t offset,
+                                      zb_mac *mac, char *err) {
     zb_snapshot *s = delta_state(base, state, state_len, err);
-    if (s && zb_snapshot_fill_index(s, words, nwords, stored, fd, offset, mac, err) < 0) {
+    if (s && zb_snapshot_fill_index(s, words, nwords, stored, fd, direct_fd, offset, mac, err) < 0) {
         zb_snapshot_release(s);
         return NULL;
     }
@@ -451,6 +451,7 @@ zb_spill_job *zb_spill_prepare(zb_snapshot *s, uint64_t *state_len, uint64_t *re
 
 typedef struct {
     int fd;
+    int fallback_fd; /* when fd is the O_DIRECT one: where a write it refuses goes instead (-1: none) */
     uint64_t pos;
     struct iovec iov[SPILL_IOV];
     uint64_t words[SPILL_IOV];
@@ -464,6 +465,11 @@ static void spill_flush(spill_out *w) {
     while (!w->error && n > 0) {
         ssize_t k = pwritev(w->fd, iov, n, (off_t)w->pos);
         if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && w->fallback_fd >= 0) { /* a file system that takes no O_DIRECT write like this one */
+            w->fd = w->fallback_fd;
+            w->fallback_fd = -1;
+            continue;
+        }
         if (k <= 0) { w->error = k < 0 ? errno : ENOSPC; break; }
         w->pos += (uint64_t)k;
         while (n > 0 && (size_t)k >= iov->iov_len) { k -= (ssize_t)iov->iov_len; iov++; n--; }
@@ -534,12 +540,17 @@ int zb_spill_write(zb_spill_job *j, int fd, int direct_fd, uint64_t offset, cons
     if (!w) { zb_seterr(err, "out of memory"); return -1; }
     if (!(w->mac = zb_mac_begin(key, key_len, nonce, nonce_len, err))) { free(w); return -1; }
     w->fd = fd;
+    w->fallback_fd = -1;
     w->pos = offset + head_len;
     spill_index(w, j, offset, head_len);
     uint64_t pages_end = w->pos + j->stored * ZB_PAGE;
-    if (direct_fd >= 0) w->fd = direct_fd;
+    if (direct_fd >= 0) {
+        w->fd = direct_fd;
+        w->fallback_fd = fd;
+    }
     spill_pages(w, j);
     w->fd = fd;
+    w->fallback_fd = -1;
     if (!w->error && w->pos != pages_end) w->error = EIO;
     if (!w->error && zb_mac_update(w->mac, head, head_len) < 0) w->error = EPROTO; /* the body, then the header */
     zb_mac *mac = w->mac;

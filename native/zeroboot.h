@@ -387,12 +387,13 @@ zb_snapshot *zb_snapshot_load_bytes(zb_engine *engine, const uint8_t *state, siz
 zb_snapshot *zb_snapshot_load_delta(zb_snapshot *base, const uint8_t *state, size_t state_len, const uint8_t *pages,
                                     size_t pages_len, char *err);
 /* The same from a spill record in the aligned layout (zb_spill_write): the state and the page
- * records' words (nwords u64s, `stored` of them stored pages) in memory, their contents read from fd at offset
- * straight into the snapshot (which must be a multiple of ZB_SPILL_ALIGN if fd is O_DIRECT), each
- * byte added to mac as read, so that the caller checks the record's MAC before it uses the snapshot. */
+ * records' words (nwords u64s, `stored` of them stored pages) in memory, their contents read from
+ * the file at offset (a multiple of ZB_SPILL_ALIGN) straight into the snapshot, through direct_fd
+ * (the file opened O_DIRECT; -1: none) or, where that is refused, fd, each byte added to mac as
+ * read, so that the caller checks the record's MAC before it uses the snapshot. */
 zb_snapshot *zb_snapshot_load_aligned(zb_snapshot *base, const uint8_t *state, size_t state_len, const uint8_t *words,
-                                      uint64_t nwords, uint64_t stored, int fd, uint64_t offset, zb_mac *mac,
-                                      char *err);
+                                      uint64_t nwords, uint64_t stored, int fd, int direct_fd, uint64_t offset,
+                                      zb_mac *mac, char *err);
 void zb_snapshot_release(zb_snapshot *snap);
 /* A checkpoint spilled to disk without holding up the engine (checkpoint_spill.py, snapshot_file.c):
  * prepare (engine thread) holds the snapshot, serializes its state and counts its page records
@@ -403,8 +404,8 @@ void zb_snapshot_release(zb_snapshot *snap);
  * pages' contents in the words' order), then mac_len bytes of the MAC (zb_mac_*, with nonce)
  * over all of it after the head, then the head, also returned in mac_out. The page contents go
  * through direct_fd (the same file opened O_DIRECT, straight from the snapshot's stores and
- * without the page cache; -1: through fd). job_free (engine thread, after write returned)
- * releases the snapshot. */
+ * without the page cache; -1, or where a write through it is refused: through fd). job_free
+ * (engine thread, after write returned) releases the snapshot. */
 #define ZB_SPILL_ALIGN 4096
 typedef struct zb_spill_job zb_spill_job;
 zb_spill_job *zb_spill_prepare(zb_snapshot *snap, uint64_t *state_len, uint64_t *records, uint64_t *stored,

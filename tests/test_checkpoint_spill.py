@@ -146,6 +146,32 @@ def test_every_part_of_an_aligned_record_is_checked(template) -> None:
         s.close()
 
 
+def test_spills_go_through_the_other_descriptor_where_o_direct_is_refused(template) -> None:
+    """A file system that refuses O_DIRECT writes or reads like these: the writer and %rewind use
+    the spill file's buffered descriptor instead, and the checkpoints round-trip as before."""
+    s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30, spill_waits=True)
+    assert s.spill is not None
+    direct = s.spill.direct_fd
+    s.spill.direct_fd = os.open(f"/proc/self/fd/{s.spill.fd}", os.O_RDONLY | os.O_CLOEXEC)  # refuses writes
+    try:
+        assert run(s, "import numpy as np, hashlib", 1)["status"] == "ok"
+        for n in range(2, 7):
+            assert run(s, CELL.format(n=n), n)["status"] == "ok"
+        s._reap_spills(wait=True)
+        disk = [cp for cp in s.checkpoints if cp.where() == "disk"]
+        assert len(disk) >= 3 and not s.spill_reason, ([cp.where() for cp in s.checkpoints], s.spill_reason)
+        os.close(s.spill.direct_fd)
+        s.spill.direct_fd = os.open(f"/proc/self/fd/{s.spill.fd}", os.O_WRONLY | os.O_CLOEXEC)  # refuses reads
+        cp = disk[-1]
+        depth_of = {c.number: len(s.checkpoints) - i for i, c in enumerate(s.checkpoints)}
+        assert "from disk" in s.rewind(depth_of[cp.number])
+        _exact(s, cp)
+    finally:
+        os.close(s.spill.direct_fd)
+        s.spill.direct_fd = direct
+        s.close()
+
+
 def test_corrupt_records_are_refused_before_the_engine_sees_them(tmp_path: Path) -> None:
     f = spill.SpillFile(tmp_path, 64 * MIB)
     try:

@@ -387,10 +387,10 @@ class SpillFile:
         mac = self._mac(ref.record)
         mac.update(prefix)  # state, count, words, zeros
         words = prefix[state_stored + 8:state_stored + 8 + 8 * records]
-        fd = self.direct_fd if self.direct_fd >= 0 else self.fd
         from .native import SandboxError  # the engine's process only
         try:
-            snap = base.load_aligned(bytes(prefix[:state_stored]), words, stored, fd, ref.offset + data, mac)
+            snap = base.load_aligned(bytes(prefix[:state_stored]), words, stored, self.fd, self.direct_fd,
+                                     ref.offset + data, mac)
         except SandboxError as exc:
             raise SpillError(str(exc)) from None
         tag = self._pread(MAC_BYTES, ref.offset + data + PAGE * stored)

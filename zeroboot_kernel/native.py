@@ -576,13 +576,15 @@ class Snapshot:
             raise SandboxError(_text(err))
         return Snapshot(self.engine, handle)
 
-    def load_aligned(self, state: bytes, words: memoryview, stored: int, fd: int, offset: int, mac: Mac) -> Snapshot:
+    def load_aligned(self, state: bytes, words: memoryview, stored: int, fd: int, direct_fd: int, offset: int,
+                     mac: Mac) -> Snapshot:
         """The same from a spill record in the aligned layout (zb_snapshot_load_aligned): the page
-        contents (stored pages of them) read from fd at offset straight into the snapshot and added to mac, whose tag the
+        contents (stored pages of them) read from the file at offset (through direct_fd where it takes
+        the read, else fd) straight into the snapshot and added to mac, whose tag the
         caller checks before it uses the snapshot (and releases it if the tag is wrong)."""
         err = _err()
         handle = lib.zb_snapshot_load_aligned(self.handle, state, len(state), ffi.from_buffer(words), len(words) // 8,
-                                              stored, fd, offset, mac.handle, err)
+                                              stored, fd, direct_fd, offset, mac.handle, err)
         if handle == ffi.NULL:
             raise SandboxError(_text(err))
         return Snapshot(self.engine, handle)
