@@ -511,35 +511,6 @@ static int set_record(zb_snapshot *s, uint64_t word, uint64_t used, char *err) {
     return 0;
 }
 
-int zb_snapshot_fill_delta(zb_snapshot *s, const uint8_t *pages, size_t len, char *err) {
-    uint64_t npages = s->nchunks * CHUNK_PAGES, nstored = 0, last = 0, count = 0;
-    for (size_t pos = 0; pos < len; count++) {
-        uint64_t word;
-        if (len - pos < 8) { zb_seterr(err, "the saved pages are corrupt (a truncated page record)"); return -1; }
-        memcpy(&word, pages + pos, 8);
-        pos += 8;
-        if (record_ok(word, count, &last, npages, err) < 0) return -1;
-        if (word & 1) continue;
-        if (len - pos < ZB_PAGE) { zb_seterr(err, "the saved pages are corrupt (a truncated page)"); return -1; }
-        pos += ZB_PAGE;
-        nstored++;
-    }
-    if (!(s->own = store_new(nstored, err))) return -1;
-    uint64_t used = 0;
-    for (size_t pos = 0; pos < len;) {
-        uint64_t word;
-        memcpy(&word, pages + pos, 8);
-        pos += 8;
-        if (set_record(s, word, used, err) < 0) return -1;
-        if (word & 1) continue;
-        memcpy(s->own->map + used * ZB_PAGE, pages + pos, ZB_PAGE);
-        pos += ZB_PAGE;
-        used++;
-    }
-    s->state_bytes = zb_fdtable_copy_bytes(s->st.fds) + s->st.uart.rx_cap + s->st.uart.tx_cap;
-    return 0;
-}
-
 int zb_snapshot_fill_index(zb_snapshot *s, const uint8_t *words, uint64_t nwords, uint64_t stored, int fd,
                            int direct_fd, uint64_t offset, zb_mac *mac, char *err) {
     uint64_t npages = s->nchunks * CHUNK_PAGES, nstored = 0, last = 0;

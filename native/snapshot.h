@@ -75,10 +75,8 @@ zb_sandbox *zb_snapshot_fork_for(zb_snapshot *snap, int child, char *err);
 /* Free every process of process 1's family but itself (family_run.c): it ended, is restored or freed. */
 void zb_family_end(zb_sandbox *root);
 void zb_guest_state_free(zb_guest_state *st);
-/* Fill a snapshot made by a loader (all chunks the image's, no store yet) with the page records of
- * a delta (zb_snapshot_save_delta), checked as untrusted input; -1 with err (the caller releases s). */
-int zb_snapshot_fill_delta(zb_snapshot *s, const uint8_t *pages, size_t len, char *err);
-/* The same from an aligned spill record (zb_spill_write): the page records' words, of which `stored`
+/* Fill a snapshot made by a loader (all chunks the image's, no store yet) from an aligned spill
+ * record (zb_spill_write), checked as untrusted input: the page records' words, of which `stored`
  * must be stored pages (not zero pages), and those pages' contents read from the file at offset
  * straight into the snapshot's store (through direct_fd, the file opened O_DIRECT, unless it is -1
  * or refuses the read; else through fd), added to mac (if any) as read; -1 with err (the caller

@@ -373,24 +373,8 @@ static zb_snapshot *delta_state(zb_snapshot *base, const uint8_t *state, size_t 
     return s;
 }
 
-/* A snapshot of a delta (zb_snapshot_save_delta's state and page records, e.g. a checkpoint spilled
- * to disk and read back) over the memory image of `base`, so that sandboxes of base's lineage can be
- * restored to it. Both parts are validated like state.bin: bounded sizes, the state by its loader,
- * every page record in range (zb_snapshot_fill_delta). */
-zb_snapshot *zb_snapshot_load_delta(zb_snapshot *base, const uint8_t *state, size_t state_len, const uint8_t *pages,
-                                    size_t pages_len, char *err) {
-    if (base && pages_len > (base->mem_size / ZB_PAGE) * (8 + ZB_PAGE)) {
-        zb_seterr(err, "the saved pages are more than the guest's memory");
-        return NULL;
-    }
-    zb_snapshot *s = delta_state(base, state, state_len, err);
-    if (s && zb_snapshot_fill_delta(s, pages, pages_len, err) < 0) {
-        zb_snapshot_release(s);
-        return NULL;
-    }
-    return s;
-}
-
+/* A snapshot of a spill record (zeroboot.h): the state validated like state.bin's (delta_state),
+ * the page records by zb_snapshot_fill_index. */
 zb_snapshot *zb_snapshot_load_aligned(zb_snapshot *base, const uint8_t *state, size_t state_len, const uint8_t *words,
                                       uint64_t nwords, uint64_t stored, int fd, int direct_fd, uint64_t offset,
                                       zb_mac *mac, char *err) {

@@ -381,12 +381,9 @@ void zb_mac_abandon(zb_mac *m);
  * state.bin) over a memory image fd (duplicated; e.g. a memfd rebuilt from the template's image). */
 int zb_snapshot_save_delta(zb_snapshot *snap, int state_fd, int pages_fd, char *err);
 zb_snapshot *zb_snapshot_load_bytes(zb_engine *engine, const uint8_t *state, size_t state_len, int mem_fd, char *err);
-/* A spilled checkpoint read back (zeroboot_kernel/checkpoint_spill.py): a snapshot of a delta's state
- * and page records (zb_snapshot_save_delta's two streams) over base's memory image, so that a
- * sandbox of base's lineage can be restored to it; both validated as untrusted input. */
-zb_snapshot *zb_snapshot_load_delta(zb_snapshot *base, const uint8_t *state, size_t state_len, const uint8_t *pages,
-                                    size_t pages_len, char *err);
-/* The same from a spill record in the aligned layout (zb_spill_write): the state and the page
+/* A spilled checkpoint read back (zeroboot_kernel/checkpoint_spill.py): a snapshot of a spill
+ * record in the aligned layout (zb_spill_write) over base's memory image, so that a sandbox of
+ * base's lineage can be restored to it, validated as untrusted input: the state and the page
  * records' words (nwords u64s, `stored` of them stored pages) in memory, their contents read from
  * the file at offset (a multiple of ZB_SPILL_ALIGN) straight into the snapshot, through direct_fd
  * (the file opened O_DIRECT; -1: none) or, where that is refused, fd, each byte added to mac as

@@ -3,7 +3,7 @@
 When the checkpoints' memory budget (checkpoint_budget.py) would drop the oldest checkpoint, the
 session writes it here instead (Session._spill_out) and releases its memory once the write is done;
 `%rewind N` to it reads it back as a snapshot over the template's memory image
-(zb_snapshot_load_delta), so the live sandbox is restored to it like to any checkpoint of its lineage.
+(zb_snapshot_load_aligned), so the live sandbox is restored to it like to any checkpoint of its lineage.
 
 The write does not hold up the next request: the engine reserves the record's place (reserve),
 serializes the checkpoint's state and takes a reference to its snapshot (zb_spill_prepare), and the
@@ -30,34 +30,30 @@ The file:
   such name whose process is gone (sweep_leftovers). Never a path from the guest.
 - holds one record per spilled checkpoint: only the pages that differ from the template's memory
   image (zero pages as an index entry only) and the engine's state. Each record starts on an ALIGN
-  block and takes whole blocks (span). The spill writer's records are in the aligned layout below,
-  whose page contents are written with O_DIRECT (a second descriptor of the same file, _open_direct;
-  the page cache throttled a growing file's dirty pages to the disk's write-back speed, and each
-  cost a fresh page of host memory); write() (from memfds, zb_snapshot_save_delta's two streams)
-  compresses with zstd when a sample says it pays (SAMPLE bytes must shrink to COMPRESS_BELOW).
-  Space of records that went (rewound past, dropped) is reused by later records and the file's tail is
+  block and takes whole blocks (span), in the layout below, whose page contents are written with
+  O_DIRECT (a second descriptor of the same file, _open_direct; the page cache throttled a growing
+  file's dirty pages to the disk's write-back speed, and each cost a fresh page of host memory).
+  Records are not compressed (session saves are, session_save.py). Space of records that went (rewound past, dropped) is reused by later records and the file's tail is
   truncated (the run-phase lockdown allows no hole punching); the file never exceeds the disk budget.
 - is read back as untrusted input: the record's position and length are the session's own (kept in
-  memory), every length is bounded before anything is read or decompressed, a MAC (GMAC: AES-256-GCM
+  memory), every length is bounded before anything is read, a MAC (GMAC: AES-256-GCM
   over the bytes as associated data, native.Mac, OpenSSL) with a key that exists only in this process
   and the record's id as its nonce (never given twice) proves the bytes are the ones written, and the engine
   validates the state and page records (snapshot_file.c). A corrupt record is a SpillError for that
   %rewind.
 
-Record layout (little-endian):
-    MAGIC (8) | u64 record id | u8 codec | u64 state raw | u64 state stored | u64 pages raw
+Record layout (little-endian; zb_spill_write writes it):
+    MAGIC (8) | u64 record id | u8 codec (3) | u64 state raw | u64 state stored | u64 pages raw
     | u64 pages stored | state | pages | GMAC tag (16) of the state and pages, then the header
-pages, by codec: raw (0) or zstd (2), written by write(): zb_snapshot_save_delta's page records
-(a u64 word `pfn << 1 | zero`, then 4096 bytes unless zero), as they are or compressed; aligned (3),
-the spill writer's: u64 count | count u64 words | zeros up to an ALIGN boundary of the file | the
-contents of the pages whose word says stored, in order ("pages raw" is the length of the same
-records interleaved); load() reads the contents straight into the snapshot's store
-(zb_snapshot_load_aligned) and checks the MAC before the snapshot is used.
+pages: u64 count | count u64 words (`pfn << 1 | zero`, zb_snapshot_save_delta's) | zeros up to an
+ALIGN boundary of the file | the contents of the pages whose word says stored, in order ("pages
+raw" is the length of the same records interleaved, as zb_snapshot_save_delta writes them). load()
+reads the contents straight into the snapshot's store (zb_snapshot_load_aligned) and checks the
+MAC before the snapshot is used.
 """
 from __future__ import annotations
 
 import hmac
-import io
 import logging
 import math
 import os
@@ -71,7 +67,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-import zstandard
 
 from .checkpoint_budget import BudgetSyntaxError, parse_size
 from .errors import ZerobootError
@@ -90,11 +85,8 @@ HEAD = struct.Struct("<8sQBQQQQ")
 MAC_BYTES = 16                 # ZB_MAC_TAG_BYTES: GMAC's tag
 PAGE = 4096
 ALIGN = 4096                   # ZB_SPILL_ALIGN: records (and the aligned layout's page contents) start on it
-CODEC_RAW, CODEC_ZSTD, CODEC_ALIGNED = 0, 2, 3
+CODEC_ALIGNED = 3              # the record layout below (0 and 2 were records of a writer from memfds)
 MAX_STATE = 2 << 30            # as STATE_MAX_BYTES in native/snapshot_file.c
-BLOCK = 16 << 20               # copied from the engine's memfds in blocks of this size
-SAMPLE = 1 << 20               # compressed as a trial before a record is written ...
-COMPRESS_BELOW = 0.8           # ... and the record is compressed if the trial shrank below this
 DEFAULT_MAX = 16 << 30         # the default disk budget: at most this ...
 DEFAULT_SHARE = 4              # ... and at most 1/DEFAULT_SHARE of the file system's free space
 LEFTOVER_RE = re.compile(r"spill-(\d+)-[0-9a-f]{16}\.tmp")
@@ -243,60 +235,6 @@ class SpillFile:
         """A record of this length (aligned_length, or HEAD + raw + MAC) fits the disk budget now."""
         return self.used + span(length) <= self.limit
 
-    def write(self, state_fd: int, pages_fd: int) -> SpillRef:
-        """A record of the two memfds zb_snapshot_save_delta wrote. SpillError if it does not fit
-        the disk budget (the caller makes room first: fits) or the write fails."""
-        t0 = time.perf_counter()
-        state_raw, pages_raw = os.fstat(state_fd).st_size, os.fstat(pages_fd).st_size
-        raw = state_raw + pages_raw
-        if not self.fits(HEAD.size + raw + MAC_BYTES):
-            raise SpillError(f"a checkpoint of {raw >> 20} MiB does not fit the spill file's disk budget "
-                             f"({self.used >> 20} of {self.limit >> 20} MiB used)")
-        sample = os.pread(pages_fd, SAMPLE, pages_raw // 2 - min(pages_raw // 2, SAMPLE // 2))
-        codec = CODEC_RAW
-        if sample and len(zstandard.ZstdCompressor(level=1).compress(sample)) < len(sample) * COMPRESS_BELOW:
-            codec = CODEC_ZSTD
-        # a raw record's length is known before it is written, so it can fill a gap; a compressed
-        # one's only after it, so it goes at the end of the file
-        off = self._place(HEAD.size + raw + MAC_BYTES) if codec == CODEC_RAW else self.end
-        record = self._next
-        self._next += 1
-        mac = self._mac(record)
-        pos = off + HEAD.size
-        stored = []
-        try:
-            for fd, size in ((state_fd, state_raw), (pages_fd, pages_raw)):
-                start = pos
-                comp = zstandard.ZstdCompressor(level=1).compressobj() if codec == CODEC_ZSTD else None
-                done = 0
-                while done < size:
-                    block = os.pread(fd, min(BLOCK, size - done), done)
-                    if not block:
-                        raise SpillError("a checkpoint's pages were shorter than the engine said")
-                    done += len(block)
-                    out = comp.compress(block) if comp else block
-                    pos = self._pwrite(out, pos, mac)
-                if comp:
-                    pos = self._pwrite(comp.flush(), pos, mac)
-                stored.append(pos - start)
-            head = HEAD.pack(MAGIC, record, codec, state_raw, stored[0], pages_raw, stored[1])
-            mac.update(head)  # the MAC covers the bodies, then the header (written last)
-            self._pwrite_all(head, off)
-            length = HEAD.size + stored[0] + stored[1] + MAC_BYTES
-            self._pwrite_all(mac.digest(), off + length - MAC_BYTES)
-        except OSError as exc:
-            self._give_back(off, HEAD.size + raw + MAC_BYTES if codec == CODEC_RAW else pos - off)
-            raise SpillError(f"cannot write a checkpoint to the spill file: {exc.strerror}") from None
-        except BaseException:
-            self._give_back(off, HEAD.size + raw + MAC_BYTES if codec == CODEC_RAW else pos - off)
-            raise
-        if codec == CODEC_ZSTD:
-            self.end = max(self.end, off + span(length))
-        ref = SpillRef(record, off, length, raw, codec, time.perf_counter() - t0)
-        self.used += span(length)
-        self.live[record] = ref
-        return ref
-
     def _mac(self, record: int) -> Mac:
         from .native import Mac  # the engine's process only (the kernel's reads settings here)
         return Mac(self._key, nonce(record))
@@ -319,19 +257,6 @@ class SpillFile:
         """The header of a reserved aligned record."""
         return HEAD.pack(MAGIC, ref.record, CODEC_ALIGNED, state_len, state_len, 8 * records + PAGE * stored,
                          ref.length - HEAD.size - state_len - MAC_BYTES)
-
-    def _pwrite(self, data: bytes, pos: int, mac: Mac) -> int:
-        mac.update(data)
-        self._pwrite_all(data, pos)
-        return pos + len(data)
-
-    def _pwrite_all(self, data: bytes, pos: int) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.pwrite(self.fd, view, pos)
-            if n <= 0:
-                raise OSError(28, "no space left on device")
-            view, pos = view[n:], pos + n
 
     # ---- freeing ----
     def _give_back(self, off: int, length: int) -> None:
@@ -366,9 +291,6 @@ class SpillFile:
         """A spilled checkpoint as a snapshot over base's memory image, checked; SpillError saying
         what is wrong. An aligned record's page contents are read straight into the snapshot's store
         (through the O_DIRECT descriptor where there is one), the MAC taken as they come in."""
-        if ref.codec != CODEC_ALIGNED:
-            state, pages = self.read(ref, memory_size)
-            return base.load_delta(state, pages)
         self._check_readable(ref, memory_size)
         head = self._pread(HEAD.size, ref.offset)
         magic, record, codec, state_raw, state_stored, pages_raw, pages_stored = HEAD.unpack(head)
@@ -425,29 +347,6 @@ class SpillFile:
             raise SpillError("the spill file is shorter than the checkpoint written to it (truncated)")
         return data
 
-    def read(self, ref: SpillRef, memory_size: int) -> tuple[bytes, bytes]:
-        """(state, page records) of a record of write() (raw or zstd), checked; SpillError saying
-        what is wrong. Aligned records are read by load."""
-        self._check_readable(ref, memory_size)
-        max_pages = (memory_size // PAGE) * (8 + PAGE)
-        data = self._pread(ref.length, ref.offset)
-        body, mac = memoryview(data)[:-MAC_BYTES], data[-MAC_BYTES:]
-        check = self._mac(ref.record)
-        check.update(body[HEAD.size:])
-        check.update(body[:HEAD.size])
-        if not hmac.compare_digest(check.digest(), mac):
-            raise SpillError("the spilled checkpoint was changed on disk since it was written (its checksum does "
-                             "not match)")
-        magic, record, codec, state_raw, state_stored, pages_raw, pages_stored = HEAD.unpack_from(body, 0)
-        if magic != MAGIC or record != ref.record or codec not in (CODEC_RAW, CODEC_ZSTD):
-            raise SpillError("the spilled checkpoint's record header is corrupt")
-        if (state_raw > MAX_STATE or pages_raw > max_pages
-                or HEAD.size + state_stored + pages_stored != len(body)):
-            raise SpillError("the spilled checkpoint's record lengths are corrupt")
-        state = _decode(body[HEAD.size:HEAD.size + state_stored], codec, state_raw, "state")
-        pages = _decode(body[HEAD.size + state_stored:], codec, pages_raw, "pages")
-        return state, pages
-
     def close(self) -> None:
         if self.direct_fd >= 0:
             os.close(self.direct_fd)
@@ -478,21 +377,6 @@ def aligned_length(state_len: int, records: int, stored: int) -> int:
 def nonce(record: int) -> bytes:
     """The MAC's nonce for a record: its id, which the file never gives twice (ZB_MAC_NONCE_BYTES)."""
     return record.to_bytes(12, "little")
-
-
-def _decode(stored: memoryview, codec: int, raw_len: int, what: str) -> bytes:
-    if codec == CODEC_RAW:
-        if len(stored) != raw_len:
-            raise SpillError(f"the spilled checkpoint's {what} lengths disagree")
-        return bytes(stored)
-    try:  # a bounded read: never more than the raw length says, whatever the frame claims
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(stored)) as reader:
-            out = reader.read(raw_len + 1)
-    except zstandard.ZstdError as exc:
-        raise SpillError(f"the spilled checkpoint's {what} does not decompress: {exc}") from None
-    if len(out) != raw_len:
-        raise SpillError(f"the spilled checkpoint's {what} decompresses to another length")
-    return out
 
 
 @dataclass

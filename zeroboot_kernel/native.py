@@ -566,19 +566,11 @@ class Snapshot:
             raise SandboxError(_text(err))
         return cls(engine, handle)
 
-    def load_delta(self, state: bytes, pages: bytes) -> Snapshot:
-        """A snapshot over this snapshot's memory image of a delta's state and page records
-        (save_delta's two streams; a spilled checkpoint read back), validated by the engine: a
-        sandbox of this lineage can be restored to it."""
-        err = _err()
-        handle = lib.zb_snapshot_load_delta(self.handle, state, len(state), pages, len(pages), err)
-        if handle == ffi.NULL:
-            raise SandboxError(_text(err))
-        return Snapshot(self.engine, handle)
-
-    def load_aligned(self, state: bytes, words: memoryview, stored: int, fd: int, direct_fd: int, offset: int,
+    def load_aligned(self, state: bytes, words: bytes | memoryview, stored: int, fd: int, direct_fd: int, offset: int,
                      mac: Mac) -> Snapshot:
-        """The same from a spill record in the aligned layout (zb_snapshot_load_aligned): the page
+        """A snapshot over this snapshot's memory image of a spilled checkpoint's record in the
+        aligned layout (zb_snapshot_load_aligned), validated by the engine, so that a sandbox of
+        this lineage can be restored to it: its state, the page records' words, and the page
         contents (stored pages of them) read from the file at offset (through direct_fd where it takes
         the read, else fd) straight into the snapshot and added to mac, whose tag the
         caller checks before it uses the snapshot (and releases it if the tag is wrong)."""
@@ -623,7 +615,7 @@ class SpillJob:
 
     @property
     def pages_len(self) -> int:
-        """The page records' bytes in zb_snapshot_save_delta's format (what load_delta takes)."""
+        """The page records' bytes as zb_snapshot_save_delta writes them (the record's "pages raw")."""
         return 8 * self.records + PAGE_SIZE * self.stored
 
     def write(self, fd: int, direct_fd: int, offset: int, head: bytes, key: bytes, nonce: bytes,
