@@ -40,11 +40,10 @@ zb_mac *zb_mac_begin(const uint8_t *key, size_t key_len, const uint8_t *nonce, s
 }
 
 int zb_mac_update(zb_mac *m, const uint8_t *p, size_t n) {
-    const uint8_t *b = p;
     while (!m->failed && n > 0) { /* EVP takes an int length */
         int part = n > INT_MAX / 2 ? INT_MAX / 2 : (int)n, outl = 0;
-        if (EVP_EncryptUpdate(m->ctx, NULL, &outl, b, part) != 1) m->failed = 1;
-        b += part;
+        if (EVP_EncryptUpdate(m->ctx, NULL, &outl, p, part) != 1) m->failed = 1;
+        p += part;
         n -= (size_t)part;
     }
     return m->failed ? -1 : 0;

@@ -485,11 +485,12 @@ static void snapshot_free(zb_snapshot *s) {
     free(s);
 }
 
-/* The page records of a delta (zb_snapshot_save_delta's format: u64 index << 1 | zero, then the
- * page unless it is a zero page) into s, whose chunks are all still the image's. The records come
- * from a file (a spilled checkpoint): every index must be within guest memory and above the one
- * before, every page whole, before anything is allocated. */
-/* A delta's page record number `count` names a page of the guest, after the one before it. */
+/* The page records of a spilled checkpoint (u64 words `index << 1 | zero`, as zb_snapshot_save_delta
+ * writes them, and the stored pages' contents) into s, whose chunks are all still the image's. They
+ * come from a file: every index must be within guest memory and above the one before, and the
+ * stored pages as many as the record holds, before anything is allocated. */
+
+/* Page record number `count` names a page of the guest, after the one before it. */
 static int record_ok(uint64_t word, uint64_t count, uint64_t *last, uint64_t npages, char *err) {
     uint64_t index = word >> 1;
     if (index >= npages || (count && index <= *last)) {

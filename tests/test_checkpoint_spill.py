@@ -175,7 +175,10 @@ def test_spills_go_through_the_other_descriptor_where_o_direct_is_refused(templa
 def test_the_mac_is_gmac_and_parts_add_up() -> None:
     """native.Mac is AES-256-GCM's tag over the bytes as associated data (checked against another
     implementation where one is installed), whatever the parts they come in; the nonce counts."""
-    from zeroboot_kernel.native import Mac
+    from zeroboot_kernel.native import SPILL_ALIGN, Mac
+    # checkpoint_spill restates the engine's constants (it is imported where the engine is not)
+    assert (spill.ALIGN, spill.MAC_BYTES, spill.KEY_BYTES, len(spill.nonce(1))) == \
+        (SPILL_ALIGN, Mac.TAG_BYTES, Mac.KEY_BYTES, Mac.NONCE_BYTES)
     key, data = os.urandom(32), os.urandom(3 * 4096 + 17)
     whole = Mac(key, spill.nonce(7))
     whole.update(data)

@@ -33,8 +33,9 @@ The file:
   block and takes whole blocks (span), in the layout below, whose page contents are written with
   O_DIRECT (a second descriptor of the same file, _open_direct; the page cache throttled a growing
   file's dirty pages to the disk's write-back speed, and each cost a fresh page of host memory).
-  Records are not compressed (session saves are, session_save.py). Space of records that went (rewound past, dropped) is reused by later records and the file's tail is
-  truncated (the run-phase lockdown allows no hole punching); the file never exceeds the disk budget.
+  Records are not compressed (session saves are, session_save.py). Space of records that went
+  (rewound past, dropped) is reused by later records and the file's tail is truncated (the
+  run-phase lockdown allows no hole punching); the file never exceeds the disk budget.
 - is read back as untrusted input: the record's position and length are the session's own (kept in
   memory), every length is bounded before anything is read, a MAC (GMAC: AES-256-GCM
   over the bytes as associated data, native.Mac, OpenSSL) with a key that exists only in this process
@@ -69,7 +70,7 @@ from typing import TYPE_CHECKING, Mapping
 
 
 from .checkpoint_budget import BudgetSyntaxError, parse_size
-from .errors import ZerobootError
+from .errors import SandboxError, ZerobootError
 
 if TYPE_CHECKING:  # the kernel process reads this module's settings without the engine (native library)
     from .native import Mac, Snapshot, SpillJob
@@ -83,6 +84,7 @@ WAIT_BOUND_S = 2.0             # "bounded": the longest a checkpoint waits for t
 MAGIC = b"ZBSPILL\x01"
 HEAD = struct.Struct("<8sQBQQQQ")
 MAC_BYTES = 16                 # ZB_MAC_TAG_BYTES: GMAC's tag
+KEY_BYTES = 32                 # ZB_MAC_KEY_BYTES: a MAC key, one per spill file
 PAGE = 4096
 ALIGN = 4096                   # ZB_SPILL_ALIGN: records (and the aligned layout's page contents) start on it
 CODEC_ALIGNED = 3              # the record layout below (0 and 2 were records of a writer from memfds)
@@ -205,7 +207,7 @@ class SpillFile:
         self.fd = _open_file(directory)
         self.direct_fd = _open_direct(self.fd)
         self.limit = limit
-        self._key = secrets.token_bytes(32)  # ZB_MAC_KEY_BYTES
+        self._key = secrets.token_bytes(KEY_BYTES)
         self._next = 1
         self._free: list[tuple[int, int]] = []   # (offset, length) gaps inside the file, sorted
         self.end = 0                              # the file's size
@@ -232,7 +234,7 @@ class SpillFile:
         return off
 
     def fits(self, length: int) -> bool:
-        """A record of this length (aligned_length, or HEAD + raw + MAC) fits the disk budget now."""
+        """A record of this length (aligned_length) fits the disk budget now."""
         return self.used + span(length) <= self.limit
 
     def _mac(self, record: int) -> Mac:
@@ -289,7 +291,7 @@ class SpillFile:
     # ---- reading back (untrusted) ----
     def load(self, ref: SpillRef, base: Snapshot, memory_size: int) -> Snapshot:
         """A spilled checkpoint as a snapshot over base's memory image, checked; SpillError saying
-        what is wrong. An aligned record's page contents are read straight into the snapshot's store
+        what is wrong. The record's page contents are read straight into the snapshot's store
         (through the O_DIRECT descriptor where there is one), the MAC taken as they come in."""
         self._check_readable(ref, memory_size)
         head = self._pread(HEAD.size, ref.offset)
@@ -309,7 +311,6 @@ class SpillFile:
         mac = self._mac(ref.record)
         mac.update(prefix)  # state, count, words, zeros
         words = prefix[state_stored + 8:state_stored + 8 + 8 * records]
-        from .native import SandboxError  # the engine's process only
         try:
             snap = base.load_aligned(bytes(prefix[:state_stored]), words, stored, self.fd, self.direct_fd,
                                      ref.offset + data, mac)
