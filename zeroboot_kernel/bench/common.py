@@ -103,6 +103,48 @@ def process_memory_kb() -> dict[str, int]:
     return out
 
 
+STORE_NAME = "zeroboot-snapshot"  # the engine's checkpoint stores (memfds)
+
+
+def checkpoint_store_kb(pid: int) -> int:
+    """KiB the checkpoint stores of pid hold (their memfds' allocated blocks, each store once): their
+    pages are written with pwrite, so a process's PSS sees only those it happens to have mapped."""
+    seen: set[int] = set()
+    total = 0
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            if STORE_NAME not in os.readlink(f"{fd_dir}/{name}"):
+                continue
+            st = os.stat(f"{fd_dir}/{name}")
+        except OSError:
+            continue
+        if st.st_ino not in seen:
+            seen.add(st.st_ino)
+            total += st.st_blocks * 512 // 1024
+    return total
+
+
+def pss_without_stores_kb(pid: int) -> int:
+    """PSS of pid (KiB) without its mappings of checkpoint stores (checkpoint_store_kb counts them)."""
+    total, store = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):  # a mapping's first line: its range, ..., name
+                    store = STORE_NAME in line
+                elif head == "Pss:" and not store:
+                    total += int(line.split()[1])
+    except OSError:
+        return 0
+    return total
+
+
 def mem_available_kb() -> int:
     """MemAvailable of the host: also counts kernel memory (page tables, KVM's shadow pages)."""
     with open("/proc/meminfo") as f:

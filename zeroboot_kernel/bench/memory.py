@@ -63,7 +63,9 @@ def _df_setup(rows: int) -> str:
 # ---- a kernel, and what it costs the host ----
 
 def _tree_pss_kb(pid: int) -> int:
-    """PSS of a process and its descendants (KiB): the zeroboot engine is a child of its kernel."""
+    """PSS of a process and its descendants (KiB): the zeroboot engine is a child of its kernel.
+    Checkpoint stores are counted whole, from their memfds (common.checkpoint_store_kb), not by
+    the pages of them a process has mapped."""
     import psutil
 
     try:
@@ -71,14 +73,7 @@ def _tree_pss_kb(pid: int) -> int:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return 0
-    total = 0
-    for p in procs:
-        try:
-            with open(f"/proc/{p.pid}/smaps_rollup") as f:
-                total += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-        except OSError:
-            pass
-    return total
+    return sum(common.pss_without_stores_kb(p.pid) + common.checkpoint_store_kb(p.pid) for p in procs)
 
 
 def _cell(k: Any, code: str) -> tuple[float, str, str]:

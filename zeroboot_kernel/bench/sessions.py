@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -69,24 +68,6 @@ def _private_copies_kb(pid: int, start: int, end: int) -> int:
     return count * 4
 
 
-def _store_kb(pid: int) -> int:
-    """KiB the checkpoint stores (memfds "zeroboot-snapshot") of pid hold, each counted once."""
-    seen: set[int] = set()
-    total = 0
-    fd_dir = f"/proc/{pid}/fd"
-    for name in os.listdir(fd_dir):
-        try:
-            if "zeroboot-snapshot" not in os.readlink(f"{fd_dir}/{name}"):
-                continue
-            st = os.stat(f"{fd_dir}/{name}")
-        except OSError:
-            continue
-        if st.st_ino not in seen:
-            seen.add(st.st_ino)
-            total += st.st_blocks * 512 // KIB
-    return total
-
-
 def breakdown(pid: int) -> dict[str, int]:
     """Where one process's memory goes (KiB). The guest's memory is the span of the template
     image's mappings (a fork maps the image at the guest's own offsets, and anonymous or store
@@ -96,7 +77,7 @@ def breakdown(pid: int) -> dict[str, int]:
     lo = min((v["start"] for v in image), default=0)
     hi = max((v["end"] for v in image), default=0)
     out = {"heap_anon_kb": 0, "libraries_private_kb": 0, "libraries_shared_pss_kb": 0, "guest_private_kb": 0,
-           "template_cache_pss_kb": 0, "checkpoint_stores_kb": _store_kb(pid)}
+           "template_cache_pss_kb": 0, "checkpoint_stores_kb": common.checkpoint_store_kb(pid)}
     for v in vmas:
         private = v["Private_Dirty"] + v["Private_Clean"]
         if v["name"].endswith("memory.img"):
