@@ -248,7 +248,7 @@ class SpillFile:
         if not self.fits(length):
             raise SpillError(f"a checkpoint of {length >> 20} MiB does not fit the spill file's disk budget "
                              f"({self.used >> 20} of {self.limit >> 20} MiB used)")
-        raw = state_len + 8 * records + PAGE * stored
+        raw = state_len + pages_raw(records, stored)
         ref = SpillRef(self._next, self._place(length), length, raw, CODEC_ALIGNED, 0.0, pending=True)
         self._next += 1
         self.used += span(length)
@@ -257,7 +257,7 @@ class SpillFile:
 
     def head(self, ref: SpillRef, state_len: int, records: int, stored: int) -> bytes:
         """The header of a reserved aligned record."""
-        return HEAD.pack(MAGIC, ref.record, CODEC_ALIGNED, state_len, state_len, 8 * records + PAGE * stored,
+        return HEAD.pack(MAGIC, ref.record, CODEC_ALIGNED, state_len, state_len, pages_raw(records, stored),
                          ref.length - HEAD.size - state_len - MAC_BYTES)
 
     # ---- freeing ----
@@ -295,7 +295,7 @@ class SpillFile:
         (through the O_DIRECT descriptor where there is one), the MAC taken as they come in."""
         self._check_readable(ref, memory_size)
         head = self._pread(HEAD.size, ref.offset)
-        magic, record, codec, state_raw, state_stored, pages_raw, pages_stored = HEAD.unpack(head)
+        magic, record, codec, state_raw, state_stored, raw_pages, pages_stored = HEAD.unpack(head)
         max_records = memory_size // PAGE
         if magic != MAGIC or record != ref.record or codec != CODEC_ALIGNED or state_raw != state_stored \
                 or state_raw > MAX_STATE or HEAD.size + state_stored + pages_stored + MAC_BYTES != ref.length:
@@ -303,9 +303,9 @@ class SpillFile:
         records = int.from_bytes(self._pread(8, ref.offset + HEAD.size + state_stored), "little")
         if records > max_records:
             raise SpillError("the spilled checkpoint's page index is corrupt")
-        data = span(HEAD.size + state_stored + 8 * (1 + records))
+        data = contents_offset(state_stored, records)
         stored, left = divmod(ref.length - MAC_BYTES - data, PAGE)
-        if left or not 0 <= stored <= records or pages_raw != 8 * records + PAGE * stored:
+        if left or not 0 <= stored <= records or raw_pages != pages_raw(records, stored):
             raise SpillError("the spilled checkpoint's page index and contents disagree")
         prefix = memoryview(self._pread(data - HEAD.size, ref.offset + HEAD.size))
         mac = self._mac(ref.record)
@@ -369,10 +369,22 @@ def span(length: int) -> int:
     return -(-length // ALIGN) * ALIGN
 
 
+def contents_offset(state_len: int, records: int) -> int:
+    """Where an aligned record's page contents start, from the record's start: after the head, the
+    state, the u64 count and the records' u64 words, at the next ALIGN boundary."""
+    return span(HEAD.size + state_len + 8 * (1 + records))
+
+
+def pages_raw(records: int, stored: int) -> int:
+    """The page records' length interleaved, as zb_snapshot_save_delta writes them (a header's
+    "pages raw"): a u64 word per record, 4096 bytes per stored page."""
+    return 8 * records + PAGE * stored
+
+
 def aligned_length(state_len: int, records: int, stored: int) -> int:
-    """The length of an aligned record (zb_spill_write): head, state, u64 count, the records' u64
-    words, zeros to the next ALIGN boundary, the stored pages' contents, MAC."""
-    return span(HEAD.size + state_len + 8 * (1 + records)) + PAGE * stored + MAC_BYTES
+    """The length of an aligned record (zb_spill_write): up to the page contents, the stored pages'
+    contents, MAC."""
+    return contents_offset(state_len, records) + PAGE * stored + MAC_BYTES
 
 
 def nonce(record: int) -> bytes:
