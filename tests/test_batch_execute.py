@@ -221,6 +221,31 @@ def test_allow_errors_runs_on(tmp_path: Path) -> None:
     assert done.cells[3].outputs == [v4.new_output("stream", name="stdout", text="never runs\n")]
 
 
+def test_a_crash_costs_its_cell_only_where_errors_are_allowed(tmp_path: Path) -> None:
+    """Batch sessions take a checkpoint only before the cells whose error lets the notebook go on
+    (allow_errors, or the raises-exception tag): a crash there rolls back that cell and the next
+    cells see the state before it; a crash elsewhere ends the notebook, and the next notebook in
+    the same engine starts clean."""
+    from zeroboot_kernel import execute_notebooks
+
+    crash = "import ctypes\nctypes.string_at(0)"
+    tagged = _write(tmp_path, "tagged", _notebook([_code("x = 1"), _code(f"x = 2\n{crash}", tags=["raises-exception"]),
+                                                   _code("x += 10\nprint(x)")]))
+    allowed = _write(tmp_path, "allowed", _notebook([_code("y = 1"), _code(f"y = 2\n{crash}"), _code("print(y)")]))
+    stops = _write(tmp_path, "stops", _notebook([_code("z = 1"), _code(f"z = 2\n{crash}"), _code("print(z)")]))
+    after = _write(tmp_path, "after", _notebook([_code("print('x' in globals(), 'z' in globals())")]))
+    (r,) = execute_notebooks([tagged], jobs=1, keep_notebooks=True, write=False)
+    assert r.ok and r.errors_allowed == 1 and r.notebook is not None, r
+    assert r.notebook.cells[2].outputs == [v4.new_output("stream", name="stdout", text="11\n")]
+    (r,) = execute_notebooks([allowed], jobs=1, keep_notebooks=True, write=False, allow_errors=True)
+    assert r.ok and r.notebook is not None and r.notebook.cells[2].outputs[0]["text"] == "1\n", r
+    r, r_after = execute_notebooks([stops, after], jobs=1, keep_notebooks=True, write=False)
+    assert r.status == "failed" and "SandboxCrashed" in str(r.error) and r.notebook is not None
+    assert r.notebook.cells[2].execution_count is None
+    assert r_after.ok and r_after.notebook is not None
+    assert r_after.notebook.cells[0].outputs[0]["text"] == "False False\n"
+
+
 def test_jobs_two_keeps_notebooks_apart(tmp_path: Path) -> None:
     """Six notebooks over two workers: each sees its own parameter value, none sees the globals or
     the /tmp file of a notebook that ran before it in the same engine; the results come back in
@@ -365,3 +390,25 @@ def test_execute_leaves_out_jsonschemas_iri_grammar_and_still_validates(tmp_path
              "print('rfc3987_syntax' in sys.modules and sys.modules['rfc3987_syntax'] is not None)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.split() == ["refused", "False"]
+
+
+def test_engine_refuses_a_checkpoint_policy_or_request_it_does_not_know() -> None:
+    """new_session's `checkpoints` and execute's `checkpoint` are checked by the engine: a bad value
+    is an error reply, the session stays as it was."""
+    from zeroboot_kernel import engine_requests as req
+    from zeroboot_kernel.engine_client import EngineClient
+
+    client = EngineClient()
+    try:
+        reply = client.call(req.NEW_SESSION, mode="chained", checkpoints="sometimes")
+        assert reply["status"] == "error" and "checkpoints must be one of" in reply["evalue"], reply
+        reply = client.call(req.EXECUTE, code="x = 1", execution_count=1, checkpoint="yes")
+        assert reply["status"] == "error" and "checkpoint must be true or false" in reply["evalue"], reply
+        reply = client.call(req.NEW_SESSION, mode="chained", checkpoints=req.REQUESTED)
+        assert reply["status"] == "ok", reply
+        reply = client.call(req.EXECUTE, code="x = 1", execution_count=1, checkpoint=False)
+        assert reply["status"] == "ok", reply
+        stats = client.call(req.STATS)["stats"]
+        assert stats["checkpoints"] == 0, stats
+    finally:
+        client.close()

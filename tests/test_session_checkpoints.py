@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from zeroboot_kernel.engine_requests import REQUESTED
 from zeroboot_kernel.session import Session
 
 
@@ -15,10 +16,10 @@ def session(template):
     s.close()
 
 
-def run(s: Session, code: str, n: int) -> dict:
+def run(s: Session, code: str, n: int, checkpoint: bool = True) -> dict:
     """One cell as the engine server runs it: execute, then prepare the next checkpoint."""
     results: list[str] = []
-    reply = s.execute(code, execution_count=n,
+    reply = s.execute(code, execution_count=n, wants_checkpoint=checkpoint,
                       on_message=lambda mt, c: results.append(c["data"]["text/plain"]) if mt == "execute_result" else None)
     s.prepare_next_cell()
     reply["result"] = results[0] if results else None
@@ -90,3 +91,42 @@ def test_isolated_cells_start_clean_when_reset_between_cells(template) -> None:
         assert not s.reset_done
     finally:
         s.close()
+
+
+def test_requested_checkpoints_only_before_the_cells_that_ask(template) -> None:
+    """The batch executor's policy: no checkpoint is prepared after a reply or taken before a cell
+    that does not ask; a crash of such a cell goes back to the last checkpoint there is (the one
+    a cell asked for, else the clean sandbox) and says so."""
+    s = Session(template, checkpoint_policy=REQUESTED)
+    try:
+        run(s, "x = 1", 1, checkpoint=False)
+        assert s.ready is None and not s.checkpoints
+        run(s, "x = 2", 2, checkpoint=True)  # its checkpoint holds x = 1
+        assert s.ready is None and [cp.number for cp in s.checkpoints] == [2]
+        run(s, "x = 3", 3, checkpoint=False)
+        assert [cp.number for cp in s.checkpoints] == [2]
+        reply = run(s, "x = 4\nimport ctypes\nctypes.string_at(0)", 4, checkpoint=False)
+        assert reply["ename"] == "SandboxCrashed"
+        assert "had no checkpoint of its own" in reply["evalue"] and "before cell [2]" in reply["evalue"]
+        assert run(s, "x", 5, checkpoint=False)["result"] == "1"
+        reply = run(s, "x = 6\nimport ctypes\nctypes.string_at(0)", 6, checkpoint=False)
+        assert "rolled back to the clean sandbox" in reply["evalue"]
+        assert run(s, "'x' in dir()", 7, checkpoint=False)["result"] == "False"
+        # a cell that asks: a crash costs that cell only, as under the default policy
+        run(s, "y = 1", 8, checkpoint=False)
+        reply = run(s, "y = 2\nimport ctypes\nctypes.string_at(0)", 9, checkpoint=True)
+        assert reply["ename"] == "SandboxCrashed" and "before this cell" in reply["evalue"]
+        assert run(s, "y", 10, checkpoint=False)["result"] == "1"
+    finally:
+        s.close()
+
+
+def test_every_cell_policy_ignores_a_cell_that_asks_for_none(session) -> None:
+    """The kernel's sessions: every chained cell has its checkpoint, whatever the request says."""
+    run(session, "x = 1", 1, checkpoint=False)
+    assert session.ready is not None
+    reply = run(session, "x = 2\nimport ctypes\nctypes.string_at(0)", 2, checkpoint=False)
+    assert "before this cell" in reply["evalue"]
+    assert run(session, "x", 3)["result"] == "1"
+    with pytest.raises(ValueError, match="checkpoint policy"):
+        Session(session.template, checkpoint_policy="sometimes")

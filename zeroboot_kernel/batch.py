@@ -33,7 +33,8 @@ from .engine_client import EngineClient, EngineDied
 from .errors import ZerobootError
 from .kernel_config import DEFAULT_HIDDEN, KernelSettings
 from .language_info import local_language_info
-from .notebook_runner import FAILED, OK, TIMED_OUT, NotebookOutcome, run_notebook
+from .notebook_runner import (FAILED, OK, TIMED_OUT, NotebookOutcome, checkpoint_policy, has_kernel_magics,
+                              run_notebook)
 
 log = logging.getLogger(__name__)
 
@@ -218,11 +219,6 @@ class _Reusable:
     mode: str
 
 
-def _has_kernel_magics(nb: nbformat.NotebookNode) -> bool:
-    """Conservative: any mention of the magics in a code cell (a false positive costs a new session)."""
-    return any(c.cell_type == "code" and ("%sandbox" in c.source or "%rewind" in c.source) for c in nb.cells)
-
-
 def _run_one(client: EngineClient, job: _Job, settings: _Settings, stop: threading.Event,
              reusable: list[_Reusable]) -> NotebookResult:
     t0 = time.monotonic()
@@ -238,7 +234,7 @@ def _run_one(client: EngineClient, job: _Job, settings: _Settings, stop: threadi
     as_isolated_kernel = isinstance(kernelspec, dict) and kernelspec.get("name") == ISOLATED_KERNELSPEC
     mode = "isolated" if settings.isolated or as_isolated_kernel else "chained"
     project = str(job.source.resolve().parent)
-    magics = _has_kernel_magics(nb)
+    magics = has_kernel_magics(nb)
     outcome: NotebookOutcome
     try:
         # The next notebook of the same folder and mode, after one without magics: the session's
@@ -250,7 +246,7 @@ def _run_one(client: EngineClient, job: _Job, settings: _Settings, stop: threadi
             reply = client.call(req.RESTART)
         else:
             reply = client.call(req.NEW_SESSION, project=project, mode=mode, timeout=settings.timeout or 0,
-                                hide=list(DEFAULT_HIDDEN))
+                                hide=list(DEFAULT_HIDDEN), checkpoints=checkpoint_policy(nb))
         reusable.clear()
         if reply.get("status") != "ok":
             return NotebookResult(job.source, None, FAILED, time.monotonic() - t0,

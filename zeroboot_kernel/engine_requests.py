@@ -73,11 +73,20 @@ INPUT_REPLY = "input_reply"
 
 TEXT_REPLY = '`text`: str, what the magic prints'
 
+# new_session's `checkpoints`: which chained cells get a checkpoint (session.py): every one, as the
+# kernel needs for %rewind and for a crash that costs one cell, or only those whose execute request
+# asks with `checkpoint: true` (the batch executor: a crash of any other cell ends its notebook)
+EVERY_CELL = "every_cell"
+REQUESTED = "requested"
+CHECKPOINT_POLICIES = (EVERY_CELL, REQUESTED)
+
 REQUESTS: dict[str, Request] = {r.op: r for r in (
     Request(EXECUTE, (Field("code", "str"), Field("execution_count", "int"), _opt("silent", "bool"),
                       _opt("store_history", "bool (default true)"), _opt("user_expressions", "{name: expr}"),
                       _opt("allow_stdin", "bool"), _opt("parent_header", "the execute_request's header"),
-                      _opt("fanout_share", "[first, stop]: a %%fanout worker's values (fanout_jobs.py)")),
+                      _opt("fanout_share", "[first, stop]: a %%fanout worker's values (fanout_jobs.py)"),
+                      _opt("checkpoint", "bool (default true): the cell gets a checkpoint; read only by a session "
+                                         "with `checkpoints` \"requested\"")),
             "events `stream`, `display_data`, `update_display_data`, `execute_result`, `error`, "
             "`clear_output`, `input_request`, `comm`, then execute_reply's fields (`user_expressions`, `payload`; "
             "`ename`, `evalue`, `traceback` when `status` is error) and `restored`: bool (the sandbox went back "
@@ -136,7 +145,9 @@ REQUESTS: dict[str, Request] = {r.op: r for r in (
             "`%sandbox reset`"),
     Request(NEW_SESSION, (_opt("project", "str: the notebook's folder (null: none)"), Field("mode", '"chained" or "isolated"'),
                           _opt("timeout", "float (0: no limit)"), _opt("hide", "[str]: paths in the project the guest "
-                                                                       "does not see")),
+                                                                       "does not see"),
+                          _opt("checkpoints", '"every_cell" (default) or "requested": which chained cells get a '
+                                              'checkpoint')),
             "nothing more: the engine's session is replaced by a new one forked from the template",
             "`zeroboot-kernel execute` (batch.py), once per notebook"),
     Request(SHUTDOWN, (), "none: the engine process exits", "EngineClient.close"),

@@ -191,6 +191,9 @@ class EngineServer:
         s = self.session
         self.running = msg.get("id")
         parent = msg.get("parent_header")
+        checkpoint = msg.get("checkpoint", True)
+        if type(checkpoint) is not bool:
+            raise ValueError("execute: checkpoint must be true or false")
         try:
             if fanout.is_fanout(str(msg["code"])):  # the user's %%fanout cell (fanout.py)
                 reply = fanout.run(s, str(msg["code"]), execution_count=int(msg["execution_count"]),
@@ -202,7 +205,8 @@ class EngineServer:
                     store_history=bool(msg.get("store_history", True)), user_expressions=msg.get("user_expressions") or {},
                     on_stream=lambda name, text: self.event({"event": "stream", "name": name, "text": text}),
                     on_message=self.on_message, on_input=self.ask_input if msg.get("allow_stdin") else None,
-                    poll=self.poll, parent_header=parent if isinstance(parent, dict) else None, trace=trace)
+                    poll=self.poll, parent_header=parent if isinstance(parent, dict) else None, trace=trace,
+                    wants_checkpoint=checkpoint)
         finally:
             self.running = None
         # an isolated session resets after the reply (prepare_next_cell): its comms end with the cell
@@ -323,8 +327,11 @@ class EngineServer:
             raise ValueError("new_session: timeout must be seconds >= 0")
         if not isinstance(hide, list) or not all(isinstance(h, str) for h in hide):
             raise ValueError("new_session: hide must be a list of strings")
+        policy = msg.get("checkpoints", req.EVERY_CELL)
+        if policy not in req.CHECKPOINT_POLICIES:
+            raise ValueError(f"new_session: checkpoints must be one of {', '.join(req.CHECKPOINT_POLICIES)}")
         new = Session(old.template, mode=mode, keep=old.keep, timeout=float(timeout) or None, project_dir=project,
-                      files=old.files, hidden=tuple(hide))
+                      files=old.files, hidden=tuple(hide), checkpoint_policy=policy)
         new.host_writes_allowed = old.host_writes_allowed
         self.session = new
         old.close()

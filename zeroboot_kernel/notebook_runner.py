@@ -176,6 +176,19 @@ def _leaves(value: Any) -> list[Any]:
     return out
 
 
+def has_kernel_magics(nb: nbformat.NotebookNode) -> bool:
+    """Conservative: any mention of the kernel's magics in a code cell (a false positive costs a
+    new session, or checkpoints before every cell)."""
+    return any(c.cell_type == "code" and ("%sandbox" in c.source or "%rewind" in c.source) for c in nb.cells)
+
+
+def checkpoint_policy(nb: nbformat.NotebookNode) -> str:
+    """new_session's `checkpoints` for running `nb`: only the cells NotebookRun asks for (those
+    whose error lets the notebook go on) get a checkpoint, unless a cell uses the kernel's magics
+    (%rewind needs one before every cell; %sandbox checkpoints shows them)."""
+    return req.EVERY_CELL if has_kernel_magics(nb) else req.REQUESTED
+
+
 def reset_outputs(nb: nbformat.NotebookNode) -> None:
     """papermill's start: no code cell keeps outputs or a count from an earlier run."""
     for cell in nb.cells:
@@ -213,8 +226,12 @@ class NotebookRun:
         self.count += 1
         timing: dict[str, str] = {}
         self.sink.start(index, cell)
+        # a checkpoint for the cells whose error lets the notebook go on: a crash there rolls back
+        # and the next cells run on; the crash of any other cell ends the notebook, nothing to keep
+        errors_allowed = self.allow_errors or ALLOW_ERRORS_TAG in cell.metadata.get("tags", [])
         try:
-            reply = _run_cell(self.client, cell.source, self.count, self.sink, self.magics, timing)
+            reply = _run_cell(self.client, cell.source, self.count, self.sink, self.magics, timing,
+                              checkpoint=errors_allowed)
         finally:  # assigned whole: a NotebookNode stores a copy of a dict it is given
             cell.metadata["execution"] = timing
         cell.execution_count = self.count
@@ -226,7 +243,7 @@ class NotebookRun:
         if error.ename == TIMEOUT_ENAME and self.timeout and not self.magics.timeout_changed:
             outcome.status, outcome.error = TIMED_OUT, error
             return False
-        if self.allow_errors or ALLOW_ERRORS_TAG in cell.metadata.get("tags", []):
+        if errors_allowed:
             outcome.errors_allowed += 1
             outcome.error = outcome.error or error
             return True
@@ -259,9 +276,10 @@ def run_notebook(client: EngineClient, nb: nbformat.NotebookNode, *, notebook_di
 
 
 def _run_cell(client: EngineClient, source: str, count: int, sink: _CellOutputs, magics: BatchMagics,
-              timing: dict[str, str]) -> dict[str, Any]:
-    """One cell: its kernel magics, then one execute request for the rest; returns the reply
-    content (status, ename, evalue, ...)."""
+              timing: dict[str, str], checkpoint: bool) -> dict[str, Any]:
+    """One cell: its kernel magics, then one execute request for the rest (`checkpoint`: it
+    asks for a checkpoint, read by a session of REQUESTED checkpoints); returns the reply content
+    (status, ename, evalue, ...)."""
     timing["iopub.status.busy"] = timestamp()
     timing["iopub.execute_input"] = timestamp()
     try:
@@ -282,7 +300,7 @@ def _run_cell(client: EngineClient, source: str, count: int, sink: _CellOutputs,
     reply: dict[str, Any] | None = None
     try:
         for ev in client.request(req.EXECUTE, code=plan.code, execution_count=count, silent=False,
-                                 store_history=True, user_expressions={}, allow_stdin=False):
+                                 store_history=True, user_expressions={}, allow_stdin=False, checkpoint=checkpoint):
             kind = ev["event"]
             if kind == "stream":
                 streams.write(ev["name"], ev["text"])

@@ -28,7 +28,7 @@ from .engine_client import EngineClient
 from .errors import ZerobootError
 from .kernel_config import DEFAULT_HIDDEN, KernelSettings
 from .language_info import local_language_info
-from .notebook_runner import NotebookRun
+from .notebook_runner import NotebookRun, checkpoint_policy
 
 log = logging.getLogger("papermill.zeroboot")
 
@@ -49,7 +49,7 @@ class ZerobootEngine(Engine):
                               checkpoints=KernelSettings.checkpoints, on_log=lambda text: log.info("%s", text))
         try:
             reply = client.call(req.NEW_SESSION, project=folder, mode=mode, timeout=timeout or 0,
-                                hide=list(DEFAULT_HIDDEN))
+                                hide=list(DEFAULT_HIDDEN), checkpoints=checkpoint_policy(nb))
             if reply.get("status") != "ok":
                 raise ZerobootError(f"no sandbox for the notebook: {reply.get('evalue', reply)}")
             run = NotebookRun(client, nb, notebook_dir=folder, mode=mode, timeout=timeout,

@@ -8,6 +8,10 @@ Runs inside the engine process (engine_server.py). Modes:
             memory is bounded by a budget (checkpoint_budget.py): the oldest go first, spilled
             to a per-session file on disk while its disk budget allows (checkpoint_spill.py),
             else dropped.
+            Batch runs (batch.py) ask for `requested` checkpoints instead: only cells that ask
+            (those whose error lets the notebook go on) get one; a crash of any other cell ends
+            its notebook anyway, so its checkpoint would only cost time (a third of a small
+            notebook's, measured) and its crash goes back to the last checkpoint there is.
   isolated  every cell starts from the clean template (teaching, grading).
 Completion and inspection run against the current state and are rolled back afterwards.
 """
@@ -25,6 +29,7 @@ from . import checkpoint_budget as budget
 from . import checkpoint_spill as spill
 from . import export
 from . import latency_trace
+from .engine_requests import CHECKPOINT_POLICIES, EVERY_CELL, REQUESTED
 from .errors import SandboxCrashed, SandboxError, SandboxMemoryError, SandboxTimeout
 from .guest_view import GUEST_HOME
 from .guest_environ import session_environment
@@ -80,7 +85,7 @@ class Session:
                  project_dir: str | None = None, files: str = "overlay", hidden: tuple[str, ...] = (),
                  environ: dict[str, str] | None = None, project_root: str | None = None,
                  checkpoint_memory: int | None = None, checkpoint_disk: int | None = None,
-                 spill_waits: bool | None = None) -> None:
+                 spill_waits: bool | None = None, checkpoint_policy: str = EVERY_CELL) -> None:
         """project_dir: the notebook's folder (the cells' working directory); project_root: the
         folder shown in the sandbox, which contains it (default: found by project_root.py); hidden:
         paths relative to project_root the sandbox does not see (credentials, histories).
@@ -91,13 +96,18 @@ class Session:
         spill_waits: a checkpoint that must leave memory while the spill writer is still busy waits
         for it (True) or is dropped (False; None: ZEROBOOT_CHECKPOINT_SPILL_BEHIND, default: waits
         up to checkpoint_spill.WAIT_BOUND_S, then is dropped).
+        checkpoint_policy: EVERY_CELL, or REQUESTED (chained cells get a checkpoint only when
+        their execute asks for one).
         The spill file is created here, before the engine process's run-phase lockdown."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         if files not in FILES_MODES:
             raise ValueError(f"files mode must be one of {FILES_MODES}, not {files!r}")
+        if checkpoint_policy not in CHECKPOINT_POLICIES:
+            raise ValueError(f"checkpoint policy must be one of {CHECKPOINT_POLICIES}, not {checkpoint_policy!r}")
         self.template = template
         self.mode = mode
+        self.checkpoint_policy = checkpoint_policy
         self.keep = keep
         self.timeout = timeout
         self.interrupt_grace = interrupt_grace
@@ -149,8 +159,8 @@ class Session:
         self.budget_reason = ""             # why %rewind cannot go deeper now ("" when the budget did not limit it)
         self._budget_notices: list[str] = []  # for the user (budget, a crash between cells), printed (stderr) at the start of the next cell
         self._told_drop = self._told_over = self._told_spill = False
-        # the cell running has no checkpoint of its own (_without_checkpoint): what a crash rolls
-        # back to instead, and how to say it; None while cells have their own
+        # the cell running has no checkpoint of its own (_without_checkpoint, _unrequested): what a
+        # crash rolls back to instead, and the sentence that says so; None while cells have their own
         self._fallback: tuple[Snapshot, str] | None = None
         self._told_without = ""  # why cells run without one, as last said (said once per reason)
         self.budget_spilled = 0             # checkpoints spilled to disk for the budget, this session
@@ -209,15 +219,16 @@ class Session:
                 user_expressions: dict[str, str] | None = None, on_stream: StreamCallback | None = None,
                 on_message: MessageCallback | None = None, on_input: InputCallback | None = None,
                 poll: Callable[[], None] | None = None, parent_header: dict[str, Any] | None = None,
-                trace: dict[str, int] | None = None) -> dict[str, Any]:
+                trace: dict[str, int] | None = None, wants_checkpoint: bool = True) -> dict[str, Any]:
         """Run one cell; returns the execute_reply content. Never raises for what the guest does.
         `trace` receives the cell's latency stamps (latency_trace.py), with those of the
-        checkpoint taken after the previous cell's reply."""
+        checkpoint taken after the previous cell's reply. `wants_checkpoint`: the cell asks for a
+        checkpoint (only a REQUESTED policy reads it; EVERY_CELL gives every cell one)."""
         if trace is not None and self.prepared_ns is not None:
             trace["e_ckpt_start"], trace["e_ckpt_end"] = self.prepared_ns
         self.prepared_ns = None
         t0 = time.perf_counter()
-        checkpoint, checkpoint_ms = self._before_cell(code, execution_count)
+        checkpoint, checkpoint_ms = self._before_cell(code, execution_count, wants_checkpoint)
         if self._budget_notices and on_stream and not silent:
             on_stream("stderr", "".join(self._budget_notices))
         self._budget_notices.clear()
@@ -265,9 +276,10 @@ class Session:
                             f"reserves the whole memory of the process it copies. Free memory, use fewer "
                             f"processes, or raise the limit with `%sandbox memory SIZE`.\n")
 
-    def _before_cell(self, code: str, execution_count: int) -> tuple[Snapshot, float | None]:
+    def _before_cell(self, code: str, execution_count: int, asked: bool = True) -> tuple[Snapshot, float | None]:
         """The snapshot the cell rolls back to, and what taking it cost (ms) if it was taken
-        earlier (None: now, timed by the caller)."""
+        earlier (None: now, timed by the caller). `asked`: the cell asks for a checkpoint (read
+        under the REQUESTED policy only)."""
         if self.mode == "isolated":
             taken_ms = self.ready_ms if self.reset_done else None
             if not self.reset_done:
@@ -276,6 +288,8 @@ class Session:
             self.reset_done = False
             return self.clean, taken_ms
         self._fallback = None
+        if self.checkpoint_policy == REQUESTED and not asked:
+            return self._unrequested(), 0.0
         try:
             snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
         except SandboxError as exc:
@@ -294,6 +308,24 @@ class Session:
             self.enforce_budget(protect=snap)
         return snap, taken_ms
 
+    def _last_kept(self) -> tuple[Snapshot, str]:
+        """What a cell without a checkpoint of its own rolls back to: the newest checkpoint in
+        memory, else the clean sandbox; and how to name it."""
+        last = next((cp for cp in reversed(self.checkpoints) if cp.snapshot is not None), None)
+        if last is not None and last.snapshot is not None:
+            return last.snapshot, f"the state before cell [{last.number}]"
+        return self.clean, "the clean sandbox"
+
+    def _unrequested(self) -> Snapshot:
+        """REQUESTED policy, a cell that asked for no checkpoint (the batch run stops its notebook
+        at this cell's error, so the state after a crash does not matter): it runs without one, and
+        a crash or timeout rolls back to the last checkpoint there is."""
+        target, where = self._last_kept()
+        self._fallback = (target, f"This cell had no checkpoint of its own (a batch run takes them only before "
+                                  f"cells whose errors let the notebook go on), so the sandbox was rolled back to "
+                                  f"{where}: what the cells since then did is undone.")
+        return target
+
     def _without_checkpoint(self, exc: SandboxError) -> Snapshot:
         """Child processes are alive (a Popen kept from an earlier cell) or a socket listens, and
         snapshots of a process tree or a listening socket are not supported yet: the cell runs
@@ -301,12 +333,10 @@ class Session:
         there is (which ends the children and closes the socket). Said once for as long as the
         same reason holds (the same processes, the same socket), not in every cell; a crash's
         message says where it went back to (_rollback)."""
-        last = next((cp for cp in reversed(self.checkpoints) if cp.snapshot is not None), None)
-        if last is not None and last.snapshot is not None:
-            target, where = last.snapshot, f"the state before cell [{last.number}]"
-        else:
-            target, where = self.clean, "the clean sandbox"
-        self._fallback = (target, where)
+        target, where = self._last_kept()
+        self._fallback = (target, f"This cell had no checkpoint of its own (processes, a listening socket or fds in "
+                                  f"flight were kept from an earlier cell), so the sandbox was rolled back to {where}: "
+                                  f"what the cells since then did is undone, and those processes ended.")
         if str(exc) != self._told_without:
             self._told_without = str(exc)
             self._budget_notices.append(f"zeroboot: this cell has no checkpoint of its own ({exc}); a crash or timeout "
@@ -316,7 +346,7 @@ class Session:
 
     def prepare_next_cell(self) -> None:
         """Do now, between cells, what the next cell would do first: in chained mode snapshot the
-        state as its checkpoint, in isolated mode reset the sandbox to the template. The engine
+        state as its checkpoint (EVERY_CELL policy; REQUESTED takes one when a cell asks), in isolated mode reset the sandbox to the template. The engine
         server calls this right after sending a cell's reply, so the work is done while the kernel
         publishes the reply and the frontend sends the next request, not on the next cell's round
         trip. Everything else that changes the sandbox undoes it (_state_changes)."""
@@ -328,7 +358,8 @@ class Session:
                 self.sandbox.restore(self.clean, fresh=True)
                 self.reset_done = True
                 self.restored = True
-            elif self.mode == "chained" and self.ready is None and not self.sandbox.broken:
+            elif self.mode == "chained" and self.checkpoint_policy == EVERY_CELL and self.ready is None \
+                    and not self.sandbox.broken:
                 self.ready = self._checkpoint_now()  # releases the retired checkpoints first
                 self.enforce_budget(protect=self.ready)
             else:
@@ -408,7 +439,7 @@ class Session:
         if not self.threads_may_run():
             return
         self.prepare_next_cell()
-        if self.ready is None:
+        if self.ready is None and self.checkpoint_policy == EVERY_CELL:
             return  # could not be taken (the next cell tries again and says why)
         try:
             done = self.sandbox.run_between_requests(request_waiting)
@@ -463,10 +494,7 @@ class Session:
         if self.mode == "chained" and self.checkpoints and self.checkpoints[-1].snapshot is checkpoint:
             self._forget(self.checkpoints.pop())  # the cell is undone: nothing to rewind to
         if self._fallback is not None and self._fallback[0] is checkpoint:
-            # the cell had no checkpoint of its own (child processes, a listening socket): further back
-            what = (f"This cell had no checkpoint of its own (processes, a listening socket or fds in flight "
-                    f"were kept from an earlier cell), so the sandbox was rolled back to {self._fallback[1]}: what the cells since "
-                    f"then did is undone, and those processes ended.")
+            what = self._fallback[1]  # the cell had no checkpoint of its own: further back
         elif self.mode == "chained":
             what = "The sandbox was rolled back to its state before this cell; variables from earlier cells are intact."
         else:
