@@ -60,8 +60,11 @@ static zb_store *store_new(uint64_t npages, char *err) {
     return s;
 }
 
+static void dead_forget(zb_store *s);
+
 static void store_unref(zb_store *s) {
     if (s && atomic_fetch_sub(&s->refs, 1) == 1) {
+        dead_forget(s); /* its memfd goes now, and every page with it: nothing left to punch */
         munmap(s->map, ZB_MAX(s->npages, 1) * ZB_PAGE);
         close(s->fd); /* a sandbox that maps some of its pages keeps the memory of those alive */
         free(s->page_refs);
@@ -91,8 +94,96 @@ static void store_punch(zb_store *s, uint32_t first, uint32_t n) {
     (void)madvise(s->map + (uint64_t)first * ZB_PAGE, (uint64_t)n * ZB_PAGE, MADV_REMOVE);
 }
 
+/* ---- dead store pages given back in batches ----
+ *
+ * Each run of dead pages punched out costs a madvise and shmem's walk of its page cache, and the
+ * runs of small cells are short: the pages a cell rewrites are scattered over the interpreter's
+ * memory, so a `1+1` cell's checkpoint punched ~90 runs of 1-2 pages, a quarter of its time (the
+ * session's close ~150 per checkpoint). Dead runs therefore wait on their store until
+ * DEAD_BATCH_PAGES of them wait in all (or zb_snapshot_give_back_dead, between cells when idle),
+ * and are then punched store by store, sorted and merged with the runs next to them that died in
+ * other chunks or later cells; a store that dies meanwhile (its memfd closed) needs no punching at
+ * all. At most DEAD_BATCH_PAGES of dead pages (8 MiB) are held this way; a big run (a replaced
+ * array's pages) passes the bound at once and is punched in the same call as before. Dead pages
+ * are used by no snapshot and mapped by no sandbox (see store_punch's callers), and a waiting run
+ * is never handed out again (only spare runs are), so holding them changes nothing anyone sees.
+ * Single-threaded, as every snapshot call. */
+#define DEAD_BATCH_PAGES 2048
+static struct {
+    zb_store **stores; /* the stores with waiting runs (each at its dead_slot) */
+    size_t n, cap;
+    uint64_t pages;    /* dead pages waiting, in all */
+} dead_waiting;
+
+static int run_cmp(const void *a, const void *b) {
+    const zb_page_run *x = a, *y = b;
+    return (x->first > y->first) - (x->first < y->first);
+}
+
+/* Punch out s's waiting runs, merged where they touch, and take it off the list. */
+static void dead_punch_store(zb_store *s) {
+    qsort(s->dead, s->ndead, sizeof *s->dead, run_cmp);
+    zb_page_run cur = s->dead[0];
+    for (uint32_t i = 1; i < s->ndead; i++) {
+        if (s->dead[i].first == cur.first + cur.n) { cur.n += s->dead[i].n; continue; }
+        store_punch(s, cur.first, cur.n);
+        cur = s->dead[i];
+    }
+    store_punch(s, cur.first, cur.n);
+}
+
+/* s has no waiting runs any more: off the list (the last store takes its slot). */
+static void dead_forget(zb_store *s) {
+    if (s->ndead) {
+        zb_store *last = dead_waiting.stores[--dead_waiting.n];
+        dead_waiting.stores[s->dead_slot] = last;
+        last->dead_slot = s->dead_slot;
+        dead_waiting.pages -= s->dead_pages;
+    }
+    free(s->dead);
+    s->dead = NULL;
+    s->ndead = s->capdead = 0;
+    s->dead_pages = 0;
+}
+
+uint64_t zb_snapshot_dead_waiting_bytes(void) { return dead_waiting.pages * ZB_PAGE; }
+
+void zb_snapshot_give_back_dead(void) {
+    while (dead_waiting.n) {
+        zb_store *s = dead_waiting.stores[dead_waiting.n - 1];
+        dead_punch_store(s);
+        dead_forget(s);
+    }
+}
+
+/* n dead pages of s from first: they wait for the next batch (punched now if they cannot). */
+static void store_punch_later(zb_store *s, uint32_t first, uint32_t n) {
+    if (s->ndead == s->capdead) {
+        uint32_t cap = s->capdead ? s->capdead * 2 : 8;
+        zb_page_run *grown = realloc(s->dead, cap * sizeof *grown);
+        if (!grown) { store_punch(s, first, n); return; }
+        s->dead = grown;
+        s->capdead = cap;
+    }
+    if (!s->ndead) {
+        if (dead_waiting.n == dead_waiting.cap) {
+            size_t cap = dead_waiting.cap ? dead_waiting.cap * 2 : 64;
+            zb_store **grown = realloc(dead_waiting.stores, cap * sizeof *grown);
+            if (!grown) { store_punch(s, first, n); return; }
+            dead_waiting.stores = grown;
+            dead_waiting.cap = cap;
+        }
+        s->dead_slot = dead_waiting.n;
+        dead_waiting.stores[dead_waiting.n++] = s;
+    }
+    s->dead[s->ndead++] = (zb_page_run){first, n};
+    s->dead_pages += n;
+    dead_waiting.pages += n;
+    if (dead_waiting.pages >= DEAD_BATCH_PAGES) zb_snapshot_give_back_dead();
+}
+
 static void store_free_pages(zb_store *s, uint32_t first, uint32_t n) {
-    if (n && !spare_push(s, first, n)) store_punch(s, first, n);
+    if (n && !spare_push(s, first, n)) store_punch_later(s, first, n);
 }
 
 /* ---- spare store pages: pages that died just before a snapshot, refilled by it ----
@@ -152,7 +243,7 @@ static int spare_refillable(const zb_store *s) { return !store_past_refill_age(s
 static int spare_take(zb_store **store, uint32_t *index) {
     while (spare.head < spare.nruns && (!spare.runs[spare.head].n || !spare_refillable(spare.runs[spare.head].store))) {
         spare_run *r = &spare.runs[spare.head++];
-        if (r->n) store_punch(r->store, r->first, r->n);
+        if (r->n) store_punch_later(r->store, r->first, r->n);
         store_unref(r->store);
     }
     if (spare.head == spare.nruns) return 0;

@@ -21,7 +21,16 @@ typedef struct zb_store {
     uint64_t born;           /* the number of snapshots taken in this process when it was made */
     uint64_t seen;           /* zb_snapshots_memory's pass that last met it ... */
     uint64_t *counted;       /* ... and the pages it counted in that pass (freed after it) */
+    /* runs of its dead pages waiting to be punched out together (snapshot.c, "dead store pages
+     * given back in batches"), and its place in the list of stores that have such runs */
+    struct zb_page_run *dead;
+    uint32_t ndead, capdead;
+    uint64_t dead_pages;
+    size_t dead_slot;
 } zb_store;
+
+/* Consecutive pages of a store, from `first`. */
+typedef struct zb_page_run { uint32_t first, n; } zb_page_run;
 
 /* A reference to a store that outlives the snapshots using it (the family's fork stores,
  * family_run.c): its live_pages stay up to date; zb_store_release drops it. */

@@ -435,6 +435,12 @@ int64_t zb_sandbox_pending_bytes(zb_sandbox *sb, char *err);
  * between the two calls, and zb_snapshot_spare_bytes says how many bytes they are. */
 void zb_snapshot_keep_spare(int on);
 uint64_t zb_snapshot_spare_bytes(void);
+/* Store pages that no snapshot uses any more are given back to the host in batches (up to 8 MiB
+ * of them wait, merged into longer runs, and a store that dies first needs none): give back the
+ * ones waiting now (an idle session). */
+void zb_snapshot_give_back_dead(void);
+/* Bytes of dead store pages waiting for that batch now (for stats and tests). */
+uint64_t zb_snapshot_dead_waiting_bytes(void);
 /* Bytes of snapshot pages written into spare pages so far in this process (for stats and tests). */
 uint64_t zb_snapshot_spare_reused_bytes(void);
 /* on = 1 (the default): guest memory made from now on gets an unlogged window, a memslot without

@@ -5,9 +5,12 @@ that freed memory still reads as zeros, and that no spare page outlives the snap
 for (the budget counts every page the checkpoints hold)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from zeroboot_kernel.native import keep_spare_pages, spare_bytes, spare_reused_bytes
+from zeroboot_kernel.native import (dead_waiting_bytes, give_back_dead_store_pages, keep_spare_pages, spare_bytes,
+                                   spare_reused_bytes)
 from zeroboot_kernel.sandbox import Sandbox
 from zeroboot_kernel.session import Session
 from session_helpers import snapshot_stores
@@ -97,6 +100,18 @@ def test_budgets_that_drop_everything_or_nothing_keep_rollback(template, budget_
         s.close()
 
 
+def store_bytes() -> int:
+    """Host memory of the snapshot stores open in this process (their memfds' allocated blocks)."""
+    total = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:zeroboot-snapshot"):
+                total += os.fstat(int(fd)).st_blocks * 512
+        except OSError:
+            pass
+    return total
+
+
 SMALL_CELLS = ["1+1", "x = [i * i for i in range(1000)]", "print('x' * 100)", "hist.append(len(hist))",
                "d = {i: str(i) for i in range(500)}"]
 
@@ -142,5 +157,47 @@ def test_refilled_stores_do_not_pile_up(template) -> None:
         # measured over these 200 cells: +11 stores (the session's own growth: pages its cells
         # keep), +42 when every store is refilled whatever its age and state
         assert counts[-1] - counts[0] <= 24, counts
+    finally:
+        s.close()
+
+
+def test_dead_store_pages_are_given_back_in_bounded_batches(template) -> None:
+    """Pages no snapshot uses any more wait to be punched out together, but never more than the
+    batch bound (8 MiB): a replaced half of a big array in a store that stays alive is given back
+    at once; the small runs of small cells wait, and none after zb_snapshot_give_back_dead (the
+    idle release). What waits is only dead pages: every snapshot kept still restores exactly."""
+    half = 2 * MIB  # float64 elements of 16 MiB
+    with template.fork() as sb:
+        out(sb, f"import numpy as np\na = np.zeros({2 * half})")
+        base = sb.snapshot()
+        out(sb, "a[:] = 1.0")
+        both = sb.snapshot()           # its store: both halves
+        out(sb, f"a[:{half}] = 2.0")
+        first_half = sb.snapshot()     # shares the second half with `both`
+        held = store_bytes()
+        both.release()                 # the first half of its store dies, the second lives on
+        assert dead_waiting_bytes() <= 8 * MIB
+        assert held - store_bytes() >= 15 * MIB
+        out(sb, "a[:] = -1.0")
+        sb.restore(first_half)
+        assert out(sb, f"print(a[:{half}].min(), a[{half}:].max())") == "2.0 1.0"
+        base.release()
+        first_half.release()
+    s = Session(template, keep=3, checkpoint_disk=0)
+    try:
+        cell(s, "hist = []", 1)
+        seen = []
+        for n in range(2, 60):
+            assert cell(s, SMALL_CELLS[n % len(SMALL_CELLS)], n)["status"] == "ok"
+            seen.append(dead_waiting_bytes())
+        assert 0 < max(seen) <= 8 * MIB, seen
+        give_back_dead_store_pages()
+        assert dead_waiting_bytes() == 0
+        expected = str(sum(1 for k in range(2, 60) if SMALL_CELLS[k % 5].startswith("hist")))
+        assert cell(s, "print(len(hist))", 60)["stdout"].strip() == expected
+        target = s.checkpoints[0].number
+        s.rewind(len(s.checkpoints))
+        before_target = str(sum(1 for k in range(2, target) if SMALL_CELLS[k % 5].startswith("hist")))
+        assert cell(s, "print(len(hist))", 61)["stdout"].strip() == before_target
     finally:
         s.close()

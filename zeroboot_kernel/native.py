@@ -713,6 +713,17 @@ def watch_fd(fd: int, on: bool) -> None:
         raise OSError(err, f"cannot watch file descriptor {fd} for input: {os.strerror(err)}")
 
 
+def give_back_dead_store_pages() -> None:
+    """Give back the checkpoint store pages that died and wait to be punched out in a batch
+    (zb_snapshot_give_back_dead): an idle session holds none."""
+    lib.zb_snapshot_give_back_dead()
+
+
+def dead_waiting_bytes() -> int:
+    """Bytes of dead checkpoint store pages waiting to be given back in a batch."""
+    return int(lib.zb_snapshot_dead_waiting_bytes())
+
+
 def spare_bytes() -> int:
     """Bytes of store pages kept for the next snapshot (0 outside _checkpoint_now)."""
     return int(lib.zb_snapshot_spare_bytes())

@@ -35,7 +35,7 @@ from .guest_view import GUEST_HOME
 from .guest_environ import session_environment
 from .guest_memory_size import describe
 from .project_root import find_project_root
-from .native import Snapshot, keep_spare_pages, snapshots_memory
+from .native import Snapshot, give_back_dead_store_pages, keep_spare_pages, snapshots_memory
 from .sandbox import InputCallback, MessageCallback, Sandbox, StreamCallback
 from .template import Template, cache_root
 
@@ -412,6 +412,7 @@ class Session:
         the engine keeps for its next fork (Engine.release_parked). Returns the pages given back
         from the session's own sandbox."""
         self.sandbox.guest.engine.release_parked()
+        give_back_dead_store_pages()  # dead checkpoint pages waiting for a batch (zb_snapshot_give_back_dead)
         if self.sandbox.broken or self.threads_may_run():
             return 0
         try:
