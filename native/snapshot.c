@@ -98,8 +98,8 @@ static void store_punch(zb_store *s, uint32_t first, uint32_t n) {
  *
  * Each run of dead pages punched out costs a madvise and shmem's walk of its page cache, and the
  * runs of small cells are short: the pages a cell rewrites are scattered over the interpreter's
- * memory, so a `1+1` cell's checkpoint punched ~90 runs of 1-2 pages, a quarter of its time (the
- * session's close ~150 per checkpoint). Dead runs therefore wait on their store until
+ * memory, so a chained `1+1` cell punched ~75 runs of 1-2 pages, about a fifth of its checkpoint's
+ * time (and a session's close ~150 per checkpoint). Dead runs therefore wait on their store until
  * DEAD_BATCH_PAGES of them wait in all (or zb_snapshot_give_back_dead, between cells when idle),
  * and are then punched store by store, sorted and merged with the runs next to them that died in
  * other chunks or later cells; a store that dies meanwhile (its memfd closed) needs no punching at
@@ -120,7 +120,7 @@ static int run_cmp(const void *a, const void *b) {
     return (x->first > y->first) - (x->first < y->first);
 }
 
-/* Punch out s's waiting runs, merged where they touch, and take it off the list. */
+/* Punch out s's waiting runs, merged where they touch (dead_forget then takes it off the list). */
 static void dead_punch_store(zb_store *s) {
     qsort(s->dead, s->ndead, sizeof *s->dead, run_cmp);
     zb_page_run cur = s->dead[0];
