@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import os
 import shutil
 import sys
@@ -81,6 +82,17 @@ def _ensure_our_kernelspec() -> str | None:
     return prefix
 
 
+@functools.lru_cache(maxsize=1)
+def _kernel_dir() -> str:
+    """The kernels' working directory: an empty folder of the bench's own. Kernels and engines
+    start with `python -m`, which puts the working directory first on sys.path: started from a
+    source checkout, a `--baseline` kernelspec whose PYTHONPATH names another build would import
+    the checkout's package instead, and compare a build with itself."""
+    folder = tempfile.mkdtemp(prefix="zeroboot-bench-kernels-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
 class BenchKernel:
     """One kernel and a blocking client that measures round trips."""
 
@@ -93,7 +105,7 @@ class BenchKernel:
         self.last_stamps: dict[str, int] = {}  # the last round trip's (bench/latency.py)
         t0 = time.perf_counter()
         # Single-threaded BLAS for the stock kernel too: the guest has one vCPU, so its BLAS runs one thread.
-        self.km.start_kernel(env={**os.environ, **_thread_env(), **(env or {})})
+        self.km.start_kernel(env={**os.environ, **_thread_env(), **(env or {})}, cwd=_kernel_dir())
         self.kc = self.km.client()
         self.kc.start_channels()
         self._until_first_reply()
