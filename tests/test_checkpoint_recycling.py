@@ -11,6 +11,7 @@ import pytest
 
 from zeroboot_kernel.native import (dead_waiting_bytes, give_back_dead_store_pages, keep_spare_pages, spare_bytes,
                                    spare_reused_bytes)
+from zeroboot_kernel.bench.common import checkpoint_store_kb
 from zeroboot_kernel.sandbox import Sandbox
 from zeroboot_kernel.session import Session
 from session_helpers import snapshot_stores
@@ -100,18 +101,6 @@ def test_budgets_that_drop_everything_or_nothing_keep_rollback(template, budget_
         s.close()
 
 
-def store_bytes() -> int:
-    """Host memory of the snapshot stores open in this process (their memfds' allocated blocks)."""
-    total = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:zeroboot-snapshot"):
-                total += os.fstat(int(fd)).st_blocks * 512
-        except OSError:
-            pass
-    return total
-
-
 SMALL_CELLS = ["1+1", "x = [i * i for i in range(1000)]", "print('x' * 100)", "hist.append(len(hist))",
                "d = {i: str(i) for i in range(500)}"]
 
@@ -174,10 +163,10 @@ def test_dead_store_pages_are_given_back_in_bounded_batches(template) -> None:
         both = sb.snapshot()           # its store: both halves
         out(sb, f"a[:{half}] = 2.0")
         first_half = sb.snapshot()     # shares the second half with `both`
-        held = store_bytes()
+        held = checkpoint_store_kb(os.getpid())
         both.release()                 # the first half of its store dies, the second lives on
         assert dead_waiting_bytes() <= 8 * MIB
-        assert held - store_bytes() >= 15 * MIB
+        assert held - checkpoint_store_kb(os.getpid()) >= 15 * MIB // 1024  # KiB
         out(sb, "a[:] = -1.0")
         sb.restore(first_half)
         assert out(sb, f"print(a[:{half}].min(), a[{half}:].max())") == "2.0 1.0"

@@ -276,10 +276,10 @@ class Session:
                             f"reserves the whole memory of the process it copies. Free memory, use fewer "
                             f"processes, or raise the limit with `%sandbox memory SIZE`.\n")
 
-    def _before_cell(self, code: str, execution_count: int, asked: bool = True) -> tuple[Snapshot, float | None]:
+    def _before_cell(self, code: str, execution_count: int,
+                     wants_checkpoint: bool = True) -> tuple[Snapshot, float | None]:
         """The snapshot the cell rolls back to, and what taking it cost (ms) if it was taken
-        earlier (None: now, timed by the caller). `asked`: the cell asks for a checkpoint (read
-        under the REQUESTED policy only)."""
+        earlier (None: now, timed by the caller). `wants_checkpoint`: as in execute."""
         if self.mode == "isolated":
             taken_ms = self.ready_ms if self.reset_done else None
             if not self.reset_done:
@@ -288,7 +288,7 @@ class Session:
             self.reset_done = False
             return self.clean, taken_ms
         self._fallback = None
-        if self.checkpoint_policy == REQUESTED and not asked:
+        if self.checkpoint_policy == REQUESTED and not wants_checkpoint:
             return self._unrequested(), 0.0
         try:
             snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
@@ -346,10 +346,11 @@ class Session:
 
     def prepare_next_cell(self) -> None:
         """Do now, between cells, what the next cell would do first: in chained mode snapshot the
-        state as its checkpoint (EVERY_CELL policy; REQUESTED takes one when a cell asks), in isolated mode reset the sandbox to the template. The engine
-        server calls this right after sending a cell's reply, so the work is done while the kernel
-        publishes the reply and the frontend sends the next request, not on the next cell's round
-        trip. Everything else that changes the sandbox undoes it (_state_changes)."""
+        state as its checkpoint (EVERY_CELL policy; REQUESTED takes one when a cell asks), in
+        isolated mode reset the sandbox to the template. The engine server calls this right after
+        sending a cell's reply, so the work is done while the kernel publishes the reply and the
+        frontend sends the next request, not on the next cell's round trip. Everything else that
+        changes the sandbox undoes it (_state_changes)."""
         t0 = time.perf_counter()
         started_ns = latency_trace.now() if latency_trace.ENABLED else 0
         self._reap_spills()
