@@ -84,10 +84,25 @@ def test_cli_build_list_rm(cache: Path) -> None:
     assert not list(cache.iterdir())
 
 
-def test_environment_key_reads_each_distribution_as_importlib_metadata_does() -> None:
+def test_environment_key_lists_the_distributions_importlib_metadata_finds() -> None:
+    """The template key's list of installed distributions is read without importlib.metadata (an
+    engine would import ~3 MiB of modules for it); it must be the same list, name and version."""
     import importlib.metadata
 
-    from zeroboot_kernel.template import _name_version
+    from zeroboot_kernel.template import installed_distributions
 
-    for d in importlib.metadata.distributions():
-        assert _name_version(d) == f"{d.metadata['Name']}=={d.version}", d
+    expected = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+    assert len(expected) > 10
+    assert installed_distributions() == expected
+
+
+def test_an_engine_does_not_import_importlib_metadata_or_zstandard() -> None:
+    """Every session's engine process pays for the modules it imports (issue 18's memory per
+    session): the template key and saves must not pull these in at start-up."""
+    import subprocess
+    import sys
+
+    code = ("import sys, zeroboot_kernel.engine_server, zeroboot_kernel.template as t; t._environment_id(); "
+            "print(sorted(m for m in ('importlib.metadata', 'zstandard', 'email') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.strip() == "[]", out.stdout

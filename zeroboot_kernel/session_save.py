@@ -38,8 +38,6 @@ import secrets
 import struct
 import time
 import zlib
-
-import zstandard
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +84,8 @@ class SaveError(ZerobootError):
 def _pack_blob(data: bytes) -> bytes:
     """A codec byte, the raw and stored lengths, the stored bytes: zstd (level 1: ~250 MB/s here,
     zlib's fastest level ~35 MB/s, for the same size) when it saves a tenth."""
+    import zstandard  # here, not at the top: ~0.8 MiB that an engine that never saves does not pay
+
     packed = zstandard.ZstdCompressor(level=1).compress(data)
     if len(packed) < len(data) * 0.9:
         return struct.pack("<BQQ", CODEC_ZSTD, len(data), len(packed)) + packed
@@ -126,6 +126,8 @@ def _unpack_blob(r: _Reader, what: str, max_raw: int) -> bytes:
             raise SaveError(f"the save file is corrupt (the {what}'s lengths disagree)")
         return bytes(stored)
     if codec == CODEC_ZSTD:
+        import zstandard  # see _pack_blob
+
         try:  # a bounded read: never more than the raw length says, whatever the frame claims
             with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(stored)) as reader:
                 out = reader.read(raw_len + 1)

@@ -27,7 +27,7 @@ import contextlib
 import datetime
 import fcntl
 import hashlib
-import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
@@ -74,12 +74,7 @@ AGENT = GUEST_DIR / "_zeroboot_agent"  # a package run as a directory (its __mai
 def default_preload() -> tuple[str, ...]:
     """numpy always; pandas and matplotlib when installed (the demo notebooks use them)."""
     wanted = ["numpy"]
-    for name in ("pandas", "matplotlib"):
-        try:
-            importlib.metadata.distribution(name)
-            wanted.append(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
+    wanted += [name for name in ("pandas", "matplotlib") if importlib.util.find_spec(name) is not None]
     return tuple(wanted)
 
 
@@ -202,18 +197,42 @@ def _native_build_id() -> str:
     return hashlib.sha256(Path(_native.__file__).read_bytes()).hexdigest()[:16]
 
 
-def _name_version(dist: importlib.metadata.Distribution) -> str:
-    """`name==version` from the header of the distribution's metadata. dist.metadata would parse
-    the whole file as an e-mail (long descriptions included): 0.15-0.3 s for ~170 distributions,
-    on the path of every engine start."""
-    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-    fields = dict(re.findall(r"^(Name|Version):[ \t]*(.*?)[ \t]*$", text.split("\n\n", 1)[0], re.MULTILINE))
+def _name_version(metadata: str) -> str:
+    """`name==version` from the header of a distribution's metadata file. Parsing the whole file
+    as an e-mail (what importlib.metadata's `dist.metadata` does, long descriptions included) took
+    0.15-0.3 s for ~170 distributions, on the path of every engine start."""
+    try:
+        with open(metadata, encoding="utf-8", errors="replace") as f:
+            header = f.read(64 * 1024).split("\n\n", 1)[0]
+    except OSError:
+        header = ""
+    fields = dict(re.findall(r"^(Name|Version):[ \t]*(.*?)[ \t]*$", header, re.MULTILINE))
     return f"{fields.get('Name', '')}=={fields.get('Version', '')}"
+
+
+def installed_distributions() -> list[str]:
+    """`name==version` of every distribution in the folders of sys.path, found where
+    importlib.metadata.distributions() finds them (a `*.dist-info` folder, an `*.egg-info` folder
+    or file). Read here, not through importlib.metadata: importing it (email, zipfile, csv,
+    inspect: ~3 MiB) would cost every engine process that memory for this one list."""
+    found = []
+    for folder in sys.path:
+        try:
+            with os.scandir(folder or ".") as entries:
+                listed = [(e.name.lower(), e.path, e.is_dir()) for e in entries]
+        except OSError:  # a zip file, a folder that does not exist
+            continue
+        for name, path, is_dir in listed:
+            if name.endswith(".dist-info") and is_dir:
+                found.append(_name_version(os.path.join(path, "METADATA")))
+            elif name.endswith(".egg-info"):
+                found.append(_name_version(os.path.join(path, "PKG-INFO") if is_dir else path))
+    return sorted(found)
 
 
 @lru_cache(maxsize=1)
 def _environment_id() -> str:
-    dists = sorted(_name_version(d) for d in importlib.metadata.distributions())
+    dists = installed_distributions()
     agent = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(AGENT.glob("*.py")))).hexdigest()
     return hashlib.sha256(json.dumps([dists, list(python_view()), system_view(), locale_view(), agent]).encode()).hexdigest()
 
