@@ -97,6 +97,104 @@ def test_a_session_rolls_back_and_rewinds_across_idle_releases(template):
         s.close()
 
 
+def test_an_idle_session_keeps_its_rewind_history_on_disk(template):
+    """An idle session writes its %rewind checkpoints to the spill file (Session.spill_idle_
+    checkpoints) and keeps in memory only what the next cell rolls back to: their memory goes,
+    %rewind reads them back exactly, a crash still rolls back, and nothing about the budget is
+    said (the budget was not exceeded)."""
+    from zeroboot_kernel.session import Session
+
+    s = Session(template, checkpoint_disk=1 << 30)
+    try:
+        stderr: list[str] = []
+        ok(run(s, "seen = []", 1, stderr))
+        for n in range(2, 6):  # four cells, each replacing the last one's 4 MiB
+            ok(run(s, f"blob = bytes([{n}]) * (4 << 20); seen.append({n})", n, stderr))
+        before = s.checkpoint_memory()
+        s.release_idle_memory()
+        s._reap_spills(wait=True)
+        where = [cp.where() for cp in s.checkpoints]
+        assert where == ["disk"] * 5, where  # the next cell rolls back to s.ready, still in memory
+        assert s.ready is not None and not s.ready.released
+        # the blobs of cells 2-4 were in memory only for %rewind
+        assert s.checkpoint_memory() <= before - (12 << 20), (before, s.checkpoint_memory())
+        info = s.describe_budget()
+        assert info["spilled_while_idle"] == 5 and info["spilled_for_budget"] == 0 and info["on_disk"] == 5
+        crash = run(s, "seen.append(6); blob = b''\nimport os; os._exit(3)", 6, stderr)
+        assert crash["status"] == "error"
+        assert ok(run(s, "print(seen, blob == bytes([5]) * (4 << 20))", 7, stderr)) == "[2, 3, 4, 5] True\n"
+        msg = s.rewind(3)  # the crashed cell [6] left none: [7], [5], [4]
+        assert "before cell [4]" in msg and "from disk" in msg, msg
+        assert ok(run(s, "print(seen, blob == bytes([3]) * (4 << 20))", 8, stderr)) == "[2, 3] True\n"
+        assert not [t for t in stderr if "budget" in t], stderr
+    finally:
+        s.close()
+
+
+def test_an_idle_session_drops_no_checkpoint_for_want_of_disk(template):
+    """Where the spill file has no room, the idle session keeps its checkpoints in memory: an idle
+    pause never costs %rewind depth (the budget's spills make room by dropping the oldest)."""
+    from zeroboot_kernel.session import Session
+
+    # records hold every page that differs from the template: ~2, 4, 7 and 10 MiB here, so the
+    # first two fit and the third does not
+    s = Session(template, checkpoint_disk=12 << 20)
+    try:
+        ok(run(s, "blocks = []", 1))
+        for n in range(2, 5):
+            ok(run(s, f"blocks.append(bytes([{n}]) * (3 << 20))", n))
+        for pause in range(2):  # the second pause finds the first one's spills written
+            s.release_idle_memory()
+            s._reap_spills(wait=True)
+            ok(run(s, "pass", 5 + pause))
+        depth = len(s.checkpoints)
+        assert depth == 6 and not any(cp.dropped for cp in s.checkpoints)
+        where = [cp.where() for cp in s.checkpoints]
+        assert "disk" in where and "memory" in where, where
+        assert "before cell [2]" in s.rewind(depth - 1)  # the oldest but one, wherever it is
+        assert ok(run(s, "print(len(blocks))", 9)) == "0\n"
+    finally:
+        s.close()
+
+
+def test_an_idle_engine_writes_the_history_and_gives_its_memory_back_unasked(template):
+    """Through the engine server's loop: after ZEROBOOT_IDLE_RELEASE seconds without a request
+    the checkpoints go to disk and their store pages back to the host, with no request needed
+    to finish it (the loop once blocked on the next request right after starting the writes)."""
+    import socket
+    import threading
+
+    from zeroboot_kernel import engine_wire as wire
+    from zeroboot_kernel.engine_server import EngineServer
+    from zeroboot_kernel.native import dead_waiting_bytes
+    from zeroboot_kernel.session import Session
+
+    s = Session(template, checkpoint_disk=1 << 30)
+    ours, theirs = socket.socketpair()
+    thread = None
+    try:
+        for n in range(1, 4):
+            ok(run(s, f"blob = bytes([{n}]) * (2 << 20)", n))
+        server = EngineServer(theirs, s)
+        server.idle_release_s = 0.1
+        server.idle_release_due = True  # as after a request
+        thread = threading.Thread(target=lambda: _serve_until_shutdown(server), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 300  # polls: no request is sent meanwhile
+        while time.monotonic() < deadline and not (
+                all(cp.where() == "disk" for cp in s.checkpoints) and dead_waiting_bytes() == 0):
+            time.sleep(0.05)
+        assert [cp.where() for cp in s.checkpoints] == ["disk"] * 3
+        assert dead_waiting_bytes() == 0
+    finally:
+        if thread is not None:
+            wire.send(ours, {"op": "shutdown", "id": 1})
+            thread.join(60)
+        ours.close()
+        theirs.close()
+        s.close()
+
+
 def _rss_kib() -> int:
     with open("/proc/self/smaps_rollup") as f:
         return sum(int(line.split()[1]) for line in f if line.startswith("Rss:"))

@@ -394,10 +394,13 @@ class EngineServer:
                     # requests too, or an idle session would hold it until its next request
                     if not select.select([self.sock], [], [], SPILL_POLL_S)[0]:
                         self.session.reap_spills()
+                        if not self.session.spills_writing():
+                            _malloc_trim()  # what the writes' jobs used
                         continue
                 elif self.idle_release_due and self.idle_release_s and not self.pending \
                         and not select.select([self.sock], [], [], self.idle_release_s)[0]:
                     self.release_idle_memory()
+                    continue  # it may have started spills: their memory goes once they are written (above)
             except (SystemExit, wire.ChannelClosed):
                 raise
             except Exception:  # noqa: BLE001 - as a request's: the next request is still served

@@ -315,6 +315,9 @@ def format_budget(info: dict[str, Any] | None) -> str:
     if info.get("spilled_for_budget"):
         line += (f"{info['spilled_for_budget']} checkpoint(s) spilled to disk for the budget in this session, oldest "
                  f"first (ZEROBOOT_CHECKPOINT_DISK sets the disk budget)\n")
+    if info.get("spilled_while_idle"):
+        line += (f"{info['spilled_while_idle']} checkpoint(s) spilled to disk while the notebook was idle (only the "
+                 f"next cell's stays in memory then; ZEROBOOT_IDLE_RELEASE sets after how long)\n")
     if info.get("dropped_for_budget"):
         line += f"{info['dropped_for_budget']} checkpoint(s) dropped for the budget in this session, oldest first\n"
     return line

@@ -164,6 +164,7 @@ class Session:
         self._fallback: tuple[Snapshot, str] | None = None
         self._told_without = ""  # why cells run without one, as last said (said once per reason)
         self.budget_spilled = 0             # checkpoints spilled to disk for the budget, this session
+        self.idle_spilled = 0               # checkpoints spilled to disk while the session was idle
         self.spill: spill.SpillFile | None = None
         self.spill_reason = ""              # why there is no spill file ("" when there is one)
         # seconds a checkpoint that must leave memory waits for the spill writer (wait_from_env)
@@ -422,7 +423,30 @@ class Session:
             log.warning("could not give back the idle sandbox's unchanged pages: %s", exc)
             return 0
         self.released_pages += n
+        self.spill_idle_checkpoints()
         return n
+
+    def spill_idle_checkpoints(self) -> int:
+        """While the notebook is idle: start writing the %rewind checkpoints still in memory to the
+        spill file, oldest first, as the budget does when it is exceeded, so that an idle session
+        holds only what a rollback needs (the next cell's checkpoint). Their memory goes once the
+        writes end (the engine server reaps them between requests); %rewind reads them back from
+        disk. Nothing is dropped for it: it stops where the spill file is full, the writer has
+        enough in flight (_writing_cap), or there is no spill file. Returns how many it started."""
+        if self.spill is None or self.mode != "chained":
+            return 0
+        protect = self.ready if self.ready is not None else (self.checkpoints[-1].snapshot if self.checkpoints else None)
+        kept = {id(s) for s in (self.clean, self.ready, self.head, protect) if s is not None}
+        started = 0
+        for cp in list(self.checkpoints):
+            if cp.snapshot is None or cp.writing is not None or id(cp.snapshot) in kept:
+                continue
+            if self._spill_out(cp, [], idle=True) != "spilled":
+                break
+            started += 1
+        if started:
+            log.info("idle: spilling %d checkpoint(s) to disk", started)
+        return started
 
     def threads_may_run(self) -> bool:
         """Threads of user code are alive in the chained sandbox (between_cells has work: isolated
@@ -891,7 +915,7 @@ class Session:
         """The N for which %rewind N works, smallest first."""
         return [n for n, cp in zip(range(len(self.checkpoints), 0, -1), self.checkpoints) if not cp.dropped][::-1]
 
-    def _spill_out(self, cp: Checkpoint, dropped: list[int]) -> str:
+    def _spill_out(self, cp: Checkpoint, dropped: list[int], *, idle: bool = False) -> str:
         """Start moving a checkpoint's memory to the spill file (checkpoint_spill.py), making room
         there by dropping the oldest spilled checkpoints (their numbers go to `dropped`). The spill
         writer writes it while the session goes on; its snapshot is released when the write is done
@@ -899,7 +923,9 @@ class Session:
         waits here for those before it up to spill_wait_s, else it is not written ("behind": the
         caller drops it and leaves a gap, so the next cell never waits for the disk). "spilled" when
         the write started; "no" when there is no spill file, it is larger than the whole disk
-        budget, or it cannot start: then it is dropped."""
+        budget, or it cannot start: then it is dropped. idle (spill_idle_checkpoints): never waits
+        and never drops a spilled checkpoint to make room ("behind" or "no" then; the caller keeps
+        the checkpoint in memory)."""
         if self.spill is None or cp.snapshot is None or cp.writing is not None:
             return "no"
         self._reap_spills()
@@ -908,13 +934,16 @@ class Session:
             job = cp.snapshot.spill_job()
             raw = job.state_len + job.pages_len
             if self.writing_bytes() and self.writing_bytes() + raw > self._writing_cap() \
-                    and not self._writer_caught_up(raw):
+                    and (idle or not self._writer_caught_up(raw)):
                 job.free()
                 return "behind"
             length = spill.aligned_length(job.state_len, job.records, job.stored)
             if spill.span(length) > self.spill.limit:
                 self.spill_reason = (f"a checkpoint of {budget.mib(raw)} is larger than the whole disk budget "
                                      f"({budget.mib(self.spill.limit)}, {spill.ENV})")
+                job.free()
+                return "no"
+            if idle and not self.spill.fits(length):
                 job.free()
                 return "no"
             while not self.spill.fits(length) and self.checkpoints and self.checkpoints[0].snapshot is None:
@@ -932,6 +961,9 @@ class Session:
         cp.writing = spill.PendingSpill(job, ref, self.spill.fd, self.spill.direct_fd,
                                         self.spill.head(ref, job.state_len, job.records, job.stored), self.spill.key)
         spill.WRITER.submit(cp.writing)
+        if idle:  # not the budget's doing: counted apart, and no notice about the budget
+            self.idle_spilled += 1
+            return "spilled"
         self.budget_spilled += 1
         if not self._told_spill:
             self._told_spill = True
@@ -994,8 +1026,11 @@ class Session:
 
     def reap_spills(self) -> None:
         """Between requests (the engine server, while spills_writing()): release the memory of the
-        checkpoints whose write has ended."""
+        checkpoints whose write has ended; once none is in flight, their store pages go back to the
+        host at once rather than waiting for a batch (zb_snapshot_give_back_dead)."""
         self._reap_spills()
+        if not self.spills_writing():
+            give_back_dead_store_pages()
 
     def _writing_cap(self) -> int:
         """At most this many bytes of checkpoints are being written at once (beyond one checkpoint):
@@ -1096,11 +1131,13 @@ class Session:
                 "dropped_for_budget": self.budget_dropped, "why": why, "summary": summary,
                 "in_memory": in_memory, "on_disk": on_disk, "writing": writing, "gaps": gaps,
                 "writing_bytes": self.writing_bytes(), "spilled_for_budget": self.budget_spilled,
+                "spilled_while_idle": self.idle_spilled,
                 "disk_budget_bytes": disk.get("disk_budget_bytes", 0), "disk_used_bytes": disk.get("disk_used_bytes", 0),
                 "spill": "on" if self.spill is not None else (self.spill_reason or "off"), "where": where}
 
     # ---- reporting ----
     def describe_checkpoints(self) -> list[dict[str, Any]]:
+        self._reap_spills()  # writes that ended show as on disk
         return [{"before_cell": cp.number, "code": cp.code.strip().splitlines()[0][:60] if cp.code.strip() else "",
                  "private_kib": cp.snapshot.private_bytes >> 10 if cp.snapshot is not None else 0,
                  "disk_kib": cp.spilled.length >> 10 if cp.spilled is not None else 0,
