@@ -52,6 +52,8 @@ zb_cpl0_entry:
     je slots + 2 * ZB_ENTRY_SLOT_SIZE
     cmpq $108, %rax         /* getegid */
     je slots + 2 * ZB_ENTRY_SLOT_SIZE
+    cmpq $13, %rax          /* rt_sigaction */
+    je sig_code
     jmp fd_code
     .set slot, 0
     .rept ZB_ENTRY_SLOT_COUNT
@@ -230,6 +232,39 @@ timed_dispatch:
     .if 2b - 1b - 7 /* the .org put 1b at ZB_ENTRY_CLOSE_DONE - 7 */
     .error "the close slot's store must end ZB_ENTRY_CLOSE_DONE bytes into its block"
     .endif
+    /* rt_sigaction(sig, NULL, oldact, 8), a disposition query (guest_abi.h ZB_ENTRY_SIG_CODE):
+     * not timed (only exits change a disposition); r11 is the scratch, rax stays 13 until the end */
+    .if ZB_ENTRY_SIG_BLOCK - 3
+    .error "the disposition query's code is in the close block's tail"
+    .endif
+    .org block + ZB_ENTRY_SIG_CODE, 0x90
+sig_code:
+    testq %rsi, %rsi        /* a new action: the host's */
+    jnz 9b
+    cmpq $8, %r10           /* the sigset size Linux accepts */
+    jne 9b
+    leaq -1(%rdi), %r11     /* 1 <= sig <= 64, as an unsigned 64-bit value */
+    cmpq $ZB_ENTRY_SIGS - 1, %r11
+    ja 8f
+    testq %rdx, %rdx        /* no oldact: nothing to copy */
+    jz 1f
+    cmpq $ZB_LOW_REGION_BYTES, %rdx /* access_ok(oldact, 32), as the read block's user_range */
+    jb 8f
+    movq %rdx, %r11
+    addq $32, %r11
+    jc 8f
+    shrq $47, %r11
+    jnz 8f
+    .set field, 0
+    .rept 4                 /* handler, flags, restorer, mask (a fault here: the host serves the call) */
+    movq ZB_ENTRY_SIG_DATA + field * 8 * ZB_ENTRY_SIGS - 8(, %rdi, 8), %r11
+    movq %r11, field * 8(%rdx)
+    .set field, field + 1
+    .endr
+1:  xorl %eax, %eax
+    jmp *%rcx
+8:  movl $0x202, %r11d
+    jmp 9b
     .set block, timed + 4 * ZB_ENTRY_TIMED_SIZE
     .org block, 0x90        /* read(read_fd, buf, count): the bytes the host read at the open */
     user_range

@@ -138,6 +138,16 @@
 #define ZB_ENTRY_READ_COPY 0x90        /* in the read block: the registers are the copy's from here */
 #define ZB_ENTRY_READ_DONE 0xc0        /* ... to here, its `jmp *%rcx` (pos committed) */
 #define ZB_ENTRY_DENTS_DONE 0x120      /* the same in the getdents64 block */
+/* The disposition query (issue 15: CPython's subprocess child asks for all 64 dispositions before
+ * its exec, 62 exits of ~70 us): rt_sigaction(sig, NULL, oldact, 8) with 1 <= sig <= 64 copies the
+ * process's disposition of sig into oldact from zb_entry_sigactions at ZB_ENTRY_SIG_DATA, a user
+ * read-only page of the low 2 MiB that the host writes before every KVM_RUN, as zb_entry_data.
+ * Its code sits in the close block's tail, from ZB_ENTRY_SIG_CODE; a vCPU stopped or faulting
+ * there is moved to the `out` as rt_sigaction (a copy made twice is the same copy). */
+#define ZB_ENTRY_SIG_BLOCK 3           /* the close block (ZB_ENTRY_TIMED + 3 * ZB_ENTRY_TIMED_SIZE) */
+#define ZB_ENTRY_SIG_CODE 0x80         /* in that block: past the close's own code */
+#define ZB_ENTRY_SIG_DATA 0x110000     /* right after the read buffer */
+#define ZB_ENTRY_SIGS 64
 #define ZB_ENTRY_READ_DISPATCH 0x100   /* in the read block: the calls on read_fd, compares only */
 #define ZB_ENTRY_STAT_BYTES 144        /* struct stat on x86-64 */
 #define ZB_ENTRY_DATA 0xb00          /* right after the timed blocks */
@@ -200,6 +210,17 @@ struct zb_entry_data {
     uint32_t read_dir;                   /* 1: read_fd is a directory, the bytes its getdents64 records */
 };
 _Static_assert(ZB_ENTRY_DATA + sizeof(struct zb_entry_data) <= 4096, "the entry data must fit the entry page");
+
+/* At ZB_ENTRY_SIG_DATA: the dispositions of the process about to run, what rt_sigaction copies to
+ * oldact (struct kernel_sigaction: handler, flags, restorer, mask), one array per field indexed by
+ * sig - 1, so that the entry reads field f of sig at ZB_ENTRY_SIG_DATA + f * 512 - 8 + 8 * sig. */
+struct zb_entry_sigactions {
+    uint64_t handler[ZB_ENTRY_SIGS], flags[ZB_ENTRY_SIGS], restorer[ZB_ENTRY_SIGS], mask[ZB_ENTRY_SIGS];
+};
+_Static_assert(sizeof(struct zb_entry_sigactions) == 4 * 8 * ZB_ENTRY_SIGS && ZB_ENTRY_SIG_DATA % 4096 == 0 &&
+               ZB_ENTRY_SIG_DATA >= ZB_ENTRY_READ_BUF + ZB_ENTRY_READ_BYTES &&
+               ZB_ENTRY_SIG_DATA + sizeof(struct zb_entry_sigactions) <= ZB_LOW_REGION_BYTES,
+               "the dispositions are one page of their own in the low 2 MiB");
 _Static_assert(__builtin_offsetof(struct zb_entry_data, fd_state) == ZB_ENTRY_FD_STATE &&
                __builtin_offsetof(struct zb_entry_data, fd_flags) == ZB_ENTRY_FD_FLAGS &&
                __builtin_offsetof(struct zb_entry_data, fd_offset) == ZB_ENTRY_FD_OFFSET &&

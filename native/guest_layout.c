@@ -7,7 +7,8 @@
  * faults), except the syscall entry page (ZB_SYSCALL_ENTRY), which user code may read and execute
  * but nobody may write, and the page after it, the deferred close's slot (ZB_ENTRY_CLOSE_SLOT),
  * which user code may read and write: the host takes nothing from it but a checked fd and a
- * bounded position, and the entry's read buffer (ZB_ENTRY_READ_BUF), which user code may read.
+ * bounded position, and the entry's read buffer (ZB_ENTRY_READ_BUF) and dispositions
+ * (ZB_ENTRY_SIG_DATA), which user code may read.
  */
 #include "util.h"
 #include "memory.h"
@@ -75,6 +76,8 @@ static void write_page_tables(zb_memory *m) {
     /* the entry's read buffer: the bytes of a file the guest opened, user read-only data */
     for (uint64_t a = ZB_ENTRY_READ_BUF; a < ZB_ENTRY_READ_BUF + ZB_ENTRY_READ_BYTES; a += ZB_PAGE)
         pt[a >> 12] = a | PTE_P | PTE_US | PTE_NX;
+    /* the dispositions the entry's rt_sigaction query copies: user read-only data */
+    pt[ZB_ENTRY_SIG_DATA >> 12] = ZB_ENTRY_SIG_DATA | PTE_P | PTE_US | PTE_NX;
     ((uint64_t *)(m->host + PD_GPA))[0] = LOWPT_GPA | PTE_P | PTE_RW | PTE_US;
 }
 
@@ -138,6 +141,13 @@ void zb_layout_entry_answers(zb_memory *m, int on, const struct zb_entry_data *d
     if (!memcmp(at, &d, sizeof d)) return; /* unchanged: the page stays shared with the snapshot */
     memcpy(at, &d, sizeof d);
     zb_mem_dirty(m, ZB_SYSCALL_ENTRY + ZB_ENTRY_DATA, sizeof d);
+}
+
+void zb_layout_entry_sigactions(zb_memory *m, const struct zb_entry_sigactions *acts) {
+    uint8_t *at = m->host + ZB_ENTRY_SIG_DATA;
+    if (!memcmp(at, acts, sizeof *acts)) return; /* unchanged: the page stays shared with the snapshot */
+    memcpy(at, acts, sizeof *acts);
+    zb_mem_dirty(m, ZB_ENTRY_SIG_DATA, sizeof *acts);
 }
 
 int zb_layout_take_deferred_close(zb_memory *m) {

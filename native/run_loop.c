@@ -133,6 +133,11 @@ static void entry_timed_regs(const zb_sandbox *sb, struct kvm_regs *r) {
     uint64_t off = r->rip - ZB_SYSCALL_ENTRY - ZB_ENTRY_TIMED, block = off / ZB_ENTRY_TIMED_SIZE, in = off % ZB_ENTRY_TIMED_SIZE;
     if (block >= ZB_ENTRY_TIMED_COUNT) return;
     if (block == ENTRY_READ_BLOCK && in >= ZB_ENTRY_READ_DISPATCH) return;
+    if (block == ZB_ENTRY_SIG_BLOCK && in >= ZB_ENTRY_SIG_CODE) { /* the disposition query: rax is 13 or 0 */
+        r->rax = SYS_rt_sigaction;
+        r->r11 = 0x202;
+        return;
+    }
     r->rax = entry_timed_nr[block];
     if (r->rax == SYS_close) return; /* before its commit: it changed nothing (entry_close_committed) */
     if (r->rax != SYS_getdents64 && in > ZB_ENTRY_TSC && in < ZB_ENTRY_TSC_END) r->rdx = r->r11;
@@ -146,7 +151,9 @@ static void entry_timed_regs(const zb_sandbox *sb, struct kvm_regs *r) {
  * happened (the slot holds it), and what is left is returning 0 to user code. */
 static int entry_close_committed(uint64_t rip) {
     uint64_t block = ZB_SYSCALL_ENTRY + ZB_ENTRY_TIMED + 3 * ZB_ENTRY_TIMED_SIZE;
-    return rip >= block + ZB_ENTRY_CLOSE_DONE && rip < block + ZB_ENTRY_TIMED_SIZE;
+    _Static_assert(ZB_ENTRY_SIG_BLOCK == 3 && ZB_ENTRY_SIG_CODE > ZB_ENTRY_CLOSE_DONE,
+                   "the disposition query follows the close's code in its block");
+    return rip >= block + ZB_ENTRY_CLOSE_DONE && rip < block + ZB_ENTRY_SIG_CODE;
 }
 
 /* 1 if rip is at the read or getdents64 block's `jmp *%rcx`, past its commit to the position
@@ -676,6 +683,15 @@ static void entry_answers_refresh(zb_sandbox *sb, zb_vm *vm) {
     }
     entry_timed_answers(sb, vm, &d, seq, now, seen);
     zb_layout_entry_answers(&sb->mem, 1, &d);
+    struct zb_entry_sigactions acts; /* the process's dispositions, what sys_rt_sigaction copies out */
+    for (int sig = 1; sig <= ZB_ENTRY_SIGS; sig++) {
+        const zb_sigaction *a = &sb->sig.action[sig];
+        acts.handler[sig - 1] = a->handler;
+        acts.flags[sig - 1] = a->flags;
+        acts.restorer[sig - 1] = a->restorer;
+        acts.mask[sig - 1] = a->mask;
+    }
+    zb_layout_entry_sigactions(&sb->mem, &acts);
 }
 
 static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {

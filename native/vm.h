@@ -161,6 +161,9 @@ uint64_t zb_vm_guest_tsc(zb_vm *vm);
 /* Write the syscall entry page's zb_entry_data (guest_abi.h): *d with on set, or (off) all zero:
  * every syscall exits. The page is dirtied only when its data changes. */
 void zb_layout_entry_answers(zb_memory *m, int on, const struct zb_entry_data *d);
+/* The dispositions the entry's rt_sigaction query copies (guest_abi.h ZB_ENTRY_SIG_DATA): written,
+ * and the page dirtied, only where they changed. */
+void zb_layout_entry_sigactions(zb_memory *m, const struct zb_entry_sigactions *acts);
 /* The fd of the close the guest's entry deferred (guest_abi.h ZB_ENTRY_CLOSE_SLOT), or -1; the
  * slot is emptied. A guest-written value: the caller checks it is a deferrable fd. */
 int zb_layout_take_deferred_close(zb_memory *m);

@@ -231,7 +231,7 @@ PATHS = [("ioctls, page-fault entry (before)", False, False, False),
          ("kvm_run registers, entry at LSTAR, every syscall exits", True, True, False),
          ("the same + answered by the entry in the guest: getpid/getuid/getgid, lseek(SEEK_CUR), TCGETS, F_GETFD/F_GETFL, "
           "read at the end, fstat of the file just opened, getdents64 at the end, close of a read-only file deferred to the next exit, "
-          "reads of a small file just opened from the bytes read at its open (now; PVM)", True, True, True)]
+          "reads of a small file just opened from the bytes read at its open, rt_sigaction queries (now; PVM)", True, True, True)]
 
 
 def path_variants(sb: Any, small: str, rounds: int, n: int) -> dict[str, dict[str, float]]:
