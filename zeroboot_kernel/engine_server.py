@@ -30,7 +30,7 @@ from . import latency_trace
 from . import session_save
 from .schema import IDLE_STREAM
 from .errors import ZerobootError
-from .native import Engine, mac_prepare, watch_fd
+from .native import Engine, give_back_dead_store_pages, mac_prepare, watch_fd
 from .network_policy import NetworkPolicy
 from .guest_view import python_view
 from .session import Session
@@ -94,6 +94,7 @@ class EngineServer:
         }
         self.held_save = b""  # the save being fetched by the kernel (save_chunk)
         self.idle_release_due = False  # a request ran since the last release_idle_memory
+        self.idle_spilling = False  # the idle release started spills; none ran since (finish_idle_release)
         self.idle_release_s = idle_release_seconds()
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -376,11 +377,22 @@ class EngineServer:
 
     def release_idle_memory(self) -> None:
         """No request for IDLE_RELEASE_S: give back what the idle session does not need (the
-        sandbox's pages that hold the template's bytes again, and this process's freed heap)."""
+        sandbox's pages that hold the template's bytes again, and this process's freed heap), and
+        start writing its %rewind checkpoints to disk (Session.spill_idle_checkpoints)."""
         self.idle_release_due = False
         pages = self.session.release_idle_memory()
         trimmed = _malloc_trim()
+        self.idle_spilling = self.session.spills_writing()
         log.debug("idle: gave back %d unchanged guest pages; malloc_trim: %s", pages, trimmed)
+
+    def finish_idle_release(self) -> None:
+        """The idle release's spills are written (their snapshots released): give their store pages
+        back now rather than in a later batch, and the heap their jobs used. Only after an idle
+        release: between the cells of a Run All the dead pages are what the next checkpoint
+        writes into (zb_snapshot_keep_spare)."""
+        self.idle_spilling = False
+        give_back_dead_store_pages()
+        _malloc_trim()
 
     def serve(self) -> None:
         while True:
@@ -394,8 +406,8 @@ class EngineServer:
                     # requests too, or an idle session would hold it until its next request
                     if not select.select([self.sock], [], [], SPILL_POLL_S)[0]:
                         self.session.reap_spills()
-                        if not self.session.spills_writing():
-                            _malloc_trim()  # what the writes' jobs used
+                        if self.idle_spilling and not self.session.spills_writing():
+                            self.finish_idle_release()
                         continue
                 elif self.idle_release_due and self.idle_release_s and not self.pending \
                         and not select.select([self.sock], [], [], self.idle_release_s)[0]:
@@ -412,6 +424,7 @@ class EngineServer:
                 continue
             self.current = msg.get("id")
             self.idle_release_due = True
+            self.idle_spilling = False
             try:
                 reply = self.handle(msg)
             except (SystemExit, wire.ChannelClosed):

@@ -1026,11 +1026,8 @@ class Session:
 
     def reap_spills(self) -> None:
         """Between requests (the engine server, while spills_writing()): release the memory of the
-        checkpoints whose write has ended; once none is in flight, their store pages go back to the
-        host at once rather than waiting for a batch (zb_snapshot_give_back_dead)."""
+        checkpoints whose write has ended."""
         self._reap_spills()
-        if not self.spills_writing():
-            give_back_dead_store_pages()
 
     def _writing_cap(self) -> int:
         """At most this many bytes of checkpoints are being written at once (beyond one checkpoint):
