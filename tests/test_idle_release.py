@@ -164,7 +164,6 @@ def test_an_idle_engine_writes_the_history_and_gives_its_memory_back_unasked(tem
     import socket
     import threading
 
-    from zeroboot_kernel import engine_wire as wire
     from zeroboot_kernel.engine_server import EngineServer
     from zeroboot_kernel.native import dead_waiting_bytes
     from zeroboot_kernel.session import Session
@@ -180,18 +179,16 @@ def test_an_idle_engine_writes_the_history_and_gives_its_memory_back_unasked(tem
         server.idle_release_due = True  # as after a request
         thread = threading.Thread(target=lambda: _serve_until_shutdown(server), daemon=True)
         thread.start()
-        deadline = time.monotonic() + 300  # polls: no request is sent meanwhile
-        while time.monotonic() < deadline and not (
-                all(cp.where() == "disk" for cp in s.checkpoints) and dead_waiting_bytes() == 0):
-            time.sleep(0.05)
+        # polls: no request is sent meanwhile
+        _wait_for(lambda: all(cp.where() == "disk" for cp in s.checkpoints) and dead_waiting_bytes() == 0, 300)
         assert [cp.where() for cp in s.checkpoints] == ["disk"] * 3
         assert dead_waiting_bytes() == 0
     finally:
         if thread is not None:
-            wire.send(ours, {"op": "shutdown", "id": 1})
-            thread.join(60)
-        ours.close()
-        theirs.close()
+            _shut_down(ours, theirs, thread)
+        else:
+            ours.close()
+            theirs.close()
         s.close()
 
 
