@@ -248,6 +248,16 @@ sig_code:
     ja 8f
     testq %rdx, %rdx        /* no oldact: nothing to copy */
     jz 1f
+    /* oldact on the caller's stack, within a page above rsp (glibc's sigaction passes its own
+     * local there): live stack, so mapped. Anywhere else it may be memory the process has not
+     * mapped, which the guest's page tables still reach but Linux answers EFAULT: the host's. */
+    cmpq %rsp, %rdx
+    jb 8f
+    movq %rsp, %r11
+    addq $ZB_ENTRY_SIG_STACK - 32, %r11
+    jc 8f
+    cmpq %r11, %rdx
+    ja 8f
     cmpq $ZB_LOW_REGION_BYTES, %rdx /* access_ok(oldact, 32), as the read block's user_range */
     jb 8f
     movq %rdx, %r11

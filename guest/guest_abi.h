@@ -139,15 +139,19 @@
 #define ZB_ENTRY_READ_DONE 0xc0        /* ... to here, its `jmp *%rcx` (pos committed) */
 #define ZB_ENTRY_DENTS_DONE 0x120      /* the same in the getdents64 block */
 /* The disposition query (issue 15: CPython's subprocess child asks for all 64 dispositions before
- * its exec, 60 exits of ~22 us here, 12% of a subprocess.run): rt_sigaction(sig, NULL, oldact, 8) with 1 <= sig <= 64 copies the
- * process's disposition of sig into oldact from zb_entry_sigactions at ZB_ENTRY_SIG_DATA, a user
- * read-only page of the low 2 MiB that the host writes before every KVM_RUN, as zb_entry_data.
- * Its code sits in the close block's tail, from ZB_ENTRY_SIG_CODE; a vCPU stopped or faulting
- * there is moved to the `out` as rt_sigaction (a copy made twice is the same copy). */
+ * its exec, 60 exits of ~22 us here, 12% of a subprocess.run): rt_sigaction(sig, NULL, oldact, 8)
+ * with 1 <= sig <= 64 and oldact on the caller's stack (within ZB_ENTRY_SIG_STACK above rsp, where
+ * glibc's sigaction puts it; elsewhere it may be memory the process has not mapped, which Linux
+ * answers EFAULT: the host's answer) copies the process's disposition of sig from
+ * zb_entry_sigactions at ZB_ENTRY_SIG_DATA, a user read-only page of the low 2 MiB that the host
+ * writes before every KVM_RUN, as zb_entry_data. Its code sits in the close block's tail, from
+ * ZB_ENTRY_SIG_CODE; a vCPU stopped or faulting there is moved to the `out` as rt_sigaction (a
+ * copy made twice is the same copy). */
 #define ZB_ENTRY_SIG_BLOCK 3           /* the close block (ZB_ENTRY_TIMED + 3 * ZB_ENTRY_TIMED_SIZE) */
 #define ZB_ENTRY_SIG_CODE 0x80         /* in that block: past the close's own code */
 #define ZB_ENTRY_SIG_DATA 0x110000     /* right after the read buffer */
 #define ZB_ENTRY_SIGS 64
+#define ZB_ENTRY_SIG_STACK 4096        /* oldact within this many bytes above rsp, else the host answers */
 #define ZB_ENTRY_READ_DISPATCH 0x100   /* in the read block: the calls on read_fd, compares only */
 #define ZB_ENTRY_STAT_BYTES 144        /* struct stat on x86-64 */
 #define ZB_ENTRY_DATA 0xb00          /* right after the timed blocks */
