@@ -435,8 +435,8 @@ class Session:
         enough in flight (_writing_cap), or there is no spill file. Returns how many it started."""
         if self.spill is None or self.mode != "chained":
             return 0
-        protect = self.ready if self.ready is not None else (self.checkpoints[-1].snapshot if self.checkpoints else None)
-        kept = {id(s) for s in (self.clean, self.ready, self.head, protect) if s is not None}
+        protect = self._rollback_target()
+        kept = {id(s) for s in self._kept(protect)}
         started = 0
         for cp in list(self.checkpoints):
             if cp.snapshot is None or cp.writing is not None or id(cp.snapshot) in kept:
@@ -810,6 +810,14 @@ class Session:
         held = [cp.snapshot for cp in self.checkpoints if cp.snapshot is not None and cp.writing is None] + [self.clean]
         return held + [s for s in (self.ready, self.head) if s is not None]
 
+    def _rollback_target(self) -> Snapshot | None:
+        """The snapshot the next cell rolls back to: the prepared checkpoint, else the newest one."""
+        return self.ready if self.ready is not None else (self.checkpoints[-1].snapshot if self.checkpoints else None)
+
+    def _kept(self, protect: Snapshot | None) -> list[Snapshot]:
+        """The snapshots no drop or spill may take: the clean state, the next cell's, the head, protect."""
+        return [self.clean] + [s for s in (self.ready, self.head, protect) if s is not None]
+
     def checkpoint_memory(self) -> int:
         """Bytes of host memory the session's snapshots hold (checkpoints, the next cell's, the clean state)."""
         return snapshots_memory(self._held_snapshots())
@@ -835,7 +843,7 @@ class Session:
             raise SandboxError("the checkpoint memory budget must be >= 0")
         self.memory_budget = size
         self.budget_reason = ""
-        protect = self.ready if self.ready is not None else (self.checkpoints[-1].snapshot if self.checkpoints else None)
+        protect = self._rollback_target()
         self.enforce_budget(protect=protect, notify=False)
         return self.describe_budget()["summary"]
 
@@ -878,7 +886,7 @@ class Session:
         held = self.checkpoint_memory()
         if held + incoming <= limit:
             return []
-        kept = [self.clean] + [s for s in (self.ready, self.head, protect) if s is not None]
+        kept = self._kept(protect)
         floor = snapshots_memory(kept)          # what no drop can free
         slack = max(budget.MIB, limit // 32)    # history that adds less than this is not worth dropping
         dropped: list[int] = []
@@ -1056,7 +1064,7 @@ class Session:
                 self._over = False
                 self.budget_reason = self._dropped_reason(limit) if self.budget_dropped else ""
             return 0
-        kept = [self.clean] + [s for s in (self.ready, self.head, protect) if s is not None]
+        kept = self._kept(protect)
         floor = snapshots_memory(kept)          # what no drop can free
         dropped = predropped + self._drop_oldest(limit, protect)
         held = self.checkpoint_memory()
