@@ -251,7 +251,19 @@ def test_fd_answers_cost_no_exit(template) -> None:
         assert calls >= 6000, calls
 
 
-_SHARED = r'''
+# the probes' read of a pipe to its end (guest code)
+_READ_ALL = r'''
+import os
+def read_all(fd, size):
+    got = b''
+    while True:
+        b = os.read(fd, size)
+        if not b:
+            return got
+        got += b
+'''
+
+_SHARED = _READ_ALL + r'''
 import json, os, sys, threading
 with open('/tmp/shared', 'wb') as f: f.write(b'y' * 10000)
 fd = os.open('/tmp/shared', os.O_RDONLY)
@@ -287,11 +299,7 @@ if pid == 0:
     os.execv(sys.executable, [sys.executable, '-c', 'import os, fcntl; '
              'print(os.lseek(%d, 0, os.SEEK_CUR), fcntl.fcntl(%d, fcntl.F_GETFD), flush=True)' % (fd, fd)])
 os.close(w)
-got = b''
-while True:
-    b = os.read(r, 100)
-    if not b: break
-    got += b
+got = read_all(r, 100)
 os.waitpid(pid, 0)
 seen.append(got.decode().split())
 nb = os.open('/tmp/shared', os.O_RDONLY | os.O_CLOEXEC)
@@ -839,7 +847,7 @@ def test_a_listing_answer_costs_no_exit(template) -> None:
 
 # ---- the disposition query: rt_sigaction(sig, NULL, oldact, 8) (guest_abi.h ZB_ENTRY_SIG_CODE) ----
 
-_SIG_PROBE = _RAW_SYSCALL + r'''
+_SIG_PROBE = _RAW_SYSCALL + _READ_ALL + r'''
 import ctypes, json, os, signal
 def query(sig, size=8, ptr=None):
     buf = (ctypes.c_uint64 * 4)(7, 7, 7, 7)
@@ -867,11 +875,7 @@ if pid == 0:  # the child's own dispositions, then after an exec
     os.write(w, json.dumps(every()).encode())
     os._exit(0)
 os.close(w)
-child = b''
-while True:
-    b = os.read(r, 65536)
-    if not b: break
-    child += b
+child = read_all(r, 65536)
 os.waitpid(pid, 0)
 print(json.dumps([every(), json.loads(child)]))
 '''
