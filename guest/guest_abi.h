@@ -24,7 +24,17 @@
  * IDT/IST delivery, no emulated CPL0 instruction. On VMX it runs at CPL0 (no SMEP) to the same
  * effect. The host takes an exit on ZB_PORT_SYSCALL with RIP == ZB_SYSCALL_ENTRY +
  * ZB_STUB_OUT_LEN as a syscall (rcx = the return address); user code that jumps there itself has
- * made a syscall by other means, nothing more, and any other use of the port ends the sandbox. */
+ * made a syscall by other means, nothing more.
+ *
+ * Rewritten syscall sites (native/syscall_sites.c): the host may replace a `syscall` (0f 05) that
+ * user code just ran with `out %al, $ZB_PORT_SYSCALL` (ZB_SITE_OUT_0 ZB_PORT_SYSCALL: two bytes,
+ * the same length, so no other instruction moves). An `out` to the port from anywhere but the
+ * entry page is a syscall: RIP returns past it, rcx and r11 get what `syscall` gives them (the
+ * return address, RFLAGS). On PVM it skips the `syscall` instruction's own trip to LSTAR (~13 of a
+ * ~52 us round trip here). Only where that is invisible to anything but the process itself: its
+ * private mappings (never a MAP_SHARED one, whose bytes are a file's or another process's), both
+ * bytes in one page, and not for the numbers the entry answers in the guest. An `in` from the port
+ * ends the sandbox. */
 #define ZB_SYSCALL_ENTRY 0xe000        /* LSTAR */
 /* zeroboot's own syscalls, for the guest agent (guest/_zeroboot_agent reads these two lines):
  * numbers from 400 up in x86-64's unused range 335-423 (syscall_64.tbl goes from rseq, 334, to
@@ -166,6 +176,10 @@
 #define ZB_ENTRY_READ_DIR (ZB_ENTRY_READ_SIZE + 4)
 #define ZB_ENTRY_ANSWERS_ON 0x7a627361 /* any other value: every syscall exits */
 #define ZB_PORT_SYSCALL 0xe0           /* above the exception ports */
+#define ZB_SITE_OUT_0 0xe6             /* `out %al, $imm8`'s opcode: a rewritten site is ZB_SITE_OUT_0 ZB_PORT_SYSCALL */
+/* The syscall numbers cpl0_entry.S may answer in the guest (each `cmpq $N, %rax` there; a test
+ * checks the two agree): a site calling one of them keeps its `syscall` while the answers are on. */
+#define ZB_ENTRY_ANSWERED_NRS 0, 3, 8, 13, 16, 39, 72, 102, 104, 107, 108, 217, 262
 #define ZB_SYSCALL_TRAP 0x7f0000000000 /* never mapped (the LSTAR of earlier engines; the fuzzer's wild pointer) */
 #define ZB_STUBS_GPA 0x8000            /* the CPL0 stubs, in the supervisor-only low 2 MiB */
 #define ZB_STUB_VECTORS 32             /* one stub per CPU exception vector */

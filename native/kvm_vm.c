@@ -439,6 +439,7 @@ static int guest_answers(const zb_engine *e) {
 
 int zb_vm_apply_syscall_path(zb_vm *vm, zb_engine *e, char *err) {
     vm->guest_answers = guest_answers(e);
+    vm->site_rewrite = !(e->syscall_path_off & ZB_SYSCALLS_SITE_REWRITE);
     if (zb_vm_flush_user_state(vm) < 0) { zb_seterr(err, "KVM_SET_SREGS/REGS: %s", strerror(errno)); return -1; }
     vm->sync_regs = !(e->syscall_path_off & ZB_SYSCALLS_SYNC_REGS) && sync_regs_supported(e);
     vm->run->kvm_valid_regs = vm->sync_regs ? KVM_SYNC_X86_REGS : 0; /* the exit copies regs only: sregs cost more */
@@ -447,13 +448,13 @@ int zb_vm_apply_syscall_path(zb_vm *vm, zb_engine *e, char *err) {
 
 int zb_engine_set_syscall_path(zb_engine *e, int flags) {
     char err[ZB_ERRLEN];
-    e->syscall_path_off = (ZB_SYSCALLS_SYNC_REGS | ZB_SYSCALLS_DIRECT_ENTRY | ZB_SYSCALLS_GUEST_ANSWERS) & ~flags;
+    e->syscall_path_off = (ZB_SYSCALLS_SYNC_REGS | ZB_SYSCALLS_DIRECT_ENTRY | ZB_SYSCALLS_GUEST_ANSWERS | ZB_SYSCALLS_SITE_REWRITE) & ~flags;
     if (e->vm && zb_vm_apply_syscall_path(e->vm, e, err) < 0) return -1;
     for (int i = 0; i < ZB_CHILD_VMS; i++)
         if (e->child_vms[i] && zb_vm_apply_syscall_path(e->child_vms[i], e, err) < 0) return -1;
     int sync = e->vm ? e->vm->sync_regs : sync_regs_supported(e) && (flags & ZB_SYSCALLS_SYNC_REGS);
     return (sync ? ZB_SYSCALLS_SYNC_REGS : 0) | (flags & ZB_SYSCALLS_DIRECT_ENTRY) |
-           (guest_answers(e) ? ZB_SYSCALLS_GUEST_ANSWERS : 0);
+           (guest_answers(e) ? ZB_SYSCALLS_GUEST_ANSWERS : 0) | (flags & ZB_SYSCALLS_SITE_REWRITE);
 }
 
 int zb_vm_exit_regs(zb_vm *vm, struct kvm_regs *out) {

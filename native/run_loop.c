@@ -2,7 +2,8 @@
  *
  * Every guest->host transition is an I/O exit:
  *   - ports 0x3f8-0x3ff from user code: the UART registers (uart16550.c);
- *   - port ZB_PORT_SYSCALL from the syscall entry at LSTAR (guest_abi.h): a `syscall`;
+ *   - port ZB_PORT_SYSCALL from the syscall entry at LSTAR (guest_abi.h): a `syscall`; from
+ *     anywhere else, a syscall site the host rewrote (syscall_sites.c);
  *   - port 0xc0+v from the CPL0 stub of exception vector v (guest/cpl0_entry.S): a CPU fault.
  * After a syscall the host returns to user mode itself (registers and special registers, through
  * kvm_run where KVM has KVM_CAP_SYNC_REGS: zb_vm_set_user_state).
@@ -371,6 +372,19 @@ static int handle_syscall_entry(zb_sandbox *sb, zb_vm *vm, const struct kvm_regs
     sb->cpu.regs.r11 = uflags;
     sb->cpu.pending_syscall = 0;
     sb->cpu.io_done = 0;
+    zb_syscall_site_rewrite(sb, vm, vr->rax, vr->rcx); /* before serving: an execve or munmap may take the site */
+    return serve_syscall(sb, vm, ev);
+}
+
+/* An `out` to the syscall port from user code (guest_abi.h): a rewritten site, or code doing the
+ * same by other means. vr is user state with RIP past the `out`; rcx and r11 get what `syscall`
+ * would have given them, so the call is the same to its caller on either path. */
+static int handle_syscall_site(zb_sandbox *sb, zb_vm *vm, const struct kvm_regs *vr, zb_event *ev) {
+    sb->cpu.regs = *vr;
+    sb->cpu.regs.rcx = vr->rip;
+    sb->cpu.regs.r11 = vr->rflags;
+    sb->cpu.pending_syscall = 0;
+    sb->cpu.io_done = 0;
     return serve_syscall(sb, vm, ev);
 }
 
@@ -461,15 +475,15 @@ static int handle_io(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     if (port == ZB_PORT_SYSCALL) {
         struct kvm_regs vr;
         if (zb_vm_exit_regs(vm, &vr) < 0) { error_event(sb, ev, "KVM_GET_REGS: %s", strerror(errno)); return 1; }
-        if (run->io.direction == KVM_EXIT_IO_OUT && vr.rip == ZB_SYSCALL_ENTRY + ZB_SYSCALL_ENTRY_OUT + ZB_STUB_OUT_LEN) return handle_syscall_entry(sb, vm, &vr, ev);
-        /* user code can reach the port (the bitmap allows it: PVM runs the entry at CPL3), not use it.
+        if (run->io.direction == KVM_EXIT_IO_OUT)
+            return vr.rip == ZB_SYSCALL_ENTRY + ZB_SYSCALL_ENTRY_OUT + ZB_STUB_OUT_LEN ? handle_syscall_entry(sb, vm, &vr, ev)
+                                                                                     : handle_syscall_site(sb, vm, &vr, ev);
+        /* user code can reach the port (the bitmap allows it), and write it (a syscall), not read it.
          * An `in` left pending would be completed by the next KVM_RUN, into the registers of the
          * next sandbox on this VM: complete it now, into this dead one's. */
-        if (run->io.direction == KVM_EXIT_IO_IN) {
-            run->immediate_exit = 1;
-            (void)ioctl(vm->vcpu_fd, KVM_RUN, 0); /* EINTR is the expected answer */
-            run->immediate_exit = 0;
-        }
+        run->immediate_exit = 1;
+        (void)ioctl(vm->vcpu_fd, KVM_RUN, 0); /* EINTR is the expected answer */
+        run->immediate_exit = 0;
         error_event(sb, ev, "the guest accessed I/O port 0x%x; only the UART (0x%x-0x%x) is allowed (rip 0x%llx)", port, ZB_UART_BASE,
                     ZB_UART_BASE + ZB_UART_PORTS - 1, (unsigned long long)vr.rip);
         return 1;

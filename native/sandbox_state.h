@@ -18,6 +18,7 @@
 #include <pthread.h>
 
 #define ZB_LOG_MAX 8192
+#define ZB_SITE_SEEN 64
 
 typedef struct zb_fs zb_fs;
 typedef struct zb_fdtable zb_fdtable;
@@ -75,6 +76,9 @@ struct zb_sandbox {
     int entry_read_fd;
     uint32_t entry_read_size;
     uint64_t entry_read_seq;
+    /* syscall sites seen exiting once (syscall_sites.c; direct-mapped, a hint: forgetting one
+     * only delays its rewrite) */
+    uint64_t site_seen[ZB_SITE_SEEN];
 
     /* an event a syscall handler asks the run loop to return after the syscall */
     zb_event stop_ev;

@@ -70,6 +70,8 @@ typedef struct zb_vm {
     /* The syscall entry answers getpid, getuid/geteuid, getgid/getegid in the guest
      * (ZB_SYSCALLS_GUEST_ANSWERS, PVM only: guest_abi.h zb_entry_data). */
     int guest_answers;
+    /* Syscall sites that exit are rewritten (ZB_SYSCALLS_SITE_REWRITE, syscall_sites.c). */
+    int site_rewrite;
     uint64_t last_used;      /* zb_engine.executor_runs at its last pick (zb_engine_executor) */
 } zb_vm;
 

@@ -74,6 +74,7 @@ typedef struct zb_stats {
     uint64_t syscalls;         /* guest syscalls served */
     uint64_t unknown_syscalls; /* of which answered ENOSYS as unimplemented */
     uint64_t io_exits;         /* UART port accesses */
+    uint64_t syscall_sites;    /* `syscall` instructions rewritten into the port's `out` (guest_abi.h), ever */
     uint64_t run_ns;           /* wall time inside zb_sandbox_run */
     uint64_t syscall_ns;       /* host time spent serving syscalls */
     uint64_t dirty_pages;      /* pages known to be written since the last snapshot/restore: the
@@ -153,11 +154,16 @@ uint64_t zb_engine_fingerprint(zb_engine *engine);
  *     address whose page fault enters the CPL0 stub of vector 14 (the path of earlier engines);
  *   ZB_SYSCALLS_GUEST_ANSWERS: the entry answers getpid, getuid/geteuid and getgid/getegid in the
  *     guest without an exit (guest_abi.h zb_entry_data; only where the entry runs at CPL3, i.e. on
- *     PVM, and with DIRECT_ENTRY).
+ *     PVM, and with DIRECT_ENTRY);
+ *   ZB_SYSCALLS_SITE_REWRITE: a `syscall` instruction that exited is rewritten into the `out` that
+ *     exits without it (guest_abi.h, syscall_sites.c), so that its next runs skip the trip to
+ *     LSTAR. Off, no site is rewritten any more; sites rewritten before stay so (they work on
+ *     every path).
  * Returns the flags in effect. Call between runs. */
 #define ZB_SYSCALLS_SYNC_REGS 1
 #define ZB_SYSCALLS_DIRECT_ENTRY 2
 #define ZB_SYSCALLS_GUEST_ANSWERS 4
+#define ZB_SYSCALLS_SITE_REWRITE 8
 int zb_engine_set_syscall_path(zb_engine *engine, int flags);
 
 /* Lock the engine process down with seccomp (native/seccomp.c): SETUP allows what starting,

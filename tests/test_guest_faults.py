@@ -20,7 +20,6 @@ FAULTS = [
     ("cli", EventKind.FAULT, signal.SIGSEGV, ["SIGSEGV", "privileged instruction"]),
     ("out80", EventKind.ERROR, 0, ["I/O port 0x80", "only the UART"]),
     ("in_dx", EventKind.ERROR, 0, ["I/O port 0x3fa0", "only the UART"]),
-    ("out_syscall_port", EventKind.ERROR, 0, ["I/O port 0xe0", "only the UART"]),
     ("in_syscall_port", EventKind.ERROR, 0, ["I/O port 0xe0", "only the UART"]),
     ("write_syscall_entry", EventKind.FAULT, signal.SIGSEGV, ["SIGSEGV", "write at address 0xe000"]),
     ("abort", EventKind.FAULT, signal.SIGABRT, ["SIGABRT"]),

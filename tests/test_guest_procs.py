@@ -9,7 +9,7 @@ import time
 import pytest
 
 import guest_c
-from zeroboot_kernel.native import EventKind, Guest
+from zeroboot_kernel.native import Engine, EventKind, Guest
 
 pytestmark = pytest.mark.skipif(not guest_c.have_gcc(), reason="needs gcc for the guest programs")
 
@@ -94,6 +94,16 @@ def test_stop_in_user_code_resumes_from_the_vcpu(mode: str) -> None:
     children's executor) must resume from the vCPU, not from its last syscall's registers (issue 15:
     reloading those crashed the agent with SIGILL after an interrupted `!echo started; sleep 100`).
     Then SIGINT, as an interrupt raises it, ends the guest's spin through its handler."""
+    engine = Engine.default()
+    # the trap's getppid must reach the entry's `out`: no syscall site rewritten into an exit of its own
+    engine.set_syscall_path(site_rewrite=mode != "trap")
+    try:
+        _stop_in_user_code(mode)
+    finally:
+        engine.set_syscall_path()
+
+
+def _stop_in_user_code(mode: str) -> None:
     with guest_c.boot("procs", "stopped_in_user_code", mode) as sb:
         out = b""
         deadline = time.monotonic() + 60

@@ -210,3 +210,133 @@ def test_a_directory_open_asks_the_host_at_each_call(template, tmp_path, mode) -
         d.mkdir()
         (d / "z").write_text("3")  # ... with another directory
         assert run(sb, code) == ["z"]
+
+
+# Guest code for the rewritten syscall sites (guest_abi.h, native/syscall_sites.c): `stub(nr)`
+# writes `mov eax, nr; syscall; ret` (or another tail) into a fresh mapping and returns it as a
+# callable, a function reading the two bytes of its `syscall`, and its address.
+_SITES = r'''
+import ctypes, mmap, os, signal, json
+PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+RWX = mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC
+keep = []
+
+def stub(nr, flags=PRIVATE, at=0, tail=b"\xc3"):
+    """mov eax, nr; syscall; <tail> at offset `at` of a fresh two-page mapping"""
+    m = mmap.mmap(-1, 8192, flags=flags, prot=RWX)
+    keep.append(m)
+    m.seek(at)
+    m.write(bytes([0xb8]) + nr.to_bytes(4, "little") + b"\x0f\x05" + tail)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    f = ctypes.CFUNCTYPE(ctypes.c_long)(base + at)
+    return f, (lambda: m[at + 5:at + 7].hex()), base + at
+
+def calls(f, site, n):
+    """n calls of f, with its site's bytes after each"""
+    out = []
+    for _ in range(n):
+        out.append([f(), site()])
+    return out
+'''
+
+
+def sites(sb, code: str):
+    r = sb.execute(_SITES + code)
+    assert not r.error, r.error
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_syscall_site_is_rewritten_at_its_second_exit_and_means_the_same(template) -> None:
+    """getppid through a private stub: its `syscall` (0f05) becomes the port's `out` (e6e0) at its
+    second exit, and every call returns the same; rcx and r11 come back as `syscall` sets them
+    (the return address, RFLAGS) on both paths."""
+    with template.fork() as sb:
+        before = sb.guest.stats()["syscall_sites"]
+        got = sites(sb, "f, site, at = stub(110)\n"
+                        "g, gsite, gat = stub(110, tail=b'\\x48\\x89\\xc8\\xc3')\n"  # mov rax, rcx; ret
+                        "h, hsite, hat = stub(110, tail=b'\\x4c\\x89\\xd8\\xc3')\n"  # mov rax, r11; ret
+                        "print(json.dumps([calls(f, site, 4), os.getppid(), calls(g, gsite, 3), gat + 7, "
+                        "[h() & 0x202 for _ in range(3)], hsite()]))")
+        f_calls, ppid, g_calls, ret_addr, flags, hsite = got
+        assert [c[1] for c in f_calls] == ["0f05", "e6e0", "e6e0", "e6e0"]
+        assert [c[0] for c in f_calls] == [ppid] * 4
+        assert g_calls == [[ret_addr, "0f05"], [ret_addr, "e6e0"], [ret_addr, "e6e0"]]
+        assert flags == [0x202] * 3 and hsite == "e6e0"
+        assert sb.guest.stats()["syscall_sites"] == before + 3
+
+
+def test_sites_others_can_see_or_the_entry_answers_are_not_rewritten(template) -> None:
+    """A `syscall` in a MAP_SHARED mapping (its bytes are a file's or another process's), one
+    across two pages, and one calling a number the entry answers in the guest keep their bytes."""
+    from zeroboot_kernel.native import Engine
+
+    answers = Engine.default().set_syscall_path()[2]
+    with template.fork() as sb:
+        got = sites(sb, "f, site, _ = stub(110, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)\n"
+                        "g, gsite, _ = stub(110, at=4096 - 6)\n"  # 0f at 4095, 05 at 4096
+                        "h, hsite, _ = stub(39)\n"  # getpid
+                        "print(json.dumps([calls(f, site, 3), calls(g, gsite, 3), calls(h, hsite, 3), os.getppid(), "
+                        "os.getpid()]))")
+        shared, across, getpid, ppid, pid = got
+        assert shared == [[ppid, "0f05"]] * 3
+        assert across == [[ppid, "0f05"]] * 3
+        assert [c[0] for c in getpid] == [pid] * 3
+        assert [c[1] for c in getpid] == (["0f05"] * 3 if answers else ["0f05", "e6e0", "e6e0"])
+
+
+def test_site_rewriting_can_be_switched_off(template) -> None:
+    from zeroboot_kernel.native import Engine
+
+    engine = Engine.default()
+    with template.fork() as sb:
+        try:
+            assert engine.set_syscall_path(site_rewrite=False)[3] is False
+            off = sites(sb, "f, site, _ = stub(110)\nprint(json.dumps(calls(f, site, 4)))")
+        finally:
+            assert engine.set_syscall_path()[3] is True
+        assert [c[1] for c in off] == ["0f05"] * 4
+
+
+def test_a_rewritten_site_blocks_is_interrupted_and_forks_as_a_syscall(template) -> None:
+    """pause() through a rewritten site waits and is interrupted by SIGALRM (EINTR, the handler
+    ran); a forked child runs the rewritten site and exits through it; the parent's wait4 gets its
+    status."""
+    code = ("hits = []\n"
+            "signal.signal(signal.SIGALRM, lambda *a: hits.append(1))\n"
+            "p, psite, _ = stub(34)\n"  # pause
+            "res = []\n"
+            "for _ in range(3):\n"
+            "    signal.setitimer(signal.ITIMER_REAL, 0.05)\n"
+            "    res.append([p(), psite()])\n"
+            "f, site, _ = stub(110)\n"
+            "calls(f, site, 2)\n"
+            "e, esite, _ = stub(60)\n"  # exit(rdi): rdi is ctypes' first argument
+            "e.argtypes = [ctypes.c_long]\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os._exit(7 if f() == os.getppid() and site() == 'e6e0' else 1)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "pid2 = os.fork()\n"
+            "if pid2 == 0:\n"
+            "    e(3); e(5)\n"  # first call exits with 3: a site never run twice stays
+            "_, status2 = os.waitpid(pid2, 0)\n"
+            "print(json.dumps([res, len(hits), os.waitstatus_to_exitcode(status), "
+            "os.waitstatus_to_exitcode(status2), esite()]))")
+    with template.fork() as sb:
+        res, hits, child, child2, esite = sites(sb, code)
+        assert res == [[-4, "0f05"], [-4, "e6e0"], [-4, "e6e0"]]
+        assert hits == 3
+        assert child == 7 and child2 == 3 and esite == "0f05"
+
+
+def test_the_answered_numbers_are_the_entrys() -> None:
+    """guest_abi.h's ZB_ENTRY_ANSWERED_NRS (never rewritten while the entry answers) lists exactly
+    the numbers cpl0_entry.S compares rax with."""
+    import re
+    from pathlib import Path
+
+    guest = Path(__file__).resolve().parent.parent / "guest"
+    asm = set(int(n) for n in re.findall(r"cmpq \$(\d+), %rax", (guest / "cpl0_entry.S").read_text()))
+    asm |= {0}  # `testq %rax, %rax`: read
+    header = re.search(r"#define ZB_ENTRY_ANSWERED_NRS ([\d, ]+)", (guest / "guest_abi.h").read_text())
+    assert header and set(int(n) for n in header.group(1).split(",")) == asm

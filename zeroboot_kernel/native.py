@@ -102,19 +102,22 @@ class Engine:
         return self._handle
 
     def set_syscall_path(self, sync_regs: bool = True, direct_entry: bool = True,
-                         guest_answers: bool = True) -> tuple[bool, bool, bool]:
+                         guest_answers: bool = True, site_rewrite: bool = True) -> tuple[bool, bool, bool, bool]:
         """How syscalls reach the host and return (zb_engine_set_syscall_path; all on by default,
         off for measurements): registers through kvm_run rather than ioctls, LSTAR at the syscall
-        entry page rather than a page fault into the CPL0 stub, and getpid/getuid/getgid (and the
-        effective ids) answered by the entry page in the guest without an exit (PVM hosts only,
-        with the direct entry). Returns what is in effect, in that order."""
+        entry page rather than a page fault into the CPL0 stub, getpid/getuid/getgid (and the
+        effective ids, and the other answers of guest_abi.h) answered by the entry page in the
+        guest without an exit (PVM hosts only, with the direct entry), and `syscall` instructions
+        that exited rewritten into the port's `out` (sites rewritten before stay so). Returns what
+        is in effect, in that order."""
         flags = ((lib.ZB_SYSCALLS_SYNC_REGS if sync_regs else 0) | (lib.ZB_SYSCALLS_DIRECT_ENTRY if direct_entry else 0)
-                 | (lib.ZB_SYSCALLS_GUEST_ANSWERS if guest_answers else 0))
+                 | (lib.ZB_SYSCALLS_GUEST_ANSWERS if guest_answers else 0)
+                 | (lib.ZB_SYSCALLS_SITE_REWRITE if site_rewrite else 0))
         got = int(lib.zb_engine_set_syscall_path(self._handle, flags))
         if got < 0:
             raise SandboxError("cannot change the syscall path of the executor VM (KVM_SET_MSRS or KVM_SET_REGS failed)")
         return (bool(got & lib.ZB_SYSCALLS_SYNC_REGS), bool(got & lib.ZB_SYSCALLS_DIRECT_ENTRY),
-                bool(got & lib.ZB_SYSCALLS_GUEST_ANSWERS))
+                bool(got & lib.ZB_SYSCALLS_GUEST_ANSWERS), bool(got & lib.ZB_SYSCALLS_SITE_REWRITE))
 
     def set_parking(self, on: bool) -> None:
         """Whether a freed sandbox's memory is kept for the next fork of its lineage (on by
