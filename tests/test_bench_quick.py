@@ -66,7 +66,7 @@ def test_bench_all_quick_writes_every_field_and_the_report(tmp_path):
     assert per["getppid"]["syscalls"]["getppid"]["per_op"] >= 1 and per["os.stat"]["syscalls"]["newfstatat"]["host_calls"] >= 1
     assert all(positive(x[f]) for v in per.values() for x in v["syscalls"].values()
                for f in ("per_op", "exit_us", "dispatch_us", "host_calls", "return_us"))
-    assert len(res["syscalls"]["paths"]) == 4
+    assert len(res["syscalls"]["paths"]) == 5
     assert all(positive(us) for v in res["syscalls"]["paths"].values() for us in v.values())
     imports = res["syscalls"]["imports"]
     assert "skipped" in imports or all(positive(v["ratio"]) for v in imports.values())

@@ -225,36 +225,49 @@ def close_exiting(fd):  # the same close with a high-bit fd, which the entry nev
     _libc.syscall(3, ctypes.c_long(fd | 1 << 32))
 def close_libc(fd):  # the same call path without the high bits: deferred where the entry defers it
     _libc.syscall(3, ctypes.c_long(fd))
+_stubs = []
+def own_getppid():  # getppid through a `syscall` of its own (mov eax, 110; syscall; ret), new each time
+    m = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    m.write(bytes([0xb8, 110, 0, 0, 0, 0x0f, 0x05, 0xc3]))
+    _stubs.append(m)
+    return ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
 """
-PATHS = [("ioctls, page-fault entry (before)", False, False, False),
-         ("kvm_run registers, page-fault entry", True, False, False),
-         ("kvm_run registers, entry at LSTAR, every syscall exits", True, True, False),
+# (name, sync_regs, direct_entry, guest_answers, site_rewrite): Engine.set_syscall_path's switches
+PATHS = [("ioctls, page-fault entry (before)", False, False, False, False),
+         ("kvm_run registers, page-fault entry", True, False, False, False),
+         ("kvm_run registers, entry at LSTAR, every syscall exits", True, True, False, False),
          ("the same + answered by the entry in the guest: getpid/getuid/getgid, lseek(SEEK_CUR), TCGETS, F_GETFD/F_GETFL, "
           "read at the end, fstat of the file just opened, getdents64 at the end, close of a read-only file deferred to the next exit, "
-          "reads of a small file just opened from the bytes read at its open, rt_sigaction queries (now; PVM)", True, True, True)]
+          "reads of a small file just opened from the bytes read at its open, rt_sigaction queries (PVM)", True, True, True, False),
+         ("the same + syscall sites rewritten into the port's `out` at their second exit (now)", True, True, True, True)]
 
 
 def path_variants(sb: Any, small: str, rounds: int, n: int) -> dict[str, dict[str, float]]:
     """The syscall path's variants (Engine.set_syscall_path) interleaved in one sandbox, `rounds`
-    times: best us per getpid, os.stat, open+read+close (also with the close made by syscall(), once
-    deferrable and once with a high-bit fd that always exits), and per bare `in` exit (the floor)."""
+    times: best us per getpid, getppid (glibc's, and through a new `syscall` of its own each time,
+    which only the last variant rewrites), os.stat, open+read+close (also with the close made by
+    syscall(), once deferrable and once with a high-bit fd that always exits), and per bare `in`
+    exit (the floor). glibc's sites the template's start-up ran twice are rewritten in every
+    variant (the template was made with rewriting on): its getppid's is rewritten at its second
+    exit in the sandbox."""
     from ..native import Engine
 
     engine = Engine.default()
     sb.execute(_IN_EXIT)
-    ops = {"in exit (floor)": "in_exit()", "getpid": "os.getpid()", "getppid": "os.getppid()",
+    ops = {"in exit (floor)": "in_exit()", "getpid": "os.getpid()", "getppid (glibc's site)": "os.getppid()",
+           "getppid (a new site)": "own()",
            "os.stat": f"os.stat({small!r})",
            "open+read+close 4 KiB": f"open({small!r}, 'rb').read()",
            "os.open+read, close by syscall()": f"fd = os.open({small!r}, os.O_RDONLY); os.read(fd, 65536); close_libc(fd)",
            "the same, close exits": f"fd = os.open({small!r}, os.O_RDONLY); os.read(fd, 65536); close_exiting(fd)"}
-    out: dict[str, dict[str, float]] = {name: {} for name, _, _, _ in PATHS}
+    out: dict[str, dict[str, float]] = {name: {} for name, *_ in PATHS}
     try:
         for _ in range(rounds):
-            for name, sync_regs, entry, answers in PATHS:
-                engine.set_syscall_path(sync_regs, entry, answers)
+            for name, sync_regs, entry, answers, rewrite in PATHS:
+                engine.set_syscall_path(sync_regs, entry, answers, rewrite)
                 for op, code in ops.items():
                     k = n // 4 if "open" in op or "same" in op else n
-                    r = sb.execute(f"import os, time\nt = time.perf_counter()\nfor _ in range({k}): {code}\n"
+                    r = sb.execute(f"import os, time\nown = own_getppid()\nt = time.perf_counter()\nfor _ in range({k}): {code}\n"
                                    f"print((time.perf_counter() - t) / {k} * 1e6)")
                     us = float(r.stdout.split()[-1])
                     out[name][op] = round(min(out[name].get(op, us), us), 1)
@@ -378,7 +391,7 @@ def markdown(res: dict[str, Any]) -> str:
         (path_markdown(res["paths"]) if "paths" in res else "")
 
 
-PHASES = [("kvm_run_us", "KVM_RUN: return registers applied, guest entry, the entry's out, exit"),
+PHASES = [("kvm_run_us", "KVM_RUN: return registers applied, guest entry, the `out` (a rewritten site's; os.stat's newfstatat: the entry's), exit"),
           ("decode_us", "exit decode (registers from kvm_run)"),
           ("dispatch_us", "handler (all in)"), ("path_us", "  of which path copy + namespace walk"),
           ("host_us", "  of which host stat calls"),
