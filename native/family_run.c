@@ -283,7 +283,7 @@ static int family_idle(zb_sandbox *root, zb_family *fam, int64_t deadline_ns, zb
     if (!zb_kick_pending(root)) {
         int64_t ns = ZB_MIN(ZB_MAX(until - now, 0), (int64_t)3600 * 1000000000);
         struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
-        ppoll(NULL, 0, &ts, &wait); /* the kick signal ends it early */
+        zb_wait_ppoll(NULL, 0, &ts, &wait); /* the kick signal ends it early */
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     zb_family_alarms_check(fam, NULL, zb_now_ns()); /* an alarm that expired queues its SIGALRM */

@@ -63,7 +63,7 @@ static long wait_watched(zb_sandbox *sb, int64_t wake) {
         until = zb_sleep_bound(sb, until);
         int64_t ns = ZB_MAX(0, ZB_MIN(until - now, (int64_t)3600 * 1000000000));
         struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
-        if (ppoll(watched, (nfds_t)nwatched, &ts, &zb_run_wait_sigmask) > 0) { /* else the kick signal, or time */
+        if (zb_wait_ppoll(watched, (nfds_t)nwatched, &ts, &zb_run_wait_sigmask) > 0) { /* else the kick signal, or time */
             sb->cpu.pending_wake_ns = wake;
             nwatched = 0;
             return ZB_POLL_AGAIN;

@@ -9,6 +9,7 @@
 #include "vm.h"
 
 #include <pthread.h>
+#include <poll.h>
 #include <signal.h>
 
 struct zb_out; /* serial.h: the snapshot state writer and reader */
@@ -332,8 +333,15 @@ int zb_signal_interrupts_mask(const zb_sandbox *sb, int sig, uint64_t blocked);
  * or -errno (regs untouched) for a frame that cannot be read. */
 long zb_signals_sigreturn(zb_sandbox *sb);
 
-/* The guest's CPU time in ns: proc.cpu_ns plus the run under way (run_events.c). */
+/* The guest's CPU time in ns: proc.cpu_ns plus the run under way (run_events.c), less the time
+ * the engine spent waiting in it for the guest (zb_wait_ppoll). */
 uint64_t zb_guest_cpu_ns(const zb_sandbox *sb);
+/* ppoll for a guest that waits (a sleep, a poll, every thread waiting), counted in zb_waited_ns:
+ * a process that waits uses no CPU on Linux, so that time is not the guest's CPU time (time.sleep
+ * in a cell used to show as system time in %time, getrusage and time.process_time). */
+int zb_wait_ppoll(struct pollfd *fds, nfds_t nfds, const struct timespec *ts, const sigset_t *mask);
+/* Nanoseconds this thread has spent in zb_wait_ppoll, ever. */
+extern __thread uint64_t zb_waited_ns;
 /* The guest's uptime: CLOCK_BOOTTIME, which the guest reads from the host's (sys_time.c). */
 uint64_t zb_guest_uptime_ns(void);
 /* The same split as a kernel reports it: syscall service is system time, the rest user time. */

@@ -114,7 +114,7 @@ long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
         if (sb->fam) until = ZB_MIN(until, zb_family_next_wake(sb));
         int64_t ns = ZB_MIN(until - now, (int64_t)3600 * 1000000000);
         struct timespec ts = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
-        ppoll(NULL, 0, &ts, &zb_run_wait_sigmask); /* returns early on the kick signal */
+        zb_wait_ppoll(NULL, 0, &ts, &zb_run_wait_sigmask); /* returns early on the kick signal */
     }
 }
 
@@ -235,9 +235,20 @@ uint64_t zb_guest_uptime_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+__thread uint64_t zb_waited_ns;
+
+int zb_wait_ppoll(struct pollfd *fds, nfds_t nfds, const struct timespec *ts, const sigset_t *mask) {
+    int64_t t0 = zb_now_ns();
+    int rc = ppoll(fds, nfds, ts, mask);
+    int saved = errno;
+    zb_waited_ns += (uint64_t)(zb_now_ns() - t0);
+    errno = saved;
+    return rc;
+}
+
 uint64_t zb_guest_cpu_ns(const zb_sandbox *sb) {
-    uint64_t ns = sb->proc.cpu_ns; /* the finished runs, plus the one under way */
-    if (sb->run_started_ns) ns += (uint64_t)(zb_now_ns() - sb->run_started_ns);
+    uint64_t ns = sb->proc.cpu_ns; /* the finished runs, plus the one under way (on its thread) */
+    if (sb->run_started_ns) ns += (uint64_t)(zb_now_ns() - sb->run_started_ns) - (zb_waited_ns - sb->run_waited_ns);
     return ns;
 }
 

@@ -290,11 +290,12 @@ static int serve_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
     sb->stop_retry = 0;
     sb->cpu.context_restored = 0;
     atomic_fetch_add(&zb_syscall_seq, 1); /* ends every timed answer's hint */
+    uint64_t waited0 = zb_waited_ns;
     long ret = zb_syscall_dispatch(sb, nr, a);
     int64_t dt = zb_now_ns() - t0;
     sb->stats.syscalls++;
     sb->stats.syscall_ns += (uint64_t)dt;
-    sb->proc.sys_ns += (uint64_t)dt;
+    sb->proc.sys_ns += (uint64_t)dt - (zb_waited_ns - waited0); /* the guest's system time: not its waits */
     if (sb->profile) {
         sb->prof.dispatch_ns += (uint64_t)dt;
         sb->prof.host_calls += zb_host_calls - host_calls0;
@@ -845,6 +846,7 @@ int zb_run_one(zb_sandbox *sb, int64_t deadline_ns, zb_event *ev) {
     }
     int64_t t0 = zb_now_ns();
     sb->run_started_ns = t0;
+    sb->run_waited_ns = zb_waited_ns;
     sigset_t block, old;
     sigemptyset(&block);
     sigaddset(&block, ZB_KICK_SIGNAL);
@@ -889,7 +891,7 @@ out:
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     uint64_t ran = (uint64_t)(zb_now_ns() - t0);
     sb->stats.run_ns += ran;   /* the host's statistic: all runs of this sandbox object */
-    sb->proc.cpu_ns += ran;    /* the guest's CPU clock: restored with its state */
+    sb->proc.cpu_ns += ran - (zb_waited_ns - sb->run_waited_ns); /* the guest's CPU clock: restored with its state */
     sb->run_started_ns = 0;
     return 0;
 }

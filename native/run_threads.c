@@ -199,7 +199,7 @@ static int idle_wait(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         if (sb->fam) until = ZB_MIN(until, zb_family_next_wake(sb));
         int64_t ns = ZB_MIN(ZB_MAX(until - now, 0), (int64_t)3600 * 1000000000);
         struct timespec tsp = {(time_t)(ns / 1000000000), (long)(ns % 1000000000)};
-        ppoll(NULL, 0, &tsp, &zb_run_wait_sigmask); /* returns early on the kick signal */
+        zb_wait_ppoll(NULL, 0, &tsp, &zb_run_wait_sigmask); /* returns early on the kick signal */
     }
 }
 

@@ -54,6 +54,7 @@ struct zb_sandbox {
     atomic_int kick_requested;
     atomic_int running;
     int64_t run_started_ns;  /* while zb_sandbox_run runs: when it started (guest CPU clocks) */
+    uint64_t run_waited_ns;  /* and zb_waited_ns then (its waits are not the guest's CPU time) */
     pthread_t runner;        /* valid while running */
     int trace_fd;
     int profile;             /* syscall phases are stamped (zb_sandbox_set_profile) */

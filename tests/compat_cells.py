@@ -75,6 +75,9 @@ CELLS: list[Cell] = [
                       "(r.ru_utime > 0, r.ru_maxrss > 0)"),
     Cell("os-times", "t = os.times()\n(t.user > 0, t.children_user)"),
     Cell("time-magic", "%time sum(range(100_000))"),
+    Cell("sleep-cpu-time", "import time, resource\nr0 = resource.getrusage(resource.RUSAGE_SELF)\np0 = time.process_time()\n"
+                           "time.sleep(0.3)\nr1 = resource.getrusage(resource.RUSAGE_SELF)\n"
+                           "(r1.ru_stime - r0.ru_stime < 0.1, time.process_time() - p0 < 0.1)"),
     Cell("timeit-magic", "%timeit -n1 -r1 sum(range(100))"),
     # item 5: /proc
     Cell("proc-self-maps", "sorted(p for p in ('/proc/self/maps', '/proc/self/status', '/proc/self/statm', "

@@ -3,6 +3,7 @@
 #include "check.h"
 
 #include <linux/futex.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/random.h>
@@ -74,6 +75,39 @@ static void test_clock(int argc, char **argv) {
     }
     OK(clock_gettime(CLOCK_REALTIME, &rt));
     printf("realtime %ld.%09ld\n", (long)rt.tv_sec, rt.tv_nsec);
+}
+
+static int64_t cpu_ns(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return ns_of(&ts);
+}
+
+/* Waiting is not CPU time (a sleep, a poll's timeout, a futex wait); work is */
+static void test_cpu_time(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    int64_t p0 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID), t0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
+    struct rusage r0, r1;
+    OK(getrusage(RUSAGE_SELF, &r0));
+    struct timespec req = {0, 200000000};
+    OK(nanosleep(&req, NULL));
+    CHECK_EQ(poll(NULL, 0, 100), 0);
+    int word = 0;
+    struct timespec wait = {0, 100000000};
+    CHECK_ERR(syscall(SYS_futex, &word, FUTEX_WAIT, 0, &wait, NULL, 0), ETIMEDOUT);
+    int64_t waited_cpu = cpu_ns(CLOCK_PROCESS_CPUTIME_ID) - p0;
+    CHECK(waited_cpu < 100000000, "400 ms of waiting cost %ld ns of process CPU time", (long)waited_cpu);
+    CHECK(cpu_ns(CLOCK_THREAD_CPUTIME_ID) - t0 < 100000000, "waiting cost thread CPU time");
+    OK(getrusage(RUSAGE_SELF, &r1));
+    int64_t sys = (r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) * 1000000000ll + (r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) * 1000ll;
+    CHECK(sys < 100000000, "400 ms of waiting cost %ld ns of system time", (long)sys);
+    int64_t busy0 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID), w0 = mono_ns();
+    volatile uint64_t x = 0;
+    while (mono_ns() - w0 < 200000000) x++;
+    int64_t busy = cpu_ns(CLOCK_PROCESS_CPUTIME_ID) - busy0;
+    CHECK(busy > 50000000, "200 ms of work cost only %ld ns of CPU time", (long)busy);
+    printf("cpu while waiting %ld, while working %ld\n", (long)waited_cpu, (long)busy);
 }
 
 static void test_sleep(int argc, char **argv) {
@@ -251,6 +285,7 @@ static void test_clone(int argc, char **argv) {
 static const zb_test tests[] = {
     {"clock", test_clock},
     {"sleep", test_sleep},
+    {"cpu_time", test_cpu_time},
     {"random", test_random},
     {"identity", test_identity},
     {"futex", test_futex},
