@@ -108,9 +108,11 @@ zb_sandbox *zb_family_fork_sandbox(zb_sandbox *parent, int32_t pid, char *err) {
     ts->need_xsave_for = -1;
     ts->switch_request = 0;
     ts->preempt = 0;
-    /* fork(2): no pending signals, no alarm, no CPU time yet; the mask and handlers are inherited */
+    /* fork(2): no pending signals, no alarm or CPU timers, no CPU time yet; the mask and handlers are inherited */
     child->sig.pending = 0;
     child->sig.alarm_ns = child->sig.alarm_interval_ns = 0;
+    memset(child->sig.cpu_timer_ns, 0, sizeof child->sig.cpu_timer_ns); /* nor interval timers */
+    memset(child->sig.cpu_timer_interval_ns, 0, sizeof child->sig.cpu_timer_interval_ns);
     child->sig.fault_sig = 0;
     child->proc.pid = pid;
     child->cpu.vfork_child = 0;

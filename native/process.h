@@ -31,11 +31,15 @@ typedef struct zb_signals {
     uint64_t fault_addr;       /* and its si_addr, delivered with it */
     int64_t alarm_ns;          /* ITIMER_REAL expiry, host CLOCK_MONOTONIC ns; 0 = disarmed (sys_itimer.c) */
     int64_t alarm_interval_ns; /* its period, 0 = one-shot */
+    int64_t cpu_timer_ns[2];   /* ITIMER_VIRTUAL (ZB_CPU_TIMER_VIRTUAL) and ITIMER_PROF expiries, on the
+                                  process's user and user + system CPU clocks (zb_guest_cpu_split); 0 = disarmed */
+    int64_t cpu_timer_interval_ns[2]; /* their periods */
     uint64_t suspend_mask;     /* rt_sigsuspend: the mask to restore once the handler that ended it */
     int suspend_restore;       /* returns (the signal frame carries it); 1 while set */
 } zb_signals;
 void zb_signals_clone(zb_signals *dst, const zb_signals *src);
-/* On disk (without the alarm: a host monotonic time). */
+enum { ZB_CPU_TIMER_VIRTUAL = 0, ZB_CPU_TIMER_PROF = 1 };
+/* On disk (without the alarm: a host monotonic time; nor the CPU timers, whose clocks are not saved). */
 void zb_signals_save(const zb_signals *s, struct zb_out *o);
 int zb_signals_load(zb_signals *s, struct zb_in *in, char *err);
 
@@ -321,6 +325,16 @@ void zb_run_timer_update(zb_sandbox *sb);
 /* ---- signal delivery (signals.c) ---- */
 /* Queue SIGALRM if the guest's alarm expired by `now` (and re-arm a periodic one); 1 if it did. */
 int zb_alarm_check(zb_sandbox *sb, int64_t now);
+/* The CPU timers (setitimer ITIMER_VIRTUAL, ITIMER_PROF): the clock timer i counts (ns), whether any
+ * is armed, and queue SIGVTALRM / SIGPROF for each that expired (re-arming a periodic one): 1 if any
+ * did. They advance only while the process runs (waits are not CPU time): the run loop checks them
+ * before every KVM_RUN, and the wake timer stops the run when the earliest could expire. */
+int64_t zb_cpu_timer_clock(const zb_sandbox *sb, int i);
+int zb_cpu_timers_armed(const zb_sandbox *sb);
+int zb_cpu_timers_check(zb_sandbox *sb);
+/* The host CLOCK_MONOTONIC time by which the earliest armed CPU timer expires if the process runs
+ * from `now` on without a stop, or INT64_MAX. */
+int64_t zb_cpu_timers_wake(const zb_sandbox *sb, int64_t now);
 /* Deliver the lowest pending unblocked signal: 0 = done or nothing to do, 1 = the default action
  * kills the guest (*killed_by), -1 = the guest's stack cannot take a frame (*killed_by = SIGSEGV). */
 int zb_signal_deliver(zb_sandbox *sb, int *killed_by);

@@ -165,11 +165,15 @@ void zb_take_blocked_kick(void) {
     errno = saved;
 }
 
-/* The run's POSIX timer sends the kick signal to this thread at the earlier of the run deadline and
- * the guest's alarm, so that KVM_RUN or a sleep returns in time for either. */
+/* The run's POSIX timer sends the kick signal to this thread at the earliest of the run deadline,
+ * the guest's alarm and its CPU timers' expiries, so that KVM_RUN or a sleep returns in time. */
 int zb_run_arm_wake_timer(zb_sandbox *sb, zb_vm *vm) {
     int64_t at = zb_run_deadline_ns;
     if (sb->sig.alarm_ns && (!at || sb->sig.alarm_ns < at)) at = sb->sig.alarm_ns;
+    if (zb_cpu_timers_armed(sb)) { /* while the guest runs, its CPU clocks run with the wall clock */
+        int64_t cpu_at = ZB_MAX(zb_cpu_timers_wake(sb, zb_now_ns()), 1);
+        if (!at || cpu_at < at) at = cpu_at;
+    }
     int64_t threads_at = zb_threads_timer_horizon(&sb->threads); /* a waiter's timeout, a time slice's end */
     sb->threads.armed_horizon = threads_at; /* (the threads' part: what ticks compare) */
     if (sb->fam) { /* another process's timeout, or the end of this one's slice when another can run */

@@ -747,9 +747,9 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
         }
         if (zb_take_kick(sb)) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_KICK; return; }
         if (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_TIMEOUT; return; }
-        if (sb->sig.alarm_ns && zb_alarm_check(sb, zb_now_ns())) {
-            /* SIGALRM interrupts user code: take the registers back and enter its handler (mid-trap:
-             * it stays pending, and the trap's exit delivers it) */
+        if ((sb->sig.alarm_ns && zb_alarm_check(sb, zb_now_ns())) || (zb_cpu_timers_armed(sb) && zb_cpu_timers_check(sb))) {
+            /* SIGALRM (SIGVTALRM, SIGPROF) interrupts user code: take the registers back and enter its
+             * handler (mid-trap: it stays pending, and the trap's exit delivers it) */
             int mid_trap = sync_regs(sb, vm, ev);
             if (mid_trap < 0 || (!mid_trap && (deliver_signals(sb, ev) || set_user_state(sb, vm, ev) < 0))) return;
             zb_run_timer_update(sb);

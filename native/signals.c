@@ -217,6 +217,42 @@ int zb_alarm_check(zb_sandbox *sb, int64_t now) {
     return 1;
 }
 
+int64_t zb_cpu_timer_clock(const zb_sandbox *sb, int i) {
+    uint64_t user, sys;
+    zb_guest_cpu_split(sb, &user, &sys);
+    return (int64_t)(i == ZB_CPU_TIMER_VIRTUAL ? user : user + sys);
+}
+
+int zb_cpu_timers_armed(const zb_sandbox *sb) { return sb->sig.cpu_timer_ns[0] || sb->sig.cpu_timer_ns[1]; }
+
+int zb_cpu_timers_check(zb_sandbox *sb) {
+    static const int sigs[2] = {SIGVTALRM, SIGPROF};
+    zb_signals *s = &sb->sig;
+    int fired = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!s->cpu_timer_ns[i]) continue;
+        int64_t now = zb_cpu_timer_clock(sb, i);
+        if (now < s->cpu_timer_ns[i]) continue;
+        s->pending |= ZB_SIG_BIT(sigs[i]);
+        fired = 1;
+        if (s->cpu_timer_interval_ns[i]) { /* as the alarm: skip the periods already missed */
+            int64_t late = now - s->cpu_timer_ns[i];
+            s->cpu_timer_ns[i] += (late / s->cpu_timer_interval_ns[i] + 1) * s->cpu_timer_interval_ns[i];
+        } else {
+            s->cpu_timer_ns[i] = 0;
+        }
+    }
+    return fired;
+}
+
+int64_t zb_cpu_timers_wake(const zb_sandbox *sb, int64_t now) {
+    int64_t at = INT64_MAX;
+    for (int i = 0; i < 2; i++)
+        if (sb->sig.cpu_timer_ns[i]) /* a CPU clock runs at most as fast as the wall clock */
+            at = ZB_MIN(at, now + ZB_MAX(sb->sig.cpu_timer_ns[i] - zb_cpu_timer_clock(sb, i), 0));
+    return at;
+}
+
 /* ---- the state's copy and on-disk form ---- */
 
 void zb_signals_clone(zb_signals *dst, const zb_signals *src) { *dst = *src; /* plain data */ }

@@ -1,4 +1,4 @@
-/* sys_itimer.c - the guest's real-time interval timer: alarm(), setitimer()/getitimer(ITIMER_REAL).
+/* sys_itimer.c - the guest's interval timers: alarm(), setitimer()/getitimer().
  *
  * Grading tools and test runners bound a piece of code with SIGALRM (signal.alarm, pytest-timeout's
  * signal method), so the timer is real: the expiry time lives in the guest's signal state (it is
@@ -7,8 +7,10 @@
  * SIGALRM.
  * The timer counts wall-clock time, as ITIMER_REAL does, but it can only fire while the sandbox runs:
  * an alarm that expired while the sandbox was idle fires as soon as it runs again.
- * ITIMER_VIRTUAL and ITIMER_PROF (CPU-time timers) are not implemented: arming one fails with
- * EINVAL and a log line; reading or disarming one works (it is never armed).
+ * ITIMER_VIRTUAL and ITIMER_PROF (sampling profilers, CPython's test_signal) count the process's
+ * user and user + system CPU time (zb_guest_cpu_split: its runs less its waits), with SIGVTALRM and
+ * SIGPROF (zb_cpu_timers_check, signals.c). Each timer is the process's (its threads' time
+ * together), a fork's child starts without any, and execve keeps them, as on Linux.
  */
 #include "util.h"
 #include "memory.h"
@@ -44,6 +46,15 @@ static void current_timer(const zb_sandbox *sb, struct itimerval *out) {
     out->it_interval = ns_timeval(sb->sig.alarm_interval_ns);
 }
 
+/* ITIMER_VIRTUAL (i = ZB_CPU_TIMER_VIRTUAL) or ITIMER_PROF, read as current_timer reads the alarm. */
+static void current_cpu_timer(const zb_sandbox *sb, int i, struct itimerval *out) {
+    int64_t at = sb->sig.cpu_timer_ns[i], left = at ? ZB_MAX(at - zb_cpu_timer_clock(sb, i), 1) : 0;
+    out->it_value = ns_timeval(left);
+    out->it_interval = ns_timeval(sb->sig.cpu_timer_interval_ns[i]);
+}
+
+static int cpu_timer_index(uint64_t which) { return which == ITIMER_VIRTUAL ? ZB_CPU_TIMER_VIRTUAL : ZB_CPU_TIMER_PROF; }
+
 static int valid_timeval(const struct timeval *tv) {
     return tv->tv_sec >= 0 && tv->tv_sec <= MAX_TIMER_S && tv->tv_usec >= 0 && tv->tv_usec < 1000000;
 }
@@ -57,7 +68,8 @@ static void set_timer(zb_sandbox *sb, int64_t value_ns, int64_t interval_ns) {
 static long sys_getitimer(zb_sandbox *sb, const uint64_t a[6]) {
     struct itimerval cur = {{0, 0}, {0, 0}};
     if (a[0] == ITIMER_REAL) current_timer(sb, &cur);
-    else if (a[0] != ITIMER_VIRTUAL && a[0] != ITIMER_PROF) return -EINVAL;
+    else if (a[0] == ITIMER_VIRTUAL || a[0] == ITIMER_PROF) current_cpu_timer(sb, cpu_timer_index(a[0]), &cur);
+    else return -EINVAL;
     return zb_copy_to_guest(sb, a[1], &cur, sizeof cur) < 0 ? -EFAULT : 0;
 }
 
@@ -67,11 +79,12 @@ static long sys_setitimer(zb_sandbox *sb, const uint64_t a[6]) {
     if (!valid_timeval(&next.it_value) || !valid_timeval(&next.it_interval)) return -EINVAL;
     if (a[2] && !zb_guest_ptr(sb, a[2], sizeof old, 1)) return -EFAULT;
     if (a[0] == ITIMER_VIRTUAL || a[0] == ITIMER_PROF) {
-        if (timeval_ns(&next.it_value)) {
-            zb_log(sb, "setitimer(%s) is not supported (CPU-time timers); only ITIMER_REAL is",
-                   a[0] == ITIMER_VIRTUAL ? "ITIMER_VIRTUAL" : "ITIMER_PROF");
-            return -EINVAL;
-        }
+        int i = cpu_timer_index(a[0]);
+        int64_t value = timeval_ns(&next.it_value);
+        current_cpu_timer(sb, i, &old);
+        sb->sig.cpu_timer_ns[i] = value ? zb_cpu_timer_clock(sb, i) + value : 0;
+        sb->sig.cpu_timer_interval_ns[i] = value ? timeval_ns(&next.it_interval) : 0;
+        zb_run_timer_update(sb);
     } else if (a[0] == ITIMER_REAL) {
         current_timer(sb, &old);
         set_timer(sb, timeval_ns(&next.it_value), timeval_ns(&next.it_interval));

@@ -308,19 +308,56 @@ static void test_alarm_default(int argc, char **argv) {
 }
 
 /* CPU-time timers are not implemented: arming one is refused, reading or disarming works. */
+static long usec_of(const struct timeval *tv) { return (long)tv->tv_sec * 1000000 + (long)tv->tv_usec; }
+
+/* ITIMER_VIRTUAL and ITIMER_PROF count the process's CPU time: they fire in a busy loop, never while
+ * it sleeps; getitimer counts down; a fork's child has none; bad arguments fail. */
 static void test_itimer_cpu(int argc, char **argv) {
     (void)argc;
     (void)argv;
-    struct itimerval tv = {{0, 0}, {0, 100000}}, off = {{0, 0}, {0, 0}}, cur;
-    CHECK_ERR(setitimer(ITIMER_VIRTUAL, &tv, NULL), EINVAL);
-    CHECK_ERR(setitimer(ITIMER_PROF, &tv, NULL), EINVAL);
-    OK(setitimer(ITIMER_PROF, &off, NULL));
+    install(SIGVTALRM, SA_RESTART);
+    install(SIGPROF, SA_RESTART);
+    struct itimerval tv = {{0, 20000}, {0, 50000}}, off = {{0, 0}, {0, 0}}, cur, old;
+    OK(setitimer(ITIMER_VIRTUAL, &tv, &old));
+    CHECK(usec_of(&old.it_value) == 0, "no previous ITIMER_VIRTUAL");
     OK(getitimer(ITIMER_VIRTUAL, &cur));
+    CHECK(usec_of(&cur.it_interval) == 20000 && usec_of(&cur.it_value) > 0 && usec_of(&cur.it_value) <= 100000, /* Linux rounds up to its tick */
+          "getitimer(ITIMER_VIRTUAL): value %ld interval %ld us", usec_of(&cur.it_value), usec_of(&cur.it_interval));
+    pid_t pid = fork();
+    if (pid == 0) { /* the child starts without timers */
+        struct itimerval c;
+        _exit(getitimer(ITIMER_VIRTUAL, &c) == 0 && usec_of(&c.it_value) == 0 ? 0 : 1);
+    }
+    int status = 0;
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child had an ITIMER_VIRTUAL (status %d)", status);
+    struct timespec req = {0, 200000000};
+    OK(nanosleep(&req, NULL));
+    CHECK_EQ(got_count, 0); /* 200 ms asleep: no CPU time */
+    OK(getitimer(ITIMER_VIRTUAL, &cur));
+    CHECK(usec_of(&cur.it_value) > 10000, "a sleep used up the timer: %ld us left", usec_of(&cur.it_value));
+    int64_t t0 = now_ns();
+    volatile uint64_t spins = 0;
+    while (got_count < 3 && now_ns() - t0 < 10000000000) spins++;
+    CHECK(got_count >= 3 && got_sig == SIGVTALRM, "%d signals (last %d) in a busy loop", (int)got_count, (int)got_sig);
+    OK(setitimer(ITIMER_VIRTUAL, &off, &old));
+    CHECK(usec_of(&old.it_interval) == 20000, "the old interval: %ld us", usec_of(&old.it_interval));
+    got_count = 0;
+    struct itimerval once = {{0, 0}, {0, 30000}};
+    OK(setitimer(ITIMER_PROF, &once, NULL));
+    t0 = now_ns();
+    while (got_count < 1 && now_ns() - t0 < 10000000000) spins++;
+    CHECK(got_count == 1 && got_sig == SIGPROF, "%d signals (last %d) for a one-shot ITIMER_PROF", (int)got_count, (int)got_sig);
+    OK(getitimer(ITIMER_PROF, &cur));
+    CHECK(usec_of(&cur.it_value) == 0, "a one-shot timer that fired reads %ld us", usec_of(&cur.it_value));
     CHECK_ERR(syscall(SYS_setitimer, 7, &tv, NULL), EINVAL);
     struct itimerval bad = {{0, 0}, {0, 1000000}};
     CHECK_ERR(setitimer(ITIMER_REAL, &bad, NULL), EINVAL);
+    CHECK_ERR(setitimer(ITIMER_PROF, &bad, NULL), EINVAL);
     CHECK_ERR(syscall(SYS_setitimer, ITIMER_REAL, (void *)8, NULL), EFAULT);
     CHECK_ERR(syscall(SYS_getitimer, ITIMER_REAL, (void *)8), EFAULT);
+    CHECK_ERR(syscall(SYS_getitimer, ITIMER_VIRTUAL, (void *)8), EFAULT);
+    printf("CPU timers fired in a busy loop, not in a sleep\n");
 }
 
 /* Every register of the interrupted code, all 64 bits, and its flags survive signal delivery and
