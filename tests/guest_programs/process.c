@@ -83,25 +83,28 @@ static int64_t cpu_ns(clockid_t clock) {
     return ns_of(&ts);
 }
 
-/* Waiting is not CPU time (a sleep, a poll's timeout, a futex wait); work is */
+/* Waiting is not CPU time (a sleep, a poll's timeout, a futex wait); work is. 900 ms of waits
+ * against a 300 ms bound: the calls around them are a few exits, and the guest's CPU clock (its
+ * runs' wall time less its waits) counts a descheduled engine, so the bound leaves room for a
+ * loaded host; before waits were left out they alone counted 900 ms. */
 static void test_cpu_time(int argc, char **argv) {
     (void)argc;
     (void)argv;
     int64_t p0 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID), t0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
     struct rusage r0, r1;
     OK(getrusage(RUSAGE_SELF, &r0));
-    struct timespec req = {0, 200000000};
+    struct timespec req = {0, 300000000};
     OK(nanosleep(&req, NULL));
-    CHECK_EQ(poll(NULL, 0, 100), 0);
+    CHECK_EQ(poll(NULL, 0, 300), 0);
     int word = 0;
-    struct timespec wait = {0, 100000000};
+    struct timespec wait = {0, 300000000};
     CHECK_ERR(syscall(SYS_futex, &word, FUTEX_WAIT, 0, &wait, NULL, 0), ETIMEDOUT);
     int64_t waited_cpu = cpu_ns(CLOCK_PROCESS_CPUTIME_ID) - p0;
-    CHECK(waited_cpu < 100000000, "400 ms of waiting cost %ld ns of process CPU time", (long)waited_cpu);
-    CHECK(cpu_ns(CLOCK_THREAD_CPUTIME_ID) - t0 < 100000000, "waiting cost thread CPU time");
+    CHECK(waited_cpu < 300000000, "900 ms of waiting cost %ld ns of process CPU time", (long)waited_cpu);
+    CHECK(cpu_ns(CLOCK_THREAD_CPUTIME_ID) - t0 < 300000000, "waiting cost thread CPU time");
     OK(getrusage(RUSAGE_SELF, &r1));
     int64_t sys = (r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) * 1000000000ll + (r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) * 1000ll;
-    CHECK(sys < 100000000, "400 ms of waiting cost %ld ns of system time", (long)sys);
+    CHECK(sys < 300000000, "900 ms of waiting cost %ld ns of system time", (long)sys);
     int64_t busy0 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID), w0 = mono_ns();
     volatile uint64_t x = 0;
     while (mono_ns() - w0 < 200000000) x++;

@@ -307,21 +307,22 @@ static void test_alarm_default(int argc, char **argv) {
     FAIL("pause() returned after SIGALRM with the default action");
 }
 
-/* CPU-time timers are not implemented: arming one is refused, reading or disarming works. */
 static long usec_of(const struct timeval *tv) { return (long)tv->tv_sec * 1000000 + (long)tv->tv_usec; }
 
 /* ITIMER_VIRTUAL and ITIMER_PROF count the process's CPU time: they fire in a busy loop, never while
- * it sleeps; getitimer counts down; a fork's child has none; bad arguments fail. */
+ * it sleeps; getitimer counts down; a fork's child has none; bad arguments fail. The first expiry
+ * is 1 s away, far beyond what the few calls before the busy loop can cost on a loaded host (the
+ * guest's CPU clock is its runs' wall time less its waits: a descheduled engine counts). */
 static void test_itimer_cpu(int argc, char **argv) {
     (void)argc;
     (void)argv;
     install(SIGVTALRM, SA_RESTART);
     install(SIGPROF, SA_RESTART);
-    struct itimerval tv = {{0, 20000}, {0, 50000}}, off = {{0, 0}, {0, 0}}, cur, old;
+    struct itimerval tv = {{0, 20000}, {1, 0}}, off = {{0, 0}, {0, 0}}, cur, old;
     OK(setitimer(ITIMER_VIRTUAL, &tv, &old));
     CHECK(usec_of(&old.it_value) == 0, "no previous ITIMER_VIRTUAL");
     OK(getitimer(ITIMER_VIRTUAL, &cur));
-    CHECK(usec_of(&cur.it_interval) == 20000 && usec_of(&cur.it_value) > 0 && usec_of(&cur.it_value) <= 100000, /* Linux rounds up to its tick */
+    CHECK(usec_of(&cur.it_interval) == 20000 && usec_of(&cur.it_value) > 0 && usec_of(&cur.it_value) <= 1050000, /* Linux rounds up to its tick */
           "getitimer(ITIMER_VIRTUAL): value %ld interval %ld us", usec_of(&cur.it_value), usec_of(&cur.it_interval));
     pid_t pid = fork();
     if (pid == 0) { /* the child starts without timers */
@@ -335,10 +336,10 @@ static void test_itimer_cpu(int argc, char **argv) {
     OK(nanosleep(&req, NULL));
     CHECK_EQ(got_count, 0); /* 200 ms asleep: no CPU time */
     OK(getitimer(ITIMER_VIRTUAL, &cur));
-    CHECK(usec_of(&cur.it_value) > 10000, "a sleep used up the timer: %ld us left", usec_of(&cur.it_value));
+    CHECK(usec_of(&cur.it_value) > 500000, "a sleep used up the timer: %ld us left", usec_of(&cur.it_value));
     int64_t t0 = now_ns();
     volatile uint64_t spins = 0;
-    while (got_count < 3 && now_ns() - t0 < 10000000000) spins++;
+    while (got_count < 3 && now_ns() - t0 < 30000000000) spins++; /* ~1.04 s of CPU time */
     CHECK(got_count >= 3 && got_sig == SIGVTALRM, "%d signals (last %d) in a busy loop", (int)got_count, (int)got_sig);
     OK(setitimer(ITIMER_VIRTUAL, &off, &old));
     CHECK(usec_of(&old.it_interval) == 20000, "the old interval: %ld us", usec_of(&old.it_interval));
@@ -346,7 +347,7 @@ static void test_itimer_cpu(int argc, char **argv) {
     struct itimerval once = {{0, 0}, {0, 30000}};
     OK(setitimer(ITIMER_PROF, &once, NULL));
     t0 = now_ns();
-    while (got_count < 1 && now_ns() - t0 < 10000000000) spins++;
+    while (got_count < 1 && now_ns() - t0 < 30000000000) spins++;
     CHECK(got_count == 1 && got_sig == SIGPROF, "%d signals (last %d) for a one-shot ITIMER_PROF", (int)got_count, (int)got_sig);
     OK(getitimer(ITIMER_PROF, &cur));
     CHECK(usec_of(&cur.it_value) == 0, "a one-shot timer that fired reads %ld us", usec_of(&cur.it_value));
