@@ -41,8 +41,9 @@ class ProtocolError(Exception):
 
 
 def log(message: str) -> None:
-    """Diagnostics for whoever runs the VM: the real fd 2 (the guest's raw console), never a
-    STREAM frame, so agent problems do not show up as cell output."""
+    """Diagnostics for whoever runs the VM: the real fd 2 (the guest's console), never a STREAM
+    frame. Between requests the host drops console output; during one it shows in the cell's
+    stderr, as all of fd 1/2 does (C-level output)."""
     data = ("zeroboot agent: " + message.rstrip("\n") + "\n").encode("utf-8", "replace")
     try:
         while data:
@@ -482,8 +483,11 @@ def _oversize_replacement(ftype: int, payload: dict[str, Any],
 
 
 class FrameStream(io.TextIOBase):
-    """sys.stdout / sys.stderr: text goes to the channel's batching, never to a file descriptor
-    (fd 1 and 2 are the VM's raw console, which the host does not show as cell output)."""
+    """sys.stdout / sys.stderr: text goes to the channel's batching (STREAM frames). fileno() is the
+    process's fd 1 or 2, the console, whose writes the host streams to the running cell as it does
+    C-level output (as ipykernel's OutStream, whose fileno() is a copy of the kernel's own fd:
+    faulthandler, `subprocess.run(..., stdout=sys.stdout)` and libraries that ask for the
+    descriptor work; here what they write there reaches the cell, like the rest of fd 1/2)."""
 
     def __init__(self, channel: Channel, name: str) -> None:
         super().__init__()
@@ -509,9 +513,7 @@ class FrameStream(io.TextIOBase):
         return False
 
     def fileno(self) -> int:
-        # There is no descriptor behind this stream; io's contract for that is
-        # UnsupportedOperation (the base class raises it, said explicitly for readers).
-        raise io.UnsupportedOperation(f"{self.name} has no file descriptor")
+        return 1 if self._name == "stdout" else 2
 
     def write(self, text: str) -> int:  # type: ignore[override]
         if not isinstance(text, str):
