@@ -124,7 +124,8 @@ static long do_access(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t mo
                           flags & AT_EMPTY_PATH, &r);
     if (rc < 0) return rc;
     if (!r.exists) return -ENOENT;
-    if ((mode & W_OK) && r.loc.proj && !r.loc.mnode) {
+    /* inside a project, its folder itself included (a trie node of its own: the cells' cwd) */
+    if ((mode & W_OK) && r.loc.proj && (!r.loc.mnode || r.loc.mnode == r.loc.proj_root)) {
         if (r.loc.proj == PROJ_READONLY) return -EROFS;
         if (r.loc.proj == PROJ_READWRITE && access(r.path, W_OK) < 0) return -errno;
     } else if (mode & W_OK) {

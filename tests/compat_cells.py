@@ -75,6 +75,7 @@ CELLS: list[Cell] = [
                       "(r.ru_utime > 0, r.ru_maxrss > 0)"),
     Cell("os-times", "t = os.times()\n(t.user > 0, t.children_user)"),
     Cell("time-magic", "%time sum(range(100_000))"),
+    Cell("cwd-access", "import os\nos.access('.', os.W_OK), os.access('.', os.R_OK | os.X_OK)"),
     # a sleep is no CPU time (bounds at half the sleep: a loaded host deschedules the engine too)
     Cell("sleep-cpu-time", "import time, resource\nr0 = resource.getrusage(resource.RUSAGE_SELF)\np0 = time.process_time()\n"
                            "time.sleep(0.5)\nr1 = resource.getrusage(resource.RUSAGE_SELF)\n"

@@ -52,6 +52,20 @@ def test_overlay_reads_beside_the_notebook_and_keeps_writes_private(template, pr
         s.close()
 
 
+@pytest.mark.parametrize("files, writable", [("overlay", True), ("readonly", False), ("readwrite", True)])
+def test_access_says_what_a_write_would_do(template, project, files: str, writable: bool) -> None:
+    """os.access(W_OK) of the notebook's folder itself (the cwd), a folder and a file in it agrees
+    with the files mode, as libraries that check before writing rely on (it said False for the
+    folder itself in overlay mode, where writes work); the folder above it is the read-only view."""
+    s = Session(template, project_dir=str(project), files=files)
+    try:
+        r = cell(s, "import os\n[os.access(p, os.W_OK) for p in ('.', 'data', 'data/sales.csv')], "
+                    "os.access('..', os.W_OK), os.access('.', os.R_OK | os.X_OK)")
+        assert r["result"] == repr(([writable] * 3, False, True)), r
+    finally:
+        s.close()
+
+
 def test_rewind_also_rewinds_the_files(template, project) -> None:
     s = Session(template, project_dir=str(project))
     try:
