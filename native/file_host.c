@@ -91,6 +91,7 @@ static long host_stat(zb_sandbox *sb, zb_file *f, struct stat *st) {
     memset(st, 0, sizeof *st);
     if (ZB_HOSTCALL(fstat(f->host->fd, st)) < 0) return -errno;
     if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;
+    if (f->where && f->where->loc.proj) zb_proj_owner(st);
     return 0;
 }
 

@@ -293,6 +293,10 @@ int zb_proj_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out);
 int zb_proj_copy_up(zb_sandbox *sb, zb_resolved *r, int create);
 /* Overlay mode: unlink or rmdir r, leaving a whiteout where the host has an entry. */
 int zb_proj_remove(zb_sandbox *sb, zb_resolved *r, int dir);
+/* A project file's host stat as the guest sees it: what the engine's own user owns on the host
+ * (the notebook's files) is the guest user's, as under ipykernel, where the user owns them (git
+ * refuses a repository its user does not own, pip and ssh check owners); other owners stay. */
+void zb_proj_owner(struct stat *st);
 /* Read-write mode: the project root fd and r's path relative to it, for *at() host calls. */
 int zb_proj_host_path(const zb_resolved *r, char *rel, size_t cap);
 /* Read-write mode: an O_PATH fd of r's parent directory (confined) and r's last component. */

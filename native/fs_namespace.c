@@ -531,6 +531,7 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
         if (rc < 0) return rc;
         if (S_ISREG(st->st_mode)) st->st_blksize = ZB_IO_BLKSIZE;
         if (l->upper && S_ISDIR(st->st_mode)) upper_dir_times(sb, l->upper, st);
+        if (l->proj) zb_proj_owner(st);
         return 0;
     }
     case LOC_OVERLAY:

@@ -25,6 +25,11 @@
 
 #define COPY_CHUNK (1u << 20)
 
+void zb_proj_owner(struct stat *st) {
+    if (st->st_uid == geteuid()) st->st_uid = ZB_GUEST_UID;
+    if (st->st_gid == getegid()) st->st_gid = ZB_GUEST_GID;
+}
+
 /* ---- mounting ---- */
 
 int zb_fs_mount_project(zb_fs *fs, const char *host_dir, int mode, char *err) {

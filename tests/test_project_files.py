@@ -4,6 +4,8 @@ folder is the cells' working directory; reads pass through, writes stay private 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -62,6 +64,27 @@ def test_access_says_what_a_write_would_do(template, project, files: str, writab
         r = cell(s, "import os\n[os.access(p, os.W_OK) for p in ('.', 'data', 'data/sales.csv')], "
                     "os.access('..', os.W_OK), os.access('.', os.R_OK | os.X_OK)")
         assert r["result"] == repr(([writable] * 3, False, True)), r
+    finally:
+        s.close()
+
+
+def test_the_notebooks_files_are_the_guest_users(template, project) -> None:
+    """What the kernel's user owns on the host (the notebook's files) is the guest user's in the
+    sandbox, as under ipykernel, where the user owns them: git refuses a repository whose owner is
+    not the caller ("dubious ownership"), pip and ssh check owners too. The system view keeps its
+    owners (root)."""
+    if not shutil.which("git"):
+        pytest.skip("git is not installed")
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    s = Session(template, project_dir=str(project))
+    try:
+        r = cell(s, "import os, subprocess\n"
+                    "ids = [(os.stat(p).st_uid, os.stat(p).st_gid) == (os.getuid(), os.getgid()) for p in "
+                    "('.', '.git', 'data', 'data/sales.csv')]\n"
+                    "fd = os.open('data/sales.csv', os.O_RDONLY); ids.append(os.fstat(fd).st_uid == os.getuid()); os.close(fd)\n"
+                    "git = subprocess.run(['git', 'status', '--porcelain'], capture_output=True, text=True)\n"
+                    "ids, os.stat('/usr/bin').st_uid, git.returncode, git.stderr")
+        assert r["result"] == repr(([True] * 5, 0, 0, "")), r
     finally:
         s.close()
 
