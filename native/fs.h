@@ -33,7 +33,7 @@ enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART, DEV_PTMX,
        /* /proc files synthesised when opened (fs_proc.c): regular read-only files, not devices */
        DEV_PROC_FIRST = 32, DEV_PROC_MAPS = DEV_PROC_FIRST, DEV_PROC_STATUS, DEV_PROC_STAT, DEV_PROC_STATM,
        DEV_PROC_SMAPS_ROLLUP, DEV_PROC_CGROUP, DEV_PROC_MEMINFO, DEV_PROC_CPUINFO, DEV_PROC_UPTIME,
-       DEV_PROC_SYSTEM_STAT, DEV_PROC_CMDLINE, DEV_PROC_LAST = DEV_PROC_CMDLINE,
+       DEV_PROC_SYSTEM_STAT, DEV_PROC_CMDLINE, DEV_PROC_MOUNTS, DEV_PROC_MOUNTINFO, DEV_PROC_LAST = DEV_PROC_MOUNTINFO,
        /* /dev/pts/N, the slave end of pty N (N < ZB_PTY_MAX): opened by file_pty.c zb_pty_open_slave */
        DEV_PTS_FIRST = 64 };
 /* st_ino of a device (stat of its path, fstat of what it opened, d_ino of its /dev/pts entry) */

@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <sys/mman.h>
+#include <sys/sysmacros.h>
 
 #define PROC_MAX (4u << 20)
 
@@ -254,6 +255,21 @@ static void gen_cgroup(zb_sandbox *sb, proc_buf *b) {
     put(b, "0::/\n");
 }
 
+/* The mount table df, findmnt and psutil.disk_partitions read (df warns "cannot read table of
+ * mounted file systems" without it): the sandbox's file system as one mount at /, on the device
+ * its synthetic and overlay files report (ZB_DEV_ID), and /proc. Host paths and devices never
+ * show. */
+static void gen_mounts(zb_sandbox *sb, proc_buf *b) {
+    (void)sb;
+    put(b, "zeroboot / zeroboot rw,relatime 0 0\nproc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n");
+}
+
+static void gen_mountinfo(zb_sandbox *sb, proc_buf *b) {
+    (void)sb;
+    put(b, "1 0 %u:%u / / rw,relatime - zeroboot zeroboot rw\n2 1 0:4 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n",
+        major(ZB_DEV_ID), minor(ZB_DEV_ID));
+}
+
 typedef void (*proc_gen)(zb_sandbox *, proc_buf *);
 static const struct { int id; const char *name; int in_self; proc_gen gen; } proc_files[] = {
     {DEV_PROC_MAPS, "maps", 1, gen_maps},
@@ -267,6 +283,9 @@ static const struct { int id; const char *name; int in_self; proc_gen gen; } pro
     {DEV_PROC_CPUINFO, "cpuinfo", 0, gen_cpuinfo},
     {DEV_PROC_UPTIME, "uptime", 0, gen_uptime},
     {DEV_PROC_SYSTEM_STAT, "stat", 0, gen_system_stat},
+    {DEV_PROC_MOUNTS, "mounts", 1, gen_mounts},
+    {DEV_PROC_MOUNTS, "mounts", 0, gen_mounts},
+    {DEV_PROC_MOUNTINFO, "mountinfo", 1, gen_mountinfo},
 };
 #define NPROC (sizeof proc_files / sizeof proc_files[0])
 

@@ -89,7 +89,7 @@ def test_host_secrets_are_invisible():
     assert r["top"] == ["ok", sorted(top)]
 
 
-SYNTHESISED_PROC = ("/proc/self/maps", "/proc/self/status", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/cmdline",
+SYNTHESISED_PROC = ("/proc/self/maps", "/proc/self/status", "/proc/cpuinfo", "/proc/meminfo", "/proc/self/cmdline", "/proc/mounts",
                     "/proc/1/cmdline")
 
 
@@ -109,8 +109,9 @@ def test_proc_shows_only_exe_and_synthesised_files():
         attempt("exe_dotdot", lambda: read("/proc/self/exe/../../../etc/shadow"))
     ''')
     assert r["exe"][0] == "ok" and r["exe"][1].endswith("python3.11")
-    assert r["self"] == ["ok", ["cgroup", "cmdline", "exe", "maps", "smaps_rollup", "stat", "statm", "status"]]
-    assert r["proc"] == ["ok", ["1", "cpuinfo", "meminfo", "self", "stat", "uptime"]]
+    assert r["self"] == ["ok", ["cgroup", "cmdline", "exe", "maps", "mountinfo", "mounts", "smaps_rollup", "stat",
+                                "statm", "status"]]
+    assert r["proc"] == ["ok", ["1", "cpuinfo", "meminfo", "mounts", "self", "stat", "uptime"]]
     host = open("/proc/self/status").read()
     for name, result in r.items():
         if name in SYNTHESISED_PROC:

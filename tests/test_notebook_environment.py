@@ -224,6 +224,25 @@ def test_memory_limit_and_message(template, tmp_path) -> None:
 
 # ---- item 5: /proc in guest terms ---------------------------------------------------------------
 
+def test_a_mount_table_for_df_and_psutil(template, tmp_path) -> None:
+    """/proc/mounts, /proc/self/mounts and /proc/self/mountinfo describe the sandbox (one file system
+    at /, and /proc), so df, findmnt and psutil.disk_partitions work without warnings ("df: cannot
+    read table of mounted file systems" before); no host mount or device shows."""
+    s = Session(template, project_dir=str(tmp_path))
+    try:
+        r = cell(s, "import subprocess, psutil\n"
+                    "df = subprocess.run(['df', '-h', '/'], capture_output=True, text=True)\n"
+                    "(df.returncode, df.stderr, df.stdout.split()[-1], open('/proc/mounts').read() == "
+                    "open('/proc/self/mounts').read(), open('/proc/self/mounts').read().split()[:3], "
+                    "len(open('/proc/self/mountinfo').read().splitlines()), "
+                    "[p.mountpoint for p in psutil.disk_partitions(all=True)])")
+        assert r["status"] == "ok", r
+        import ast
+        assert ast.literal_eval(r["result"]) == (0, "", "/", True, ["zeroboot", "/", "zeroboot"], 2, ["/", "/proc"]), r
+    finally:
+        s.close()
+
+
 def test_proc_files_in_guest_terms(template, tmp_path) -> None:
     s = Session(template, project_dir=str(tmp_path), environ={})
     try:
@@ -243,7 +262,8 @@ def test_proc_files_in_guest_terms(template, tmp_path) -> None:
         assert r["status"] == "ok", r
         import ast
         assert ast.literal_eval(r["result"]) == (True, True, '1', '1', True, True, 52, '1', '0::/\n', True, True, True,
-                                                 ['cgroup', 'cmdline', 'exe', 'maps', 'smaps_rollup', 'stat', 'statm', 'status']), r
+                                                 ['cgroup', 'cmdline', 'exe', 'maps', 'mountinfo', 'mounts', 'smaps_rollup',
+                                                  'stat', 'statm', 'status']), r
         # the host's pid appears nowhere
         host_pid = str(os.getpid())
         r = cell(s, "open('/proc/self/status').read() + open('/proc/self/stat').read()", 2)
