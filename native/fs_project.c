@@ -19,15 +19,25 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #define COPY_CHUNK (1u << 20)
 
+static uid_t engine_uid;
+static gid_t engine_gid;
+static pthread_once_t engine_ids_once = PTHREAD_ONCE_INIT;
+static void read_engine_ids(void) {
+    engine_uid = geteuid();
+    engine_gid = getegid();
+}
+
 void zb_proj_owner(struct stat *st) {
-    if (st->st_uid == geteuid()) st->st_uid = ZB_GUEST_UID;
-    if (st->st_gid == getegid()) st->st_gid = ZB_GUEST_GID;
+    pthread_once(&engine_ids_once, read_engine_ids);
+    if (st->st_uid == engine_uid) st->st_uid = ZB_GUEST_UID;
+    if (st->st_gid == engine_gid) st->st_gid = ZB_GUEST_GID;
 }
 
 /* ---- mounting ---- */
