@@ -203,17 +203,19 @@ long zb_signals_sigreturn(zb_sandbox *sb) {
     return 0;
 }
 
+/* An interval timer expiring at *at (0: disarmed) on some clock that reads `now`: 1 if it expired,
+ * then re-armed (periodic: the next expiry in the timer's own rhythm, skipping the ones already
+ * missed) or disarmed. The alarm and the CPU timers share it, each on its own clock. */
+static int timer_expired(int64_t *at, int64_t interval, int64_t now) {
+    if (!*at || now < *at) return 0;
+    *at = interval ? *at + ((now - *at) / interval + 1) * interval : 0;
+    return 1;
+}
+
 int zb_alarm_check(zb_sandbox *sb, int64_t now) {
     zb_signals *s = &sb->sig;
-    if (!s->alarm_ns || now < s->alarm_ns) return 0;
-    s->pending |= 1ull << (SIGALRM - 1);
-    if (s->alarm_interval_ns) {
-        /* periodic: the next expiry in the timer's own rhythm, skipping the ones already missed */
-        int64_t late = now - s->alarm_ns;
-        s->alarm_ns += (late / s->alarm_interval_ns + 1) * s->alarm_interval_ns;
-    } else {
-        s->alarm_ns = 0;
-    }
+    if (!timer_expired(&s->alarm_ns, s->alarm_interval_ns, now)) return 0;
+    s->pending |= ZB_SIG_BIT(SIGALRM);
     return 1;
 }
 
@@ -230,17 +232,10 @@ int zb_cpu_timers_check(zb_sandbox *sb) {
     zb_signals *s = &sb->sig;
     int fired = 0;
     for (int i = 0; i < 2; i++) {
-        if (!s->cpu_timer_ns[i]) continue;
-        int64_t now = zb_cpu_timer_clock(sb, i);
-        if (now < s->cpu_timer_ns[i]) continue;
+        if (!s->cpu_timer_ns[i] || !timer_expired(&s->cpu_timer_ns[i], s->cpu_timer_interval_ns[i], zb_cpu_timer_clock(sb, i)))
+            continue;
         s->pending |= ZB_SIG_BIT(sigs[i]);
         fired = 1;
-        if (s->cpu_timer_interval_ns[i]) { /* as the alarm: skip the periods already missed */
-            int64_t late = now - s->cpu_timer_ns[i];
-            s->cpu_timer_ns[i] += (late / s->cpu_timer_interval_ns[i] + 1) * s->cpu_timer_interval_ns[i];
-        } else {
-            s->cpu_timer_ns[i] = 0;
-        }
     }
     return fired;
 }

@@ -40,17 +40,26 @@ static struct timeval ns_timeval(int64_t ns) {
     return tv;
 }
 
-static void current_timer(const zb_sandbox *sb, struct itimerval *out) {
-    int64_t left = sb->sig.alarm_ns ? ZB_MAX(sb->sig.alarm_ns - zb_now_ns(), 1) : 0; /* armed reads as >= 1 ns */
-    out->it_value = ns_timeval(left);
-    out->it_interval = ns_timeval(sb->sig.alarm_interval_ns);
+/* An interval timer expiring at `at` (0: disarmed) on a clock that reads `now`, as getitimer reads
+ * it: an armed one reads as >= 1 ns. The alarm is on CLOCK_MONOTONIC, the CPU timers on the
+ * process's CPU clocks (zb_cpu_timer_clock). */
+static struct itimerval timer_value(int64_t at, int64_t interval, int64_t now) {
+    return (struct itimerval){.it_value = ns_timeval(at ? ZB_MAX(at - now, 1) : 0), .it_interval = ns_timeval(interval)};
 }
 
-/* ITIMER_VIRTUAL (i = ZB_CPU_TIMER_VIRTUAL) or ITIMER_PROF, read as current_timer reads the alarm. */
+/* Arm it `value` ns from `now` (0: disarm), with period `interval`. */
+static void timer_arm(int64_t *at, int64_t *period, int64_t now, int64_t value, int64_t interval) {
+    *at = value ? now + value : 0;
+    *period = value ? interval : 0;
+}
+
+static void current_timer(const zb_sandbox *sb, struct itimerval *out) {
+    *out = timer_value(sb->sig.alarm_ns, sb->sig.alarm_interval_ns, zb_now_ns());
+}
+
+/* ITIMER_VIRTUAL (i = ZB_CPU_TIMER_VIRTUAL) or ITIMER_PROF. */
 static void current_cpu_timer(const zb_sandbox *sb, int i, struct itimerval *out) {
-    int64_t at = sb->sig.cpu_timer_ns[i], left = at ? ZB_MAX(at - zb_cpu_timer_clock(sb, i), 1) : 0;
-    out->it_value = ns_timeval(left);
-    out->it_interval = ns_timeval(sb->sig.cpu_timer_interval_ns[i]);
+    *out = timer_value(sb->sig.cpu_timer_ns[i], sb->sig.cpu_timer_interval_ns[i], zb_cpu_timer_clock(sb, i));
 }
 
 static int cpu_timer_index(uint64_t which) { return which == ITIMER_VIRTUAL ? ZB_CPU_TIMER_VIRTUAL : ZB_CPU_TIMER_PROF; }
@@ -60,8 +69,7 @@ static int valid_timeval(const struct timeval *tv) {
 }
 
 static void set_timer(zb_sandbox *sb, int64_t value_ns, int64_t interval_ns) {
-    sb->sig.alarm_ns = value_ns ? zb_now_ns() + value_ns : 0;
-    sb->sig.alarm_interval_ns = value_ns ? interval_ns : 0;
+    timer_arm(&sb->sig.alarm_ns, &sb->sig.alarm_interval_ns, zb_now_ns(), value_ns, interval_ns);
     zb_run_timer_update(sb);
 }
 
@@ -80,10 +88,9 @@ static long sys_setitimer(zb_sandbox *sb, const uint64_t a[6]) {
     if (a[2] && !zb_guest_ptr(sb, a[2], sizeof old, 1)) return -EFAULT;
     if (a[0] == ITIMER_VIRTUAL || a[0] == ITIMER_PROF) {
         int i = cpu_timer_index(a[0]);
-        int64_t value = timeval_ns(&next.it_value);
         current_cpu_timer(sb, i, &old);
-        sb->sig.cpu_timer_ns[i] = value ? zb_cpu_timer_clock(sb, i) + value : 0;
-        sb->sig.cpu_timer_interval_ns[i] = value ? timeval_ns(&next.it_interval) : 0;
+        timer_arm(&sb->sig.cpu_timer_ns[i], &sb->sig.cpu_timer_interval_ns[i], zb_cpu_timer_clock(sb, i),
+                  timeval_ns(&next.it_value), timeval_ns(&next.it_interval));
         zb_run_timer_update(sb);
     } else if (a[0] == ITIMER_REAL) {
         current_timer(sb, &old);
