@@ -891,7 +891,7 @@ out:
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     uint64_t ran = (uint64_t)(zb_now_ns() - t0);
     sb->stats.run_ns += ran;   /* the host's statistic: all runs of this sandbox object */
-    sb->proc.cpu_ns += ran - (zb_waited_ns - sb->run_waited_ns); /* the guest's CPU clock: restored with its state */
+    sb->proc.cpu_ns = zb_guest_cpu_ns(sb); /* the guest's CPU clock (this run less its waits): restored with its state */
     sb->run_started_ns = 0;
     return 0;
 }
