@@ -15,11 +15,13 @@
 
 static int64_t ns_of(const struct timespec *t) { return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec; }
 
-static int64_t mono_ns(void) {
+static int64_t clock_ns(clockid_t clock) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(clock, &t);
     return ns_of(&t);
 }
+
+static int64_t mono_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 
 /* glibc's clock_gettime goes through the vDSO (no exit); the raw syscall is served by the host.
  * Both must agree with each other and with the host's clock (the host side checks the printout). */
@@ -77,12 +79,6 @@ static void test_clock(int argc, char **argv) {
     printf("realtime %ld.%09ld\n", (long)rt.tv_sec, rt.tv_nsec);
 }
 
-static int64_t cpu_ns(clockid_t clock) {
-    struct timespec ts;
-    clock_gettime(clock, &ts);
-    return ns_of(&ts);
-}
-
 /* Waiting is not CPU time (a sleep, a poll's timeout, a futex wait); work is. 900 ms of waits
  * against a 300 ms bound: the calls around them are a few exits, and the guest's CPU clock (its
  * runs' wall time less its waits) counts a descheduled engine, so the bound leaves room for a
@@ -90,7 +86,7 @@ static int64_t cpu_ns(clockid_t clock) {
 static void test_cpu_time(int argc, char **argv) {
     (void)argc;
     (void)argv;
-    int64_t p0 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID), t0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
+    int64_t p0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID), t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     struct rusage r0, r1;
     OK(getrusage(RUSAGE_SELF, &r0));
     struct timespec req = {0, 300000000};
@@ -99,16 +95,16 @@ static void test_cpu_time(int argc, char **argv) {
     int word = 0;
     struct timespec wait = {0, 300000000};
     CHECK_ERR(syscall(SYS_futex, &word, FUTEX_WAIT, 0, &wait, NULL, 0), ETIMEDOUT);
-    int64_t waited_cpu = cpu_ns(CLOCK_PROCESS_CPUTIME_ID) - p0;
+    int64_t waited_cpu = clock_ns(CLOCK_PROCESS_CPUTIME_ID) - p0;
     CHECK(waited_cpu < 300000000, "900 ms of waiting cost %ld ns of process CPU time", (long)waited_cpu);
-    CHECK(cpu_ns(CLOCK_THREAD_CPUTIME_ID) - t0 < 300000000, "waiting cost thread CPU time");
+    CHECK(clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0 < 300000000, "waiting cost thread CPU time");
     OK(getrusage(RUSAGE_SELF, &r1));
     int64_t sys = (r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) * 1000000000ll + (r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) * 1000ll;
     CHECK(sys < 300000000, "900 ms of waiting cost %ld ns of system time", (long)sys);
-    int64_t busy0 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID), w0 = mono_ns();
+    int64_t busy0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID), w0 = mono_ns();
     volatile uint64_t x = 0;
     while (mono_ns() - w0 < 200000000) x++;
-    int64_t busy = cpu_ns(CLOCK_PROCESS_CPUTIME_ID) - busy0;
+    int64_t busy = clock_ns(CLOCK_PROCESS_CPUTIME_ID) - busy0;
     CHECK(busy > 50000000, "200 ms of work cost only %ld ns of CPU time", (long)busy);
     printf("cpu while waiting %ld, while working %ld\n", (long)waited_cpu, (long)busy);
 }
