@@ -63,3 +63,12 @@ def template():
     """The default template (built on first use), shared by a module's sessions and forks."""
     from zeroboot_kernel.template import Template  # imported here: the tests without KVM need no engine
     return Template.ensure()
+
+
+@pytest.fixture
+def s(template):
+    """A session of the default template for one test (closed after it)."""
+    from zeroboot_kernel.session import Session
+    session = Session(template)
+    yield session
+    session.close()

@@ -21,13 +21,6 @@ def answers_on() -> bool:
     return Engine.default().set_syscall_path()[2]
 
 
-@pytest.fixture
-def s(template):
-    session = Session(template)
-    yield session
-    session.close()
-
-
 IDS = "[os.getpid(), os.getuid(), os.geteuid(), os.getgid(), os.getegid(), os.getppid()]"
 
 

@@ -31,13 +31,6 @@ def test_fifo_survives_snapshots_saves_and_forks(tmp_path) -> None:
     guest_c.check_state_survives_snapshots("fifo", tmp_path)
 
 
-@pytest.fixture
-def s(template):
-    session = Session(template)
-    yield session
-    session.close()
-
-
 def test_mkfifo_with_a_forked_reader_and_writer(s: Session) -> None:
     """os.mkfifo, stat and a blocking open on both sides of a fork; the node, and an O_RDWR end
     with unread bytes, stay across cells (the checkpoint between them holds both)."""

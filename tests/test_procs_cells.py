@@ -19,13 +19,6 @@ from zeroboot_kernel.session import Session
 
 
 @pytest.fixture
-def s(template):
-    session = Session(template)
-    yield session
-    session.close()
-
-
-@pytest.fixture
 def bounded(template):
     """A session whose cell time limit (120 s) ends a test that would otherwise hang."""
     session = Session(template, timeout=120)

@@ -5,17 +5,8 @@ descriptors are the process's fd 1 and 2, whose output the host streams to the r
 what is written there shows in the notebook (ipykernel sends it to the kernel's terminal)."""
 from __future__ import annotations
 
-import pytest
-
 from session_helpers import run
 from zeroboot_kernel.session import Session
-
-
-@pytest.fixture
-def s(template):
-    session = Session(template)
-    yield session
-    session.close()
 
 
 def test_stdio_descriptors_work_and_reach_the_cell(s: Session) -> None:

@@ -19,13 +19,6 @@ from zeroboot_kernel.engine_server import EngineServer
 from zeroboot_kernel.session import Session
 
 
-@pytest.fixture
-def s(template):
-    session = Session(template)
-    yield session
-    session.close()
-
-
 def test_thread_start_join_pool_timer_and_queue(s: Session) -> None:
     out = ok(cell(s, "import threading, queue\n"
                      "from concurrent.futures import ThreadPoolExecutor\n"
