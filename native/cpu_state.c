@@ -34,6 +34,7 @@ void zb_cpu_syscall_done(zb_cpu *c) {
     c->pending_syscall = 0;
     c->vfork_child = 0;
     c->pending_wake_ns = 0;
+    c->waits_input = 0;
     c->io_done = 0;
     c->fifo_wait = 0;
 }
@@ -63,7 +64,8 @@ static void load_regs(struct kvm_regs *r, zb_in *in) {
 
 /* Not saved: pending_wake_ns (a host CLOCK_MONOTONIC time, meaningless in another boot: an
  * interrupted sleep served again from a loaded template recomputes its wake time from its
- * arguments) and context_restored (only set while one syscall is served). */
+ * arguments), waits_input (a hint, set again when the wait is served again) and context_restored
+ * (only set while one syscall is served). */
 void zb_cpu_save(const zb_cpu *c, size_t xsave_size, struct zb_out *o) {
     save_regs(&c->regs, o);
     out_u64(o, c->fs_base);

@@ -30,7 +30,7 @@ static long dev_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, int64_t o
     case DEV_UART:
         if (!zb_uart_rx_available(&sb->uart)) {
             if (f->flags & O_NONBLOCK) return -EAGAIN;
-            return zb_wait_input(sb); /* an INPUT stop, or other threads run meanwhile */
+            return zb_wait_input(sb, INT64_MAX); /* an INPUT stop, or other threads run meanwhile */
         }
         return (long)zb_uart_read(&sb->uart, p, n);
     }

@@ -71,16 +71,14 @@ static long wait_watched(zb_sandbox *sb, int64_t wake) {
     }
 }
 
-/* Nothing is ready: wait until the timeout (or a watched host socket's event), or stop for UART
- * input. */
+/* Nothing is ready: wait until the timeout (or a watched host socket's event), or, when the UART
+ * is among the files, as a read of it waits (zb_wait_input: an INPUT stop, or between requests a
+ * sleep until the timeout). */
 long zb_poll_wait(zb_sandbox *sb, int waits_uart, int64_t timeout_ns) {
     if (timeout_ns == 0) return 0;
-    if (waits_uart) {
-        zb_stop_event(sb, ZB_EVENT_INPUT, 1);
-        return ZB_SYSCALL_STOP;
-    }
     int64_t wake = timeout_ns < 0 ? INT64_MAX : zb_now_ns() + timeout_ns;
     if (sb->cpu.pending_wake_ns) wake = sb->cpu.pending_wake_ns;
+    if (waits_uart) return zb_wait_input(sb, wake); /* host sockets among the files wait for the next request */
     if (nwatched) return wait_watched(sb, wake);
     return zb_sleep_until(sb, wake);
 }

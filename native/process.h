@@ -303,10 +303,12 @@ long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns);
  * (a wait must end by then to let them run). */
 int zb_sleep_yields(zb_sandbox *sb, int64_t wake_ns, int64_t now);
 int64_t zb_sleep_bound(const zb_sandbox *sb, int64_t until);
-/* A blocking read of the UART found no input: stop the run for an INPUT event, or, between
- * requests (zb_sandbox_set_input_yields) while another thread can run or wake by itself, wait
- * like a sleep without end so that the other threads run (run_events.c). A syscall result. */
-long zb_wait_input(zb_sandbox *sb);
+/* A wait for UART input until wake_ns (INT64_MAX: a blocking read, or a poll without timeout)
+ * found none: stop the run for an INPUT event (`timed` if wake_ns is a time), or, between requests
+ * (zb_sandbox_set_input_yields), wait like a sleep until wake_ns while that ends by itself or
+ * another thread can run or wake by itself, so that the guest's own work goes on (run_events.c).
+ * A syscall result: 0 once wake_ns passed. */
+long zb_wait_input(zb_sandbox *sb, int64_t wake_ns);
 /* The run's deadline (0: none), set by zb_sandbox_run for the running thread. */
 extern __thread int64_t zb_run_deadline_ns;
 /* This thread's signal mask with the kick signal unblocked, for sleeps (set by zb_sandbox_run). */

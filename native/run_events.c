@@ -119,18 +119,26 @@ long zb_sleep_until(zb_sandbox *sb, int64_t wake_ns) {
 }
 
 /* The agent's main thread reads the UART for its next request. Under ipykernel the notebook's
- * other threads keep running meanwhile, so between requests the host sets input_yields and the
- * reader waits like a sleep with no end: it yields to a runnable thread, sleeps until a waiter's
- * timeout (or the guest's alarm) and yields then, and the run stops at a kick (the host's next
- * request: EngineServer makes its socket send the kick signal). Once no other thread can run or
- * wake by itself (they all wait on futexes with no timeout), nothing can change before a request
- * comes, and the run stops for INPUT as it does without threads: an idle sandbox costs no CPU. */
-long zb_wait_input(zb_sandbox *sb) {
+ * other threads keep running meanwhile, and so does the kernel's asyncio loop (tasks and timers a
+ * cell left): so between requests the host sets input_yields and the reader waits like a sleep:
+ * until its own timeout when it has one (the agent's loop polls the UART with the time of its
+ * next timer), else without end while another thread can run or wake by itself (it yields to a
+ * runnable thread, sleeps until a waiter's timeout or the guest's alarm and yields then). The run
+ * stops at a kick (the host's next request: EngineServer makes its socket send the kick signal).
+ * Once nothing can run or wake by itself (no timeout, the other threads all wait on futexes with
+ * no timeout), nothing can change before a request comes, and the run stops for INPUT as it does
+ * without threads: an idle sandbox costs no CPU. The INPUT event says whether the wait was timed,
+ * so that the host knows the guest has work between requests. A stop keeps the deadline for the
+ * wait served again on resume. */
+long zb_wait_input(zb_sandbox *sb, int64_t wake_ns) {
     const zb_threads *ts = &sb->threads;
-    if (sb->input_yields && ts->count > 1 &&
-        (zb_threads_others_runnable(ts, 1) || zb_threads_next_wake(ts) != INT64_MAX || sb->sig.alarm_ns))
-        return zb_sleep_until(sb, INT64_MAX);
-    zb_stop_event(sb, ZB_EVENT_INPUT, 1);
+    int timed = wake_ns != INT64_MAX;
+    sb->cpu.waits_input = 1;
+    if (sb->input_yields && (timed || (ts->count > 1 && (zb_threads_others_runnable(ts, 1) ||
+                                                         zb_threads_next_wake(ts) != INT64_MAX || sb->sig.alarm_ns))))
+        return zb_sleep_until(sb, wake_ns);
+    if (timed) sb->cpu.pending_wake_ns = wake_ns;
+    zb_stop_event(sb, ZB_EVENT_INPUT, 1)->timed = timed;
     return ZB_SYSCALL_STOP;
 }
 

@@ -262,15 +262,18 @@ int zb_run_threads_after_syscall(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
 /* The thread (not the loaded running one) whose blocking read of the UART yielded to the other
  * threads between requests (zb_wait_input), when the host has pushed input since: it runs first,
  * so the request is served at once rather than after another thread's slice or sleep. Found from
- * the thread's pending syscall (a read of a UART file), so a restored snapshot needs no mark. -1
- * if there is none. */
+ * the thread's pending syscall (a read of a UART file, so a restored snapshot needs no mark; or
+ * one zb_wait_input marked: the agent's poll of the UART and its asyncio loop's wake-up socket,
+ * agent_loop.py). -1 if there is none. */
 static int input_reader(zb_sandbox *sb) {
     const zb_threads *ts = &sb->threads;
     if (!zb_uart_rx_available(&sb->uart)) return -1;
     for (int i = 0; i < ts->cap; i++) {
         const zb_thread *t = &ts->t[i];
         if (!t->tid || i == ts->current || t->state == ZB_THREAD_FUTEX) continue;
-        if (!t->cpu.pending_syscall || t->cpu.pending_nr != SYS_read) continue;
+        if (!t->cpu.pending_syscall) continue;
+        if (t->cpu.waits_input) return i;
+        if (t->cpu.pending_nr != SYS_read) continue;
         const zb_file *f = zb_fd_get(sb, t->cpu.regs.rdi);
         if (f && f->kind == FILE_DEV && f->dev == DEV_UART) return i;
     }

@@ -193,6 +193,9 @@ typedef struct zb_cpu {
     int pending_syscall;     /* a syscall was interrupted and is re-served on resume */
     uint64_t pending_nr;
     int64_t pending_wake_ns; /* for an interrupted sleep: absolute wake time */
+    int waits_input;         /* the interrupted syscall waits for UART input (a read, or a poll of it
+                                among other files: zb_wait_input), so pushed input wakes this thread
+                                first; not saved (a loaded read of the UART is found by its number) */
     uint64_t io_done;        /* a blocking write to a pipe or stream socket waiting for room: the bytes
                                 it moved already (sys_files.c whole writes); its result if a signal
                                 interrupts it (zb_cpu_interrupted) */

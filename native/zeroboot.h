@@ -43,7 +43,8 @@ typedef struct zb_snapshot zb_snapshot;
                               `rip`, `addr`, `message`. The sandbox is finished. */
 #define ZB_EVENT_OUTPUT 3  /* guest wrote to its stdout (stream 1) or stderr (stream 2): `data`. */
 #define ZB_EVENT_FRAME 4   /* guest sent a complete UART frame: `frame_type`, `data` (payload). */
-#define ZB_EVENT_INPUT 5   /* guest waits for UART input and none is queued (zb_sandbox_push_input). */
+#define ZB_EVENT_INPUT 5   /* guest waits for UART input and none is queued (zb_sandbox_push_input);
+                              `timed` if its wait (poll, select, epoll_wait) has a timeout. */
 #define ZB_EVENT_TIMEOUT 6 /* the deadline passed; the guest is paused and can be resumed. */
 #define ZB_EVENT_KICK 7    /* zb_sandbox_kick() was called; the guest is paused and can be resumed. */
 #define ZB_EVENT_ERROR 8   /* the guest broke a sandbox rule (I/O port, malformed frame, ...) or the
@@ -54,6 +55,8 @@ typedef struct zb_event {
     int status;                /* EXIT: exit status 0-255 */
     int signal;                /* FAULT: the Linux signal the guest would have died of */
     int stream;                /* OUTPUT: 1 stdout, 2 stderr */
+    int timed;                 /* INPUT: the wait ends by itself at a timeout: the guest has work of its
+                                  own then (an event loop's timers), which input_yields lets it do */
     uint32_t frame_type;       /* FRAME: ZB_FRAME_* type */
     const uint8_t *data;       /* OUTPUT/FRAME bytes; valid until the next call on this sandbox */
     size_t len;

@@ -189,6 +189,22 @@ CELLS: list[Cell] = [
                                   "with ProcessPoolExecutor(2) as ex:\n    r = list(ex.map(math.factorial, range(10)))\nr[-1]"),
     Cell("threading-timer", "import threading\nev = threading.Event(); threading.Timer(0.05, ev.set).start()\nev.wait(5)"),
     Cell("event-loop-running", "import asyncio\nasyncio.get_event_loop().is_running()"),
+    # the kernel's asyncio loop: cells run inside it, its tasks and timers run between cells
+    Cell("asyncio-running-loop", "asyncio.get_running_loop() is asyncio.get_event_loop()"),
+    Cell("asyncio-task-between-cells", "async def five():\n    return 5\ntask5 = asyncio.ensure_future(five())"),
+    Cell("asyncio-task-done", "task5.done(), task5.result()"),
+    Cell("asyncio-run-refused", "c = five()\ntry:\n    asyncio.run(c)\nexcept RuntimeError as e:\n    print(e)\n"
+                                "c.close()"),
+    Cell("asyncio-timer-await", "fut7 = asyncio.get_running_loop().create_future()\n"
+                                "asyncio.get_running_loop().call_later(0.05, fut7.set_result, 7)\nawait fut7"),
+    Cell("asyncio-thread-wakes-loop", "import threading\nwoken = []\nloop = asyncio.get_running_loop()\n"
+                                      "th = threading.Thread(target=loop.call_soon_threadsafe, args=(woken.append, 1))\n"
+                                      "th.start(); th.join()"),
+    Cell("asyncio-thread-woke-loop", "woken"),
+    Cell("asyncio-interrupt-cancels-await", "import os, signal\n"
+                                            "asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGINT)\n"
+                                            "await asyncio.sleep(60)", compare="outcome"),
+    Cell("asyncio-after-interrupt", "await asyncio.sleep(0.01); 'still serving'"),
     Cell("sigint-handler", "import signal\nsignal.getsignal(signal.SIGINT) is signal.default_int_handler"),
     # issue 15: multiprocessing with the fork start method, a forked child's print
     Cell("multiprocessing-pool", "import multiprocessing\nwith multiprocessing.Pool(2) as pool:\n"

@@ -317,12 +317,18 @@ def test_an_unhandled_alarm_kills_only_its_fork(template: Template) -> None:
 
 
 def test_top_level_await_and_asyncio(sb: Sandbox) -> None:
-    """IPython's top-level await and asyncio.run need epoll and a socketpair (the loop's self-pipe)."""
-    sb.execute("import asyncio\nasync def answer(delay):\n    await asyncio.sleep(delay)\n    return 42")
+    """IPython's top-level await and asyncio need epoll and a socketpair (the loop's self-pipe).
+    A cell runs inside the agent's running loop, as under ipykernel: asyncio.run raises there, and
+    a loop of one's own runs in a thread."""
+    sb.execute("import asyncio, threading\nasync def answer(delay):\n    await asyncio.sleep(delay)\n    return 42")
     assert text(sb.execute("await answer(0.05)")) == "42"
-    assert text(sb.execute("asyncio.run(answer(0.01))")) == "42"
-    r = sb.execute("async def main():\n    return await asyncio.gather(answer(0.02), answer(0.01))\nasyncio.run(main())")
+    r = sb.execute("async def main():\n    return await asyncio.gather(answer(0.02), answer(0.01))\nawait main()")
     assert text(r) == "[42, 42]", r
+    r = sb.execute("c = answer(0.01)\ntry:\n    asyncio.run(c)\nexcept RuntimeError as e:\n    print(e)\nc.close()")
+    assert r.stdout == "asyncio.run() cannot be called from a running event loop\n", r
+    r = sb.execute("out = []\nt = threading.Thread(target=lambda: out.append(asyncio.run(answer(0.01))))\n"
+                   "t.start(); t.join(); print(out)")
+    assert r.stdout == "[42]\n", r
 
 
 def test_multiprocessing_runs_in_a_fork(sb: Sandbox) -> None:

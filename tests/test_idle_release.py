@@ -270,7 +270,7 @@ class _IdleSession:
     def prepare_next_cell(self) -> None:
         pass
 
-    def threads_may_run(self) -> bool:
+    def runs_between_cells(self) -> bool:
         return self.threads
 
     def spills_writing(self) -> bool:

@@ -399,7 +399,7 @@ class EngineServer:
             if self.idle_sock is not None:  # (the session changes with new_session)
                 self.session.sandbox.idle_stream = self.idle_output
             try:
-                if not self.pending and self.session.threads_may_run():
+                if not self.pending and self.session.runs_between_cells():
                     self.between_requests()
                 elif not self.pending and self.session.spills_writing():
                     # a spilled checkpoint's memory goes once its write has ended: take that between

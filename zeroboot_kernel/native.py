@@ -65,6 +65,7 @@ class Event:
     rip: int = 0
     addr: int = 0
     message: str = ""
+    timed: bool = False  # INPUT: the guest's wait ends at a timeout of its own (work to do by then)
 
 
 def _err() -> Any:
@@ -252,7 +253,7 @@ class Guest:
         self._drain_log()
         data = bytes(ffi.buffer(ev.data, ev.len)) if ev.len else b""
         return Event(EventKind(ev.kind), ev.status, ev.signal, ev.stream, ev.frame_type, data, ev.rip, ev.addr,
-                     _text(ev.message))
+                     _text(ev.message), bool(ev.timed))
 
     def push_input(self, data: bytes) -> None:
         err = _err()

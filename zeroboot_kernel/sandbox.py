@@ -83,6 +83,10 @@ class Sandbox:
         self._held: list[tuple[str, str]] = []
         self._held_chars = 0
         self._held_dropped = 0
+        # the agent waits for its next request with a timeout of its own: its asyncio loop has
+        # tasks or timers a cell left (guest/_zeroboot_agent/agent_loop.py), which run between
+        # requests as under ipykernel (Session.between_cells)
+        self.waits_timed = False
 
     # ---- lifecycle ----
     def fork(self) -> Sandbox:
@@ -122,6 +126,7 @@ class Sandbox:
         self.fresh = fresh
         self._interrupt.clear()
         self._idle_next = None  # the guest's count of output frames between requests is the snapshot's
+        self.waits_timed = False  # a restored loop's work goes on with the next request
 
     def close(self) -> None:
         self.guest.close()
@@ -342,6 +347,7 @@ class Sandbox:
         while True:
             ev = self.guest.run(deadline)
             if ev.kind is EventKind.INPUT:
+                self.waits_timed = ev.timed
                 return
             if ev.kind is EventKind.KICK:
                 continue  # an interrupt for the request that just ended: dropped
@@ -362,16 +368,17 @@ class Sandbox:
         return int(self.guest.stats()["threads"])
 
     def run_between_requests(self, request_waiting: Callable[[], bool]) -> BetweenRequests:
-        """Run the guest's other threads while the agent waits for its next request, as they run
-        between cells under ipykernel: until request_waiting() is true after a kick (the caller
-        makes a request's arrival kick the run: EngineServer watches its socket), or until no
-        thread can run or wake by itself (then nothing can change before a request and nothing
-        spins). Call it only when the agent waits for a request (after a reply's _settle). Output
-        the threads print goes to idle_stream as it comes (else it is held for the next request).
+        """Run the guest's other threads, and the tasks and timers of the agent's asyncio loop
+        (waits_timed), while the agent waits for its next request, as they run between cells
+        under ipykernel: until request_waiting() is true after a kick (the caller makes a
+        request's arrival kick the run: EngineServer watches its socket), or until nothing can run
+        or wake by itself (then nothing can change before a request and nothing spins). Call it
+        only when the agent waits for a request (after a reply's _settle). Output the threads and
+        tasks print goes to idle_stream as it comes (else it is held for the next request).
         Raises what a crash of a thread (or the guest sending a frame now) is; the sandbox is
         broken then and the caller restores it."""
         self._check_usable()
-        switches = self.guest.stats()["thread_switches"]
+        before = self.guest.stats()
         self.guest.set_input_yields(True)
         try:
             while True:
@@ -392,7 +399,11 @@ class Sandbox:
                 raise self._break(self._failure(ev))
         finally:
             self.guest.set_input_yields(False)
-        ran = self.guest.stats()["thread_switches"] != switches
+        self.waits_timed = False  # idle: the wait has no timeout; a request: it is being served
+        after = self.guest.stats()
+        # the guest ran: another thread was switched in, or the agent's wait ended (its loop ran)
+        # and the guest ran on (a KVM_RUN that returned); a wait that only slept runs nothing
+        ran = after["thread_switches"] != before["thread_switches"] or after["exits"] != before["exits"]
         return BetweenRequests(outcome, ran)
 
     # ---- output between requests ----
@@ -477,9 +488,9 @@ class Sandbox:
 
 @dataclass
 class BetweenRequests:
-    """How Sandbox.run_between_requests ended: "request" (one arrived) or "idle" (no thread can
-    run or wake by itself); `ran`: another thread than the waiting agent ran, so the state
-    changed since the run began."""
+    """How Sandbox.run_between_requests ended: "request" (one arrived) or "idle" (nothing can
+    run or wake by itself); `ran`: guest code ran (another thread, or the agent's loop), so the
+    state changed since the run began."""
 
     outcome: str
     ran: bool

@@ -415,7 +415,7 @@ class Session:
         from the session's own sandbox."""
         self.sandbox.guest.engine.release_parked()
         give_back_dead_store_pages()  # dead checkpoint pages waiting for a batch (zb_snapshot_give_back_dead)
-        if self.sandbox.broken or self.threads_may_run():
+        if self.sandbox.broken or self.runs_between_cells():
             return 0
         try:
             n = self.sandbox.guest.release_freed() + self.sandbox.guest.release_template_copies()
@@ -448,21 +448,23 @@ class Session:
             log.info("idle: spilling %d checkpoint(s) to disk", started)
         return started
 
-    def threads_may_run(self) -> bool:
-        """Threads of user code are alive in the chained sandbox (between_cells has work: isolated
-        mode resets after the reply, which ends them)."""
-        return self.mode == "chained" and not self.sandbox.broken and self.sandbox.threads_alive() > 1
+    def runs_between_cells(self) -> bool:
+        """Threads of user code are alive in the chained sandbox, or the agent's asyncio loop has
+        tasks or timers (between_cells has work: isolated mode resets after the reply, which ends
+        them)."""
+        return (self.mode == "chained" and not self.sandbox.broken
+                and (self.sandbox.waits_timed or self.sandbox.threads_alive() > 1))
 
     def between_cells(self, request_waiting: Callable[[], bool]) -> None:
         """What the engine server does after a reply until the next request: prepare the next cell
-        (prepare_next_cell) and, in chained mode with threads of user code alive, keep them running
-        as ipykernel does (Sandbox.run_between_requests) until a request arrives (request_waiting)
-        or none can run by itself. The prepared checkpoint is the state at the reply; if another
-        thread ran since, it is not the state at the next cell's start any more: it is dropped, and
-        retaken when the threads went idle (no request waiting yet), else the next cell takes its
-        own at its start. A crash of a thread meanwhile rolls the last cell back, told at the start of
+        (prepare_next_cell) and, in chained mode with threads of user code alive or asyncio tasks
+        and timers pending in the agent's loop, keep them running as ipykernel does
+        (Sandbox.run_between_requests) until a request arrives (request_waiting) or none can run
+        by itself. The prepared checkpoint is the state at the reply; if guest code ran since, it
+        is not the state at the next cell's start any more: it is dropped, and retaken when the
+        guest went idle (no request waiting yet), else the next cell takes its own at its start. A crash of a thread meanwhile rolls the last cell back, told at the start of
         the next cell (_rollback_between_cells)."""
-        if not self.threads_may_run():
+        if not self.runs_between_cells():
             return
         self.prepare_next_cell()
         if self.ready is None and self.checkpoint_policy == EVERY_CELL:
@@ -479,10 +481,10 @@ class Session:
             self.prepare_next_cell()
 
     def _rollback_between_cells(self, exc: SandboxError) -> None:
-        """A thread crashed the sandbox (or broke the channel) after the last cell's reply. Under
-        ipykernel the kernel would die; here the last cell is rolled back, as a crash in a thread
-        during the cell rolls it back: the state at its reply would hold the same thread, about
-        to crash again. Told on stderr at the start of the next cell."""
+        """A thread or an asyncio task crashed the sandbox (or broke the channel) after the last
+        cell's reply. Under ipykernel the kernel would die; here the last cell is rolled back, as a
+        crash in a thread during the cell rolls it back: the state at its reply would hold the same
+        thread or task, about to crash again. Told on stderr at the start of the next cell."""
         self.rollbacks += 1
         self.restored = True
         self._state_changes()  # the prepared checkpoint holds the thread about to crash: dropped
@@ -500,9 +502,9 @@ class Session:
             if cp.snapshot is None and target is not None:
                 target.release()
             self._forget(cp)
-        self._budget_notices.append(f"[zeroboot] a thread crashed the sandbox after the last cell ended ({exc}); "
+        self._budget_notices.append(f"[zeroboot] a background thread or asyncio task crashed the sandbox after the last cell ended ({exc}); "
                                     f"the sandbox was rolled back to {what}.\n")
-        log.warning("a thread crashed the sandbox between cells: %s", exc)
+        log.warning("a thread or task crashed the sandbox between cells: %s", exc)
 
     def _state_changes(self) -> None:
         """The sandbox is about to change outside a cell: what prepare_next_cell did no longer holds."""

@@ -5,7 +5,8 @@ the host in frames over the UART (docs/PROTOCOL.md).
 
 Start-up: open the UART, build the shell, import the preload modules, run a silent warm-up,
 send READY (the host snapshots the template there), then serve EXECUTE / COMPLETE / INSPECT
-requests one at a time, synchronously (threads that user code starts run beside it: agent_io.py).
+requests one at a time inside an asyncio loop, as ipykernel does (agent_loop.py; threads that
+user code starts run beside it: agent_io.py).
 
 For tests on the host, ZEROBOOT_UART_FD=<fd> makes the agent use an inherited descriptor (e.g.
 one end of a socketpair) instead of /dev/ttyS0.
@@ -33,6 +34,7 @@ from . import agent_mp, agent_stat_ahead
 from .agent_io import log
 from .frame_protocol import FrameType
 from .agent_comm import CommBridge
+from .agent_loop import AgentLoop
 from .agent_session import insert_cwd_entry, start_session
 
 UART_DEVICE = "/dev/ttyS0"
@@ -56,6 +58,10 @@ class Agent:
         self.channel = channel
         self.gate = gate
         self.shell = shell
+        self.loop = AgentLoop(channel, gate)
+        # IPython's autoawait runner for asyncio (`%autoawait asyncio`, the default), bound here:
+        # the agent's module is imported before IPython
+        self._asyncio_runner = importlib.import_module("IPython.core.async_helpers")._asyncio_runner
         self.allow_stdin = False
         # comms (widgets): the `comm` package's hooks, as ipykernel installs them (agent_comm.py)
         self.comms = CommBridge(channel, gate, shell)
@@ -157,11 +163,15 @@ class Agent:
     # ---- the request loop ----------------------------------------------------------------
 
     def serve(self) -> int:
+        return self.loop.run(self._serve())
+
+    async def _serve(self) -> int:
         while True:
-            # The previous reply is out (and the host waits for this read to block before it
-            # pushes a request): an interrupt from here on is for the next request.
+            # The previous reply is out (and the host waits for the agent to wait for input before
+            # it pushes a request): an interrupt from here on is for the next request.
             self.gate.wait_for_request()
             try:
+                await self.loop.wait_for_request()  # the loop's tasks run meanwhile, if it has any
                 frame = self.channel.read_frame()
             except aio.ProtocolError as exc:
                 log(f"{exc}: cannot continue")
@@ -175,7 +185,7 @@ class Agent:
             self.channel.new_request()
             try:
                 if ftype == FrameType.EXECUTE:
-                    self.execute(request)
+                    await self.execute(request)
                 elif ftype == FrameType.COMPLETE:
                     self.complete(request)
                 elif ftype == FrameType.INSPECT:
@@ -227,7 +237,7 @@ class Agent:
 
     # ---- EXECUTE ---------------------------------------------------------------------------
 
-    def execute(self, request: dict[str, Any]) -> None:
+    async def execute(self, request: dict[str, Any]) -> None:
         # latency stamps (zeroboot_kernel/latency_trace.py), only when the host asks for them
         stamps: list[int] | None = [monotonic_ns()] if request.get("trace") is True else None
         shell = self.shell
@@ -254,7 +264,7 @@ class Agent:
         try:
             if stamps is not None:
                 stamps.append(monotonic_ns())
-            result = shell.run_cell(code, store_history=store_history, silent=silent)
+            result = await self._run_cell(code, store_history, silent)
             self.gate.end_request()
             if stamps is not None:
                 stamps.append(monotonic_ns())
@@ -290,6 +300,33 @@ class Agent:
             stamps.append(monotonic_ns())
             reply["trace"] = stamps
         self.channel.send(FrameType.DONE, reply)
+
+    async def _run_cell(self, code: str, store_history: bool, silent: bool) -> Any:
+        """As ipykernel's do_execute: a cell with top-level await (IPython's autoawait with its
+        asyncio runner) runs as a task of the running loop (AgentLoop.run_cell_task), any other
+        through the shell's run_cell."""
+        shell = self.shell
+        if "await" not in code and "async" not in code:  # cannot await: skip the second transform
+            return shell.run_cell(code, store_history=store_history, silent=silent)
+        transformed, preprocessing_error = code, None
+        try:
+            transformed = shell.transform_cell(code)
+        except Exception:  # noqa: BLE001 - run_cell_async reports it as IPython does
+            preprocessing_error = sys.exc_info()
+        if shell.loop_runner is not self._asyncio_runner or not shell.should_run_async(
+                code, transformed_cell=transformed, preprocessing_exc_tuple=preprocessing_error):
+            return shell.run_cell(code, store_history=store_history, silent=silent)
+        shell.begin_cell()
+        result = None
+        try:
+            result = await self.loop.run_cell_task(shell.run_cell_async(
+                code, store_history=store_history, silent=silent, transformed_cell=transformed,
+                preprocessing_exc_tuple=preprocessing_error))
+        finally:  # what IPython's run_cell does around its runner
+            shell.events.trigger("post_execute")
+            if not silent:
+                shell.events.trigger("post_run_cell", result)
+        return result
 
     # ---- input() and getpass() -------------------------------------------------------------
 

@@ -113,6 +113,9 @@ class InterruptGate:
         self.phase = self.FINISHING  # start-up: nothing to interrupt until READY is out
         self.critical = 0            # depth of channel updates in progress
         self.pending = False
+        # while a cell runs as a task of the agent's loop (agent_loop.py): takes an interrupt that
+        # lands outside the cell's own code by cancelling the cell (True), as ipykernel does
+        self.elsewhere: Callable[[], bool] | None = None
 
     def install(self) -> None:
         signal.signal(signal.SIGINT, self._handler)
@@ -122,6 +125,11 @@ class InterruptGate:
             return
         if self.phase != self.USER or self.critical:
             self.pending = True
+            return
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.elsewhere is not None and self.elsewhere():
             return
         raise KeyboardInterrupt
 
@@ -161,7 +169,7 @@ class InterruptGate:
         """Raise an interrupt held during a channel update (called once the update is complete)."""
         if self.pending and self.phase == self.USER and not self.critical:
             self.pending = False
-            raise KeyboardInterrupt
+            self._raise()
 
 
 class _ChannelUpdate:

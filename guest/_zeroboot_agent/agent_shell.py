@@ -353,10 +353,15 @@ class ZMQInteractiveShell(zmqshell.ZMQInteractiveShell):
         self.active_eventloop = None
 
     def run_cell(self, *args: Any, **kwargs: Any) -> Any:
+        self.begin_cell()
+        return super().run_cell(*args, **kwargs)
+
+    def begin_cell(self) -> None:
+        """A cell starts (run_cell, or the agent's run_cell_async of a cell that awaits): the
+        errors of an earlier one are not its."""
         self._last_traceback = None
         self._last_error = None
         self._last_traceback_during_displayhook = False
-        return super().run_cell(*args, **kwargs)
 
     def _get_exc_info(self, exc_tuple: Any = None) -> tuple[Any, Any, Any]:
         # Every traceback IPython shows goes through here: leave out the agent's own frames

@@ -28,7 +28,7 @@ class FailingSession:
     def prepare_next_cell(self):
         pass
 
-    def threads_may_run(self):
+    def runs_between_cells(self):
         raise LookupError("between requests, too")  # must not end the server either
 
 

@@ -1,0 +1,134 @@
+"""The agent's asyncio loop (guest/_zeroboot_agent/agent_loop.py): cells run inside a running loop
+as under ipykernel, and the tasks and timers a cell leaves run between cells (Session.between_cells,
+as the engine server runs it) until a request comes or the loop has nothing to do by itself; the
+checkpoint before the next cell is the state at its start; a crash in a task between cells rolls
+the last cell back; a task that never waits does not stop the session. What a notebook sees of it
+is compared with ipykernel in the differential battery (tests/compat_cells.py, `asyncio-*`)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kernel_helpers import collect, kernel
+from session_helpers import cell, ok
+from test_threads_cells import _Safety
+from test_threads_live_output import stdout_of, stream_until
+from zeroboot_kernel.session import Session
+
+
+def test_a_plain_cell_leaves_the_agent_in_its_blocking_read(s: Session) -> None:
+    """Nothing scheduled: the agent waits for its request with the UART read that stops the run
+    (no poll, nothing run between cells); a timer makes the wait a timed one."""
+    ok(cell(s, "import asyncio\nx = 1", 1))
+    assert not s.sandbox.waits_timed and not s.runs_between_cells()
+    ok(cell(s, "h = asyncio.get_running_loop().call_later(3600, print, 'late')", 2))
+    assert s.sandbox.waits_timed and s.runs_between_cells()
+    ok(cell(s, "h.cancel()", 3))
+    assert not s.sandbox.waits_timed
+
+
+def test_tasks_run_between_cells_until_the_loop_waits(s: Session) -> None:
+    """No request comes: the run ends by itself once every task waits for something only a
+    request can bring, and the checkpoint before the next cell is the state then."""
+    ok(cell(s, "import asyncio\nsteps = []\nidle = asyncio.Event()\n"
+               "async def work():\n"
+               "    for i in range(20):\n"
+               "        await asyncio.sleep(0.005); steps.append(i)\n"
+               "    await idle.wait()\n"
+               "task = asyncio.ensure_future(work())", 1))
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    assert not safety.fired, "the run between cells did not end when the loop had nothing to do"
+    assert s.ready is not None  # retaken once the loop waited without a timer
+    assert ok(cell(s, "print(len(steps), task.done())", 2)) == "20 False\n"
+    s.rewind(1)  # the state before cell 2: the task's 20 steps, taken between the cells
+    assert ok(cell(s, "print(len(steps)); idle.set(); await task; print(task.done())", 3)) == "20\nTrue\n"
+
+
+def test_a_request_stops_a_task_running_between_cells(s: Session) -> None:
+    ok(cell(s, "import asyncio\nticks = []\n"
+               "async def tick():\n"
+               "    while True:\n"
+               "        ticks.append(1); await asyncio.sleep(0.01)\n"
+               "ticker = asyncio.ensure_future(tick())\nn = len(ticks)", 1))
+    arrived = threading.Event()
+
+    def request() -> None:  # what the engine server's socket does when a request arrives
+        arrived.set()
+        s.sandbox.guest.kick()
+
+    threading.Timer(0.5, request).start()
+    s.between_cells(arrived.is_set)
+    assert s.ready is None  # the task ran: the state at the reply is stale, the next cell takes its own
+    assert ok(cell(s, "print(len(ticks) > n + 5)", 2)) == "True\n"  # ~50 ticks of the 0.5 s between cells
+    assert ok(cell(s, "ticker.cancel()", 3)) == ""
+
+
+def test_a_task_that_never_waits_does_not_stop_the_session(s: Session) -> None:
+    """A task looping on `await asyncio.sleep(0)` keeps the loop busy: the agent still waits for
+    its requests (its first wait after a reply is a poll of the UART), cells run between the
+    task's steps, as in ipykernel's loop, and the run between cells ends at a request."""
+    ok(cell(s, "import asyncio\nspins = 0\nstop = False\n"
+               "async def spin():\n"
+               "    global spins\n"
+               "    while not stop:\n"
+               "        spins += 1; await asyncio.sleep(0)\n"
+               "spinner = asyncio.ensure_future(spin())", 1))
+    ok(cell(s, "before = spins", 2))
+    arrived = threading.Event()
+
+    def request() -> None:  # what the engine server's socket does when a request arrives
+        arrived.set()
+        s.sandbox.guest.kick()
+
+    threading.Timer(0.3, request).start()
+    s.between_cells(arrived.is_set)
+    assert arrived.is_set() and s.ready is None
+    assert ok(cell(s, "print(spins > before, spinner.done())", 3)) == "True False\n"
+    assert ok(cell(s, "stop = True\nawait spinner\nprint(spinner.done())", 4)) == "True\n"
+
+
+def test_a_crash_in_a_task_between_cells_rolls_the_last_cell_back(s: Session) -> None:
+    ok(cell(s, "import asyncio, ctypes\nx = 1", 1))
+    ok(cell(s, "x = 2\nasync def crash():\n    await asyncio.sleep(0.2); ctypes.string_at(0)\n"
+               "doomed = asyncio.ensure_future(crash())", 2))
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    assert not safety.fired
+    out = ok(cell(s, "print(x, 'doomed' in globals())", 3))
+    assert "crashed the sandbox after the last cell ended" in out and "before cell [2]" in out, out
+    assert out.endswith("1 False\n"), out
+
+
+def test_a_host_interrupt_stops_an_awaiting_cell(s: Session) -> None:
+    """The kernel's interrupt while a cell awaits: the cell ends (CancelledError when the
+    interrupt lands in the loop's wait, as under ipykernel; KeyboardInterrupt if it lands in the
+    cell's own code first), and the loop serves the next cell."""
+    started = threading.Event()
+
+    def on_stream(name: str, text: str) -> None:
+        if "started" in text and not started.is_set():
+            started.set()
+            threading.Timer(0.2, s.sandbox.interrupt).start()
+
+    ok(cell(s, "import asyncio", 1))
+    r = s.execute("print('started')\nawait asyncio.sleep(60)", execution_count=2, on_stream=on_stream)
+    assert r["status"] == "error" and r["ename"] in ("CancelledError", "KeyboardInterrupt"), r
+    assert ok(cell(s, "await asyncio.sleep(0.01); print('next')", 3)) == "next\n"
+
+
+@pytest.mark.parametrize("name", ["python3", "zeroboot"])
+def test_a_task_prints_between_cells_live(name: str) -> None:
+    """A task a cell started prints after the cell's reply, with no request: the lines reach the
+    frontend as they come, under the cell's parent, in both kernels."""
+    with kernel(name) as (_, kc):
+        a = kc.execute("import asyncio\n"
+                       "async def talk():\n"
+                       "    await asyncio.sleep(0.3)\n"
+                       "    for i in range(3):\n"
+                       "        print('tick', i); await asyncio.sleep(0.05)\n"
+                       "talker = asyncio.ensure_future(talk())")
+        # (under load the task may print before the reply: those lines are cell A's output too)
+        texts = stream_until(kc, "tick 2", stdout_of(collect(kc, a), {}))
+        assert texts == {a: "tick 0\ntick 1\ntick 2\n"}, texts
