@@ -269,6 +269,89 @@ def test_the_control_comm_restores_the_page(frontends: dict[str, Frontend]) -> N
     both(frontends, scenario)
 
 
+def iopub_until(fe: Frontend, done: Any, timeout: float = TIMEOUT) -> list[dict[str, Any]]:
+    """IOPub messages read with no request sent, until done(messages so far) holds."""
+    msgs: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while not done(msgs):
+        left = deadline - time.monotonic()
+        assert left > 0, f"{fe.name}: the messages did not arrive without a request: {msgs}"
+        try:
+            msgs.append(fe.kc.get_iopub_msg(timeout=min(left, 1.0)))
+        except Empty:
+            continue
+    return msgs
+
+
+def comm_values(msgs: list[dict[str, Any]]) -> list[Any]:
+    return [m["content"]["data"]["state"].get("value") for m in msgs if m["msg_type"] == "comm_msg"]
+
+
+def test_a_thread_updates_a_widget_between_cells(frontends: dict[str, Frontend]) -> None:
+    """A background thread moves a progress bar after its cell's reply: the comm messages reach
+    the page as they come, with no request, under the cell's parent (ipykernel's latest shell
+    message). Before they did, the engine took them for a broken channel and rolled the cell back."""
+    def scenario(fe: Frontend) -> list[Any]:
+        ids: dict[str, str] = {}
+        cell, msgs = fe.run("import ipywidgets as w, threading, time\np = w.IntProgress(max=3)\ndisplay(p)\n"
+                            "def work():\n    time.sleep(0.3)\n    for i in range(3):\n"
+                            "        p.value = i + 1; time.sleep(0.05)\n"
+                            "threading.Thread(target=work).start()")
+        ids[model_id(msgs, "IntProgressModel")] = "bar"
+        # (under load the thread may start before the reply: those messages are the cell's too)
+        later = iopub_until(fe, lambda got: 3 in comm_values(msgs + got))
+        out = trace(msgs + later, {cell: "cell"}, ids)
+        assert [x for x in out if x[0] == "comm_msg"] == [["comm_msg", "cell", "bar", "update", {"value": v}, 0]
+                                                          for v in (1, 2, 3)], out
+        assert fe.value("p.value") == "3"
+        return out
+
+    both(frontends, scenario)
+
+
+def test_an_asyncio_task_waits_for_a_widget_change(frontends: dict[str, Frontend]) -> None:
+    """ipywidgets' "Asynchronous widgets" pattern: a task awaits a future that an observer of the
+    slider resolves; the frontend moves the slider, the task goes on after that message and
+    updates a label, which reaches the page with no further request. Its parent differs:
+    ipykernel 7 takes it from the task's context (the cell that made the task), zeroboot from the
+    latest request, as for threads (docs/COMPATIBILITY.md); the frontend routes comm messages by
+    comm id, not by parent."""
+    def scenario(fe: Frontend) -> list[Any]:
+        ids: dict[str, str] = {}
+        cell, msgs = fe.run(
+            "import asyncio, ipywidgets as w\n"
+            "def wait_for_change(widget, name):\n"
+            "    future = asyncio.Future()\n"
+            "    def getvalue(change):\n"
+            "        future.set_result(change.new)\n"
+            "        widget.unobserve(getvalue, name)\n"
+            "    widget.observe(getvalue, name)\n"
+            "    return future\n"
+            "sl, lab = w.IntSlider(), w.Label(value='waiting')\n"
+            "async def follow():\n"
+            "    x = await wait_for_change(sl, 'value')\n"
+            "    lab.value = f'got {x}'\n"
+            "task = asyncio.ensure_future(follow())\n"
+            "display(sl, lab)")
+        parents = {cell: "cell"}
+        ids[model_id(msgs, "IntSliderModel")] = "slider"
+        ids[model_id(msgs, "LabelModel")] = "label"
+        out = trace(msgs, parents, ids)
+        msg, msgs = fe.update(next(k for k, v in ids.items() if v == "slider"), value=4)
+        parents[msg] = "update4"
+        later = iopub_until(fe, lambda got: any(m["msg_type"] == "comm_msg" and
+                                                m["content"]["data"]["state"].get("value") == "got 4"
+                                                for m in msgs + got))
+        got = trace(msgs + later, parents, ids)
+        [label] = [x for x in got if x[0] == "comm_msg" and x[2] == "label"]
+        assert label[1] == ("cell" if fe.name == "python3" else "update4"), got
+        assert label[3:] == ["update", {"value": "got 4"}, 0], got
+        assert fe.value("task.done()") == "True"
+        return out + [label[:1] + label[2:]]
+
+    both(frontends, scenario)
+
+
 def test_tqdm_notebook_bar(frontends: dict[str, Frontend]) -> None:
     def scenario(fe: Frontend) -> list[Any]:
         cell, msgs = fe.run("from tqdm.notebook import tqdm\nfor i in tqdm(range(3), desc='bar'):\n    pass")

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from zeroboot_kernel import magics as mg
+from zeroboot_kernel import schema
+from zeroboot_kernel.engine_client import EngineClient
 from zeroboot_kernel.install import KERNEL_NAMES, Destination, InstallError, install_kernelspecs, \
     uninstall_kernelspecs
 from zeroboot_kernel.kernel_config import KernelConfigError, KernelSettings
@@ -221,3 +223,40 @@ def test_the_early_engine_goes_to_the_kernel_made_for_it(monkeypatch) -> None:
     other = engine_owner._early
     assert engine_owner.take_early(KernelSettings(mode="isolated"), "/nb") is None
     assert other is not None and other.closing.is_set()
+
+
+# ---- the idle channel (what guest threads and tasks send between cells) -----------------------
+
+def _idle_client(streams: list, comms: list) -> EngineClient:
+    client = object.__new__(EngineClient)  # the reader's dispatch only: no engine process
+    client.on_idle_stream = lambda name, text: streams.append((name, text))
+    client.on_idle_comm = comms.append
+    return client
+
+
+def test_idle_channel_messages_are_checked_then_delivered() -> None:
+    streams: list = []
+    comms: list = []
+    client = _idle_client(streams, comms)
+    client._idle_delivery({"event": schema.IDLE_STREAM, "name": "stdout", "text": "tick\n"})()
+    comm = {"kind": "comm_msg", "comm_id": "a" * 32, "data": {"method": "update", "state": {"value": 3}},
+            "metadata": {}}
+    client._idle_delivery({"event": schema.IDLE_COMM, "content": comm, "buffers": []})()
+    assert streams == [("stdout", "tick\n")]
+    assert [c["content"]["data"]["state"] for c in comms] == [{"value": 3}]
+    client.on_idle_comm = None
+    assert client._idle_delivery({"event": schema.IDLE_COMM, "content": comm, "buffers": []}) is None
+
+
+@pytest.mark.parametrize("msg", [
+    {"event": "idle_other"},
+    {"event": "idle_comm", "content": {"kind": "comm_msg", "comm_id": "../x", "data": {}, "metadata": {}}},
+    {"event": "idle_comm", "content": {"kind": "comm_open", "comm_id": "a" * 32, "data": {}, "metadata": {}},
+     "buffers": []},  # an open without a target
+    {"event": "idle_comm", "content": {"kind": "comm_msg", "comm_id": "a" * 32, "data": {}, "metadata": {}},
+     "buffers": [1]},
+    {"event": "idle_stream", "name": "stdin", "text": "x"},
+])
+def test_idle_channel_refuses_malformed_messages(msg: dict) -> None:
+    with pytest.raises(schema.SchemaError):
+        _idle_client([], [])._idle_delivery(msg)

@@ -289,6 +289,51 @@ def test_engine_server_sends_thread_output_on_its_idle_channel(s: Session) -> No
     assert ok(cell(s, "done.set(); print('ok')", 2)) == "ok\n"
 
 
+WIDGET_THREAD = ("import threading, time, ipywidgets as w\ndone = threading.Event()\np = w.IntProgress(max=3)\n"
+                 "def move():\n"
+                 "    time.sleep(0.02); p.value = 3\n"
+                 "    done.wait()\n"
+                 "threading.Thread(target=move, daemon=True).start()")
+
+
+def _comm_updates(messages: list[dict]) -> list[dict]:
+    return [m["data"].get("state") for m in messages if m.get("kind") == "comm_msg"]
+
+
+def test_engine_server_sends_comm_messages_between_cells_on_its_idle_channel(s: Session) -> None:
+    """A widget a thread updates between cells: the comm message goes to the kernel on the idle
+    channel as an idle_comm event (before, the engine took it for a broken channel and rolled the
+    last cell back)."""
+    ok(cell(s, WIDGET_THREAD, 1))
+    mine, kernel_side = socket.socketpair()
+    idle_mine, idle_kernel = socket.socketpair()
+    with mine, kernel_side, idle_mine, idle_kernel, _Safety(s) as safety:
+        server = EngineServer(mine, s, idle_mine)
+        s.sandbox.idle_comm = server.idle_comm
+        server.between_requests()
+        assert not safety.fired
+        idle_kernel.settimeout(30)
+        ev = wire.recv(idle_kernel)
+        assert ev["event"] == schema.IDLE_COMM, ev
+        checked = schema.comm_event(ev)
+        assert checked["content"]["kind"] == "comm_msg" and checked["content"]["data"]["state"] == {"value": 3}, ev
+        assert not server.request_waiting()  # nothing on the request channel
+    s.sandbox.idle_comm = None
+    assert ok(cell(s, "done.set(); print(p.value)", 2)) == "3\n"
+
+
+def test_comm_messages_between_cells_are_held_without_idle_comm(s: Session) -> None:
+    """Without an idle_comm (a batch run), a widget update a thread makes between cells goes out
+    first with the next cell's messages (nbclient keeps widget state from them)."""
+    assert s.sandbox.idle_comm is None
+    ok(cell(s, WIDGET_THREAD, 1))
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    comms: list[dict] = []
+    s.execute("done.set()", execution_count=2, on_message=lambda mt, c: comms.append(c) if mt == "comm" else None)
+    assert _comm_updates(comms) == [{"value": 3}], comms
+
+
 def test_robust_mutex_of_an_exited_thread_reports_owner_died(template) -> None:
     """The engine walks an exiting thread's robust list (FUTEX_OWNER_DIED), as Linux does: the
     next lock of a robust mutex its owner left locked returns EOWNERDEAD instead of waiting

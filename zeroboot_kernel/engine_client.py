@@ -43,6 +43,9 @@ class EngineClient:
         idle_end, idle_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) if live_output else (None, None)
         self.idle_sock = idle_end
         self.on_idle_stream: Callable[[str, str], None] | None = None
+        # ... and their comm messages (widgets updated in the background): a checked comm event
+        # (schema.comm_event) given to on_idle_comm
+        self.on_idle_comm: Callable[[dict[str, Any]], None] | None = None
         self._send_lock = threading.Lock()
         self._next_id = 0
         self._in_flight: int | None = None  # the request whose reply has not arrived yet
@@ -71,8 +74,9 @@ class EngineClient:
                              daemon=True).start()
 
     def _read_idle(self, sock: socket.socket) -> None:
-        """The idle channel's reader: each message checked, then given to on_idle_stream (dropped
-        without one, after a debug line); ends when the engine closes the channel."""
+        """The idle channel's reader: each message checked, then given to on_idle_stream or
+        on_idle_comm (dropped without one, after a debug line); ends when the engine closes the
+        channel."""
         while True:
             try:
                 msg = wire.recv(sock)
@@ -82,20 +86,30 @@ class EngineClient:
             except (OSError, ValueError):
                 return  # the engine is gone (the request channel reports it)
             try:
-                if msg.get("event") != schema.IDLE_STREAM:
-                    raise schema.SchemaError(f"unknown idle channel event {str(msg.get('event'))[:40]!r}")
-                name, text = schema.idle_stream_event(msg)
+                deliver = self._idle_delivery(msg)
             except schema.SchemaError as exc:
                 log.error("zeroboot: dropped a malformed message from the engine's idle channel: %s", exc)
                 continue
-            callback = self.on_idle_stream
-            if callback is None:
-                log.debug("zeroboot: %d characters a thread printed between cells: nobody takes them", len(text))
+            if deliver is None:
+                log.debug("zeroboot: %s sent between cells: nobody takes it", msg.get("event"))
                 continue
             try:
-                callback(name, text)
+                deliver()
             except Exception:  # noqa: BLE001 - the reader must outlive a failed publish
-                log.exception("zeroboot: publishing output a thread printed between cells failed")
+                log.exception("zeroboot: publishing what a thread or task sent between cells failed")
+
+    def _idle_delivery(self, msg: dict[str, Any]) -> Callable[[], None] | None:
+        """An idle channel message, checked: the call that delivers it (None: nobody takes it)."""
+        kind = msg.get("event")
+        if kind == schema.IDLE_STREAM:
+            name, text = schema.idle_stream_event(msg)
+            on_stream = self.on_idle_stream
+            return None if on_stream is None else lambda: on_stream(name, text)
+        if kind == schema.IDLE_COMM:
+            ev = schema.comm_event(msg)
+            on_comm = self.on_idle_comm
+            return None if on_comm is None else lambda: on_comm(ev)
+        raise schema.SchemaError(f"unknown idle channel event {str(kind)[:40]!r}")
 
     def _wait_ready(self, on_log: Callable[[str], None]) -> dict[str, Any]:
         while True:

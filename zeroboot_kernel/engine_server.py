@@ -28,7 +28,7 @@ from . import export
 from . import fanout
 from . import latency_trace
 from . import session_save
-from .schema import IDLE_STREAM
+from .schema import IDLE_COMM, IDLE_STREAM
 from .errors import ZerobootError
 from .native import Engine, give_back_dead_store_pages, mac_prepare, watch_fd
 from .network_policy import NetworkPolicy
@@ -70,6 +70,13 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def comm_event(content: dict[str, Any]) -> dict[str, Any]:
+    """A guest comm message (a COMM_MESSAGE frame's fields) as the engine's JSON event: its
+    buffers (raw bytes from the frame) travel as base64 on the JSON channel."""
+    buffers = [base64.b64encode(b).decode("ascii") for b in content.get("buffers") or ()]
+    return {"event": "comm", "content": {k: v for k, v in content.items() if k != "buffers"}, "buffers": buffers}
+
+
 class EngineServer:
     def __init__(self, sock: socket.socket, session: Session, idle_sock: socket.socket | None = None) -> None:
         self.sock = sock
@@ -106,6 +113,13 @@ class EngineServer:
         publishes live. A kernel that reads slowly slows the guest's threads (the send blocks)."""
         assert self.idle_sock is not None
         wire.send(self.idle_sock, {"event": IDLE_STREAM, "name": name, "text": text})
+
+    def idle_comm(self, content: dict[str, Any]) -> None:
+        """A comm message a guest thread or task sent while no request ran (Sandbox.idle_comm, a
+        widget updated in the background): on the idle channel as idle_output
+        (EngineClient.on_idle_comm)."""
+        assert self.idle_sock is not None
+        wire.send(self.idle_sock, {**comm_event(content), "event": IDLE_COMM})
 
     def event(self, msg: dict[str, Any]) -> None:
         """An event of the current request, tagged with its id (the kernel drops events and
@@ -178,12 +192,9 @@ class EngineServer:
         return handler(msg)
 
     def on_message(self, mtype: str, content: dict[str, Any]) -> None:
-        """A guest message of the current request as an event; a comm message's buffers (raw bytes
-        from the frame) travel as base64 on this JSON channel."""
+        """A guest message of the current request as an event (comm_event for a comm message)."""
         if mtype == "comm":
-            buffers = [base64.b64encode(b).decode("ascii") for b in content.get("buffers") or ()]
-            self.event({"event": "comm", "content": {k: v for k, v in content.items() if k != "buffers"},
-                        "buffers": buffers})
+            self.event(comm_event(content))
         else:
             self.event({"event": mtype, "content": content})
 
@@ -398,6 +409,7 @@ class EngineServer:
         while True:
             if self.idle_sock is not None:  # (the session changes with new_session)
                 self.session.sandbox.idle_stream = self.idle_output
+                self.session.sandbox.idle_comm = self.idle_comm
             try:
                 if not self.pending and self.session.runs_between_cells():
                     self.between_requests()

@@ -11,15 +11,15 @@ import json
 from typing import Any
 
 # The frame protocol itself (header, limits, types) is shared with the agent in the guest.
-from zeroboot_guest._zeroboot_agent.frame_protocol import (BINARY_TYPES, CHECK_FIELDS, HEADER, MAGIC, MAX_BUFFERS,
-                                                           MAX_PAYLOAD, REPLY_TYPES, VERSION, FrameType, pack_binary,
-                                                           pack_header, unpack_binary)
+from zeroboot_guest._zeroboot_agent.frame_protocol import (BINARY_TYPES, CHECK_FIELDS, HEADER, IDLE_TYPES, MAGIC,
+                                                           MAX_BUFFERS, MAX_PAYLOAD, REPLY_TYPES, VERSION, FrameType,
+                                                           pack_binary, pack_header, unpack_binary)
 
 from . import latency_trace
 from . import schema
 
-__all__ = ["BINARY_TYPES", "CHECK_FIELDS", "CHECKS", "HEADER", "MAGIC", "MAX_BUFFERS", "MAX_PAYLOAD", "REPLY_TYPES",
-           "VERSION", "FrameType", "decode", "decode_payload", "encode"]
+__all__ = ["BINARY_TYPES", "CHECK_FIELDS", "CHECKS", "HEADER", "IDLE_TYPES", "MAGIC", "MAX_BUFFERS", "MAX_PAYLOAD",
+           "REPLY_TYPES", "VERSION", "FrameType", "decode", "decode_payload", "encode"]
 
 
 def encode(ftype: FrameType, payload: dict[str, Any], buffers: list[bytes] | None = None) -> bytes:

@@ -212,6 +212,7 @@ class ZerobootKernel(Kernel):
     def _take_idle_output(self, future: concurrent.futures.Future[EngineClient]) -> None:
         if not future.cancelled() and future.exception() is None:
             future.result().on_idle_stream = self._publish_idle_output
+            future.result().on_idle_comm = self._publish_idle_comm
 
     def _publish_idle_output(self, name: str, text: str) -> None:
         """What a guest thread printed between cells, as it comes (the engine client's reader
@@ -219,6 +220,12 @@ class ZerobootKernel(Kernel):
         the latest shell request (ipykernel's OutStream falls back to it in a thread that did not
         set its own: in practice the cell that ran last)."""
         self._publish(self.get_parent("shell"), "stream", {"name": name, "text": text})
+
+    def _publish_idle_comm(self, ev: dict[str, Any]) -> None:
+        """A comm message a guest thread or task sent between cells (a widget updated in the
+        background), as it comes: published as ipykernel publishes it, with the parent header of
+        the latest shell request."""
+        self.comms.guest_message(self.get_parent("shell"), ev)
 
     def _publish(self, parent: dict[str, Any], msg_type: str, content: dict[str, Any]) -> None:
         if self.session is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import engine_requests as req
@@ -91,9 +92,16 @@ class CommRouter:
         self.told_blocked = False
         self.frontend: dict[str, str] = {}  # comm id -> target name, open on the frontend
         self.used = False  # a comm was ever opened: the guest may hold comms the frontend lacks
+        # a request's thread and, between cells, the idle channel's reader (a widget updated in
+        # the background) both change `frontend`
+        self._lock = threading.RLock()
 
     def guest_message(self, parent: dict[str, Any], ev: dict[str, Any]) -> None:
         """A checked `comm` event (schema.comm_event): publish it on IOPub under `parent`."""
+        with self._lock:
+            self._guest_message(parent, ev)
+
+    def _guest_message(self, parent: dict[str, Any], ev: dict[str, Any]) -> None:
         message = ev["content"]
         kind, comm_id = message["kind"], message["comm_id"]
         if self.blocked():
@@ -123,19 +131,21 @@ class CommRouter:
         """A frontend comm message to forward: noted (an open or close changes what the frontend
         has), then its engine request fields."""
         fields, buffers = frontend_message(parent)
-        if fields["kind"] == "comm_open" and len(self.frontend) < self.MAX_FRONTEND:
-            self.frontend[fields["comm_id"]] = fields["target_name"]
-            self.used = True
-        elif fields["kind"] == "comm_close":
-            self.frontend.pop(fields["comm_id"], None)
+        with self._lock:
+            if fields["kind"] == "comm_open" and len(self.frontend) < self.MAX_FRONTEND:
+                self.frontend[fields["comm_id"]] = fields["target_name"]
+                self.used = True
+            elif fields["kind"] == "comm_close":
+                self.frontend.pop(fields["comm_id"], None)
         return fields, buffers
 
     def close_on_frontend(self, parent: dict[str, Any], comm_ids: list[str]) -> None:
         """comm_close on IOPub for comms the guest does not have (any more)."""
-        for comm_id in comm_ids:
-            if self.frontend.pop(comm_id, None) is not None:
-                self.publish(parent, "comm_close", {"comm_id": comm_id, "data": {}}, {},
-                             f"comm-{comm_id}".encode("ascii"), [])
+        with self._lock:
+            for comm_id in comm_ids:
+                if self.frontend.pop(comm_id, None) is not None:
+                    self.publish(parent, "comm_close", {"comm_id": comm_id, "data": {}}, {},
+                                 f"comm-{comm_id}".encode("ascii"), [])
 
     def resync(self, client: EngineClient, parent: dict[str, Any]) -> None:
         """After the sandbox went back to an older state (engine lock held): the guest closes the
@@ -155,4 +165,6 @@ class CommRouter:
                     except schema.SchemaError as exc:
                         log.error("zeroboot: malformed comm registry from the engine: %s", exc)
         # a guest that could not answer keeps nothing the page could talk to
-        self.close_on_frontend(parent, [c for c in list(self.frontend) if comms is None or c not in comms])
+        with self._lock:
+            stale = [c for c in self.frontend if comms is None or c not in comms]
+        self.close_on_frontend(parent, stale)

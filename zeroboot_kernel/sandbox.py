@@ -25,6 +25,10 @@ StreamCallback = Callable[[str, str], None]            # (name, text)
 # Output threads print between requests, held while nobody takes it live (Sandbox.idle_stream):
 # at most this many characters (the newest half is kept past it).
 HELD_OUTPUT_MAX = 1 << 20
+# Comm messages (widget updates) sent between requests, held the same way (Sandbox.idle_comm): at
+# most this many (the newest are kept: a widget's last state is what the next request needs).
+HELD_COMMS_MAX = 1000
+CommCallback = Callable[[dict[str, Any]], None]         # the COMM_MESSAGE's fields
 MessageCallback = Callable[[str, dict[str, Any]], None]  # (msg_type, content)
 # (prompt, password) -> reply, or None when an interrupt ended the wait (nothing is sent then:
 # the interrupt stops the guest's read)
@@ -74,15 +78,19 @@ class Sandbox:
         # counts the snapshots and restores of this sandbox (each changes the state its memory
         # shares pages with): Session keeps a bound of its checkpoints' memory while it is unchanged
         self.generation = 0
-        # Output threads print while no request runs (the agent's STREAM frames numbered `idle`,
-        # docs/PROTOCOL.md "Output between requests"): given to idle_stream as it comes (the engine
-        # server publishes it live, as ipykernel does); without one it is held, at most
-        # HELD_OUTPUT_MAX characters (the newest), and goes out first with the next request's output.
+        # Output threads and asyncio tasks print while no request runs (the agent's STREAM frames
+        # numbered `idle`, docs/PROTOCOL.md "Output between requests"): given to idle_stream as it
+        # comes (the engine server publishes it live, as ipykernel does); without one it is held,
+        # at most HELD_OUTPUT_MAX characters (the newest), and goes out first with the next
+        # request's output. Their comm messages (a widget updated) go to idle_comm the same way.
         self.idle_stream: StreamCallback | None = None
+        self.idle_comm: CommCallback | None = None
         self._idle_next: int | None = None  # the `idle` number the next such frame carries (None: any)
         self._held: list[tuple[str, str]] = []
         self._held_chars = 0
         self._held_dropped = 0
+        self._held_comms: list[dict[str, Any]] = []
+        self._held_comms_dropped = 0
         # the agent waits for its next request with a timeout of its own: its asyncio loop has
         # tasks or timers a cell left (guest/_zeroboot_agent/agent_loop.py), which run between
         # requests as under ipykernel (Session.between_cells)
@@ -288,8 +296,9 @@ class Sandbox:
             if ev.kind is EventKind.FRAME:
                 payload = self._decode(ev)
                 if "idle" in payload:
-                    # a thread's output sent before the agent began this request (it had read it,
-                    # not yet started it): never once the request's own frames have begun
+                    # a thread's or task's output or comm message sent before the agent began this
+                    # request (it had read it, not yet started it): never once the request's own
+                    # frames have begun
                     if run.seq:
                         raise self._break(ChannelError("the guest sent output numbered as between requests in "
                                                        "the middle of a request"))
@@ -414,9 +423,10 @@ class Sandbox:
             raise self._break(SandboxError(str(exc)))
 
     def _between_requests_frame(self, ev: Event) -> bool:
-        """A frame while the agent waits for a request: True if it was a thread's output (a STREAM
-        frame numbered `idle`), delivered; False for anything else (the caller breaks the channel)."""
-        if ev.frame_type != FrameType.STREAM:
+        """A frame while the agent waits for a request: True if it was a thread's or task's output
+        or comm message (a STREAM or COMM_MESSAGE frame numbered `idle`), delivered; False for
+        anything else (the caller breaks the channel)."""
+        if ev.frame_type not in frames.IDLE_TYPES:
             return False
         payload = self._decode(ev)
         if "idle" not in payload:
@@ -425,9 +435,9 @@ class Sandbox:
         return True
 
     def _idle_output(self, ftype: int, payload: dict[str, Any]) -> None:
-        """Check and deliver one STREAM frame sent between requests (numbered `idle` 0, 1, 2, ...
-        since the last reply; after a restore the first one sets the count)."""
-        if ftype != FrameType.STREAM or "seq" in payload or "stream_chars" in payload:
+        """Check and deliver one STREAM or COMM_MESSAGE frame sent between requests (numbered
+        `idle` 0, 1, 2, ... since the last reply; after a restore the first one sets the count)."""
+        if ftype not in frames.IDLE_TYPES or "seq" in payload or "stream_chars" in payload:
             raise self._break(ChannelError(f"the guest sent a frame (type {ftype}) numbered as output between "
                                            f"requests that is not such output"))
         number = payload["idle"]
@@ -435,6 +445,9 @@ class Sandbox:
             raise self._break(ChannelError(f"the cell channel lost or reordered output between requests: frame "
                                            f"#{self._idle_next} was expected, #{number} arrived"))
         self._idle_next = number + 1
+        if ftype == FrameType.COMM_MESSAGE:
+            self._idle_comm({k: v for k, v in payload.items() if k not in CHECK_FIELDS})
+            return
         name, text = str(payload.get("name", "stdout")), str(payload.get("text", ""))
         if self.idle_stream is not None:
             self.idle_stream(name, text)
@@ -453,8 +466,25 @@ class Sandbox:
             self._held = kept[::-1]
             self._held_chars = HELD_OUTPUT_MAX // 2 - room
 
+    def _idle_comm(self, content: dict[str, Any]) -> None:
+        """A comm message sent between requests: to idle_comm, else held for the next request."""
+        if self.idle_comm is not None:
+            self.idle_comm(content)
+            return
+        self._held_comms.append(content)
+        if len(self._held_comms) > HELD_COMMS_MAX:
+            del self._held_comms[0]
+            self._held_comms_dropped += 1
+
     def _give_held(self, run: _CellRun) -> None:
-        """Output held since the last request (no idle_stream): a cell's first output."""
+        """Output and comm messages held since the last request (no idle_stream, idle_comm): a
+        cell's first output."""
+        if self._held_comms_dropped:
+            log.warning("%d comm messages sent between cells were dropped (only the last %d are kept)",
+                        self._held_comms_dropped, HELD_COMMS_MAX)
+        for content in self._held_comms:
+            run.message("comm", content)
+        self._held_comms, self._held_comms_dropped = [], 0
         if run.on_stream is None or not (self._held or self._held_dropped):
             return
         if self._held_dropped:

@@ -302,9 +302,11 @@ def session_reply(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# The engine's event for what a guest thread printed while no request ran: it carries no request
-# id (EngineClient hands it to on_idle_stream whenever it comes, the kernel publishes it live).
+# The engine's events for what a guest thread or asyncio task printed, and the comm messages
+# (widget updates) it sent, while no request ran: they carry no request id (EngineClient hands
+# them to on_idle_stream / on_idle_comm whenever they come, the kernel publishes them live).
 IDLE_STREAM = "idle_stream"
+IDLE_COMM = "idle_comm"
 
 
 def idle_stream_event(ev: dict[str, Any]) -> tuple[str, str]:

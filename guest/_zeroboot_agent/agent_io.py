@@ -23,8 +23,8 @@ from typing import Any
 # so the builtins it uses are bound as this module's globals.
 from builtins import bool, bytes, dict, getattr, int, isinstance, len, list, max, min, range, str, tuple  # noqa: A004
 
-from .frame_protocol import (BINARY_TYPES, HEADER, MAX_PAYLOAD, REPLY_TYPES, FrameType, header_ok, pack_binary,
-                             pack_header, unpack_binary)
+from .frame_protocol import (BINARY_TYPES, HEADER, IDLE_TYPES, MAX_PAYLOAD, REPLY_TYPES, FrameType, header_ok,
+                             pack_binary, pack_header, unpack_binary)
 
 STREAM_MAX_BUFFER = 4096      # send once this much text is pending (PROTOCOL.md: 4 KiB)
 STREAM_INTERVAL = 0.05        # send a completed line only if the last STREAM frame is this old
@@ -296,8 +296,9 @@ class Channel:
                 body = encode_payload(payload)
                 if ftype == FrameType.STREAM:  # a note instead of the output: it counts as stream text
                     self._stream_chars += len(str(payload.get("text", "")))
-            # output between requests; any other frame there (READY) is numbered as a request's
-            idle = not self._in_request and ftype == FrameType.STREAM
+            # output and widget messages between requests; any other frame there (READY) is
+            # numbered as a request's
+            idle = not self._in_request and ftype in IDLE_TYPES
             check = {"idle": self._idle_seq} if idle else {"seq": self._seq}
             if ftype in REPLY_TYPES:
                 check["stream_chars"] = self._stream_chars

@@ -52,12 +52,14 @@ class FrameType(enum.IntEnum):
 
 # The channel's self-check (docs/PROTOCOL.md, "Self-check"): every guest frame of a request
 # carries its number `seq`; the frames that end a request also carry `stream_chars`, the number
-# of characters the request wrote to sys.stdout/sys.stderr. A STREAM frame sent between requests
-# (a thread's output while the agent waits: "Output between requests") carries `idle`, its number
-# among those sent since the last reply, instead of `seq`.
+# of characters the request wrote to sys.stdout/sys.stderr. A frame sent between requests (a
+# thread's or an asyncio task's output or widget update while the agent waits: "Output between
+# requests") carries `idle`, its number among those sent since the last reply, instead of `seq`;
+# only IDLE_TYPES may be sent then.
 CHECK_FIELDS = ("seq", "stream_chars", "idle")
 REPLY_TYPES = (FrameType.DONE, FrameType.COMPLETE_REPLY, FrameType.INSPECT_REPLY, FrameType.COMM_DONE,
                FrameType.COMM_INFO_REPLY)
+IDLE_TYPES = (FrameType.STREAM, FrameType.COMM_MESSAGE)
 
 # Frames whose payload is JSON plus binary buffers (pack_binary); every other payload is JSON only.
 BINARY_TYPES = (FrameType.COMM, FrameType.COMM_MESSAGE)
