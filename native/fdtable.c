@@ -223,9 +223,16 @@ zb_file *zb_fd_get(zb_sandbox *sb, uint64_t fd) {
     return sb->fds->fd[fd];
 }
 
+int zb_fd_limit(const zb_sandbox *sb) {
+    const zb_process *p = &sb->proc;
+    if (!(p->rlim_set & (1u << RLIMIT_NOFILE))) return ZB_MAX_FDS;
+    return (int)ZB_MIN(p->rlim_cur[RLIMIT_NOFILE], (uint64_t)ZB_MAX_FDS);
+}
+
 int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec) {
     if (!f->id) f->id = ++sb->fds->next_file_id;
-    for (int i = min < 0 ? 0 : min; i < ZB_MAX_FDS; i++) {
+    int limit = zb_fd_limit(sb);
+    for (int i = min < 0 ? 0 : min; i < limit; i++) {
         if (!sb->fds->fd[i]) {
             sb->fds->fd[i] = f;
             sb->fds->cloexec[i] = cloexec ? 1 : 0;

@@ -629,6 +629,9 @@ zb_file *zb_fd_get(zb_sandbox *sb, uint64_t fd);
 long zb_file_stat(zb_sandbox *sb, zb_file *f, struct stat *st);
 /* Install f at the lowest free fd >= min; returns the fd or -EMFILE. Takes the reference. */
 int zb_fd_install(zb_sandbox *sb, zb_file *f, int min, int cloexec);
+/* The fds the process may use: below its RLIMIT_NOFILE soft limit and the table's ZB_MAX_FDS
+ * (fds already open above a lowered limit stay usable, as on Linux). */
+int zb_fd_limit(const zb_sandbox *sb);
 int zb_fd_close(zb_sandbox *sb, int fd);
 /* Host memory a clone of the table takes on its own (descriptions, resolved paths, stream buffers,
  * epoll items; listings and host fds are shared, not counted). */

@@ -34,6 +34,11 @@ long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t
                         uint64_t tls, uint64_t exit_signal);
 /* tgkill/tkill of a thread of another process of the family (tgid <= 0: any); 0 or -ESRCH. */
 long zb_sys_signal_process_thread(zb_sandbox *sb, int64_t tgid, int64_t tid, int sig);
+/* sys_process.c: the soft and hard limit of resource res (RLIMIT_*) for sb: what it set with
+ * setrlimit, else the sandbox's default; and whether n more pages keep sb within its
+ * RLIMIT_AS and RLIMIT_DATA (mmap, mremap and brk ask, as Linux checks them). */
+void zb_proc_limit(const zb_sandbox *sb, unsigned res, uint64_t *cur, uint64_t *max);
+int zb_proc_may_map(const zb_sandbox *sb, uint64_t npages);
 
 /* Linux's TASK_SIZE_MAX: the highest user address + 1 (47-bit canonical user half, minus the guard
  * page). An FS/GS base at or above it is refused with EPERM, as Linux does: a non-canonical base

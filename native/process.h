@@ -44,6 +44,7 @@ void zb_signals_save(const zb_signals *s, struct zb_out *o);
 int zb_signals_load(zb_signals *s, struct zb_in *in, char *err);
 
 /* ---- process-level state (its copy and on-disk form: sys_process.c) ---- */
+#define ZB_RLIMITS 16 /* Linux's RLIM_NLIMITS */
 typedef struct zb_process {
     char exe[PATH_MAX];      /* guest path of the program, answer to readlink /proc/self/exe */
     char comm[16];           /* the program's name (the last component of the path it was run by,
@@ -69,9 +70,15 @@ typedef struct zb_process {
     uint64_t clock_tsc0, clock_mult; /* with its TSC origin and scale (vdso_page.c) */
     int64_t clock_floor[3];  /* the latest of each the guest can have read, as of its last stop: the
                                 next page never goes below */
+    /* setrlimit (sys_process.c): the soft and hard limits of the resources whose bit is in
+     * rlim_set, as the process (or the one it was forked from) set them; the others are the
+     * sandbox's defaults. Inherited by fork, kept by execve, as on Linux. */
+    uint32_t rlim_set;
+    uint64_t rlim_cur[ZB_RLIMITS], rlim_max[ZB_RLIMITS];
 } zb_process;
 void zb_process_clone(zb_process *dst, const zb_process *src);
-/* On disk: the program, its name, working directory, tid address, umask and nice value (not the clocks). */
+/* On disk: the program, its name, working directory, tid address, umask, nice value and the limits
+ * it set (not the clocks). */
 void zb_process_save(const zb_process *p, struct zb_out *o);
 int zb_process_load(zb_process *p, struct zb_in *in, char *err);
 

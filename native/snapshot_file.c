@@ -57,8 +57,10 @@
  *  20: FIFOs (overlay inodes of type INO_FIFO, file_fifo.c) and their open ends (file kind 13).
  *  21: a process's argv range (arg_start, arg_end: /proc/PID/cmdline) after its tid address.
  *  22: the entry answers rt_sigaction queries (guest_abi.h ZB_ENTRY_SIG_CODE, in the close block's
- *      tail) from the dispositions on a user read-only low page (ZB_ENTRY_SIG_DATA). */
-#define STATE_FORMAT 22
+ *      tail) from the dispositions on a user read-only low page (ZB_ENTRY_SIG_DATA).
+ *  23: a process's resource limits (setrlimit: the set mask, then soft and hard of each set one)
+ *      after its nice value. */
+#define STATE_FORMAT 23
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

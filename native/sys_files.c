@@ -261,8 +261,8 @@ static long sys_lseek(zb_sandbox *sb, const uint64_t a[6]) {
 static long dup_to(zb_sandbox *sb, uint64_t oldfd, uint64_t newfd, int cloexec) {
     zb_file *f = zb_fd_get(sb, oldfd);
     if (!f) return -EBADF;
-    if (newfd >= ZB_MAX_FDS) return -EBADF;
-    if (oldfd == newfd) return (long)newfd;
+    if (oldfd == newfd) return (long)newfd; /* dup2 of an open fd to itself: before the limit, as Linux */
+    if (newfd >= (uint64_t)zb_fd_limit(sb)) return -EBADF;
     f->refs++;
     if (sb->fds->fd[newfd]) zb_fd_close(sb, (int)newfd);
     sb->fds->fd[newfd] = f;
@@ -291,7 +291,7 @@ static long sys_fcntl(zb_sandbox *sb, const uint64_t a[6]) {
     switch (a[1]) {
     case F_DUPFD:
     case F_DUPFD_CLOEXEC:
-        if (a[2] >= ZB_MAX_FDS) return -EINVAL;
+        if (a[2] >= (uint64_t)zb_fd_limit(sb)) return -EINVAL;
         f->refs++;
         return zb_fd_install(sb, f, (int)a[2], a[1] == F_DUPFD_CLOEXEC);
     case F_GETFD: return sb->fds->cloexec[a[0]] ? FD_CLOEXEC : 0;

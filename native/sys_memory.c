@@ -28,6 +28,10 @@ static uint64_t new_pages(const zb_memory *m, uint64_t addr, uint64_t len) {
     return n;
 }
 
+/* n more pages for sb: within its RLIMIT_AS and RLIMIT_DATA (zb_proc_may_map) and the sandbox's
+ * memory (zb_mem_fits). */
+static int fits(zb_sandbox *sb, uint64_t n) { return zb_proc_may_map(sb, n) && zb_mem_fits(&sb->mem, n); }
+
 static int user_range(const zb_memory *m, uint64_t addr, uint64_t len) {
     return addr >= ZB_LOW_REGION && addr + len >= addr && addr + len <= m->size;
 }
@@ -94,16 +98,16 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
                        "is not supported (EBUSY)");
             return -EBUSY;
         }
-        if (!zb_mem_fits(m, new_pages(m, addr, len))) return -ENOMEM;
+        if (!fits(sb, new_pages(m, addr, len))) return -ENOMEM;
         at = addr;
         long rc = zb_shmap_unmap(sb, at, len); /* a shared mapping it replaces is written back first */
         if (rc < 0) return rc;
         rc = zb_mem_zero(m, at, len);
         if (rc < 0) return rc;
     } else if (addr && !(addr & (ZB_PAGE - 1)) && user_range(m, addr, len) && zb_mem_range_free(m, addr, len) &&
-               zb_mem_fits(m, len / ZB_PAGE)) {
+               fits(sb, len / ZB_PAGE)) {
         at = addr; /* a free hint is honoured, as Linux does */
-    } else if (!(at = zb_mem_alloc(m, len, kind))) {
+    } else if (!zb_proc_may_map(sb, ZB_PAGE_UP(len) / ZB_PAGE) || !(at = zb_mem_alloc(m, len, kind))) {
         return -ENOMEM;
     }
     zb_mem_mark(m, at, len, 1);
@@ -205,7 +209,7 @@ static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
             return (long)old;
         }
         if (user_range(m, old + osz, nsz - osz) && zb_mem_range_free(m, old + osz, nsz - osz) &&
-            zb_mem_fits(m, (nsz - osz) / ZB_PAGE)) {
+            fits(sb, (nsz - osz) / ZB_PAGE)) {
             zb_mem_mark(m, old + osz, nsz - osz, 1);
             zb_region_add(m, old, old + nsz, prot, name);
             return (long)old;
@@ -216,10 +220,11 @@ static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
     if (flags & MREMAP_FIXED) {
         if ((want & (ZB_PAGE - 1)) || !user_range(m, want, nsz)) return -EINVAL;
         if (want < old + osz && old < want + nsz) return -EINVAL; /* overlapping */
-        if (!zb_mem_fits(m, new_pages(m, want, nsz))) return -ENOMEM;
+        if (!fits(sb, new_pages(m, want, nsz))) return -ENOMEM;
         if (zb_shmap_unmap(sb, want, nsz) < 0 || zb_mem_zero(m, want, nsz) < 0) return -ENOMEM;
         at = want;
-    } else if (!(at = zb_mem_alloc(m, nsz, strcmp(name, "[anon]") ? ZB_ALLOC_OTHER : new_mapping_kind(NULL, prot, 0)))) {
+    } else if (!zb_proc_may_map(sb, (nsz - osz) / ZB_PAGE) || /* the move's growth, as Linux counts it */
+               !(at = zb_mem_alloc(m, nsz, strcmp(name, "[anon]") ? ZB_ALLOC_OTHER : new_mapping_kind(NULL, prot, 0)))) {
         return -ENOMEM;
     }
     zb_mem_mark(m, at, nsz, 1);
@@ -255,7 +260,7 @@ static long sys_brk(zb_sandbox *sb, const uint64_t a[6]) {
     if (want < m->brk_start || want >= m->size) return (long)m->brk_end;
     uint64_t cur = ZB_PAGE_UP(m->brk_end), next = ZB_PAGE_UP(want);
     if (next > cur) {
-        if (!zb_mem_range_free(m, cur, next - cur) || !zb_mem_fits(m, (next - cur) / ZB_PAGE))
+        if (!zb_mem_range_free(m, cur, next - cur) || !fits(sb, (next - cur) / ZB_PAGE))
             return (long)m->brk_end;
         zb_mem_mark(m, cur, next - cur, 1);
         zb_region_add(m, m->brk_start, next, PROT_READ | PROT_WRITE, "[heap]");

@@ -78,33 +78,66 @@ static long sys_sysinfo(zb_sandbox *sb, const uint64_t a[6]) {
     return zb_copy_to_guest(sb, a[0], &si, sizeof si);
 }
 
-static void limit_for(zb_sandbox *sb, unsigned res, struct rlimit *rl) {
-    rlim_t v = RLIM_INFINITY;
+/* The limits a process starts with: what the sandbox enforces (its fd table, its process limit;
+ * no core dumps, 64 KiB of locked memory), its memory as the soft address-space and data limits,
+ * and an 8 MiB stack, those three with no hard limit, as a Linux login gives. The memory budget
+ * stays what it is whatever a process sets (as RAM does): a limit set lower is enforced, one set
+ * higher is allowed (the deep-recursion idiom raises the stack's), but the main thread's stack stays
+ * the 8 MiB it was mapped with: threads get their own (threading.stack_size), and C recursion past
+ * it is a crash of the cell, never of the host. */
+static void default_limit(const zb_sandbox *sb, unsigned res, uint64_t *cur, uint64_t *max) {
+    uint64_t soft = RLIM_INFINITY, hard = RLIM_INFINITY;
     switch (res) {
-    case RLIMIT_NOFILE: v = ZB_MAX_FDS; break;
-    case RLIMIT_STACK: v = ZB_STACK_SIZE; break;
-    case RLIMIT_AS: case RLIMIT_DATA: v = sb->mem.pages_limit * ZB_PAGE; break;
-    case RLIMIT_NPROC: v = 1; break;
-    case RLIMIT_CORE: v = 0; break;
-    case RLIMIT_MEMLOCK: v = 64 << 10; break;
+    case RLIMIT_NOFILE: soft = hard = ZB_MAX_FDS; break;
+    case RLIMIT_STACK: soft = ZB_STACK_SIZE; break;
+    case RLIMIT_AS: case RLIMIT_DATA: soft = sb->mem.pages_limit * ZB_PAGE; break;
+    case RLIMIT_NPROC:
+        soft = hard = (uint64_t)(sb->fam ? sb->fam->max_procs : sb->max_procs ? sb->max_procs : ZB_PROCS_DEFAULT);
+        break;
+    case RLIMIT_CORE: soft = hard = 0; break;
+    case RLIMIT_MEMLOCK: soft = hard = 64 << 10; break;
     }
-    rl->rlim_cur = rl->rlim_max = v;
+    *cur = soft;
+    *max = hard;
+}
+
+void zb_proc_limit(const zb_sandbox *sb, unsigned res, uint64_t *cur, uint64_t *max) {
+    if (res < ZB_RLIMITS && (sb->proc.rlim_set & (1u << res))) {
+        *cur = sb->proc.rlim_cur[res];
+        *max = sb->proc.rlim_max[res];
+        return;
+    }
+    default_limit(sb, res, cur, max);
+}
+
+int zb_proc_may_map(const zb_sandbox *sb, uint64_t npages) {
+    uint64_t as, data, max;
+    zb_proc_limit(sb, RLIMIT_AS, &as, &max);
+    zb_proc_limit(sb, RLIMIT_DATA, &data, &max);
+    uint64_t limit = ZB_MIN(as, data) / ZB_PAGE;
+    return sb->mem.pages_allocated + npages <= limit && npages <= limit;
 }
 
 static long sys_prlimit64(zb_sandbox *sb, const uint64_t a[6]) {
+    _Static_assert(RLIM_NLIMITS == ZB_RLIMITS, "one slot per Linux resource");
     if (a[0] != 0 && a[0] != (uint64_t)own_pid(sb)) return -ESRCH;
     if (a[1] >= RLIM_NLIMITS) return -EINVAL;
+    unsigned res = (unsigned)a[1];
+    uint64_t cur, max;
+    zb_proc_limit(sb, res, &cur, &max);
+    struct rlimit want;
+    if (a[2] && zb_copy_from_guest(sb, &want, a[2], sizeof want) < 0) return -EFAULT;
     if (a[3]) {
-        struct rlimit rl;
-        limit_for(sb, (unsigned)a[1], &rl);
-        if (zb_copy_to_guest(sb, a[3], &rl, sizeof rl) < 0) return -EFAULT;
+        struct rlimit old = {cur, max};
+        if (zb_copy_to_guest(sb, a[3], &old, sizeof old) < 0) return -EFAULT;
     }
     if (a[2]) {
-        struct rlimit want, have;
-        if (zb_copy_from_guest(sb, &want, a[2], sizeof want) < 0) return -EFAULT;
-        limit_for(sb, (unsigned)a[1], &have);
-        if (want.rlim_max > have.rlim_max || want.rlim_cur > want.rlim_max) return -EPERM;
-        /* lowering is accepted but not tracked: the engine's own limits always apply */
+        if (want.rlim_cur > want.rlim_max) return -EINVAL;
+        if (want.rlim_max > max) return -EPERM; /* the guest has no privilege to raise a hard limit */
+        if (res == RLIMIT_NOFILE && want.rlim_max > ZB_MAX_FDS) return -EPERM; /* Linux's nr_open */
+        sb->proc.rlim_cur[res] = want.rlim_cur;
+        sb->proc.rlim_max[res] = want.rlim_max;
+        sb->proc.rlim_set |= 1u << res;
     }
     return 0;
 }
@@ -257,6 +290,12 @@ void zb_process_save(const zb_process *p, struct zb_out *o) {
     out_u64(o, p->arg_end);
     out_u32(o, p->umask);
     out_u32(o, (uint32_t)p->nice);
+    out_u32(o, p->rlim_set);
+    for (int r = 0; r < ZB_RLIMITS; r++) {
+        if (!(p->rlim_set & (1u << r))) continue;
+        out_u64(o, p->rlim_cur[r]);
+        out_u64(o, p->rlim_max[r]);
+    }
 }
 
 int zb_process_load(zb_process *p, struct zb_in *in, char *err) {
@@ -269,7 +308,15 @@ int zb_process_load(zb_process *p, struct zb_in *in, char *err) {
     p->arg_end = in_u64(in);
     uint32_t umask = in_u32(in);
     int32_t nice = (int32_t)in_u32(in);
-    if (in->err || umask > 0777 || nice < -20 || nice > 19 || p->arg_end < p->arg_start ||
+    p->rlim_set = in_u32(in);
+    int limits_ok = p->rlim_set < (1u << ZB_RLIMITS);
+    for (int r = 0; limits_ok && r < ZB_RLIMITS; r++) {
+        if (!(p->rlim_set & (1u << r))) continue;
+        p->rlim_cur[r] = in_u64(in);
+        p->rlim_max[r] = in_u64(in);
+        limits_ok = p->rlim_cur[r] <= p->rlim_max[r] && (r != RLIMIT_NOFILE || p->rlim_max[r] <= ZB_MAX_FDS);
+    }
+    if (in->err || !limits_ok || umask > 0777 || nice < -20 || nice > 19 || p->arg_end < p->arg_start ||
         p->arg_end - p->arg_start > ZB_STACK_SIZE) {
         memset(p, 0, sizeof *p);
         zb_seterr(err, "process state: truncated or corrupt");

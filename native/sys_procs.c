@@ -74,6 +74,9 @@ long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t
         zb_log(sb, "fork refused: the sandbox's limit of %d processes is reached", fam->max_procs);
         return -EAGAIN;
     }
+    uint64_t nproc, nproc_max;
+    zb_proc_limit(sb, RLIMIT_NPROC, &nproc, &nproc_max);
+    if ((uint64_t)fam->count >= nproc) return -EAGAIN; /* the RLIMIT_NPROC it set, checked as Linux's fork does */
     if (fam->count == fam->cap) {
         int cap = ZB_MIN(fam->cap * 2, ZB_PROCS_MAX);
         zb_member *grown = realloc(fam->m, (size_t)cap * sizeof *grown);

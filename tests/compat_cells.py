@@ -70,6 +70,10 @@ CELLS: list[Cell] = [
     Cell("env-var", "os.environ.get('MY_NOTEBOOK_VAR')"),
     Cell("env-magic", "%env MY_NOTEBOOK_VAR"),
     Cell("openblas-det", "import numpy as np\nrng = np.random.default_rng(0)\nm = rng.random((50, 50))\nrepr(np.linalg.det(m))"),
+    # resource limits: the deep-recursion idiom raises the stack's
+    Cell("rlimit-stack-raise", "import resource\n"
+                               "resource.setrlimit(resource.RLIMIT_STACK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+                               "resource.getrlimit(resource.RLIMIT_STACK)"),
     # item 4: CPU times
     Cell("getrusage", "import resource\nsum(range(3_000_000))\nr = resource.getrusage(resource.RUSAGE_SELF)\n"
                       "(r.ru_utime > 0, r.ru_maxrss > 0)"),

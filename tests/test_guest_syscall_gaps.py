@@ -1,6 +1,6 @@
-"""memfd_create and seals, sendfile, copy_file_range, getpriority/setpriority, pipe sizes and whole
-blocking pipe writes of a guest with no CPython (guest_programs/syscall_gaps.c), in the guest and
-on Linux, and their state across snapshots, saved templates and forks."""
+"""memfd_create and seals, sendfile, copy_file_range, getpriority/setpriority, pipe sizes, whole
+blocking pipe writes and resource limits of a guest with no CPython (guest_programs/syscall_gaps.c),
+in the guest and on Linux, and their state across snapshots, saved templates and forks."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import pytest
 import guest_c
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ["memfd", "seals", "sendfile", "copy_file_range", "priority", "pipe_size", "whole_write", "mknod"]
+TESTS = ["memfd", "seals", "sendfile", "copy_file_range", "priority", "pipe_size", "whole_write", "mknod", "rlimits"]
 
 
 @pytest.mark.parametrize("test", TESTS)
@@ -96,3 +96,15 @@ def zb_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return subprocess.run([sys.executable, "-m", "zeroboot_kernel", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, stdin=subprocess.DEVNULL, cwd=ROOT)
+
+
+def test_a_lowered_hard_limit_cannot_be_raised_again(template) -> None:
+    """The guest has no privilege: raising a hard limit is EPERM (ValueError in Python), as for an
+    unprivileged Linux user (the host's root may, so this runs in the guest only)."""
+    with template.fork() as sb:
+        r = sb.execute("import resource\nsoft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+                       "resource.setrlimit(resource.RLIMIT_NOFILE, (256, 512))\n"
+                       "try:\n    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+                       "except ValueError as e:\n    print('refused:', e)\n"
+                       "print(resource.getrlimit(resource.RLIMIT_NOFILE))")
+        assert r.status == "ok" and r.stdout == "refused: not allowed to raise maximum limit\n(256, 512)\n", r

@@ -1,5 +1,6 @@
 /* syscall_gaps.c - memfd_create and its seals, sendfile, copy_file_range, getpriority/setpriority,
- * F_GETPIPE_SZ/F_SETPIPE_SZ, whole blocking pipe writes and FIFOs, with Linux's error cases. Every
+ * F_GETPIPE_SZ/F_SETPIPE_SZ, whole blocking pipe writes, FIFOs and resource limits, with Linux's
+ * error cases. Every
  * test also passes on Linux (tests/test_guest_syscall_gaps.py runs them on the host too), so the
  * checks are Linux's behaviour; the few answers that depend on who runs them (root on the host,
  * uid 1000 in the guest; host files and the sandbox's own being two file systems in the guest)
@@ -497,8 +498,80 @@ static void test_mknod(int argc, char **argv) {
     if (in_guest()) CHECK_ERR(mknod(path, S_IFSOCK | 0600, 0), ENOSYS);
 }
 
+/* getrlimit/setrlimit/prlimit: a soft limit above the hard one is EINVAL; a lowered fd limit makes
+ * open EMFILE, dup2 EBADF and F_DUPFD EINVAL past it (fds open above it stay); a lowered address
+ * space limit makes a bigger mmap ENOMEM; the stack's soft limit goes up to its hard one (the
+ * deep-recursion idiom); a lowered process limit makes fork EAGAIN; a child inherits the limits.
+ * (Raising a hard limit is EPERM in the guest, which has no privilege, but works for root on the
+ * host: checked in Python in the guest only.) */
+static void test_rlimits(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    struct rlimit rl, bad;
+    OK(getrlimit(RLIMIT_NOFILE, &rl));
+    CHECK(rl.rlim_cur <= rl.rlim_max && rl.rlim_cur >= 64, "nofile %lu %lu", (unsigned long)rl.rlim_cur,
+          (unsigned long)rl.rlim_max);
+    bad.rlim_cur = rl.rlim_cur;
+    bad.rlim_max = rl.rlim_cur - 1;
+    CHECK_ERR(setrlimit(RLIMIT_NOFILE, &bad), EINVAL);
+    int high = (int)OK(fcntl(0, F_DUPFD, 40));
+    struct rlimit low = {32, rl.rlim_max};
+    OK(setrlimit(RLIMIT_NOFILE, &low));
+    struct rlimit now;
+    OK(getrlimit(RLIMIT_NOFILE, &now));
+    CHECK(now.rlim_cur == 32 && now.rlim_max == rl.rlim_max, "after set: %lu", (unsigned long)now.rlim_cur);
+    int fds[40], n = 0, fd;
+    while ((fd = open("/dev/null", O_RDONLY)) >= 0 && n < 40) fds[n++] = fd;
+    CHECK(fd < 0 && errno == EMFILE, "open past the limit: fd %d errno %d", fd, errno);
+    CHECK(n > 0 && fds[n - 1] == 31, "the last fd %d", n ? fds[n - 1] : -1);
+    CHECK_ERR(dup2(0, 32), EBADF);
+    CHECK_ERR(fcntl(0, F_DUPFD, 32), EINVAL);
+    CHECK_EQ(fcntl(high, F_GETFD), 0); /* still open above the limit */
+    OK(close(high));
+    for (int i = 0; i < n; i++) close(fds[i]);
+    pid_t pid = fork_or_fail();
+    if (pid == 0) { /* inherited */
+        struct rlimit c;
+        child_exit(getrlimit(RLIMIT_NOFILE, &c) == 0 && c.rlim_cur == 32 ? 0 : 1);
+    }
+    expect_exit(pid, 0);
+    OK(setrlimit(RLIMIT_NOFILE, &rl));
+
+    OK(getrlimit(RLIMIT_STACK, &rl));
+    if (rl.rlim_max != RLIM_INFINITY) {
+        struct rlimit up = {rl.rlim_max, rl.rlim_max};
+        OK(setrlimit(RLIMIT_STACK, &up));
+    } else {
+        struct rlimit up = {RLIM_INFINITY, RLIM_INFINITY};
+        OK(setrlimit(RLIMIT_STACK, &up));
+        OK(getrlimit(RLIMIT_STACK, &now));
+        CHECK(now.rlim_cur == RLIM_INFINITY, "stack soft %lu", (unsigned long)now.rlim_cur);
+    }
+
+    OK(getrlimit(RLIMIT_AS, &rl));
+    struct rlimit as = {64ul << 20, rl.rlim_max};
+    pid = fork_or_fail();
+    if (pid == 0) { /* in a child, so that the parent's limit stays */
+        if (setrlimit(RLIMIT_AS, &as) < 0) child_exit(2);
+        void *big = mmap(NULL, 256ul << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (big != MAP_FAILED || errno != ENOMEM) child_exit(3);
+        void *small = mmap(NULL, 1ul << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        child_exit(small == MAP_FAILED ? 4 : 0);
+    }
+    expect_exit(pid, 0);
+
+    OK(getrlimit(RLIMIT_NPROC, &rl));
+    CHECK(rl.rlim_cur >= 2, "nproc %lu", (unsigned long)rl.rlim_cur);
+    if (in_guest()) { /* root on the host is not held to RLIMIT_NPROC */
+        struct rlimit one = {1, rl.rlim_max};
+        OK(setrlimit(RLIMIT_NPROC, &one));
+        CHECK_ERR(fork(), EAGAIN);
+        OK(setrlimit(RLIMIT_NPROC, &rl));
+    }
+}
+
 /* State that must survive snapshots, saved templates and forks of them: a memfd's bytes and seals,
- * a pipe's size, the nice value. */
+ * a pipe's size, the nice value, a resource limit. */
 static void test_snapshot_state(int argc, char **argv) {
     (void)argc;
     (void)argv;
@@ -510,6 +583,10 @@ static void test_snapshot_state(int argc, char **argv) {
     CHECK_EQ(fcntl(p[1], F_SETPIPE_SZ, 200000), 262144);
     CHECK_EQ(write(p[1], "queued", 6), 6);
     OK(setpriority(PRIO_PROCESS, 0, 6));
+    struct rlimit nofile;
+    OK(getrlimit(RLIMIT_NOFILE, &nofile));
+    struct rlimit low = {100, nofile.rlim_max};
+    OK(setrlimit(RLIMIT_NOFILE, &low));
     int tty = (int)OK(open("/dev/ttyS0", O_RDWR));
     printf("ready\n");
     fflush(stdout);
@@ -526,6 +603,9 @@ static void test_snapshot_state(int argc, char **argv) {
     CHECK_EQ(fcntl(p[0], F_GETPIPE_SZ), 262144);
     CHECK_EQ(read(p[0], buf, sizeof buf), 6);
     CHECK_EQ(getpriority(PRIO_PROCESS, 0), 6);
+    struct rlimit kept;
+    OK(getrlimit(RLIMIT_NOFILE, &kept));
+    CHECK(kept.rlim_cur == 100 && kept.rlim_max == nofile.rlim_max, "nofile %lu", (unsigned long)kept.rlim_cur);
 }
 
 static const zb_test tests[] = {
@@ -537,6 +617,7 @@ static const zb_test tests[] = {
     {"pipe_size", test_pipe_size},
     {"whole_write", test_whole_write},
     {"mknod", test_mknod},
+    {"rlimits", test_rlimits},
     {"snapshot_state", test_snapshot_state},
     {NULL, NULL},
 };
