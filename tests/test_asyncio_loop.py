@@ -132,3 +132,12 @@ def test_a_task_prints_between_cells_live(name: str) -> None:
         # (under load the task may print before the reply: those lines are cell A's output too)
         texts = stream_until(kc, "tick 2", stdout_of(collect(kc, a), {}))
         assert texts == {a: "tick 0\ntick 1\ntick 2\n"}, texts
+
+
+def test_a_cell_that_stops_the_loop_leaves_the_session_serving(s: Session) -> None:
+    """loop.stop() from a cell ends the loop's run_until_complete at its next wait: the agent says
+    so on stderr and runs it again, and the next cells, tasks included, go on."""
+    ok(cell(s, "import asyncio\nasyncio.get_running_loop().stop()\nx = 1", 1))
+    out = ok(cell(s, "await asyncio.sleep(0.01); print(x)", 2))
+    assert out.endswith("1\n") and "Event loop stopped" in out, out
+    assert ok(cell(s, "await asyncio.sleep(0.01); print(x + 1)", 3)) == "2\n"

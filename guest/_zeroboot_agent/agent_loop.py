@@ -47,15 +47,16 @@ class AgentLoop:
     def run(self, main: Coroutine[Any, Any, int]) -> int:
         """Run the agent's request loop (a coroutine) until it returns. A KeyboardInterrupt or
         SystemExit that a background task raised (a task's step re-raises them) ends only that
-        task: ipykernel's kernel would go on serving requests, and so does the agent."""
+        task: ipykernel's kernel would go on serving requests, and so does the agent; so does a
+        cell that stopped the running loop (`loop.stop()`: the loop just runs on)."""
         task = self.loop.create_task(main)
         while True:
             try:
                 return self.loop.run_until_complete(task)
-            except (KeyboardInterrupt, SystemExit) as exc:
-                if task.done():
+            except (KeyboardInterrupt, SystemExit, RuntimeError) as exc:
+                if task.done() or self.loop.is_closed():
                     raise
-                log(f"{type(exc).__name__} raised by a background task; the agent goes on")
+                log(f"{type(exc).__name__} ({aio.safe_str(exc)}) outside the agent's requests; the agent goes on")
 
     # ---- waiting for the next request -----------------------------------------------------
 
