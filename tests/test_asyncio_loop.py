@@ -141,3 +141,22 @@ def test_a_cell_that_stops_the_loop_leaves_the_session_serving(s: Session) -> No
     out = ok(cell(s, "await asyncio.sleep(0.01); print(x)", 2))
     assert out.endswith("1\n") and "Event loop stopped" in out, out
     assert ok(cell(s, "await asyncio.sleep(0.01); print(x + 1)", 3)) == "2\n"
+
+
+def test_a_thread_wakes_the_loop_between_cells(s: Session) -> None:
+    """A thread that calls loop.call_soon_threadsafe after its cell ended: the agent waits on the
+    loop's wake-up socket too, so the callback runs between cells (its print goes out as idle
+    output), as in ipykernel's loop."""
+    got: list[str] = []
+    s.sandbox.idle_stream = lambda name, text: got.append(text)
+    ok(cell(s, "import asyncio, threading, time\nloop = asyncio.get_running_loop()\ndone = threading.Event()\n"
+               "def later():\n"
+               "    time.sleep(0.2)\n"
+               "    loop.call_soon_threadsafe(print, 'woken')\n"
+               "    done.wait()\n"
+               "threading.Thread(target=later, daemon=True).start()", 1))
+    with _Safety(s) as safety:
+        s.between_cells(lambda: safety.fired)
+    assert not safety.fired, "the run between cells did not end when the thread waited"
+    assert "".join(got) == "woken\n", got
+    assert ok(cell(s, "done.set(); print('next')", 2)) == "next\n"

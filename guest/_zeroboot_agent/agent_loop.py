@@ -101,7 +101,8 @@ class AgentLoop:
             poller.register(fd, select.POLLIN)
         ready = [fd for fd, _ in poller.poll(first_wait)]
         if self.channel.fd in ready:
-            await asyncio.sleep(0)  # what is ready runs first, as in ipykernel's loop
+            if self.has_work():
+                await asyncio.sleep(0)  # what is ready runs first, as in ipykernel's loop
             return
         readable = self.loop.create_future()
 
