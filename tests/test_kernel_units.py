@@ -260,3 +260,25 @@ def test_idle_channel_messages_are_checked_then_delivered() -> None:
 def test_idle_channel_refuses_malformed_messages(msg: dict) -> None:
     with pytest.raises(schema.SchemaError):
         _idle_client([], [])._idle_delivery(msg)
+
+
+def test_comm_messages_held_between_cells_are_bounded_newest_kept() -> None:
+    """Without a live channel (batch runs) the engine holds what the guest sends between cells:
+    a guest must not make it hold more than HELD_COMMS_BYTES of widget messages (16 MiB frames)."""
+    from zeroboot_kernel import sandbox as sbx
+
+    sb = sbx.Sandbox(None, None, False)  # type: ignore[arg-type]  # the held messages need no VM
+    big = bytes(4 << 20)
+    for i in range(10):
+        sb._idle_comm({"kind": "comm_msg", "comm_id": "a" * 32, "data": {"i": i}, "metadata": {}, "buffers": [big]})
+    assert sb._held_comms_bytes <= sbx.HELD_COMMS_BYTES
+    given: list = []
+
+    class Run:
+        on_stream = None
+
+        def message(self, msg_type: str, content: dict) -> None:
+            given.append(content["data"]["i"])
+
+    sb._give_held(Run())  # type: ignore[arg-type]
+    assert given == [7, 8, 9] and sb._held_comms == [], given

@@ -26,8 +26,10 @@ StreamCallback = Callable[[str, str], None]            # (name, text)
 # at most this many characters (the newest half is kept past it).
 HELD_OUTPUT_MAX = 1 << 20
 # Comm messages (widget updates) sent between requests, held the same way (Sandbox.idle_comm): at
-# most this many (the newest are kept: a widget's last state is what the next request needs).
+# most this many, and this many bytes of data and buffers (the newest are kept: a widget's last
+# state is what the next request needs; a frame may be 16 MiB, and the engine's memory is the host's).
 HELD_COMMS_MAX = 1000
+HELD_COMMS_BYTES = 16 << 20
 CommCallback = Callable[[dict[str, Any]], None]         # the COMM_MESSAGE's fields
 MessageCallback = Callable[[str, dict[str, Any]], None]  # (msg_type, content)
 # (prompt, password) -> reply, or None when an interrupt ended the wait (nothing is sent then:
@@ -89,7 +91,8 @@ class Sandbox:
         self._held: list[tuple[str, str]] = []
         self._held_chars = 0
         self._held_dropped = 0
-        self._held_comms: list[dict[str, Any]] = []
+        self._held_comms: list[tuple[int, dict[str, Any]]] = []  # (size, fields)
+        self._held_comms_bytes = 0
         self._held_comms_dropped = 0
         # the agent waits for its next request with a timeout of its own: its asyncio loop has
         # tasks or timers a cell left (guest/_zeroboot_agent/agent_loop.py), which run between
@@ -471,20 +474,23 @@ class Sandbox:
         if self.idle_comm is not None:
             self.idle_comm(content)
             return
-        self._held_comms.append(content)
-        if len(self._held_comms) > HELD_COMMS_MAX:
-            del self._held_comms[0]
+        size = len(str(content.get("data"))) + sum(len(b) for b in content.get("buffers") or ())
+        self._held_comms.append((size, content))
+        self._held_comms_bytes += size
+        while len(self._held_comms) > HELD_COMMS_MAX or self._held_comms_bytes > HELD_COMMS_BYTES:
+            dropped, _ = self._held_comms.pop(0)
+            self._held_comms_bytes -= dropped
             self._held_comms_dropped += 1
 
     def _give_held(self, run: _CellRun) -> None:
         """Output and comm messages held since the last request (no idle_stream, idle_comm): a
         cell's first output."""
         if self._held_comms_dropped:
-            log.warning("%d comm messages sent between cells were dropped (only the last %d are kept)",
-                        self._held_comms_dropped, HELD_COMMS_MAX)
-        for content in self._held_comms:
+            log.warning("%d comm messages sent between cells were dropped (the newest %d, %d MiB at most, "
+                        "are kept)", self._held_comms_dropped, HELD_COMMS_MAX, HELD_COMMS_BYTES >> 20)
+        for _, content in self._held_comms:
             run.message("comm", content)
-        self._held_comms, self._held_comms_dropped = [], 0
+        self._held_comms, self._held_comms_bytes, self._held_comms_dropped = [], 0, 0
         if run.on_stream is None or not (self._held or self._held_dropped):
             return
         if self._held_dropped:

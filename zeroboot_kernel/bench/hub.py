@@ -4,9 +4,10 @@ stock ipykernel in the same run.
 A local JupyterHub (DummyAuthenticator, SimpleLocalProcessSpawner, the Python port of
 configurable-http-proxy) is started in a temporary directory, on loopback ports only. For each
 kernel kind in turn, N simulated students (`--students`, 10 with --quick, 50 by default) each:
-get a user and an API token of their own, start their single-user server through the hub, put
-a small teaching notebook (numpy, pandas, a matplotlib plot, prints) into it, open it as
-JupyterLab does (a session through the server's REST API) and, once every student's kernel has
+get a user and an API token of their own, start their single-user server through the hub (all at
+once), put a small teaching notebook (numpy, pandas, a matplotlib plot, prints) into it, open it as
+JupyterLab does (a session through the server's REST API; OPEN_AT_ONCE students at a time) and,
+once every student's kernel has
 answered a kernel_info request, all run the notebook's cells at the same moment over the
 kernel websocket through the hub's proxy (`--runs` times each). Every reply is checked (status
 ok, the expected text, a PNG for the plot cell): a wrong output counts as a failure.
@@ -106,10 +107,22 @@ def _hub_config(workdir: Path, port: int, hub_port: int, proxy_api_port: int, to
     return "\n".join(lines) + "\n"
 
 
+# Notebooks opened at once: the students' REST and websocket requests go through the proxy, and
+# both tornado HTTP clients on that path (the bench's and the Python configurable-http-proxy's)
+# serve 10 requests at a time and fail the others after 20 s in their queue; 25 students opening
+# at once (each a kernel start) failed so. The cells then run at the same moment on the open
+# websockets, which is what the bench measures.
+OPEN_AT_ONCE = 8
+
 @dataclass
 class Hub:
-    """A running JupyterHub; `api` talks to its REST API with the bench service's token."""
+    """A running JupyterHub; `api` talks to its REST API with the bench service's token: the hub's
+    own API (`/hub/...`) at the hub's port, as a JupyterHub service does (JUPYTERHUB_API_URL),
+    and the students' servers (`/user/...`) through the proxy, as a browser does. (Through the
+    proxy, 25 server starts at once made the Python proxy answer 503 "Timeout in request queue":
+    each start's request is held ~10 s by the hub's slow_spawn_timeout.)"""
     url: str
+    api_url: str
     token: str
     process: subprocess.Popen[bytes]
     log_path: Path
@@ -123,12 +136,14 @@ class Hub:
         if data is None and method in ("POST", "PUT", "PATCH"):
             data = ""
         try:
-            resp = await client.fetch(self.url + path, method=method, body=data, request_timeout=timeout,
+            base = self.api_url if path.startswith("/hub/") else self.url
+            resp = await client.fetch(base + path, method=method, body=data, request_timeout=timeout,
                                       headers={"Authorization": f"token {token or self.token}",
                                                "Content-Type": "application/json"})
         except HTTPClientError as exc:
             detail = exc.response.body.decode(errors="replace")[:500] if exc.response is not None else ""
-            raise RuntimeError(f"{method} {path}: HTTP {exc.code} {detail}") from None
+            raise RuntimeError(f"{method} {path}: HTTP {exc.code} {detail}\nthe hub's log ends:\n"
+                               f"{self.log_tail()}") from None
         return json.loads(resp.body) if resp.body else None
 
     def log_tail(self) -> str:
@@ -146,15 +161,15 @@ def running_hub(timeout: float, jupyter_path: str | None) -> Iterator[Hub]:
                            "pip install -e '.[bench]'")
     workdir = Path(tempfile.mkdtemp(prefix="zeroboot-bench-hub-"))
     token = secrets.token_hex(32)
-    port = _free_port()
+    port, hub_port = _free_port(), _free_port()
     (workdir / "jupyterhub_config.py").write_text(
-        _hub_config(workdir, port, _free_port(), _free_port(), token, jupyter_path))
+        _hub_config(workdir, port, hub_port, _free_port(), token, jupyter_path))
     log_path = workdir / "hub.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(workdir / "jupyterhub_config.py")],
                                 cwd=workdir, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    hub = Hub(f"http://127.0.0.1:{port}", token, proc, log_path)
+    hub = Hub(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{hub_port}", token, proc, log_path)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -226,7 +241,7 @@ class Student:
 
     async def open_notebook(self) -> None:
         """Put the notebook in the server, open it (a session, as JupyterLab does), kernel_info."""
-        from tornado.httpclient import HTTPRequest
+        from tornado.httpclient import HTTPClientError, HTTPRequest
         from tornado.websocket import websocket_connect
 
         t0 = time.perf_counter()
@@ -237,8 +252,13 @@ class Student:
                                   token=self.token, timeout=self.timeout)
         self.session_id = sess["id"]
         url = self.hub.url.replace("http://", "ws://") + f"{base}/kernels/{sess['kernel']['id']}/channels"
-        self.ws = await websocket_connect(HTTPRequest(f"{url}?session_id={self.session}", request_timeout=self.timeout,
-                                                      headers={"Authorization": f"token {self.token}"}))
+        try:
+            self.ws = await websocket_connect(HTTPRequest(f"{url}?session_id={self.session}",
+                                                          request_timeout=self.timeout,
+                                                          headers={"Authorization": f"token {self.token}"}))
+        except HTTPClientError as exc:
+            raise RuntimeError(f"{self.name}: the kernel's websocket: HTTP {exc.code}; the hub's log ends:\n"
+                               f"{self.hub.log_tail()}") from None
         deadline = time.monotonic() + self.timeout
         while True:  # the kernel may take a while to answer its first request: ask again until it does
             msg = _message("kernel_info_request", {}, self.session)
@@ -336,7 +356,13 @@ async def _class(hub: Hub, kernel: str, students: int, runs: int, timeout: float
     try:
         await asyncio.gather(*(s.start_server() for s in group))
         servers_up = common.mem_available_kb()
-        await asyncio.gather(*(s.open_notebook() for s in group))
+        opening = asyncio.Semaphore(OPEN_AT_ONCE)
+
+        async def open_notebook(s: Student) -> None:
+            async with opening:
+                await s.open_notebook()
+
+        await asyncio.gather(*(open_notebook(s) for s in group))
         t0 = time.perf_counter()
         await asyncio.gather(*(s.run_cells(runs) for s in group))
         wall = time.perf_counter() - t0
