@@ -745,8 +745,21 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
             if (zb_run_threads_tick(sb, vm, ev)) return;
             if (sb->cpu.pending_syscall) continue; /* switched to a yielded syscall: served first */
         }
-        if (zb_take_kick(sb)) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_KICK; return; }
-        if (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_TIMEOUT; return; }
+        if (zb_kick_pending(sb) || zb_outside_kick || (zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {
+            /* The run stops here. A KVM_RUN the kick or the deadline interrupted (EINTR) left the
+             * vCPU anywhere in user code, and sb->cpu holds only its last syscall's registers; what
+             * the host does next may take sb->cpu (the next cell's checkpoint, after a request
+             * stopped threads or asyncio tasks running between cells), so it is made the vCPU's
+             * now. Mid-trap, the trap's exit comes first (the kick stays pending). */
+            int mid_trap = sync_regs(sb, vm, ev);
+            if (mid_trap < 0) return;
+            if (!mid_trap) {
+                if (zb_take_kick(sb)) { memset(ev, 0, sizeof *ev); ev->kind = ZB_EVENT_KICK; return; }
+                memset(ev, 0, sizeof *ev);
+                ev->kind = ZB_EVENT_TIMEOUT;
+                return;
+            }
+        }
         if ((sb->sig.alarm_ns && zb_alarm_check(sb, zb_now_ns())) || (zb_cpu_timers_armed(sb) && zb_cpu_timers_check(sb))) {
             /* SIGALRM (SIGVTALRM, SIGPROF) interrupts user code: take the registers back and enter its
              * handler (mid-trap: it stays pending, and the trap's exit delivers it) */
@@ -774,11 +787,10 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
                     /* our own signal with nothing to do: the wake-up timer of an alarm that the loop
                      * already handled (it noticed the time first) */
                     if (zb_kick_signal_seen && !zb_outside_kick) continue;
-                    zb_outside_kick = 0; /* taken: this KICK is its answer */
-                    /* another signal (e.g. the caller's SIGINT): let the caller look at it */
-                    memset(ev, 0, sizeof *ev);
-                    ev->kind = ZB_EVENT_KICK;
-                    return;
+                    /* another signal (e.g. the caller's SIGINT): let the caller look at it, as a
+                     * kick (the stop above: registers read first) */
+                    zb_outside_kick = 1;
+                    continue;
                 }
                 continue;
             }

@@ -160,3 +160,32 @@ def test_a_thread_wakes_the_loop_between_cells(s: Session) -> None:
     assert not safety.fired, "the run between cells did not end when the thread waited"
     assert "".join(got) == "woken\n", got
     assert ok(cell(s, "done.set(); print('next')", 2)) == "next\n"
+
+
+def test_a_checkpoint_taken_while_a_task_spins_restores_to_a_working_sandbox(s: Session) -> None:
+    """A request stops a task that spins in Python (no syscall) anywhere in its code; the next cell's
+    checkpoint is the state then. Rolling back to it (the cell crashes) must give a sandbox that
+    runs: the registers the kick left in the vCPU are in the checkpoint, not those of the task's
+    last syscall (restoring those crashed the next cell with SIGSEGV)."""
+    ok(cell(s, "import asyncio, ctypes\nx = 1\nspins = 0\nstop = False\n"
+               "async def spin():\n"
+               "    global spins\n"
+               "    while not stop:\n"
+               "        spins += 1\n"
+               "        if spins % 100_000 == 0: await asyncio.sleep(0)\n"
+               "spinner = asyncio.ensure_future(spin())", 1))
+    for n in (2, 4, 6):  # a few kicks, each landing somewhere else in the spin
+        ok(cell(s, "x", n))  # (after a rollback the loop's work resumes with a request)
+        assert s.runs_between_cells()
+        arrived = threading.Event()
+
+        def request() -> None:
+            arrived.set()
+            s.sandbox.guest.kick()
+
+        threading.Timer(0.3, request).start()
+        s.between_cells(arrived.is_set)
+        assert arrived.is_set() and s.ready is None  # the spin ran until the request
+        r = cell(s, "ctypes.string_at(0)", n + 1)  # its checkpoint, taken at its start, is the spin's state
+        assert r["status"] == "error" and r["ename"] == "SandboxCrashed", r
+    assert ok(cell(s, "stop = True\nawait spinner\nprint(x, spins > 0)", 8)) == "1 True\n"

@@ -398,3 +398,27 @@ def test_forged_output_between_cells_rolls_the_last_cell_back(s: Session, forged
     out = ok(cell(s, "print(x)", 3))
     assert "the sandbox was rolled back to its state before cell [2]" in out and out.endswith("1\n"), out
     assert ("stdout", "forged") not in got
+
+
+def test_a_checkpoint_taken_while_a_thread_spins_restores_to_a_working_sandbox(s: Session) -> None:
+    """A request stops a thread spinning in Python anywhere in its code; the next cell's checkpoint
+    is that state, and a rollback to it gives a sandbox that runs (the kick's registers are in it)."""
+    ok(cell(s, "import threading, ctypes\nx = 1\nstop = threading.Event()\n"
+               "def spin():\n"
+               "    n = 0\n"
+               "    while not stop.is_set(): n += 1\n"
+               "threading.Thread(target=spin, daemon=True).start()", 1))
+    for n in (2, 4):
+        arrived = threading.Event()
+
+        def request() -> None:
+            arrived.set()
+            s.sandbox.guest.kick()
+
+        threading.Timer(0.3, request).start()
+        s.between_cells(arrived.is_set)
+        assert arrived.is_set() and s.ready is None
+        r = cell(s, "ctypes.string_at(0)", n)
+        assert r["status"] == "error" and r["ename"] == "SandboxCrashed", r
+        ok(cell(s, "x", n + 1))
+    assert ok(cell(s, "stop.set(); print(x)", 6)) == "1\n"
