@@ -62,9 +62,9 @@ class AgentLoop:
 
     def has_work(self) -> bool:
         """The loop has something to run before the next request: ready callbacks, a live timer,
-        a file it watches besides its own wake-up socket, or tasks waiting while another thread
-        runs (which may wake them with call_soon_threadsafe). Read from the loop's internals
-        (CPython's BaseEventLoop): if they are not there, the agent waits as if it had none."""
+        or a file it watches besides its own wake-up socket (another thread's call_soon_threadsafe
+        is wait_for_request's to watch). Read from the loop's internals (CPython's
+        BaseEventLoop): if they are not there, the agent waits as if it had none."""
         loop = self.loop
         ready = getattr(loop, "_ready", None)
         scheduled = getattr(loop, "_scheduled", None)
