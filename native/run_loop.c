@@ -783,15 +783,13 @@ static void run_guest(zb_sandbox *sb, zb_vm *vm, zb_event *ev) {
             if (errno == EINTR || errno == EAGAIN) {
                 zb_take_blocked_kick();
                 if (sb->sig.alarm_ns && zb_now_ns() >= sb->sig.alarm_ns) continue; /* the wake timer: the alarm */
-                if (!zb_kick_pending(sb) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns)) {
-                    /* our own signal with nothing to do: the wake-up timer of an alarm that the loop
-                     * already handled (it noticed the time first) */
-                    if (zb_kick_signal_seen && !zb_outside_kick) continue;
-                    /* another signal (e.g. the caller's SIGINT): let the caller look at it, as a
-                     * kick (the stop above: registers read first) */
+                /* A kick or the deadline stop the run at the loop's top (registers read first); so
+                 * does another signal (e.g. the caller's SIGINT), as a kick for the caller to look
+                 * at. Our own signal with nothing to do was the wake-up timer of an alarm that the
+                 * loop already handled (it noticed the time first). */
+                if (!zb_kick_pending(sb) && !(zb_run_deadline_ns && zb_now_ns() >= zb_run_deadline_ns) &&
+                    !zb_kick_signal_seen)
                     zb_outside_kick = 1;
-                    continue;
-                }
                 continue;
             }
             error_event(sb, ev, "KVM_RUN failed: %s", strerror(errno));
