@@ -47,6 +47,12 @@ SETTLE_TIMEOUT = 5.0
 CHECK_FIELDS = frames.CHECK_FIELDS
 
 
+def comm_size(content: dict[str, Any]) -> int:
+    """What a guest comm message (a decoded COMM_MESSAGE's fields) counts for against the output
+    limit and the held messages' bound: its data as text and its buffers' bytes."""
+    return len(str(content["data"])) + sum(len(b) for b in content["buffers"])
+
+
 @dataclass
 class ExecuteResult:
     """What a cell did. `reply` is the agent's DONE payload (the execute_reply content)."""
@@ -474,7 +480,7 @@ class Sandbox:
         if self.idle_comm is not None:
             self.idle_comm(content)
             return
-        size = len(str(content.get("data"))) + sum(len(b) for b in content.get("buffers") or ())
+        size = comm_size(content)
         self._held_comms.append((size, content))
         self._held_comms_bytes += size
         while len(self._held_comms) > HELD_COMMS_MAX or self._held_comms_bytes > HELD_COMMS_BYTES:
@@ -619,7 +625,7 @@ class _CellRun:
             self.message("clear_output", {"wait": bool(p.get("wait"))})
         elif ftype == FrameType.COMM_MESSAGE:
             content = {k: v for k, v in p.items() if k not in CHECK_FIELDS}
-            if self._within_limit(len(str(content["data"])) + sum(len(b) for b in content["buffers"])):
+            if self._within_limit(comm_size(content)):
                 self.message("comm", content)
         elif ftype == FrameType.INPUT_REQUEST:
             # Answered once the agent blocks reading the reply (the INPUT event, answer()): an
