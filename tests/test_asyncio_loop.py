@@ -11,8 +11,7 @@ import threading
 import pytest
 
 from kernel_helpers import collect, kernel
-from session_helpers import cell, ok
-from test_threads_cells import _Safety
+from session_helpers import RequestArrival, Safety, between_cells_until_idle, cell, ok
 from test_threads_live_output import stdout_of, stream_until
 from zeroboot_kernel.session import Session
 
@@ -37,9 +36,7 @@ def test_tasks_run_between_cells_until_the_loop_waits(s: Session) -> None:
                "        await asyncio.sleep(0.005); steps.append(i)\n"
                "    await idle.wait()\n"
                "task = asyncio.ensure_future(work())", 1))
-    with _Safety(s) as safety:
-        s.between_cells(lambda: safety.fired)
-    assert not safety.fired, "the run between cells did not end when the loop had nothing to do"
+    between_cells_until_idle(s, "the run between cells did not end when the loop had nothing to do")
     assert s.ready is not None  # retaken once the loop waited without a timer
     assert ok(cell(s, "print(len(steps), task.done())", 2)) == "20 False\n"
     s.rewind(1)  # the state before cell 2: the task's 20 steps, taken between the cells
@@ -49,16 +46,11 @@ def test_tasks_run_between_cells_until_the_loop_waits(s: Session) -> None:
 def test_a_request_stops_a_task_running_between_cells(s: Session) -> None:
     """The task prints each tick (idle output, as it comes); the request comes after its sixth
     tick between cells, whatever the host's load, and the run stops there."""
-    ticks_seen: list[str] = []
-    arrived = threading.Event()
-
-    def request() -> None:  # what the engine server's socket does when a request arrives
-        arrived.set()
-        s.sandbox.guest.kick()
+    request, seen = RequestArrival(s), []
 
     def on_idle(name: str, text: str) -> None:
-        ticks_seen.append(text)
-        if "".join(ticks_seen).count("tick") >= 6 and not arrived.is_set():
+        seen.append(text)
+        if "".join(seen).count("tick") >= 6 and not request.arrived.is_set():
             request()
 
     ok(cell(s, "import asyncio\nticks = []\n"
@@ -67,9 +59,9 @@ def test_a_request_stops_a_task_running_between_cells(s: Session) -> None:
                "        await asyncio.sleep(0.01); ticks.append(1); print('tick')\n"
                "ticker = asyncio.ensure_future(tick())\nn = len(ticks)", 1))
     s.sandbox.idle_stream = on_idle
-    with _Safety(s) as safety:
-        s.between_cells(arrived.is_set)
-    assert not safety.fired and arrived.is_set()
+    with Safety(s) as safety:
+        s.between_cells(request.arrived.is_set)
+    assert not safety.fired and request.arrived.is_set()
     assert s.ready is None  # the task ran: the state at the reply is stale, the next cell takes its own
     s.sandbox.idle_stream = None
     assert ok(cell(s, "ticker.cancel()\nprint(len(ticks) >= n + 6)", 2)).endswith("True\n")
@@ -86,15 +78,10 @@ def test_a_task_that_never_waits_does_not_stop_the_session(s: Session) -> None:
                "        spins += 1; await asyncio.sleep(0)\n"
                "spinner = asyncio.ensure_future(spin())", 1))
     ok(cell(s, "before = spins", 2))
-    arrived = threading.Event()
-
-    def request() -> None:  # what the engine server's socket does when a request arrives
-        arrived.set()
-        s.sandbox.guest.kick()
-
-    threading.Timer(0.3, request).start()
-    s.between_cells(arrived.is_set)
-    assert arrived.is_set() and s.ready is None
+    request = RequestArrival(s)
+    request.after(0.3)
+    s.between_cells(request.arrived.is_set)
+    assert request.arrived.is_set() and s.ready is None
     assert ok(cell(s, "print(spins > before, spinner.done())", 3)) == "True False\n"
     assert ok(cell(s, "stop = True\nawait spinner\nprint(spinner.done())", 4)) == "True\n"
 
@@ -103,9 +90,7 @@ def test_a_crash_in_a_task_between_cells_rolls_the_last_cell_back(s: Session) ->
     ok(cell(s, "import asyncio, ctypes\nx = 1", 1))
     ok(cell(s, "x = 2\nasync def crash():\n    await asyncio.sleep(0.2); ctypes.string_at(0)\n"
                "doomed = asyncio.ensure_future(crash())", 2))
-    with _Safety(s) as safety:
-        s.between_cells(lambda: safety.fired)
-    assert not safety.fired
+    between_cells_until_idle(s)
     out = ok(cell(s, "print(x, 'doomed' in globals())", 3))
     assert "crashed the sandbox after the last cell ended" in out and "before cell [2]" in out, out
     assert out.endswith("1 False\n"), out
@@ -165,9 +150,7 @@ def test_a_thread_wakes_the_loop_between_cells(s: Session) -> None:
                "    loop.call_soon_threadsafe(print, 'woken')\n"
                "    done.wait()\n"
                "threading.Thread(target=later, daemon=True).start()", 1))
-    with _Safety(s) as safety:
-        s.between_cells(lambda: safety.fired)
-    assert not safety.fired, "the run between cells did not end when the thread waited"
+    between_cells_until_idle(s, "the run between cells did not end when the thread waited")
     assert "".join(got) == "woken\n", got
     assert ok(cell(s, "done.set(); print('next')", 2)) == "next\n"
 
@@ -187,15 +170,10 @@ def test_a_checkpoint_taken_while_a_task_spins_restores_to_a_working_sandbox(s: 
     for n in (2, 4, 6):  # a few kicks, each landing somewhere else in the spin
         ok(cell(s, "x", n))  # (after a rollback the loop's work resumes with a request)
         assert s.runs_between_cells()
-        arrived = threading.Event()
-
-        def request() -> None:
-            arrived.set()
-            s.sandbox.guest.kick()
-
-        threading.Timer(0.3, request).start()
-        s.between_cells(arrived.is_set)
-        assert arrived.is_set() and s.ready is None  # the spin ran until the request
+        request = RequestArrival(s)
+        request.after(0.3)
+        s.between_cells(request.arrived.is_set)
+        assert request.arrived.is_set() and s.ready is None  # the spin ran until the request
         r = cell(s, "ctypes.string_at(0)", n + 1)  # its checkpoint, taken at its start, is the spin's state
         assert r["status"] == "error" and r["ename"] == "SandboxCrashed", r
     assert ok(cell(s, "stop = True\nawait spinner\nprint(x, spins > 0)", 8)) == "1 True\n"

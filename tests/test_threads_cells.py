@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from session_helpers import cell, ok
+from session_helpers import RequestArrival, Safety, between_cells_until_idle, cell, ok
 from zeroboot_kernel import engine_requests as req
 from zeroboot_kernel import engine_wire as wire
 from zeroboot_kernel import schema
@@ -135,26 +135,6 @@ def test_sandbox_fork_carries_threads(template) -> None:
         assert r.stdout == "True []\n", r  # the parent's thread still waits
 
 
-class _Safety:
-    """Kicks the sandbox after `seconds` so that a test of a run that should end by itself cannot
-    hang; `fired` says whether it had to (the test then fails)."""
-
-    def __init__(self, s: Session, seconds: float = 60.0) -> None:
-        self.fired = False
-        self.timer = threading.Timer(seconds, self._fire, args=(s,))
-        self.timer.start()
-
-    def _fire(self, s: Session) -> None:
-        self.fired = True
-        s.sandbox.guest.kick()
-
-    def __enter__(self) -> "_Safety":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.timer.cancel()
-
-
 def test_threads_run_between_cells_until_they_all_wait(s: Session) -> None:
     """No request comes: the run ends by itself once the thread waits without a timeout, and the
     checkpoint before the next cell is the state then (not the state at the reply)."""
@@ -164,9 +144,7 @@ def test_threads_run_between_cells_until_they_all_wait(s: Session) -> None:
                "        time.sleep(0.005); steps.append(i)\n"
                "    go.wait()\n"
                "threading.Thread(target=work, daemon=True).start()", 1))
-    with _Safety(s) as safety:
-        s.between_cells(lambda: safety.fired)
-    assert not safety.fired, "the run between cells did not end when every thread waited"
+    between_cells_until_idle(s, "the run between cells did not end when every thread waited")
     assert s.ready is not None  # retaken once the thread waited
     assert ok(cell(s, "print(len(steps))", 2)) == "20\n"
     s.rewind(1)  # the state before cell 2: the thread's 20 steps, taken between the cells
@@ -180,14 +158,9 @@ def test_a_request_stops_threads_running_between_cells(s: Session) -> None:
                "        ticks.append(1); time.sleep(0.01)\n"
                "threading.Thread(target=tick, daemon=True).start()\n"
                "n = len(ticks)", 1))
-    arrived = threading.Event()
-
-    def request() -> None:  # what the engine server's socket does when a request arrives
-        arrived.set()
-        s.sandbox.guest.kick()
-
-    threading.Timer(0.5, request).start()
-    s.between_cells(arrived.is_set)
+    request = RequestArrival(s)
+    request.after(0.5)
+    s.between_cells(request.arrived.is_set)
     assert s.ready is None  # the thread ran: the state at the reply is stale, the next cell takes its own
     assert ok(cell(s, "print(len(ticks) > n + 5)", 2)) == "True\n"  # ~50 ticks of the 0.5 s between cells
     s.rewind(1)  # before cell 2 = at its start, after the ticks between the cells
@@ -201,17 +174,14 @@ def test_idle_threads_do_not_run_between_cells(s: Session) -> None:
                "for _ in range(4): threading.Thread(target=ev.wait, daemon=True).start()", 1))
     s.prepare_next_cell()  # as the engine server does after every reply
     prepared = s.ready
-    with _Safety(s) as safety:
-        s.between_cells(lambda: safety.fired)
-    assert not safety.fired and prepared is not None and s.ready is prepared
+    between_cells_until_idle(s)
+    assert prepared is not None and s.ready is prepared
 
 
 def test_a_crash_in_a_thread_between_cells_rolls_the_last_cell_back(s: Session) -> None:
     ok(cell(s, "import threading, time, ctypes\nx = 1", 1))
     ok(cell(s, "x = 2\nthreading.Thread(target=lambda: (time.sleep(0.5), ctypes.string_at(0)), daemon=True).start()", 2))
-    with _Safety(s) as safety:
-        s.between_cells(lambda: safety.fired)
-    assert not safety.fired
+    between_cells_until_idle(s)
     out = ok(cell(s, "print(x, threading.active_count())", 3))
     assert "crashed the sandbox after the last cell ended" in out and "before cell [2]" in out, out
     assert out.endswith("1 1\n"), out
@@ -223,7 +193,7 @@ def test_engine_server_socket_stops_the_run_between_cells(s: Session) -> None:
                "threading.Thread(target=lambda: [time.sleep(0.01) for _ in iter(stop.is_set, True)], "
                "daemon=True).start()", 1))
     mine, kernel_side = socket.socketpair()
-    with mine, kernel_side, _Safety(s) as safety:
+    with mine, kernel_side, Safety(s) as safety:
         server = EngineServer(mine, s)
         threading.Timer(0.3, wire.send, args=(kernel_side, {"op": req.STATS, "id": 1})).start()
         server.between_requests()
@@ -245,9 +215,7 @@ def test_output_of_threads_between_cells_reaches_idle_stream_as_it_comes(s: Sess
                "    print('to stderr', file=sys.stderr)\n"
                "    done.wait()\n"
                "threading.Thread(target=talk, daemon=True).start()", 1))
-    with _Safety(s) as safety:
-        s.between_cells(lambda: safety.fired)
-    assert not safety.fired, "the run between cells did not end when the thread waited"
+    between_cells_until_idle(s, "the run between cells did not end when the thread waited")
     assert "".join(t for n, t in got if n == "stdout").endswith("tick 0\ntick 1\ntick 2\n"), got
     assert ("stderr", "to stderr\n") in got, got
     assert ok(cell(s, "print('next'); done.set()", 2)) == "next\n"  # nothing held back for this cell
@@ -262,8 +230,7 @@ def test_output_of_threads_between_cells_is_held_without_idle_stream(s: Session)
                "    time.sleep(0.02); print('from the thread')\n"
                "    done.wait()\n"
                "threading.Thread(target=talk, daemon=True).start()", 1))
-    with _Safety(s) as safety:
-        s.between_cells(lambda: safety.fired)
+    between_cells_until_idle(s)
     assert ok(cell(s, "print('next'); done.set()", 2)) == "from the thread\nnext\n"
 
 
@@ -277,7 +244,7 @@ def test_engine_server_sends_thread_output_on_its_idle_channel(s: Session) -> No
                "threading.Thread(target=talk, daemon=True).start()", 1))
     mine, kernel_side = socket.socketpair()
     idle_mine, idle_kernel = socket.socketpair()
-    with mine, kernel_side, idle_mine, idle_kernel, _Safety(s) as safety:
+    with mine, kernel_side, idle_mine, idle_kernel, Safety(s) as safety:
         server = EngineServer(mine, s, idle_mine)
         s.sandbox.idle_stream = server.idle_output
         server.between_requests()
@@ -307,7 +274,7 @@ def test_engine_server_sends_comm_messages_between_cells_on_its_idle_channel(s: 
     ok(cell(s, WIDGET_THREAD, 1))
     mine, kernel_side = socket.socketpair()
     idle_mine, idle_kernel = socket.socketpair()
-    with mine, kernel_side, idle_mine, idle_kernel, _Safety(s) as safety:
+    with mine, kernel_side, idle_mine, idle_kernel, Safety(s) as safety:
         server = EngineServer(mine, s, idle_mine)
         s.sandbox.idle_comm = server.idle_comm
         server.between_requests()
@@ -327,8 +294,7 @@ def test_comm_messages_between_cells_are_held_without_idle_comm(s: Session) -> N
     first with the next cell's messages (nbclient keeps widget state from them)."""
     assert s.sandbox.idle_comm is None
     ok(cell(s, WIDGET_THREAD, 1))
-    with _Safety(s) as safety:
-        s.between_cells(lambda: safety.fired)
+    between_cells_until_idle(s)
     comms: list[dict] = []
     s.execute("done.set()", execution_count=2, on_message=lambda mt, c: comms.append(c) if mt == "comm" else None)
     assert _comm_updates(comms) == [{"value": 3}], comms
@@ -392,9 +358,7 @@ def test_forged_output_between_cells_rolls_the_last_cell_back(s: Session, forged
                "    with ch.lock:\n"
                "        ch._write_all(pack_header(FrameType.STREAM, len(body)) + body)\n"
                "threading.Thread(target=forge, daemon=True).start()", 2))
-    with _Safety(s) as safety:
-        s.between_cells(lambda: safety.fired)
-    assert not safety.fired
+    between_cells_until_idle(s)
     out = ok(cell(s, "print(x)", 3))
     assert "the sandbox was rolled back to its state before cell [2]" in out and out.endswith("1\n"), out
     assert ("stdout", "forged") not in got
@@ -409,15 +373,10 @@ def test_a_checkpoint_taken_while_a_thread_spins_restores_to_a_working_sandbox(s
                "    while not stop.is_set(): n += 1\n"
                "threading.Thread(target=spin, daemon=True).start()", 1))
     for n in (2, 4):
-        arrived = threading.Event()
-
-        def request() -> None:
-            arrived.set()
-            s.sandbox.guest.kick()
-
-        threading.Timer(0.3, request).start()
-        s.between_cells(arrived.is_set)
-        assert arrived.is_set() and s.ready is None
+        request = RequestArrival(s)
+        request.after(0.3)
+        s.between_cells(request.arrived.is_set)
+        assert request.arrived.is_set() and s.ready is None
         r = cell(s, "ctypes.string_at(0)", n)
         assert r["status"] == "error" and r["ename"] == "SandboxCrashed", r
         ok(cell(s, "x", n + 1))
