@@ -79,8 +79,9 @@ static long sys_sysinfo(zb_sandbox *sb, const uint64_t a[6]) {
 }
 
 /* The limits a process starts with: what the sandbox enforces (its fd table, its process limit;
- * no core dumps, 64 KiB of locked memory), its memory as the soft address-space and data limits,
- * and an 8 MiB stack, those three with no hard limit, as a Linux login gives. The memory budget
+ * 64 KiB of locked memory), its memory as the soft address-space and data limits, an 8 MiB stack
+ * and no core dumps (soft 0), those four with no hard limit, as a Linux login gives (a raised core
+ * limit changes nothing: a crash in the sandbox never writes a core file). The memory budget
  * stays what it is whatever a process sets (as RAM does): a limit set lower is enforced, one set
  * higher is allowed (the deep-recursion idiom raises the stack's), but the main thread's stack stays
  * the 8 MiB it was mapped with: threads get their own (threading.stack_size), and C recursion past
@@ -94,7 +95,7 @@ static void default_limit(const zb_sandbox *sb, unsigned res, uint64_t *cur, uin
     case RLIMIT_NPROC:
         soft = hard = (uint64_t)(sb->fam ? sb->fam->max_procs : sb->max_procs ? sb->max_procs : ZB_PROCS_DEFAULT);
         break;
-    case RLIMIT_CORE: soft = hard = 0; break;
+    case RLIMIT_CORE: soft = 0; break;
     case RLIMIT_MEMLOCK: soft = hard = 64 << 10; break;
     }
     *cur = soft;

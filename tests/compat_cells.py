@@ -115,6 +115,9 @@ CELLS: list[Cell] = [
     # item 10: a Jupyter kernel to libraries
     Cell("shell-class", "ip = get_ipython()\n(type(ip).__name__, 'zmq' in str(type(ip)).lower(), hasattr(ip, 'kernel'), "
                         "'IPKernelApp' in ip.config)"),
+    Cell("sys-argv", "import argparse, os, sys\n(os.path.basename(sys.argv[0]), os.path.isfile(sys.argv[0]), "
+                     "sys.argv[1], os.path.dirname(sys.argv[2]) == os.path.dirname(sys.argv[2].rstrip('/')), "
+                     "argparse.ArgumentParser().parse_known_args()[1][:1])"),
     Cell("pandas-max-columns", "import pandas as pd\npd.get_option('display.max_columns')"),
     Cell("pandas-wide-frame", "df = pd.DataFrame([range(12)] * 3, columns=[f'column_{i}' for i in range(12)])\ndf"),
     Cell("pandas-print-frame", "print(df)"),

@@ -33,7 +33,7 @@ class EngineClient:
     def __init__(self, *, template: str = "default", mode: str = "chained", timeout: float | None = None,
                  checkpoints: int = 20, project: str | None = None, files: str = "overlay",
                  hidden: tuple[str, ...] = (), network: str | None = None, on_log: Callable[[str], None] | None = None,
-                 live_output: bool = False) -> None:
+                 live_output: bool = False, argv: tuple[str, ...] = ()) -> None:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = parent_end
         # live_output (the kernel): what guest threads print between cells, as it comes, on the
@@ -58,6 +58,8 @@ class EngineClient:
             cmd += ["--idle-fd", str(idle_child.fileno())]
         if network:  # the kernel's parsed policy (network_policy.NetworkPolicy.to_wire)
             cmd += ["--network", network]
+        if argv:  # the kernel's own arguments, for the guest's sys.argv (agent_session.apply_argv)
+            cmd += ["--argv", json.dumps(list(argv))]
         fds = [child_end.fileno()] + ([idle_child.fileno()] if idle_child is not None else [])
         self.proc = subprocess.Popen(cmd, pass_fds=fds, stdin=subprocess.DEVNULL,
                                      start_new_session=True)  # never in the kernel's process group

@@ -7,6 +7,7 @@ import concurrent.futures
 import logging
 import os
 import select
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -39,6 +40,12 @@ def checked_call(client: EngineClient) -> Callable[..., dict[str, Any]]:
                               str(content.get("evalue") or f"the engine could not do {op!r}"))
         return content
     return call
+
+
+def kernel_arguments() -> tuple[str, ...]:
+    """This kernel process's arguments (the kernelspec's `-f {connection_file}`): the guest's
+    sys.argv[1:], as a notebook under ipykernel_launcher sees them."""
+    return tuple(sys.argv[1:])
 
 
 class EngineOwner(threading.Thread):
@@ -114,7 +121,7 @@ class EngineOwner(threading.Thread):
                                     hidden=self.settings.hidden,
                                     network=self.settings.network.to_wire() if self.settings.network.enabled else None,
                                     on_log=lambda text: self.log.warning("zeroboot: %s", text),
-                                    live_output=True)  # threads' output between cells (_publish_idle_output)
+                                    live_output=True, argv=kernel_arguments())  # threads' output between cells (_publish_idle_output)
             except EngineDied as exc:
                 # The process vanished without saying why (a ZerobootError, e.g. no /dev/kvm or a
                 # broken template, arrives as a "fatal" message instead and is not retried).
@@ -130,7 +137,8 @@ class EngineOwner(threading.Thread):
                             checkpoints=1, project=self.notebook_dir, files=self.settings.files,
                             hidden=self.settings.hidden,
                             network=self.settings.network.to_wire() if self.settings.network.enabled else None,
-                            on_log=lambda text: self.log.info("zeroboot: fan-out worker: %s", text))
+                            on_log=lambda text: self.log.info("zeroboot: fan-out worker: %s", text),
+                            argv=kernel_arguments())
 
     def _watch(self, client: EngineClient) -> None:
         try:

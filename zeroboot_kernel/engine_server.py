@@ -524,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", default="overlay", choices=("overlay", "readonly", "readwrite"))
     p.add_argument("--hide", default="[]", help="JSON list of paths in the project the guest does not see")
     p.add_argument("--network", default=None, help="the kernel's network policy (network_policy.py, JSON)")
+    p.add_argument("--argv", default="[]", help="JSON list: the kernel's arguments, sys.argv[1:] in the guest")
     args = p.parse_args(argv)
     die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel decides what an interrupt means
@@ -541,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
         config = TemplateConfig(args.template, default_preload())
         template = Template.ensure(config, engine, progress=lambda m: wire.send(sock, {"event": "log", "text": m}))
         session = Session(template, mode=args.mode, keep=args.checkpoints, timeout=args.timeout or None,
-                          project_dir=args.project, files=args.files, hidden=tuple(json.loads(args.hide)))
+                          project_dir=args.project, files=args.files, hidden=tuple(json.loads(args.hide)),
+                          argv=tuple(json.loads(args.argv)))
         if args.files != "readwrite":  # readwrite writes the notebook's folder from this process
             engine.lockdown("run")
             session.host_writes_allowed = False

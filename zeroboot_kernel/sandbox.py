@@ -272,10 +272,12 @@ class Sandbox:
         return self._simple_request(FrameType.INSPECT, {"code": code, "cursor_pos": cursor_pos,
                                                         "detail_level": detail_level}, timeout)
 
-    def start_session(self, environ: dict[str, str], timeout: float = 60.0) -> dict[str, Any]:
-        """SESSION: give the guest the kernel's forwarded environment (guest_environ.py) and the
-        notebook's sys.path; sent once, before a session's clean snapshot."""
-        reply = self._simple_request(FrameType.SESSION, {"environ": environ}, timeout)
+    def start_session(self, environ: dict[str, str], argv: tuple[str, ...] = (),
+                      timeout: float = 60.0) -> dict[str, Any]:
+        """SESSION: give the guest the kernel's forwarded environment (guest_environ.py), the
+        notebook's sys.path and the kernel's arguments for sys.argv; sent once, before a session's
+        clean snapshot."""
+        reply = self._simple_request(FrameType.SESSION, {"environ": environ, "argv": list(argv)}, timeout)
         if reply.get("status") != "ok":
             raise SandboxError(f"the guest could not start the session: {str(reply.get('evalue'))[:500]}")
         return reply

@@ -85,11 +85,13 @@ class Session:
                  project_dir: str | None = None, files: str = "overlay", hidden: tuple[str, ...] = (),
                  environ: dict[str, str] | None = None, project_root: str | None = None,
                  checkpoint_memory: int | None = None, checkpoint_disk: int | None = None,
-                 spill_waits: bool | None = None, checkpoint_policy: str = EVERY_CELL) -> None:
+                 spill_waits: bool | None = None, checkpoint_policy: str = EVERY_CELL,
+                 argv: tuple[str, ...] = ()) -> None:
         """project_dir: the notebook's folder (the cells' working directory); project_root: the
         folder shown in the sandbox, which contains it (default: found by project_root.py); hidden:
         paths relative to project_root the sandbox does not see (credentials, histories).
         environ: the variables the guest gets (default: this process's, by guest_environ.py).
+        argv: the kernel's arguments, sys.argv[1:] in the guest (as ipykernel_launcher's).
         checkpoint_memory: the checkpoints' memory budget (None: checkpoint_budget's default);
         checkpoint_disk: the spill file's disk budget (None: ZEROBOOT_CHECKPOINT_DISK, else
         checkpoint_spill's default; 0: checkpoints over the memory budget are dropped, not spilled);
@@ -134,7 +136,8 @@ class Session:
             self.sandbox.guest.chdir(self.project_dir)
         # the kernel's environment and sys.path as ipykernel gives them, part of the clean state
         self.environ = session_environment() if environ is None else dict(environ)
-        self.session_info = self.sandbox.start_session(self.environ)
+        self.argv = argv
+        self.session_info = self.sandbox.start_session(self.environ, argv)
         # what "a fresh sandbox" means for this session: the template plus the notebook's folder
         self.clean = self.sandbox.snapshot()
         self.checkpoints: deque[Checkpoint] = deque()

@@ -8,7 +8,9 @@ notebook's folder with the user's environment, so a cell sees:
     with TERM/CLICOLOR/PAGER as ipykernel's shell sets them;
   - the locale: Python's start-up sets LC_CTYPE from LANG/LC_*; time zone from TZ;
   - sys.path: [<PYTHONPATH entries>, <stdlib>, '', <site-packages>] ('' where IPython's
-    InteractiveShellApp.init_path puts it; ipykernel_launcher removes the folder `python -m` adds).
+    InteractiveShellApp.init_path puts it; ipykernel_launcher removes the folder `python -m` adds);
+  - sys.argv: [<site-packages>/ipykernel_launcher.py, -f, <connection file>] (argparse's
+    parse_known_args in a notebook sees what it sees under ipykernel).
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from builtins import dict, int, isinstance, len, list, str  # noqa: A004
 MAX_VARIABLES = 4096
 MAX_NAME = 1024
 MAX_VALUE = 128 * 1024
+MAX_ARGS = 64
+MAX_ARG = 4096
 
 
 def _valid(name: object, value: object) -> bool:
@@ -80,9 +84,28 @@ def apply_sys_path() -> None:
         position += 1
 
 
+def launcher_path() -> str:
+    """Where ipykernel's launcher script is in this Python (argv[0] under ipykernel)."""
+    try:
+        import ipykernel
+        return os.path.join(os.path.dirname(os.path.dirname(ipykernel.__file__)), "ipykernel_launcher.py")
+    except ImportError:
+        return "ipykernel_launcher.py"
+
+
+def apply_argv(arguments: object) -> None:
+    """sys.argv as `python -m ipykernel_launcher <arguments>` has it; the arguments are the kernel
+    process's own (the kernelspec's `-f {connection_file}`), bounded, or none."""
+    tail = []
+    if isinstance(arguments, list):
+        tail = [a for a in arguments[:MAX_ARGS] if isinstance(a, str) and len(a) <= MAX_ARG and "\0" not in a]
+    sys.argv = [launcher_path(), *tail]
+
+
 def start_session(request: dict[str, Any], shell: Any) -> dict[str, Any]:
     environ = request.get("environ")
     count = apply_environment(environ, shell) if isinstance(environ, dict) else 0
     current = apply_locale()
     apply_sys_path()
+    apply_argv(request.get("argv"))
     return {"id": request.get("id"), "status": "ok", "variables": count, "locale": current}

@@ -501,7 +501,8 @@ static void test_mknod(int argc, char **argv) {
 /* getrlimit/setrlimit/prlimit: a soft limit above the hard one is EINVAL; a lowered fd limit makes
  * open EMFILE, dup2 EBADF and F_DUPFD EINVAL past it (fds open above it stay); a lowered address
  * space limit makes a bigger mmap ENOMEM; the stack's soft limit goes up to its hard one (the
- * deep-recursion idiom); a lowered process limit makes fork EAGAIN; a child inherits the limits.
+ * deep-recursion idiom), and so does the core file's (no core dumps by default, none ever in the
+ * guest); a lowered process limit makes fork EAGAIN; a child inherits the limits.
  * (Raising a hard limit is EPERM in the guest, which has no privilege, but works for root on the
  * host: checked in Python in the guest only.) */
 static void test_rlimits(int argc, char **argv) {
@@ -547,6 +548,12 @@ static void test_rlimits(int argc, char **argv) {
         OK(getrlimit(RLIMIT_STACK, &now));
         CHECK(now.rlim_cur == RLIM_INFINITY, "stack soft %lu", (unsigned long)now.rlim_cur);
     }
+
+    OK(getrlimit(RLIMIT_CORE, &rl)); /* no core dumps by default; the soft limit may go up */
+    CHECK(rl.rlim_cur == 0 || !in_guest(), "core soft %lu", (unsigned long)rl.rlim_cur);
+    CHECK(rl.rlim_max == RLIM_INFINITY || !in_guest(), "core hard %lu", (unsigned long)rl.rlim_max);
+    struct rlimit core = {rl.rlim_max, rl.rlim_max};
+    OK(setrlimit(RLIMIT_CORE, &core));
 
     OK(getrlimit(RLIMIT_AS, &rl));
     struct rlimit as = {64ul << 20, rl.rlim_max};
