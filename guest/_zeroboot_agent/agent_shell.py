@@ -402,6 +402,28 @@ def _prepare_system() -> None:
     _process_posix.ProcessHandler.terminate_timeout = _INTERRUPTED_COMMAND_GRACE_S
 
 
+def _debugger_absent_breakpoint(*args: Any, **kwargs: Any) -> None:
+    """breakpoint() without a debugger client: nothing, as under ipykernel, whose debugpy makes it
+    pause only while a frontend's visual debugger is attached (this kernel has none: its
+    kernelspec says debugger false). `import pdb; pdb.set_trace()` and %debug stop, with ipdb."""
+
+
+def _prepare_debugging() -> None:
+    """As ipykernel's kernel app: pdb is IPython's interruptible debugger (pdb.set_trace stops at an
+    `ipdb>` prompt read through input requests, and an interrupt ends it instead of leaving the
+    cell stuck), and breakpoint() is debugpy's hook, which does nothing without a debugger client
+    (a notebook with a leftover breakpoint() runs through, in a batch run too)."""
+    import pdb
+
+    from IPython.core import debugger
+
+    if hasattr(debugger, "InterruptiblePdb"):
+        debugger.Pdb = debugger.InterruptiblePdb  # type: ignore[misc]
+        pdb.Pdb = debugger.Pdb  # type: ignore[assignment,misc]
+        pdb.set_trace = debugger.set_trace
+    sys.breakpointhook = _debugger_absent_breakpoint
+
+
 def make_shell(channel: aio.Channel) -> ZMQInteractiveShell:
     global _agent_files
     _agent_files = _find_agent_files()
@@ -420,6 +442,7 @@ def make_shell(channel: aio.Channel) -> ZMQInteractiveShell:
     agent_pip.enable_site()
     shell.register_magic_function(lambda line: agent_pip.pip_magic(shell, line), "line", "pip")
     _prepare_system()
+    _prepare_debugging()
     # As ipykernel's kernel app (IPython's default_extensions): %store.
     try:
         shell.extension_manager.load_extension("storemagic")
