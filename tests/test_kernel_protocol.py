@@ -12,7 +12,7 @@ import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
-from kernel_helpers import (TIMEOUT, collect, execute, kernel, plain, shell_reply, stream_text,
+from kernel_helpers import (TIMEOUT, collect, execute, kernel, plain, result_text, shell_reply, stream_text,
                             value_of)
 
 GRACE = 2.0  # the engine's interrupt grace period
@@ -245,6 +245,19 @@ def test_interrupt_while_waiting_for_input(kc: BlockingKernelClient) -> None:
     collect(kc, msg_id)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
     assert value_of(kc, "1+1") == "2"  # the kernel is not stuck waiting for the abandoned answer
+
+
+def test_interrupt_at_the_debugger_prompt_ends_the_debugger(kc: BlockingKernelClient) -> None:
+    """pdb is IPython's InterruptiblePdb, as under ipykernel: an interrupt at its prompt ends the
+    debugger (--KeyboardInterrupt--) and the program goes on, instead of a cell stuck in pdb."""
+    msg_id = kc.execute("import pdb\ndef stopped():\n    pdb.set_trace()\n    return 5\nstopped()", allow_stdin=True)
+    request = kc.get_stdin_msg(timeout=TIMEOUT)
+    assert request["content"]["prompt"].strip() == "ipdb>", request["content"]
+    assert _control(kc, "interrupt_request")["content"]["status"] == "ok"
+    reply = shell_reply(kc, msg_id, timeout=30)["content"]
+    msgs = collect(kc, msg_id)
+    assert reply["status"] == "ok", reply
+    assert "--KeyboardInterrupt--" in plain(stream_text(msgs)) and result_text(msgs) == "5"
 
 
 # ---- kernel magics and modes -----------------------------------------------------------------
