@@ -240,6 +240,7 @@ CELLS: list[Cell] = [
                                      "(bit('SigIgn', signal.SIGUSR1), bit('SigBlk', signal.SIGUSR2), bit('SigCgt', signal.SIGINT),\n"
                                      " bit('SigIgn', signal.SIGUSR2), int(st['Threads']) >= 1, len(st['ShdPnd'].strip()))"),
     # the rest of the battery
+    Cell("dhist", "import os\n[os.path.samefile(d, os.getcwd()) for d in _dh]"),
     Cell("who", "%who_ls int"),
     Cell("capture", "%%capture captured\nprint('hidden')"),
     Cell("capture-read", "captured.stdout"),

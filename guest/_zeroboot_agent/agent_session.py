@@ -10,7 +10,8 @@ notebook's folder with the user's environment, so a cell sees:
   - sys.path: [<PYTHONPATH entries>, <stdlib>, '', <site-packages>] ('' where IPython's
     InteractiveShellApp.init_path puts it; ipykernel_launcher removes the folder `python -m` adds);
   - sys.argv: [<site-packages>/ipykernel_launcher.py, -f, <connection file>] (argparse's
-    parse_known_args in a notebook sees what it sees under ipykernel).
+    parse_known_args in a notebook sees what it sees under ipykernel);
+  - IPython's directory history (_dh, %dhist, `%cd -0`) starts at the notebook's folder.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import locale
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 # User code may replace builtins; the agent's own code must not follow.
 from builtins import dict, int, isinstance, len, list, str  # noqa: A004
@@ -102,10 +104,19 @@ def apply_argv(arguments: object) -> None:
     sys.argv = [launcher_path(), *tail]
 
 
+def restart_directory_history(shell: Any) -> None:
+    """The shell was made in the template's home folder; a session starts in the notebook's."""
+    history = getattr(shell, "history_manager", None)
+    visited = getattr(history, "dir_hist", None)
+    if isinstance(visited, list):
+        visited[:] = [Path.cwd()]
+
+
 def start_session(request: dict[str, Any], shell: Any) -> dict[str, Any]:
     environ = request.get("environ")
     count = apply_environment(environ, shell) if isinstance(environ, dict) else 0
     current = apply_locale()
     apply_sys_path()
     apply_argv(request.get("argv"))
+    restart_directory_history(shell)
     return {"id": request.get("id"), "status": "ok", "variables": count, "locale": current}
