@@ -35,6 +35,20 @@ def test_shutdown_while_a_cell_runs() -> None:
         assert wait_until(lambda: not process_alive(epid), GONE_WITHIN), "engine process left behind"
 
 
+def test_exit_in_a_cell_ends_the_kernel_as_ipykernel() -> None:
+    """exit() (IPython's ZMQExitAutocall): the reply carries ask_exit and the kernel process ends,
+    its engine with it; exit(keep_kernel=True) only asks the frontend."""
+    with kernel("zeroboot") as (km, kc):
+        reply, _ = execute(kc, "exit(keep_kernel=True)")
+        assert reply["status"] == "ok" and reply["payload"] == [{"source": "ask_exit", "keepkernel": True}], reply
+        assert value_of(kc, "1+1") == "2"
+        kpid, epid = kernel_pid(km), engine_pid_of(km)
+        reply, _ = execute(kc, "exit()")
+        assert reply["status"] == "ok" and reply["payload"] == [{"source": "ask_exit", "keepkernel": False}], reply
+        assert wait_until(lambda: not process_alive(kpid), TIMEOUT), "the kernel did not end"
+        assert wait_until(lambda: not process_alive(epid), TIMEOUT), "engine process left behind"
+
+
 def test_restart_is_clean() -> None:
     with kernel("zeroboot") as (km, kc):
         execute(kc, "before_restart = 1")

@@ -282,3 +282,14 @@ def test_comm_messages_held_between_cells_are_bounded_newest_kept() -> None:
 
     sb._give_held(Run())  # type: ignore[arg-type]
     assert given == [7, 8, 9] and sb._held_comms == [], given
+
+
+@pytest.mark.parametrize("sent, kept", [
+    ({"source": "ask_exit", "keepkernel": False}, {"source": "ask_exit", "keepkernel": False}),
+    ({"source": "ask_exit", "keepkernel": True, "extra": "x" * 100}, {"source": "ask_exit", "keepkernel": True}),
+    ({"source": "ask_exit", "keepkernel": "yes"}, {"source": "ask_exit", "keepkernel": False}),
+    ({"source": "ask_exit"}, {"source": "ask_exit", "keepkernel": False}),
+])
+def test_the_exit_payload_keeps_only_a_real_keepkernel_flag(sent: dict, kept: dict) -> None:
+    """The kernel acts on ask_exit (exit() in a cell ends it): only its one flag, a bool, passes."""
+    assert schema.payloads({"payload": [sent, {"source": "unknown"}]}) == [kept]

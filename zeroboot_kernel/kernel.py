@@ -175,12 +175,13 @@ class ZerobootKernel(Kernel):
             pass
         self._schedule_stop(reason)
 
-    def _schedule_stop(self, reason: str) -> None:
-        """The sandbox is gone for good: stop the kernel so that clients see a dead kernel, not a
-        hung one. Thread-safe; the delay lets the current reply and idle status go out first."""
+    def _schedule_stop(self, reason: str, failure: bool = True) -> None:
+        """The sandbox is gone for good (failure), or the notebook called exit(): stop the kernel so
+        that clients see a dead kernel, not a hung one. Thread-safe; the delay lets the current
+        reply and idle status go out first."""
         if self.fatal is None:
             self.fatal = reason
-            self.log.error("zeroboot: %s; stopping the kernel", reason)
+            (self.log.error if failure else self.log.info)("zeroboot: %s; stopping the kernel", reason)
         if self._stop_scheduled or self._stopping:
             return
         loop = getattr(self, "io_loop", None)
@@ -283,6 +284,10 @@ class ZerobootKernel(Kernel):
             reply = await asyncio.to_thread(self._run_cell, client, plan.code, count, silent, store_history,
                                             user_expressions or {}, allow_stdin, parent, ident, entry, trace)
             self._round_trips.append((time.perf_counter() - t0) * 1e3)
+            if any(p["source"] == "ask_exit" and not p["keepkernel"] for p in reply.get("payload", [])):
+                # exit()/quit() in a cell: the kernel process ends after this reply, as ipykernel's
+                # does (a Jupyter server then restarts it; a batch run sees a dead kernel)
+                self._schedule_stop("the notebook called exit()", failure=False)
             if trace is not None:
                 trace["k_back"] = latency_trace.now()
                 self._trace = trace

@@ -18,7 +18,7 @@ MAX_TRACEBACK = 10_000         # lines of one traceback
 MAX_MATCHES = 100_000          # completion matches
 MAX_PAYLOADS = 64
 MIME_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}$")
-PAYLOAD_SOURCES = ("page", "set_next_input", "edit_magic")
+PAYLOAD_SOURCES = ("page", "set_next_input", "edit_magic", "ask_exit")
 # Comms (widgets): the ids the frontend and the kernel use are uuid hex or uuid strings; the guest
 # may choose its own, within this alphabet, which IOPub topics (b"comm-<id>") and logs can carry.
 COMM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -158,7 +158,9 @@ def payloads(p: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     if not isinstance(v, list) or len(v) > MAX_PAYLOADS or not all(isinstance(x, dict) for x in v):
         raise SchemaError("'payload' must be a list of objects")
-    return [x for x in v if x.get("source") in PAYLOAD_SOURCES]
+    # ask_exit (exit()/quit()) carries one flag: the kernel acts on it, so only a real bool counts
+    return [{"source": "ask_exit", "keepkernel": x.get("keepkernel") is True} if x.get("source") == "ask_exit" else x
+            for x in v if x.get("source") in PAYLOAD_SOURCES]
 
 
 # ---- guest frames (by type; see frames.FrameType) ----
