@@ -401,8 +401,8 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     }
     int listeners = zb_usock_listeners(sb);
     if (listeners) {
-        zb_seterr(err, "cannot snapshot a sandbox with %d listening AF_UNIX socket%s: snapshots of listening sockets are "
-                       "not supported yet; close %s first (Listener.close(), Manager.shutdown())", listeners,
+        zb_seterr(err, "cannot snapshot a sandbox with %d listening socket%s: snapshots of listening sockets are "
+                       "not supported yet; close %s first (Listener.close(), Manager.shutdown(), a server's server_close())", listeners,
                   listeners > 1 ? "s" : "", listeners > 1 ? "them" : "it");
         return NULL;
     }

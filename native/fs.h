@@ -699,10 +699,12 @@ long zb_pty_open_slave(zb_sandbox *sb, int dev, uint64_t flags, zb_file **out);
 zb_pipe *zb_pipe_copy(const zb_pipe *s);
 /* FIONREAD of a stream end: the bytes its rx holds. */
 int zb_stream_unread(zb_sandbox *sb, const zb_file *f);
-/* An AF_UNIX stream socket made by socket(2) or accept(2): FILE_SOCKET's priv (file_socket.c owns
- * it; sys_socket.c has the calls). A socketpair end has none until it is bound: it is connected
- * and unnamed. Addresses are kept as Linux returns them: the family, then sun_path's bytes (a
- * path with its NUL, or an abstract name starting with NUL); len 2 is unnamed. */
+/* An in-memory stream socket made by socket(2) or accept(2): FILE_SOCKET's priv (file_socket.c owns
+ * it; sys_socket.c has the calls): AF_UNIX, or AF_INET/AF_INET6 on the sandbox's own loopback
+ * (sock_loopback.c). A socketpair end has none until it is bound: it is connected and unnamed.
+ * Addresses are kept as Linux returns them, the family first: for AF_UNIX sun_path's bytes (a path
+ * with its NUL, or an abstract name starting with NUL; len 2 is unnamed), else a sockaddr_in or
+ * sockaddr_in6 (port 0: unbound). */
 #define ZB_USOCK_BACKLOG_MAX 128 /* pending connections per listener (listen's backlog is capped) */
 #define ZB_USOCK_NAME_MAX 111    /* an address: family, 108 bytes of sun_path and the NUL Linux adds
                                     after a path that fills them */
@@ -714,6 +716,7 @@ typedef struct zb_usock {
     uint8_t name[ZB_USOCK_NAME_MAX], peer[ZB_USOCK_NAME_MAX]; /* struct sockaddr_un's bytes (and that NUL) */
     int backlog, npending;
     struct zb_file *pending[ZB_USOCK_BACKLOG_MAX + 1]; /* LISTENING: connected server ends, oldest first */
+    int v6only;              /* AF_INET6: IPV6_V6ONLY (a wildcard name then takes no AF_INET port) */
 } zb_usock;
 /* The socket state of a FILE_SOCKET (NULL for an unbound socketpair end). */
 static inline zb_usock *zb_usock_of(const struct zb_file *f) { return (zb_usock *)f->priv; }
@@ -725,6 +728,25 @@ static inline int zb_usock_connected(const struct zb_file *f) {
 static inline int zb_usock_listening(const struct zb_file *f) {
     return f && f->kind == FILE_SOCKET && zb_usock_of(f) && zb_usock_of(f)->state == ZB_USOCK_LISTENING;
 }
+/* sock_loopback.c: the names of AF_INET/AF_INET6 sockets on the sandbox's loopback. The family of
+ * a socket (its name's; AF_UNIX for every AF_UNIX one). */
+int zb_lo_family(const zb_usock *u);
+/* u's names unbound: the family's wildcard address, port 0. */
+void zb_lo_unbound(zb_usock *u, int family);
+/* u has a port (bind, listen or connect gave it one). */
+int zb_lo_bound(const zb_usock *u);
+/* A guest sockaddr of `family` (EINVAL: too short, EAFNOSUPPORT: another family, EFAULT) as a name. */
+long zb_lo_read_addr(zb_sandbox *sb, int family, uint64_t addr, uint64_t len, uint8_t out[ZB_USOCK_NAME_MAX],
+                     uint32_t *out_len);
+/* bind u to a name read by zb_lo_read_addr: EADDRNOTAVAIL off the loopback, EADDRINUSE for a port
+ * another socket of the family holds; port 0 takes a free ephemeral one. */
+long zb_lo_bind(zb_sandbox *sb, zb_usock *u, const uint8_t *name);
+/* connect's names: the listener of the family the target names (ECONNREFUSED: none; ENETUNREACH:
+ * not the loopback), u's own name (an ephemeral port if it had none) and peer, and the names of
+ * the server's end in the listener's family. */
+long zb_lo_connect(zb_sandbox *sb, zb_usock *u, const uint8_t *target_name, struct zb_file **listener,
+                   uint8_t server_name[ZB_USOCK_NAME_MAX], uint32_t *server_len,
+                   uint8_t server_peer[ZB_USOCK_NAME_MAX], uint32_t *server_peer_len);
 /* sys_fsmeta.c: make path (a host string, relative to the cwd) an INO_SOCKET naming bind_id, as
  * bind(2) does: -EADDRINUSE if it exists, -EACCES in a host folder (a socket file is never made
  * on the host), the path errors of mknod otherwise. */

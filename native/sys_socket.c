@@ -1,4 +1,4 @@
-/* sys_socket.c - AF_UNIX stream sockets inside the sandbox, and no network.
+/* sys_socket.c - AF_UNIX stream sockets inside the sandbox, TCP on its own loopback, and no network.
  *
  * socketpair(AF_UNIX, SOCK_STREAM) is what asyncio's event loop (its self-pipe) and other
  * in-process plumbing need; socket(AF_UNIX, SOCK_STREAM) with bind/listen/accept/connect is what
@@ -8,8 +8,11 @@
  * INO_SOCKET inode holding the socket's bind id; never a file on the host: bind in a host folder
  * is EACCES) or an abstract name (a leading NUL, per sandbox). connect finds the listener by
  * looking through the fd tables of the sandbox's processes, so no table of names can go stale;
- * it never reaches a host socket. Other socket types and domains fail with EACCES (logged once,
- * so the notebook's log says why). sendmsg passes fds with SCM_RIGHTS as Linux does (what
+ * it never reaches a host socket. Without a network policy (sys_inet.c serves internet sockets
+ * with one), AF_INET and AF_INET6 SOCK_STREAM sockets are the same in-memory streams, named by
+ * loopback addresses and ports (sock_loopback.c): the sandbox's own 127.0.0.1 and ::1, never the
+ * host's. Other socket types and domains fail with EACCES (logged once, so the notebook's log says
+ * why). sendmsg passes fds with SCM_RIGHTS as Linux does (what
  * multiprocessing's forkserver needs): the open file descriptions ride on the bytes of their
  * message (zb_scm, file_stream.c), a read stops at the end of those bytes, recvmsg installs them
  * in the receiver and any other read closes them; ZB_SCM_INFLIGHT_MAX bounds the references in
@@ -25,6 +28,8 @@
 #include "linux.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -40,23 +45,32 @@ static zb_file *socket_file(zb_sandbox *sb, uint64_t fd, long *err) {
 
 #define SUN_LEN_MAX ((uint32_t)sizeof(struct sockaddr_un)) /* 110: family + 108 bytes of sun_path */
 
-/* A socket's state, unnamed and with an unnamed peer (the family alone, little-endian). */
-static zb_usock *usock_new(int state) {
+/* A socket's state, unnamed and with an unnamed peer (AF_UNIX: the family alone, little-endian;
+ * AF_INET/AF_INET6: the wildcard address, port 0). */
+static zb_usock *usock_new(int family, int state) {
     zb_usock *u = calloc(1, sizeof *u);
     if (!u) return NULL;
     u->state = state;
+    if (family != AF_UNIX) {
+        zb_lo_unbound(u, family);
+        return u;
+    }
     u->name_len = u->peer_len = sizeof(sa_family_t);
     u->name[0] = u->peer[0] = AF_UNIX;
     return u;
 }
 
+/* The family of a socket file (a socketpair end, which has no state yet, is AF_UNIX). */
+static int socket_family(const zb_file *f) { return zb_usock_of(f) ? zb_lo_family(zb_usock_of(f)) : AF_UNIX; }
+
 static long sys_socket(zb_sandbox *sb, const uint64_t a[6]) {
     int domain = (int)a[0], type = (int)a[1] & ~(SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (domain == AF_UNIX && (a[1] & ~(uint64_t)(0xf | SOCK_NONBLOCK | SOCK_CLOEXEC))) return -EINVAL;
-    if (domain == AF_UNIX && type == SOCK_STREAM) {
-        if (a[2] != 0 && a[2] != PF_UNIX) return -EPROTONOSUPPORT;
+    int loopback = domain == AF_INET || domain == AF_INET6; /* here only without a network policy */
+    if ((domain == AF_UNIX || loopback) && (a[1] & ~(uint64_t)(0xf | SOCK_NONBLOCK | SOCK_CLOEXEC))) return -EINVAL;
+    if ((domain == AF_UNIX || loopback) && type == SOCK_STREAM) {
+        if (a[2] != 0 && a[2] != (loopback ? IPPROTO_TCP : PF_UNIX)) return -EPROTONOSUPPORT;
         zb_file *f = zb_file_new(FILE_SOCKET);
-        zb_usock *u = usock_new(ZB_USOCK_UNCONNECTED);
+        zb_usock *u = usock_new(domain, ZB_USOCK_UNCONNECTED);
         if (!f || !u) { free(f); free(u); return -ENOMEM; }
         f->priv = u;
         f->flags = O_RDWR | ((a[1] & SOCK_NONBLOCK) ? O_NONBLOCK : 0);
@@ -64,7 +78,7 @@ static long sys_socket(zb_sandbox *sb, const uint64_t a[6]) {
     }
     if (!sb->logged_no_network++)
         zb_log(sb, "socket(domain %d, type %d) refused with EACCES: the sandbox has no network; AF_UNIX "
-               "SOCK_STREAM sockets and socketpair() work", domain, type);
+               "SOCK_STREAM sockets, socketpair() and TCP on the sandbox's own loopback work", domain, type);
     return -EACCES;
 }
 
@@ -133,7 +147,7 @@ static long sys_sendto(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = socket_file(sb, a[0], &err);
     if (!f) return err;
     if ((err = check_send_flags(a[3]))) return err;
-    if (a[4] && a[5]) return zb_usock_connected(f) ? -EISCONN : -EOPNOTSUPP;
+    if (a[4] && a[5] && socket_family(f) == AF_UNIX) return zb_usock_connected(f) ? -EISCONN : -EOPNOTSUPP;
     struct iovec iov = {(void *)(uintptr_t)a[1], (size_t)a[2]};
     return zb_io_would_block(sb, f, transfer(sb, f, &iov, 1, 1, 0, NULL), 1, (a[3] & MSG_DONTWAIT) != 0, (a[3] & MSG_NOSIGNAL) != 0);
 }
@@ -232,8 +246,9 @@ static long msg_io(zb_sandbox *sb, const uint64_t a[6], int is_send) {
     if (m.msg_iovlen > MAX_IOV) return -EMSGSIZE;
     zb_file *files[ZB_SCM_MAX_FD];
     int nfiles = 0;
-    if (is_send && (err = scm_parse(sb, &m, files, &nfiles)) < 0) return err;
-    if (is_send && m.msg_name) return -EISCONN;
+    int unix_socket = socket_family(f) == AF_UNIX;
+    if (is_send && unix_socket && (err = scm_parse(sb, &m, files, &nfiles)) < 0) return err;
+    if (is_send && m.msg_name && unix_socket) return -EISCONN; /* TCP ignores it */
     if (nfiles && sb->fs->scm_inflight + nfiles > ZB_SCM_INFLIGHT_MAX) {
         zb_log(sb, "sendmsg of %d fds refused with ETOOMANYREFS: %d are in flight on the sandbox's sockets, at most %d",
                nfiles, sb->fs->scm_inflight, ZB_SCM_INFLIGHT_MAX);
@@ -290,15 +305,25 @@ static long sys_getsockopt(zb_sandbox *sb, const uint64_t a[6]) {
     long err;
     zb_file *f = socket_file(sb, a[0], &err);
     if (!f) return err;
-    if (a[1] != SOL_SOCKET) return -EOPNOTSUPP;
-    int v;
-    switch (a[2]) {
-    case SO_TYPE: v = SOCK_STREAM; break;
-    case SO_DOMAIN: v = AF_UNIX; break;
-    case SO_ACCEPTCONN: v = zb_usock_listening(f); break;
-    case SO_PROTOCOL: case SO_ERROR: case SO_REUSEADDR: case SO_KEEPALIVE: v = 0; break;
-    case SO_RCVBUF: case SO_SNDBUF: v = (int)ZB_STREAM_CAP; break;
-    default: return -ENOPROTOOPT;
+    int family = socket_family(f), v;
+    if (a[1] == IPPROTO_TCP && family != AF_UNIX) {
+        if (a[2] != TCP_NODELAY) return -ENOPROTOOPT;
+        v = 1; /* an in-memory stream never holds bytes back */
+    } else if (a[1] == IPPROTO_IPV6 && family == AF_INET6) {
+        if (a[2] != IPV6_V6ONLY) return -ENOPROTOOPT;
+        v = zb_usock_of(f)->v6only;
+    } else if (a[1] != SOL_SOCKET) {
+        return -EOPNOTSUPP;
+    } else {
+        switch (a[2]) {
+        case SO_TYPE: v = SOCK_STREAM; break;
+        case SO_DOMAIN: v = family; break;
+        case SO_PROTOCOL: v = family == AF_UNIX ? 0 : IPPROTO_TCP; break;
+        case SO_ACCEPTCONN: v = zb_usock_listening(f); break;
+        case SO_ERROR: case SO_REUSEADDR: case SO_KEEPALIVE: v = 0; break;
+        case SO_RCVBUF: case SO_SNDBUF: v = (int)ZB_STREAM_CAP; break;
+        default: return -ENOPROTOOPT;
+        }
     }
     socklen_t len;
     if (zb_copy_from_guest(sb, &len, a[4], sizeof len) < 0) return -EFAULT;
@@ -308,10 +333,23 @@ static long sys_getsockopt(zb_sandbox *sb, const uint64_t a[6]) {
     return 0;
 }
 
-/* Buffer sizes, keep-alive and the like have no effect on an in-memory stream: accepted. */
+/* Buffer sizes, keep-alive, TCP_NODELAY and the like have no effect on an in-memory stream:
+ * accepted. IPV6_V6ONLY is kept (it decides which ports a wildcard name takes), until bound. */
 static long sys_setsockopt(zb_sandbox *sb, const uint64_t a[6]) {
     long err;
-    if (!socket_file(sb, a[0], &err)) return err;
+    zb_file *f = socket_file(sb, a[0], &err);
+    if (!f) return err;
+    int family = socket_family(f);
+    if (a[1] == IPPROTO_IPV6 && family == AF_INET6 && a[2] == IPV6_V6ONLY) {
+        int on;
+        if (a[4] < sizeof on) return -EINVAL;
+        if (zb_copy_from_guest(sb, &on, a[3], sizeof on) < 0) return -EFAULT;
+        if (zb_lo_bound(zb_usock_of(f))) return -EINVAL;
+        zb_usock_of(f)->v6only = on != 0;
+        return 0;
+    }
+    if (family != AF_UNIX && (a[1] == IPPROTO_TCP || a[1] == IPPROTO_IP || (a[1] == IPPROTO_IPV6 && family == AF_INET6)))
+        return a[4] < sizeof(int) ? -EINVAL : 0;
     if (a[1] != SOL_SOCKET) return -ENOPROTOOPT;
     if (a[4] < sizeof(int) && a[2] != SO_BINDTODEVICE) return -EINVAL;
     return 0;
@@ -375,7 +413,7 @@ int zb_usock_listeners(const zb_sandbox *sb) {
 
 /* f's socket state, made for a socketpair end (connected, unnamed) when it is bound. */
 static zb_usock *usock_made(zb_file *f) {
-    if (!f->priv) f->priv = usock_new(ZB_USOCK_CONNECTED);
+    if (!f->priv) f->priv = usock_new(AF_UNIX, ZB_USOCK_CONNECTED);
     return f->priv;
 }
 
@@ -386,6 +424,13 @@ static long sys_bind(zb_sandbox *sb, const uint64_t a[6]) {
     uint8_t name[ZB_USOCK_NAME_MAX];
     uint32_t len;
     const char *path = NULL;
+    int family = socket_family(f);
+    if (family != AF_UNIX) {
+        zb_usock *u = zb_usock_of(f);
+        if ((err = zb_lo_read_addr(sb, family, a[1], a[2], name, &len)) < 0) return err;
+        if (zb_lo_bound(u) || u->state != ZB_USOCK_UNCONNECTED) return -EINVAL;
+        return zb_lo_bind(sb, u, name);
+    }
     if ((err = read_addr(sb, a[1], a[2], 1, name, &len, &path)) < 0) return err;
     zb_usock *u = usock_made(f);
     if (!u) return -ENOMEM;
@@ -416,6 +461,11 @@ static long sys_listen(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file *f = socket_file(sb, a[0], &err);
     if (!f) return err;
     zb_usock *u = zb_usock_of(f);
+    if (u && u->state == ZB_USOCK_UNCONNECTED && zb_lo_family(u) != AF_UNIX && !zb_lo_bound(u)) {
+        uint8_t any[ZB_USOCK_NAME_MAX]; /* TCP's listen without bind: the wildcard, a free port */
+        memcpy(any, u->name, sizeof any);
+        if ((err = zb_lo_bind(sb, u, any)) < 0) return err;
+    }
     if (!u || u->state == ZB_USOCK_CONNECTED || u->name_len <= sizeof(sa_family_t)) return -EINVAL;
     unsigned backlog = (unsigned)(int)a[1]; /* negative: the most, as Linux caps it at somaxconn */
     u->backlog = (int)ZB_MIN(backlog, (unsigned)ZB_USOCK_BACKLOG_MAX);
@@ -447,21 +497,36 @@ static long sys_connect(zb_sandbox *sb, const uint64_t a[6]) {
     zb_usock *u = zb_usock_of(f);
     if (!u || u->state == ZB_USOCK_CONNECTED) return -EISCONN;
     if (u->state == ZB_USOCK_LISTENING) return -EINVAL;
-    uint8_t name[ZB_USOCK_NAME_MAX];
-    uint32_t len;
+    uint8_t name[ZB_USOCK_NAME_MAX], server_name[ZB_USOCK_NAME_MAX], server_peer[ZB_USOCK_NAME_MAX];
+    uint32_t len, server_len, server_peer_len;
     const char *path = NULL;
     zb_file *l;
-    if ((err = read_addr(sb, a[1], a[2], 0, name, &len, &path)) < 0 || (err = find_listener(sb, name, len, path, &l)) < 0)
-        return err;
+    int family = zb_lo_family(u);
+    if (family != AF_UNIX) {
+        if ((err = zb_lo_read_addr(sb, family, a[1], a[2], name, &len)) < 0) return err;
+        zb_usock before = *u; /* a full queue below leaves the socket as it was */
+        if ((err = zb_lo_connect(sb, u, name, &l, server_name, &server_len, server_peer, &server_peer_len)) < 0)
+            return err;
+        if (zb_usock_of(l)->npending > zb_usock_of(l)->backlog) {
+            *u = before;
+            return zb_io_would_block(sb, f, -EAGAIN, 1, 0, 1);
+        }
+    } else {
+        if ((err = read_addr(sb, a[1], a[2], 0, name, &len, &path)) < 0 || (err = find_listener(sb, name, len, path, &l)) < 0)
+            return err;
+        const zb_usock *lu = zb_usock_of(l);
+        if (lu->npending > lu->backlog) return zb_io_would_block(sb, f, -EAGAIN, 1, 0, 1); /* its queue is full */
+        memcpy(server_name, lu->name, server_len = lu->name_len); /* named as the listener */
+        memcpy(server_peer, u->name, server_peer_len = u->name_len);
+    }
     zb_usock *lu = zb_usock_of(l);
-    if (lu->npending > lu->backlog) return zb_io_would_block(sb, f, -EAGAIN, 1, 0, 1); /* its queue is full */
-    /* the server's end, queued until accept: named as the listener, its peer this socket */
+    /* the server's end, queued until accept: its peer this socket */
     zb_pipe *up = zb_pipe_new(), *down = zb_pipe_new();
     zb_file *s = zb_file_new(FILE_SOCKET);
-    zb_usock *su = usock_new(ZB_USOCK_CONNECTED);
+    zb_usock *su = usock_new(AF_UNIX, ZB_USOCK_CONNECTED);
     if (!up || !down || !s || !su) { free(up); free(down); free(s); free(su); return -ENOMEM; }
-    memcpy(su->name, lu->name, su->name_len = lu->name_len);
-    memcpy(su->peer, u->name, su->peer_len = u->name_len);
+    memcpy(su->name, server_name, su->name_len = server_len);
+    memcpy(su->peer, server_peer, su->peer_len = server_peer_len);
     s->priv = su;
     s->flags = O_RDWR;
     zb_file_attach_tx(f, up);
@@ -469,8 +534,10 @@ static long sys_connect(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file_attach_tx(s, down);
     zb_file_attach_rx(f, down);
     u->state = ZB_USOCK_CONNECTED;
-    memcpy(u->peer, lu->name, lu->name_len);
-    u->peer_len = lu->name_len;
+    if (family == AF_UNIX) { /* (zb_lo_connect named a TCP socket's peer) */
+        memcpy(u->peer, lu->name, lu->name_len);
+        u->peer_len = lu->name_len;
+    }
     lu->pending[lu->npending++] = s; /* the queue's reference */
     return 0;
 }

@@ -219,6 +219,21 @@ CELLS: list[Cell] = [
     Cell("multiprocessing-manager", "with multiprocessing.Manager() as m:\n    d = m.dict()\n"
                                     "    ps = [multiprocessing.Process(target=d.__setitem__, args=(i, i * i)) for i in range(3)]\n"
                                     "    [p.start() for p in ps]; [p.join() for p in ps]\n    print(sorted(d.items()))"),
+    # TCP on the sandbox's own loopback: a local server and its client in one cell
+    Cell("tcp-loopback-http", "import http.server, threading, urllib.request\n"
+                              "class Hello(http.server.BaseHTTPRequestHandler):\n"
+                              "    def do_GET(self):\n"
+                              "        self.send_response(200); self.end_headers(); self.wfile.write(b'hello ' + self.path.encode())\n"
+                              "    def log_message(self, *args): pass\n"
+                              "with http.server.HTTPServer(('localhost', 0), Hello) as srv:\n"
+                              "    threading.Thread(target=srv.handle_request).start()\n"
+                              "    print(urllib.request.urlopen(f'http://localhost:{srv.server_port}/page').read())"),
+    Cell("asyncio-tcp-loopback", "async def upper(reader, writer):\n"
+                                 "    writer.write((await reader.readline()).upper()); await writer.drain(); writer.close()\n"
+                                 "server = await asyncio.start_server(upper, '127.0.0.1', 0)\n"
+                                 "reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname())\n"
+                                 "writer.write(b'shout\\n'); print(await reader.readline()); writer.close()\n"
+                                 "server.close(); await server.wait_closed()"),
     Cell("multiprocessing-listener", "from multiprocessing.connection import Listener, Client\n"
                                      "with Listener(authkey=b'k') as l:\n"
                                      "    p = multiprocessing.Process(target=lambda a: Client(a, authkey=b'k').send('hi'), args=(l.address,))\n"

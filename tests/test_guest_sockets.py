@@ -1,7 +1,8 @@
 """Sockets (socketpair streams, no network) and epoll of a guest with no CPython
 (guest_programs/sockets.c), and their state across snapshots, saved templates and forks; named
-AF_UNIX stream sockets (guest_programs/unix_sockets.c) and fds passed over them with SCM_RIGHTS
-(guest_programs/fd_passing.c), in the guest and on Linux."""
+AF_UNIX stream sockets (guest_programs/unix_sockets.c), fds passed over them with SCM_RIGHTS
+(guest_programs/fd_passing.c) and TCP on the sandbox's own loopback (guest_programs/loopback.c),
+in the guest and on Linux."""
 from __future__ import annotations
 
 import time
@@ -41,6 +42,20 @@ def test_named_unix_sockets(test: str) -> None:
 def test_the_named_socket_program_passes_on_linux(test: str) -> None:
     """The checks are Linux's behaviour, not the engine's: the same binary passes on the host."""
     guest_c.check_on_linux("unix_sockets", test)
+
+
+LOOPBACK_TESTS = ["tcp4", "ports", "tcp6", "two_processes"]
+
+
+@pytest.mark.parametrize("test", [*LOOPBACK_TESTS, "unreachable"])
+def test_tcp_on_the_sandboxs_loopback(test: str) -> None:
+    guest_c.check("loopback", test)
+
+
+@pytest.mark.parametrize("test", LOOPBACK_TESTS)
+def test_the_loopback_program_passes_on_linux(test: str) -> None:
+    """The same binary on the host: its checks are Linux's behaviour."""
+    guest_c.check_on_linux("loopback", test)
 
 
 FD_PASSING_TESTS = ["pair", "named", "boundaries", "truncated", "errors", "sender_exits", "kinds", "cycle"]

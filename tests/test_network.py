@@ -129,6 +129,8 @@ def test_the_engine_process_checks_the_policy_it_is_sent(wire: str) -> None:
 # ---- connections ---------------------------------------------------------------------------------
 
 def test_no_policy_means_no_network(template, server) -> None:
+    """Without a policy TCP sockets exist, on the sandbox's own loopback only: the host's server on
+    127.0.0.1 is refused, any other address unreachable; UDP and name lookups fail."""
     from zeroboot_kernel.session import Session
     s = Session(template)
     try:
@@ -137,7 +139,7 @@ import errno, socket
 for family, kind in ((socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET6, socket.SOCK_STREAM),
                      (socket.AF_INET, socket.SOCK_DGRAM)):
     try:
-        socket.socket(family, kind)
+        socket.socket(family, kind).close()
         print("allowed")
     except PermissionError as exc:
         print("refused", exc.errno == errno.EACCES)
@@ -149,9 +151,14 @@ import urllib.request
 try:
     urllib.request.urlopen("http://127.0.0.1:{server}/x", timeout=5)
 except OSError as exc:
-    print("urlopen failed", type(exc).__name__)
+    print("urlopen failed", type(exc).__name__, getattr(exc.reason, "errno", None) == errno.ECONNREFUSED)
+try:
+    socket.create_connection(("198.51.100.7", 80), timeout=5)
+except OSError as exc:
+    print("unreachable", exc.errno == errno.ENETUNREACH)
 """)
-        assert out.split("\n")[:5] == ["refused True"] * 3 + ["no resolver", "urlopen failed URLError"], out
+        assert out.split("\n")[:6] == ["allowed", "allowed", "refused True", "no resolver",
+                                        "urlopen failed URLError True", "unreachable True"], out
     finally:
         s.close()
 

@@ -320,7 +320,7 @@ class Guest:
         return int(lib.zb_sandbox_child_count(self.handle))
 
     def listening_sockets(self) -> int:
-        """The listening AF_UNIX sockets of process 1 (while there are any, snapshot() fails)."""
+        """The listening sockets (AF_UNIX, loopback TCP) of process 1 (while there are any, snapshot() fails)."""
         return int(lib.zb_sandbox_listening_sockets(self.handle))
 
     def fds_in_flight(self) -> int:

@@ -9,7 +9,7 @@ here a guest process), with what the sandbox needs around it.
   PYTHONPATH for the sandbox's other Python processes), so a package installed in one cell imports
   in the next, and an upgrade shadows the template's copy. Like every file of the sandbox, the
   installed files belong to its state: a rewind to before the install removes them again.
-- Without network (the kernel's ZEROBOOT_NETWORK allows nothing, so `socket()` is refused), a
+- Without network (the kernel's ZEROBOOT_NETWORK allows nothing, so a UDP `socket()` is refused), a
   command that needs a package index says so at once, with the three ways out (local files, the
   operator's allow list, the template's environment), instead of pip's retries and "No matching
   distribution". Local wheels, `--no-index --find-links DIR` and `-f DIR` run as usual.
@@ -69,10 +69,11 @@ def enable_site() -> None:
 
 
 def network_allowed() -> bool:
-    """Whether the sandbox may open internet sockets at all: with no policy the engine refuses
-    socket() with EACCES (a refusal that leaves no trace and needs no connection)."""
+    """Whether the sandbox has a network: with no policy the engine refuses a UDP socket with
+    EACCES (a refusal that leaves no trace and needs no connection; TCP sockets exist either way,
+    on the sandbox's own loopback without a policy), with one UDP reaches the sandbox's resolver."""
     try:
-        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
     except PermissionError:
         return False
     except OSError:

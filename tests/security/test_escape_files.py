@@ -273,6 +273,35 @@ def test_guest_sockets_never_reach_or_make_host_sockets(tmp_path, mode):
             s.close()
 
 
+def test_the_sandboxs_loopback_is_not_the_hosts():
+    """TCP in the guest is on the sandbox's own loopback: the host's listeners on 127.0.0.1 and ::1
+    (a Jupyter server's, a database's) are unreachable while they really listen, their ports are
+    free for the guest to bind, and no connection ever reaches them."""
+    listeners = []
+    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        s = socket.socket(family)
+        s.bind((address, 0))
+        s.listen(8)
+        s.setblocking(False)
+        listeners.append(s)
+    p4, p6 = (s.getsockname()[1] for s in listeners)
+    try:
+        with battery.boot("escape_files", "tcp_loopback", str(p4), str(p6)) as sb:
+            r = battery.guest_c.drive(sb)
+        battery.completed(r, "tcp_loopback")
+        got = battery.attempts(r)
+        for name in ("connect_host_v4", "connect_host_v4_any", "connect_host_v6", "connect_host_v4_mapped"):
+            assert got[name] == ("err", "ECONNREFUSED"), got
+        assert got["bind_host_port_v4"] == ("ok", "") and got["bind_host_port_v6"] == ("ok", ""), got
+        assert got["bind_host_address"] == ("err", "EADDRNOTAVAIL"), got
+        for s in listeners:  # no connection ever reached the host's listeners
+            with pytest.raises(BlockingIOError):
+                s.accept()
+    finally:
+        for s in listeners:
+            s.close()
+
+
 @pytest.mark.parametrize("mode", ["readonly", "overlay", "readwrite"])
 def test_copy_calls_obey_the_folder_mode(tmp_path, mode):
     """sendfile/copy_file_range write through the output file's own write: the folder's mode holds

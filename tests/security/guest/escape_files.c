@@ -26,6 +26,8 @@
  *                                               reach a host socket (HOSTSOCK, listening, in the
  *                                               folder; ABSTRACT, listening on the host's abstract
  *                                               name) and make socket files in the folder DIR
+ *   escape_files tcp_loopback PORT4 PORT6        reach the host's listeners on 127.0.0.1:PORT4
+ *                                               and [::1]:PORT6, then take those ports itself
  */
 #include "check.h"
 
@@ -39,6 +41,8 @@
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 static void report(const char *name, long rc, int err, const char *data, long n) {
     if (rc < 0) {
@@ -478,6 +482,33 @@ static void test_unix_sockets(int argc, char **argv) {
     try_unix("bind_over_host_socket", 1, argv[3], 0);
 }
 
+/* connect to (or bind) a loopback port: the sandbox's loopback is its own, never the host's. */
+static void try_tcp(const char *name, int bind_not_connect, int family, const char *ip, int port) {
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port)};
+    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(family, ip, family == AF_INET ? (void *)&a4.sin_addr : (void *)&a6.sin6_addr);
+    const struct sockaddr *a = family == AF_INET ? (struct sockaddr *)&a4 : (struct sockaddr *)&a6;
+    socklen_t len = family == AF_INET ? sizeof a4 : sizeof a6;
+    int fd = socket(family, SOCK_STREAM, 0);
+    if (fd < 0) { report(name, -1, errno, NULL, 0); return; }
+    errno = 0;
+    long rc = bind_not_connect ? bind(fd, a, len) : connect(fd, a, len);
+    report(name, rc, errno, "", 0);
+    close(fd);
+}
+
+static void test_tcp_loopback(int argc, char **argv) {
+    if (argc < 4) exit(2);
+    int p4 = atoi(argv[2]), p6 = atoi(argv[3]);
+    try_tcp("connect_host_v4", 0, AF_INET, "127.0.0.1", p4);
+    try_tcp("connect_host_v4_any", 0, AF_INET, "0.0.0.0", p4);
+    try_tcp("connect_host_v6", 0, AF_INET6, "::1", p6);
+    try_tcp("connect_host_v4_mapped", 0, AF_INET6, "::ffff:127.0.0.1", p4);
+    try_tcp("bind_host_port_v4", 1, AF_INET, "127.0.0.1", p4);
+    try_tcp("bind_host_port_v6", 1, AF_INET6, "::1", p6);
+    try_tcp("bind_host_address", 1, AF_INET, "10.0.0.1", 0);
+}
+
 /* The copy calls write through the file's own write, so the folder's mode holds as for write(2).
  * inside.txt is the host's ("inside"); the memfd holds PLANTED bytes. */
 static void test_copy_calls(int argc, char **argv) {
@@ -535,6 +566,7 @@ static const zb_test tests[] = {
     {"uart_garbage", test_uart_garbage},
     {"mmap_truncate", test_mmap_truncate},
     {"unix_sockets", test_unix_sockets},
+    {"tcp_loopback", test_tcp_loopback},
     {"open_special", test_open_special},
     {"copy_calls", test_copy_calls},
     {NULL, NULL},
