@@ -387,6 +387,25 @@ int zb_sandbox_process_count(zb_sandbox *sb) {
 
 int zb_sandbox_child_count(zb_sandbox *sb) { return sb->fam ? sb->fam->count - 1 : 0; }
 
+/* The refusals a snapshot of process 1 alone still has: what it cannot copy. */
+static int snapshot_refused(zb_sandbox *sb, char *err) {
+    int listeners = zb_usock_listeners(sb);
+    if (listeners) {
+        zb_seterr(err, "cannot snapshot a sandbox with %d listening socket%s: snapshots of listening sockets are "
+                       "not supported yet; close %s first (Listener.close(), Manager.shutdown(), a server's server_close())",
+                  listeners, listeners > 1 ? "s" : "", listeners > 1 ? "them" : "it");
+        return 1;
+    }
+    int in_flight = zb_sandbox_fds_in_flight(sb);
+    if (in_flight) {
+        zb_seterr(err, "cannot snapshot a sandbox with %d file descriptor%s in flight on its AF_UNIX sockets (sent with "
+                       "SCM_RIGHTS, not received yet): snapshots of passed fds are not supported; receive them "
+                       "(recvmsg) or close the sockets first", in_flight, in_flight > 1 ? "s" : "");
+        return 1;
+    }
+    return 0;
+}
+
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
     zb_family *fam = sb->fam;
     if (fam && fam->count > 1) {
@@ -399,21 +418,28 @@ zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err) {
                        "not supported yet; wait for them (os.waitpid, Popen.wait) or end them first", pids);
         return NULL;
     }
-    int listeners = zb_usock_listeners(sb);
-    if (listeners) {
-        zb_seterr(err, "cannot snapshot a sandbox with %d listening socket%s: snapshots of listening sockets are "
-                       "not supported yet; close %s first (Listener.close(), Manager.shutdown(), a server's server_close())", listeners,
-                  listeners > 1 ? "s" : "", listeners > 1 ? "them" : "it");
-        return NULL;
-    }
-    int in_flight = zb_sandbox_fds_in_flight(sb);
-    if (in_flight) {
-        zb_seterr(err, "cannot snapshot a sandbox with %d file descriptor%s in flight on its AF_UNIX sockets (sent with "
-                       "SCM_RIGHTS, not received yet): snapshots of passed fds are not supported; receive them "
-                       "(recvmsg) or close the sockets first", in_flight, in_flight > 1 ? "s" : "");
-        return NULL;
-    }
+    if (snapshot_refused(sb, err)) return NULL;
     return zb_snapshot_take(sb, err);
+}
+
+zb_snapshot *zb_sandbox_checkpoint(zb_sandbox *sb, char *err) {
+    if (sb->fam && sb->fam->m[0].sb != sb) {
+        zb_seterr(err, "this sandbox is a child process of a family: only its process 1 has checkpoints");
+        return NULL;
+    }
+    if (snapshot_refused(sb, err)) return NULL;
+    zb_snapshot *snap = zb_snapshot_take(sb, err);
+    if (snap && zb_lost_children_take(&snap->st.lost, sb->fam) < 0) {
+        zb_snapshot_release(snap);
+        zb_seterr(err, "out of memory recording the checkpoint's child processes");
+        return NULL;
+    }
+    return snap;
+}
+
+int zb_snapshot_lost_children(zb_snapshot *snap, int32_t *pids, int max) {
+    for (int i = 0; i < max && (uint32_t)i < snap->st.lost.n; i++) pids[i] = snap->st.lost.c[i].pid;
+    return (int)snap->st.lost.n;
 }
 
 int zb_sandbox_listening_sockets(zb_sandbox *sb) { return zb_usock_listeners(sb); }

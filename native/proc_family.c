@@ -15,7 +15,9 @@
 #include "vm.h"
 #include "process.h"
 #include "sandbox_state.h"
+#include "serial.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 
 zb_family *zb_family_ensure(zb_sandbox *sb) {
@@ -202,4 +204,94 @@ void zb_family_member_ended(zb_family *fam, int i, int wstatus) {
     if (m->exit_signal && !(m->exit_signal == SIGCHLD && psb->sig.action[SIGCHLD].handler == (uint64_t)(uintptr_t)SIG_IGN))
         zb_family_signal(fam, parent, m->exit_signal);
     if (reap) zb_family_remove(fam, i);
+}
+
+/* ---- children a checkpoint leaves out (zb_sandbox_checkpoint) ---- */
+
+int zb_lost_children_take(zb_lost_children *lost, const zb_family *fam) {
+    lost->c = NULL;
+    lost->n = 0;
+    if (!fam || fam->count <= 1) return 0;
+    if (!(lost->c = calloc((size_t)fam->count, sizeof *lost->c))) return -1;
+    for (int i = 1; i < fam->count; i++) {
+        const zb_member *m = &fam->m[i];
+        if (m->ppid != fam->m[0].pid || m->orphan) continue; /* grandchildren and orphans: nobody waits */
+        zb_lost_child *c = &lost->c[lost->n++];
+        c->pid = m->pid;
+        c->pgid = m->pgid;
+        c->sid = m->sid;
+        c->wstatus = m->zombie ? m->wstatus : SIGKILL;
+        c->exit_signal = m->exit_signal;
+        memcpy(c->comm, m->zombie || !m->sb ? m->comm : m->sb->proc.comm, sizeof c->comm);
+        c->comm[sizeof c->comm - 1] = 0;
+    }
+    return 0;
+}
+
+void zb_lost_children_free(zb_lost_children *lost) {
+    free(lost->c);
+    lost->c = NULL;
+    lost->n = 0;
+}
+
+void zb_lost_children_save(const zb_lost_children *lost, zb_out *o) {
+    out_u32(o, lost->n);
+    for (uint32_t i = 0; i < lost->n; i++) {
+        const zb_lost_child *c = &lost->c[i];
+        out_u32(o, (uint32_t)c->pid);
+        out_u32(o, (uint32_t)c->pgid);
+        out_u32(o, (uint32_t)c->sid);
+        out_u32(o, (uint32_t)c->wstatus);
+        out_u32(o, (uint32_t)c->exit_signal);
+        out_bytes(o, c->comm, sizeof c->comm);
+    }
+}
+
+int zb_lost_children_load(zb_lost_children *lost, zb_in *in, char *err) {
+    lost->c = NULL;
+    lost->n = in_u32(in);
+    if (in->err || lost->n > ZB_PROCS_MAX) goto bad;
+    if (lost->n && !(lost->c = calloc(lost->n, sizeof *lost->c))) { zb_seterr(err, "out of memory"); return -1; }
+    for (uint32_t i = 0; i < lost->n; i++) {
+        zb_lost_child *c = &lost->c[i];
+        c->pid = (int32_t)in_u32(in);
+        c->pgid = (int32_t)in_u32(in);
+        c->sid = (int32_t)in_u32(in);
+        c->wstatus = (int32_t)in_u32(in);
+        c->exit_signal = (int32_t)in_u32(in);
+        in_bytes(in, c->comm, sizeof c->comm);
+        if (in->err || c->pid < 2 || c->pgid < 1 || c->sid < 1 || c->wstatus < 0 || c->wstatus > 0xffff ||
+            c->exit_signal < 0 || c->exit_signal > 64 || c->comm[sizeof c->comm - 1])
+            goto bad;
+    }
+    return 0;
+bad:
+    zb_lost_children_free(lost);
+    zb_seterr(err, "the record of a checkpoint's child processes is corrupt");
+    return -1;
+}
+
+int zb_family_restore_lost(zb_sandbox *sb, const zb_lost_children *lost) {
+    if (!lost->n) return 0;
+    zb_family *fam = zb_family_ensure(sb);
+    if (!fam) return -1;
+    for (uint32_t k = 0; k < lost->n; k++) {
+        const zb_lost_child *c = &lost->c[k];
+        if (c->pid >= fam->next_pid) fam->next_pid = c->pid + 1; /* no later process takes its pid */
+        if (zb_family_find(fam, c->pid) >= 0 || fam->count >= ZB_PROCS_MAX) continue;
+        if (fam->count == fam->cap) {
+            int cap = ZB_MIN(fam->cap * 2, ZB_PROCS_MAX);
+            zb_member *grown = realloc(fam->m, (size_t)cap * sizeof *grown);
+            if (!grown) return -1;
+            memset(grown + fam->cap, 0, (size_t)(cap - fam->cap) * sizeof *grown);
+            fam->m = grown;
+            fam->cap = cap;
+        }
+        int i = fam->count++;
+        fam->m[i] = (zb_member){.pid = c->pid, .ppid = fam->m[0].pid, .pgid = c->pgid, .sid = c->sid,
+                                .exit_signal = c->exit_signal};
+        memcpy(fam->m[i].comm, c->comm, sizeof c->comm);
+        zb_family_member_ended(fam, i, c->wstatus);
+    }
+    return 0;
 }

@@ -223,6 +223,30 @@ struct zb_family {
                                   last, or took them in since); NULL: the file system has them */
 };
 typedef struct zb_family zb_family;
+/* The child processes a checkpoint of process 1 leaves out (zb_sandbox_checkpoint: a snapshot holds
+ * one process). Its restore ends the family's other processes, as every restore does, and these,
+ * process 1's own children when it was taken, come back as its zombies: killed by SIGKILL, or with
+ * their own status if they had ended already, so that its waits (Popen.wait, a Pool's workers,
+ * loky's executor) see them end instead of waiting for processes that are gone. */
+typedef struct zb_lost_child {
+    int32_t pid, pgid, sid;
+    int32_t wstatus;         /* the wait status its zombie reports */
+    int32_t exit_signal;     /* sent to process 1 as its end would (SIGCHLD for fork; 0: none) */
+    char comm[16];
+} zb_lost_child;
+typedef struct zb_lost_children {
+    zb_lost_child *c;
+    uint32_t n;
+} zb_lost_children;
+/* Record process 1's children in fam as lost (*lost empty before). -1: out of memory. */
+int zb_lost_children_take(zb_lost_children *lost, const zb_family *fam);
+void zb_lost_children_free(zb_lost_children *lost);
+void zb_lost_children_save(const zb_lost_children *lost, struct zb_out *o);
+int zb_lost_children_load(zb_lost_children *lost, struct zb_in *in, char *err);
+/* After a restore of process 1 (sb, alone in its family): the lost children as its zombies, each
+ * end sending its exit signal as zb_family_member_ended does (or reaped at once if sb ignores
+ * SIGCHLD); later pids stay above theirs. -1: out of memory. */
+int zb_family_restore_lost(zb_sandbox *sb, const zb_lost_children *lost);
 /* The family of sb, created with sb as process 1 if it has none. NULL: out of memory. */
 zb_family *zb_family_ensure(zb_sandbox *sb);
 /* The uid and gid every guest process has (and its euid/egid: sys_process.c refuses others). */

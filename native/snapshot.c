@@ -375,6 +375,7 @@ void zb_guest_state_free(zb_guest_state *st) {
     zb_fdtable_free(st->fds, NULL); /* the fs goes too: no open counts to keep */
     zb_fs_free(st->fs);
     zb_mem_meta_free(&st->mem);
+    zb_lost_children_free(&st->lost);
     memset(st, 0, sizeof *st);
 }
 
@@ -1122,6 +1123,10 @@ zb_sandbox *zb_snapshot_fork_for(zb_snapshot *snap, int child, char *err) {
         goto fail;
     }
     if (state_apply(sb, &snap->st, err) < 0 || zb_sandbox_own_policies(sb, err) < 0) goto fail;
+    if (!child && zb_family_restore_lost(sb, &snap->st.lost) < 0) {
+        zb_seterr(err, "out of memory restoring the checkpoint's child processes");
+        goto fail;
+    }
     atomic_fetch_add(&snap->refs, 1);
     sb->base = snap;
     return sb;
@@ -1141,7 +1146,8 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
         zb_seterr(err, "this sandbox is a child process of a family: only its process 1 is restored");
         return -1;
     }
-    /* the snapshot has no other processes (zb_sandbox_snapshot refuses them): the family's go */
+    /* the snapshot holds process 1 alone: the family's others go (those it recorded as lost come
+     * back as zombies below) */
     zb_family_end(sb);
     zb_vm *vm = zb_vm_of(sb);
     int rc = restore_memory(sb, vm && vm->attached == sb ? vm : NULL, sb->base, snap, err);
@@ -1149,6 +1155,11 @@ int zb_sandbox_restore(zb_sandbox *sb, zb_snapshot *snap, char *err) {
     if (rc < 0 || state_apply(sb, &snap->st, err) < 0) {
         sb->finished = 1; /* half restored: never run it */
         sb->memory_unknown = 1;
+        return -1;
+    }
+    if (zb_family_restore_lost(sb, &snap->st.lost) < 0) {
+        zb_seterr(err, "out of memory restoring the checkpoint's child processes");
+        sb->finished = 1;
         return -1;
     }
     atomic_fetch_add(&snap->refs, 1);

@@ -59,6 +59,7 @@ typedef struct zb_guest_state {
     zb_fs *fs;
     zb_fdtable *fds;
     zb_mem_meta mem;
+    zb_lost_children lost;   /* a checkpoint's: the children its restore leaves as zombies (process.h) */
 } zb_guest_state;
 
 struct zb_snapshot {

@@ -59,8 +59,10 @@
  *  22: the entry answers rt_sigaction queries (guest_abi.h ZB_ENTRY_SIG_CODE, in the close block's
  *      tail) from the dispositions on a user read-only low page (ZB_ENTRY_SIG_DATA).
  *  23: a process's resource limits (setrlimit: the set mask, then soft and hard of each set one)
- *      after its nice value. */
-#define STATE_FORMAT 23
+ *      after its nice value.
+ *  24: a section of the child processes a checkpoint left out (zb_lost_children), before the
+ *      working set. */
+#define STATE_FORMAT 24
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
@@ -73,6 +75,7 @@
 #define SECTION_FILES TAG('F', 'S', ' ', ' ')
 #define SECTION_FDS TAG('F', 'D', 'S', ' ')
 #define SECTION_WORKING_SET TAG('W', 'S', 'E', 'T')
+#define SECTION_LOST_CHILDREN TAG('L', 'O', 'S', 'T')
 
 uint32_t zb_snapshot_format(void) { return STATE_FORMAT; }
 
@@ -141,6 +144,9 @@ static void save_state(const zb_snapshot *s, zb_out *o) {
     out_section_end(o, at);
     at = out_section_begin(o, SECTION_FDS);
     zb_fds_save(st->fds, o);
+    out_section_end(o, at);
+    at = out_section_begin(o, SECTION_LOST_CHILDREN);
+    zb_lost_children_save(&st->lost, o);
     out_section_end(o, at);
     at = out_section_begin(o, SECTION_WORKING_SET); /* the snapshot's own: zb_snapshot_learn_working_set */
     out_u32(o, s->ws != NULL);
@@ -263,6 +269,9 @@ static int load_state(zb_engine *e, zb_in *in, zb_guest_state *st, uint64_t *mem
     if (section(in, SECTION_FDS, "fd table", &sec, err) < 0) return -1;
     if (!(st->fds = zb_fds_load(&sec, st->fs, st->proc.exe, err))) return -1;
     if (section_done(&sec, 0, "fd table", err) < 0) return -1;
+    if (section(in, SECTION_LOST_CHILDREN, "child process", &sec, err) < 0 ||
+        section_done(&sec, zb_lost_children_load(&st->lost, &sec, err), "child process", err) < 0)
+        return -1;
     if (section(in, SECTION_WORKING_SET, "working set", &sec, err) < 0) return -1;
     uint32_t has_ws = in_u32(&sec);
     if (!sec.err && has_ws == 1) {

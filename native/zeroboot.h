@@ -298,7 +298,7 @@ int zb_sandbox_set_max_processes(zb_sandbox *sb, int n);
 /* The processes of the sandbox's family alive now (1 without children). */
 int zb_sandbox_process_count(zb_sandbox *sb);
 /* Its child processes, zombies (exited, not waited for) included: while there are any,
- * zb_sandbox_snapshot fails (0 without children). */
+ * zb_sandbox_snapshot fails (zb_sandbox_checkpoint does not; 0 without children). */
 int zb_sandbox_child_count(zb_sandbox *sb);
 /* The listening AF_UNIX sockets process 1 has open (a snapshot cannot hold them yet, so while
  * there are any zb_sandbox_snapshot fails, as it does with child processes). */
@@ -356,8 +356,18 @@ size_t zb_sandbox_take_log(zb_sandbox *sb, char *buf, size_t len);
 void zb_sandbox_free(zb_sandbox *sb);
 
 /* ---- snapshots and forks ---- */
-/* Capture the sandbox's current state. The sandbox goes on; the snapshot never changes. */
+/* Capture the sandbox's current state. The sandbox goes on; the snapshot never changes. Refused
+ * while it has child processes (a snapshot holds one process), listening sockets or fds in flight. */
 zb_snapshot *zb_sandbox_snapshot(zb_sandbox *sb, char *err);
+/* A rollback point of process 1 (a cell's checkpoint): zb_sandbox_snapshot, but child processes
+ * are allowed. The snapshot holds process 1 alone; a restore of it (or a fork) ends the family's
+ * other processes, as every restore does, and gives process 1 back its own children of the
+ * moment it was taken as zombies: killed by SIGKILL (or their own status if they had ended), so
+ * its waits see them end. zb_snapshot_lost_children says which. */
+zb_snapshot *zb_sandbox_checkpoint(zb_sandbox *sb, char *err);
+/* The pids of the children a restore of this checkpoint gives back as ended (at most max into
+ * pids); their number. */
+int zb_snapshot_lost_children(zb_snapshot *snap, int32_t *pids, int max);
 /* A new sandbox whose memory is a copy-on-write view of the snapshot. */
 zb_sandbox *zb_snapshot_fork(zb_snapshot *snap, char *err);
 /* Make an existing sandbox equal to the snapshot again (its memory and state), in place. */

@@ -592,3 +592,23 @@ def _serve_quietly(server) -> None:
         server.serve()
     except SystemExit:
         pass
+
+
+def test_a_spilled_checkpoint_keeps_its_lost_children(template) -> None:
+    """A checkpoint taken while a child process lived leaves it out (Snapshot.lost_children); its
+    record on disk carries that list, so a %rewind to it from disk gives the child back as a zombie
+    killed by SIGKILL, as one from memory does."""
+    s = Session(template, checkpoint_memory=120 * MIB, checkpoint_disk=2 << 30, spill_waits=True)
+    try:
+        assert run(s, "import numpy as np, hashlib, subprocess\np = subprocess.Popen(['sleep', '600'])", 1)["status"] == "ok"
+        for n in range(2, 7):
+            assert run(s, CELL.format(n=n), n)["status"] == "ok"
+        numbers = [cp.number for cp in s.checkpoints]
+        second = numbers.index(2)  # before cell 2: the child lived
+        assert s.checkpoints[second].where() == "disk", [cp.where() for cp in s.checkpoints]
+        msg = s.rewind(len(s.checkpoints) - second)
+        assert "before cell [2]" in msg and "from disk" in msg and "did not come back" in msg, msg
+        assert run(s, "print(p.wait())", 20)["stdout"] == "-9\n"
+        assert s.sandbox.guest.child_processes() == 0
+    finally:
+        s.close()

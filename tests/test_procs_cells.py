@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from session_helpers import cell, ok
+from session_helpers import between_cells_until_idle, cell, ok
 from zeroboot_kernel import session_save
 from zeroboot_kernel.errors import SandboxError
 from zeroboot_kernel.native import Guest
@@ -271,17 +271,27 @@ def test_a_rewind_across_shared_memory(s: Session) -> None:
 
 def test_joblib_loky_as_on_the_host(s: Session) -> None:
     """joblib.Parallel(n_jobs=2) with its default loky backend gives the host's output. loky keeps
-    its workers for the next call (as on the host): while they live the cells have no checkpoint of
-    their own, and the note says how to end them; once ended, checkpoints come back."""
+    its workers for the next call (as on the host), and the cells after it still have checkpoints
+    of their own: a crash rolls back one cell, ending the workers (the message says so), and the
+    next Parallel call starts new ones and gives the same output."""
     base = Guest.child_processes_alive()
+    host = _host_output(JOBLIB_LOKY)
     out = ok(cell(s, JOBLIB_LOKY, 1))
-    assert out == _host_output(JOBLIB_LOKY), out
-    out = ok(cell(s, "print('kept')", 2))
-    assert out.endswith("kept\n") and "no checkpoint of its own" in out and "get_reusable_executor" in out, out
+    assert out == host, out
+    assert s.sandbox.guest.process_count() > 1  # the workers live on
+    assert ok(cell(s, "kept = 'kept'\nprint(kept)", 2)) == "kept\n"  # nothing said: a checkpoint as usual
+    workers = s.checkpoints[-1].snapshot.lost_children()
+    assert workers, "the checkpoint before cell 2 names the workers it leaves out"
+    reply = cell(s, "import ctypes; ctypes.string_at(0)", 3)
+    assert reply["ename"] == "SandboxCrashed" and "before this cell" in reply["evalue"], reply
+    assert "did not come back" in reply["evalue"] and str(workers[0]) in reply["evalue"], reply
+    assert s.sandbox.guest.process_count() == 1
+    # between cells (a user's pause) loky's manager thread sees its workers ended
+    between_cells_until_idle(s, "loky's executor manager did not settle after its workers ended")
+    assert ok(cell(s, JOBLIB_LOKY + "\nprint(kept)", 4)) == host + "kept\n"
     out = ok(cell(s, "from joblib.externals.loky import get_reusable_executor\n"
-                     "get_reusable_executor().shutdown(wait=True)\nprint('ended')", 3))
+                     "get_reusable_executor().shutdown(wait=True)\nprint('ended')", 5))
     assert out.endswith("ended\n"), out
-    assert ok(cell(s, "print('alone')", 4)) == "alone\n"
     assert s.sandbox.guest.process_count() == 1
     assert Guest.child_processes_alive() == base
 
@@ -352,14 +362,14 @@ def test_fds_in_flight_between_cells(s: Session) -> None:
 
 
 def test_a_forkserver_kept_across_cells(s: Session) -> None:
-    """set_start_method('forkserver'): its server lives on after the cell, as on the host, so the
-    cells after it have no checkpoint of their own (said in the cell) until it is stopped."""
+    """set_start_method('forkserver'): its server lives on after the cell, as on the host, and the
+    cells after it keep their checkpoints (which leave the server out)."""
     code = MP_FORKSERVER.replace("ctx = mp.get_context('forkserver')", "mp.set_start_method('forkserver', force=True)\nctx = mp")
     code = code[:code.index("from multiprocessing import forkserver")]
     out = ok(cell(s, code, 1))
     assert out.startswith("[0, 1, 4, 9, 16, 25, 36, 49, 64, 81] [0, 1, 4, 9, 16]\n('child', 42, True)\n0\n"), out
     out = ok(cell(s, "print(mp.get_start_method(), p.exitcode)", 2))
-    assert out.endswith("forkserver 0\n") and "no checkpoint of its own" in out, out
+    assert out == "forkserver 0\n", out
     ok(cell(s, "from multiprocessing import forkserver\nforkserver._forkserver._stop()", 3))
     assert ok(cell(s, "print('alone')", 4)) == "alone\n"
     assert s.sandbox.guest.process_count() == 1
@@ -406,17 +416,18 @@ def test_a_childs_proc_files_are_its_own(s: Session) -> None:
 
 
 def test_a_pool_kept_across_cells(s: Session) -> None:
-    """A pool in a variable lives on (its workers block while idle); cells after it have no
-    checkpoint of their own while its workers live (said in the cell), then they do again."""
+    """A pool in a variable lives on (its workers block while idle) and the cells after it keep
+    their checkpoints, which leave the workers out: a %rewind to one says the pool's workers
+    ended (an idle worker holds its queue's lock, so such a pool hangs, as after kill -9 on
+    Linux: the note says to make a new one, and a new one works)."""
     assert ok(cell(s, "import multiprocessing as mp\npool = mp.Pool(2)\nprint(pool.map(abs, [-1, -2]))", 1)) \
         .endswith("[1, 2]\n")
-    out = ok(cell(s, "print(pool.map(abs, range(-4, 0)))", 2))
-    assert out.endswith("[4, 3, 2, 1]\n") and "no checkpoint of its own" in out, out
-    # said once while the same workers live, not in every cell
-    assert ok(cell(s, "print(pool.map(abs, [-5]))", 3)) == "[5]\n"
-    assert ok(cell(s, "pool.close(); pool.join(); print('joined')", 4)).endswith("joined\n")
-    assert s.sandbox.guest.process_count() == 1
-    assert ok(cell(s, "print('alone')", 5)) == "alone\n"
+    assert ok(cell(s, "print(pool.map(abs, range(-4, 0)))", 2)) == "[4, 3, 2, 1]\n"
+    assert len(s.checkpoints[-1].snapshot.lost_children()) == 2
+    assert ok(cell(s, "x = 5", 3)) == ""
+    said = s.rewind(1)
+    assert "did not come back" in said and "Pool" in said, said
+    assert ok(cell(s, "with mp.Pool(2) as fresh:\n    print(fresh.map(abs, [-5, -6]))", 4)) == "[5, 6]\n"
 
 
 def test_a_checkpoint_holds_a_shared_regions_bytes_and_a_rewind_restores_them(s: Session) -> None:
@@ -478,10 +489,8 @@ def test_children_across_cells_rollback_and_rewind(s: Session) -> None:
                      "os.close(r)\nprint('started')", 2))
     assert out == "started\n"
     assert s.sandbox.guest.process_count() == 2
-    # the child lives: the next cell runs without a checkpoint of its own, and says so
-    reply = cell(s, "kept = 2\nprint(os.waitpid(pid, os.WNOHANG))", 3)
-    assert reply["status"] == "ok" and "no checkpoint of its own" in reply["stdout"], reply
-    assert "(0, 0)" in reply["stdout"]
+    # the child lives: the next cell has its checkpoint as usual (nothing said)
+    assert ok(cell(s, "kept = 2\nprint(os.waitpid(pid, os.WNOHANG))", 3)) == "(0, 0)\n"
     # the child is waited for: checkpoints come back
     out = ok(cell(s, "os.write(w, b'x'); print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))", 4))
     assert out.endswith("3\n") and s.sandbox.guest.process_count() == 1, out
@@ -491,11 +500,11 @@ def test_children_across_cells_rollback_and_rewind(s: Session) -> None:
     assert s.sandbox.guest.process_count() == 2
     reply = cell(s, "import ctypes; ctypes.string_at(0)", 6)
     assert reply["status"] == "error", reply
-    # the crash's message says how far back it went: the cell had no checkpoint of its own
-    assert "rolled back to the state before cell [5]" in reply["evalue"] and "intact" not in reply["evalue"], reply
-    assert s.sandbox.guest.process_count() == 1
+    # the crash costs this cell only; the child did not come back: it is a zombie killed by SIGKILL
+    assert "before this cell" in reply["evalue"] and "did not come back" in reply["evalue"], reply
+    assert s.sandbox.guest.process_count() == 1 and s.sandbox.guest.child_processes() == 1
     assert Guest.child_processes_alive() == base
-    assert ok(cell(s, "print(kept)", 7)) == "2\n"
+    assert ok(cell(s, "print(kept, os.waitstatus_to_exitcode(os.waitpid(pid2, 0)[1]))", 7)) == "2 -9\n"
     # %rewind past a cell that started a child
     ok(cell(s, "r3, w3 = os.pipe()\npid3 = os.fork()\n"
                "if pid3 == 0:\n    os.read(r3, 1); os._exit(0)\nkept = 3", 8))
@@ -840,16 +849,28 @@ def test_a_zombie_has_a_proc_entry_as_on_linux(s: Session) -> None:
 
 def test_a_zombie_a_cell_leaves_does_not_break_the_next_cells(s: Session) -> None:
     """A child that exited and was not waited for (os.fork without waitpid) stays a zombie, as under
-    Linux. The next cells run without a checkpoint of their own and say so once; before, each of
-    them failed with the snapshot's SandboxError (only live children were looked at). Reaping it
-    brings checkpoints back."""
+    Linux. The next cells keep their checkpoints; a rollback gives the zombie back with its own
+    status."""
     reply = cell(s, "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(3)\ntime.sleep(0.1)", 1)
     assert reply["status"] == "ok", reply
     s.prepare_next_cell()
     assert s.sandbox.guest.child_processes() == 1 and s.sandbox.guest.process_count() == 1
-    reply = cell(s, "print('next')", 2)
-    assert ok(reply).endswith("next\n") and "no checkpoint of its own" in reply["stdout"], reply
+    assert ok(cell(s, "print('next')", 2)) == "next\n"
+    reply = cell(s, "import ctypes; ctypes.string_at(0)", 3)
+    assert reply["ename"] == "SandboxCrashed" and "before this cell" in reply["evalue"], reply
     assert ok(cell(s, "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))", 3)) == "3\n"
     s.prepare_next_cell()
     assert ok(cell(s, "print('checkpointed')", 4)) == "checkpointed\n"
     assert s.checkpoints[-1].number == 4 and s.checkpoints[-1].snapshot is not None
+
+
+def test_completion_while_children_live_leaves_them_alive(s: Session) -> None:
+    """Completion and inspection run on the live state while child processes live (a restore
+    would end them): they answer, and the children are still there afterwards."""
+    ok(cell(s, "import subprocess\np = subprocess.Popen(['sleep', '600'])\nsome_value = 1", 1))
+    got = s.complete("some_va", 7)
+    assert got.get("status") == "ok" and "some_value" in got.get("matches", []), got
+    assert s.inspect("p", 1).get("status") == "ok"
+    assert s.sandbox.guest.process_count() == 2
+    assert ok(cell(s, "print(p.poll())", 2)) == "None\n"
+    ok(cell(s, "p.kill(); p.wait()", 3))

@@ -362,9 +362,19 @@ class Guest:
         self._finalizer()
 
     def snapshot(self) -> Snapshot:
-        """Capture the guest's current state; the guest goes on unchanged."""
+        """Capture the guest's current state; the guest goes on unchanged. Refused while it has
+        child processes (checkpoint() allows them)."""
         err = _err()
         handle = lib.zb_sandbox_snapshot(self.handle, err)
+        if handle == ffi.NULL:
+            raise SandboxError(_text(err))
+        return Snapshot(self.engine, handle)
+
+    def checkpoint(self) -> Snapshot:
+        """A rollback point of process 1: a snapshot that allows child processes, which its
+        restore ends (Snapshot.lost_children: those process 1 then sees killed)."""
+        err = _err()
+        handle = lib.zb_sandbox_checkpoint(self.handle, err)
         if handle == ffi.NULL:
             raise SandboxError(_text(err))
         return Snapshot(self.engine, handle)
@@ -543,6 +553,16 @@ class Snapshot:
         err = _err()
         if lib.zb_snapshot_save(self.handle, directory.encode(), err) < 0:
             raise SandboxError(_text(err))
+
+    def lost_children(self) -> list[int]:
+        """The pids of the child processes a restore of this checkpoint ends (process 1 sees them
+        killed by SIGKILL, or with their own status if they had exited); [] for most snapshots."""
+        n = int(lib.zb_snapshot_lost_children(self.handle, ffi.NULL, 0))
+        if n <= 0:
+            return []
+        pids = ffi.new("int32_t[]", n)
+        lib.zb_snapshot_lost_children(self.handle, pids, n)
+        return [int(p) for p in pids]
 
     def save_delta(self, state_fd: int, pages_fd: int) -> None:
         """The state and the pages that differ from the memory image, to two fds (session_save.py)."""

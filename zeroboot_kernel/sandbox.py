@@ -133,6 +133,13 @@ class Sandbox:
         self.generation += 1
         return snap
 
+    def checkpoint(self) -> Snapshot:
+        """A rollback point (Guest.checkpoint): child processes allowed, ended by its restore."""
+        self._check_usable()
+        snap = self.guest.checkpoint()
+        self.generation += 1
+        return snap
+
     def restore(self, snap: Snapshot, *, fresh: bool = False) -> None:
         """Return to a snapshot of this lineage (also revives a broken sandbox)."""
         self.generation += 1

@@ -71,12 +71,21 @@ GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME, "/dev/shm")
 
 # What keeps processes alive between cells, most often, and how to end them (the note of a cell
 # that runs without a checkpoint of its own)
-_ENDING_HELPERS = ("Processes kept between cells are most often a multiprocessing pool (pool.close(); "
-                   "pool.join()), an executor (ex.shutdown()), joblib's reusable loky workers "
-                   "(joblib.externals.loky.get_reusable_executor().shutdown(wait=True)), a Manager "
-                   "(manager.shutdown()), the forkserver (multiprocessing.forkserver._forkserver._stop()) "
-                   "or a Popen (p.wait()); a socket kept listening, a Listener (listener.close()); fds sent "
-                   "over a socket and not received yet (receive them or close the socket)")
+_ENDING_HELPERS = ("A socket kept listening is most often a Listener or a Manager (listener.close(), "
+                   "manager.shutdown()) or a local server (server.server_close()); fds sent over a socket "
+                   "and not received yet: receive them or close the socket")
+
+
+def lost_children_note(snap: Snapshot) -> str:
+    """What a restore of snap ended (Snapshot.lost_children), for the rollback's message."""
+    pids = snap.lost_children()
+    if not pids:
+        return ""
+    shown = ", ".join(str(p) for p in pids[:8]) + (", ..." if len(pids) > 8 else "")
+    return (f" Child processes it had (pid{'s' if len(pids) > 1 else ''} {shown}) did not come back: a checkpoint "
+            f"holds the notebook's own process only, so they ended and it sees them killed (SIGKILL). joblib starts "
+            f"new workers by itself and a Popen reports -9, but a multiprocessing Pool made before then hangs, as "
+            f"after kill -9 (its idle workers held its queue's lock): make a new Pool.")
 
 
 class Session:
@@ -298,7 +307,7 @@ class Session:
             snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
         except SandboxError as exc:
             guest = self.sandbox.guest
-            if not guest.child_processes() and not guest.listening_sockets() and not guest.fds_in_flight():
+            if not guest.listening_sockets() and not guest.fds_in_flight():
                 raise
             return self._without_checkpoint(exc), 0.0
         self._told_without = ""
@@ -331,16 +340,16 @@ class Session:
         return target
 
     def _without_checkpoint(self, exc: SandboxError) -> Snapshot:
-        """Child processes are alive (a Popen kept from an earlier cell) or a socket listens, and
-        snapshots of a process tree or a listening socket are not supported yet: the cell runs
-        without a checkpoint of its own, and a crash or timeout rolls back to the last checkpoint
-        there is (which ends the children and closes the socket). Said once for as long as the
-        same reason holds (the same processes, the same socket), not in every cell; a crash's
-        message says where it went back to (_rollback)."""
+        """A socket listens (a Listener kept from an earlier cell) or fds are in flight, and
+        snapshots of those are not supported yet: the cell runs without a checkpoint of its own,
+        and a crash or timeout rolls back to the last checkpoint there is (which closes the
+        socket). Said once for as long as the same reason holds, not in every cell; a crash's
+        message says where it went back to (_rollback). (Child processes do not stop checkpoints:
+        a checkpoint holds process 1 and ends them when it is restored, lost_children_note.)"""
         target, where = self._last_kept()
-        self._fallback = (target, f"This cell had no checkpoint of its own (processes, a listening socket or fds in "
-                                  f"flight were kept from an earlier cell), so the sandbox was rolled back to {where}: "
-                                  f"what the cells since then did is undone, and those processes ended.")
+        self._fallback = (target, f"This cell had no checkpoint of its own (a listening socket or fds in flight were "
+                                  f"kept from an earlier cell), so the sandbox was rolled back to {where}: what the "
+                                  f"cells since then did is undone.")
         if str(exc) != self._told_without:
             self._told_without = str(exc)
             self._budget_notices.append(f"zeroboot: this cell has no checkpoint of its own ({exc}); a crash or timeout "
@@ -500,13 +509,14 @@ class Session:
                 log.warning("%s", bad)
                 cp = None
         self.sandbox.restore(target if target is not None else self.clean, fresh=target is None)
+        lost = lost_children_note(target) if target is not None else ""  # (before it is let go, below)
         what = f"its state before cell [{cp.number}]" if cp is not None else "a clean sandbox"
         if cp is not None:
             if cp.snapshot is None and target is not None:
                 target.release()
             self._forget(cp)
         self._budget_notices.append(f"[zeroboot] a background thread or asyncio task crashed the sandbox after the last cell ended ({exc}); "
-                                    f"the sandbox was rolled back to {what}.\n")
+                                    f"the sandbox was rolled back to {what}.{lost}\n")
         log.warning("a thread or task crashed the sandbox between cells: %s", exc)
 
     def _state_changes(self) -> None:
@@ -520,6 +530,7 @@ class Session:
                   on_message: MessageCallback | None) -> dict[str, Any]:
         ename = type(exc).__name__
         self.sandbox.restore(checkpoint, fresh=checkpoint is self.clean)
+        lost = lost_children_note(checkpoint)  # (before the checkpoint is let go, below)
         self.rollbacks += 1
         self.restored = True
         if self.mode == "chained" and self.checkpoints and self.checkpoints[-1].snapshot is checkpoint:
@@ -531,7 +542,7 @@ class Session:
         else:
             what = "The next cell starts from a clean sandbox as usual."
         self._fallback = None
-        evalue = f"{exc} {what}"
+        evalue = f"{exc} {what}{lost}"
         content = {"ename": ename, "evalue": evalue, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]}
         if on_message:
             on_message("error", content)
@@ -559,6 +570,7 @@ class Session:
         for _ in range(n - 1):
             self._forget(self.checkpoints.pop())
         self.checkpoints.pop()
+        lost = lost_children_note(snap)
         try:
             self.sandbox.restore(snap)
         finally:
@@ -566,10 +578,11 @@ class Session:
             if from_disk:
                 snap.release()
             self._forget(target)
+        lost = f".{lost}" if lost else ""
         if from_disk:
             return (f"rewound {n} cell(s): state as before cell [{target.number}] (read back from disk in "
-                    f"{time.perf_counter() - t0:.2f} s)")
-        return f"rewound {n} cell(s): state as before cell [{target.number}]"
+                    f"{time.perf_counter() - t0:.2f} s){lost}")
+        return f"rewound {n} cell(s): state as before cell [{target.number}]{lost}"
 
     def _materialize(self, cp: Checkpoint) -> Snapshot:
         """The checkpoint's snapshot: its own (released by _forget), or a spilled one read back from
@@ -606,7 +619,7 @@ class Session:
         self._state_changes()
         self.restored = True
         if mode == "isolated":
-            self.head = self.sandbox.snapshot()       # keep the chained state for coming back
+            self.head = self.sandbox.checkpoint()       # keep the chained state for coming back
         else:
             if self.head is not None:
                 self.sandbox.restore(self.head)
@@ -649,7 +662,7 @@ class Session:
         if self.mode == "isolated":
             return {"status": "ok", "delivered": False}
         try:
-            snap = self.ready if self.ready is not None else self.sandbox.snapshot()
+            snap = self.ready if self.ready is not None else self.sandbox.checkpoint()
         except SandboxError as exc:
             return {"status": "error", "delivered": False, "ename": type(exc).__name__, "evalue": str(exc),
                     "traceback": []}
@@ -673,7 +686,7 @@ class Session:
         self.restored = True
         ename = type(exc).__name__
         evalue = (f"{exc} The sandbox was rolled back to its state before this widget message; variables and "
-                  f"widgets from earlier cells are intact.")
+                  f"widgets from earlier cells are intact.{lost_children_note(snap)}")
         content = {"ename": ename, "evalue": evalue, "traceback": [f"\x1b[0;31m{ename}\x1b[0m: {evalue}"]}
         if on_message:
             on_message("error", content)
@@ -722,7 +735,22 @@ class Session:
     # ---- requests that must not change the state ----
     def _throwaway(self, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         isolated = self.mode == "isolated"
-        snap = self.clean if isolated else self.ready or self.sandbox.snapshot()
+        if not isolated and self.sandbox.guest.child_processes():
+            # a restore would end the child processes (a checkpoint holds process 1 only): with
+            # children the request runs on the live state, as under ipykernel
+            try:
+                return fn()
+            except (SandboxCrashed, SandboxTimeout, SandboxMemoryError) as exc:
+                if self.ready is not None:  # back to the state after the last cell (its children end)
+                    self.sandbox.restore(self.ready)
+                    self.restored = True
+                else:
+                    self._rollback_between_cells(exc)
+                return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+            except SandboxError as exc:
+                log.warning("request failed in the sandbox: %s", exc)
+                return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+        snap = self.clean if isolated else self.ready or self.sandbox.checkpoint()
         self.reset_done = False  # until the state is the template's again, below
         try:
             if isolated:
@@ -872,7 +900,7 @@ class Session:
             fits = held + incoming <= limit
             if not fits:  # maybe over: decided on the exact count, as before
                 self._predropped += self._drop_oldest(limit, None, incoming)
-            snap = self.sandbox.snapshot()
+            snap = self.sandbox.checkpoint()
         finally:
             keep_spare_pages(False)
         # The new snapshot adds at most `incoming` bytes (the pages it copied) to what the held
