@@ -747,6 +747,8 @@ long zb_lo_bind(zb_sandbox *sb, zb_usock *u, const uint8_t *name);
 long zb_lo_connect(zb_sandbox *sb, zb_usock *u, const uint8_t *target_name, struct zb_file **listener,
                    uint8_t server_name[ZB_USOCK_NAME_MAX], uint32_t *server_len,
                    uint8_t server_peer[ZB_USOCK_NAME_MAX], uint32_t *server_peer_len);
+/* sys_socket.c: the first stream socket of sb's family (every process's fd table) that fn takes. */
+struct zb_file *zb_usock_find(zb_sandbox *sb, int (*fn)(const zb_usock *, const void *), const void *arg);
 /* sys_fsmeta.c: make path (a host string, relative to the cwd) an INO_SOCKET naming bind_id, as
  * bind(2) does: -EADDRINUSE if it exists, -EACCES in a host folder (a socket file is never made
  * on the host), the path errors of mknod otherwise. */

@@ -51,6 +51,18 @@ int32_t zb_family_new_id(zb_family *fam) {
     }
 }
 
+int zb_family_make_room(zb_family *fam) {
+    if (fam->count < fam->cap) return 0;
+    int cap = ZB_MIN(fam->cap * 2, ZB_PROCS_MAX);
+    if (cap <= fam->cap) return -1;
+    zb_member *grown = realloc(fam->m, (size_t)cap * sizeof *grown);
+    if (!grown) return -1;
+    memset(grown + fam->cap, 0, (size_t)(cap - fam->cap) * sizeof *grown);
+    fam->m = grown;
+    fam->cap = cap;
+    return 0;
+}
+
 int zb_family_find(const zb_family *fam, int32_t pid) {
     if (!fam || pid <= 0) return -1;
     for (int i = 0; i < fam->count; i++)
@@ -279,14 +291,7 @@ int zb_family_restore_lost(zb_sandbox *sb, const zb_lost_children *lost) {
         const zb_lost_child *c = &lost->c[k];
         if (c->pid >= fam->next_pid) fam->next_pid = c->pid + 1; /* no later process takes its pid */
         if (zb_family_find(fam, c->pid) >= 0 || fam->count >= ZB_PROCS_MAX) continue;
-        if (fam->count == fam->cap) {
-            int cap = ZB_MIN(fam->cap * 2, ZB_PROCS_MAX);
-            zb_member *grown = realloc(fam->m, (size_t)cap * sizeof *grown);
-            if (!grown) return -1;
-            memset(grown + fam->cap, 0, (size_t)(cap - fam->cap) * sizeof *grown);
-            fam->m = grown;
-            fam->cap = cap;
-        }
+        if (zb_family_make_room(fam) < 0) return -1;
         int i = fam->count++;
         fam->m[i] = (zb_member){.pid = c->pid, .ppid = fam->m[0].pid, .pgid = c->pgid, .sid = c->sid,
                                 .exit_signal = c->exit_signal};

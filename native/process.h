@@ -257,6 +257,8 @@ int32_t zb_proc_getpid(const zb_sandbox *sb);
 /* The caller's parent pid (0 for the agent), process group and session, as getppid/getpgid/getsid
  * answer them (fs_proc.c writes them into /proc/self/stat and status). */
 void zb_proc_ids(zb_sandbox *sb, int32_t *ppid, int32_t *pgid, int32_t *sid);
+/* Room for one more member in fam->m (members may move). -1: out of memory or at ZB_PROCS_MAX. */
+int zb_family_make_room(zb_family *fam);
 /* A new pid or tid of the family. */
 int32_t zb_family_new_id(zb_family *fam);
 /* The member slot of pid, or -1. */

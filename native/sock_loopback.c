@@ -134,21 +134,22 @@ static int overlap(const zb_usock *x, const lo_addr *a, const zb_usock *y, const
     return ((x4 && y4) || (x6 && y6)) && same;
 }
 
-/* Each internet socket of sb's family (every process's fd table) but `self`, until fn says stop. */
+typedef struct {
+    const zb_usock *self;
+    int (*fn)(const zb_usock *, const void *);
+    const void *arg;
+} inet_query;
+
+static int inet_match(const zb_usock *u, const void *arg) {
+    const inet_query *q = arg;
+    return u != q->self && zb_lo_family(u) != AF_UNIX && q->fn(u, q->arg);
+}
+
+/* The first internet socket of sb's family (every process's fd table) but `self` that fn takes. */
 static zb_file *each_inet(zb_sandbox *sb, const zb_usock *self, int (*fn)(const zb_usock *, const void *),
                           const void *arg) {
-    int members = sb->fam ? sb->fam->count : 1;
-    for (int m = 0; m < members; m++) {
-        const zb_sandbox *p = sb->fam ? sb->fam->m[m].sb : sb;
-        if (!p || !p->fds) continue;
-        for (int i = 0; i < ZB_MAX_FDS; i++) {
-            zb_file *f = p->fds->fd[i];
-            const zb_usock *u = f && f->kind == FILE_SOCKET ? zb_usock_of(f) : NULL;
-            if (!u || u == self || zb_lo_family(u) == AF_UNIX) continue;
-            if (fn(u, arg)) return f;
-        }
-    }
-    return NULL;
+    const inet_query q = {self, fn, arg};
+    return zb_usock_find(sb, inet_match, &q);
 }
 
 typedef struct {

@@ -78,13 +78,8 @@ long zb_sys_new_process(zb_sandbox *sb, uint64_t flags, uint64_t stack, uint64_t
     zb_proc_limit(sb, RLIMIT_NPROC, &nproc, &nproc_max);
     if ((uint64_t)fam->count >= nproc) return -EAGAIN; /* the RLIMIT_NPROC it set, checked as Linux's fork does */
     if (fam->count == fam->cap) {
-        int cap = ZB_MIN(fam->cap * 2, ZB_PROCS_MAX);
-        zb_member *grown = realloc(fam->m, (size_t)cap * sizeof *grown);
-        if (!grown) return -ENOMEM;
-        memset(grown + fam->cap, 0, (size_t)(cap - fam->cap) * sizeof *grown);
-        fam->m = grown;
-        fam->cap = cap;
-        self = me(sb);
+        if (zb_family_make_room(fam) < 0) return -ENOMEM;
+        self = me(sb); /* the members moved */
     }
     /* the family's memory budget (memory.h): the child is charged with every page it could write,
      * so it must fit now (zb_family_fork_sandbox checks again, with the store its snapshot made).

@@ -386,10 +386,7 @@ static long read_addr(zb_sandbox *sb, uint64_t addr, uint64_t len, int autobind_
     return 0;
 }
 
-/* The socket of sb's processes with this name: a path name's bind id, or else the abstract name's
- * bytes; only listening ones if listening. Looked up in every fd table of the family, so it is
- * always what is open now. */
-static zb_file *find_named(zb_sandbox *sb, uint64_t bind_id, const uint8_t *name, uint32_t len, int listening) {
+zb_file *zb_usock_find(zb_sandbox *sb, int (*fn)(const zb_usock *, const void *), const void *arg) {
     int members = sb->fam ? sb->fam->count : 1;
     for (int m = 0; m < members; m++) {
         const zb_sandbox *p = sb->fam ? sb->fam->m[m].sb : sb;
@@ -397,12 +394,31 @@ static zb_file *find_named(zb_sandbox *sb, uint64_t bind_id, const uint8_t *name
         for (int i = 0; i < ZB_MAX_FDS; i++) {
             zb_file *f = p->fds->fd[i];
             const zb_usock *u = f && f->kind == FILE_SOCKET ? zb_usock_of(f) : NULL;
-            if (!u || (listening && u->state != ZB_USOCK_LISTENING)) continue;
-            if (bind_id ? u->bind_id == bind_id : (!u->bind_id && u->name_len == len && !memcmp(u->name, name, len)))
-                return f;
+            if (u && fn(u, arg)) return f;
         }
     }
     return NULL;
+}
+
+typedef struct {
+    uint64_t bind_id;
+    const uint8_t *name;
+    uint32_t len;
+    int listening;
+} named_query;
+
+static int is_named(const zb_usock *u, const void *arg) {
+    const named_query *q = arg;
+    if (q->listening && u->state != ZB_USOCK_LISTENING) return 0;
+    return q->bind_id ? u->bind_id == q->bind_id : (!u->bind_id && u->name_len == q->len && !memcmp(u->name, q->name, q->len));
+}
+
+/* The socket of sb's processes with this name: a path name's bind id, or else the abstract name's
+ * bytes; only listening ones if listening. Looked up in every fd table of the family, so it is
+ * always what is open now. */
+static zb_file *find_named(zb_sandbox *sb, uint64_t bind_id, const uint8_t *name, uint32_t len, int listening) {
+    const named_query q = {bind_id, name, len, listening};
+    return zb_usock_find(sb, is_named, &q);
 }
 
 int zb_usock_listeners(const zb_sandbox *sb) {
