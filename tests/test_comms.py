@@ -287,6 +287,21 @@ def comm_values(msgs: list[dict[str, Any]]) -> list[Any]:
     return [m["content"]["data"]["state"].get("value") for m in msgs if m["msg_type"] == "comm_msg"]
 
 
+def test_a_widget_moves_while_child_processes_live(frontends: dict[str, Frontend]) -> None:
+    """joblib's loky workers live on after a Parallel call, as under ipykernel; the frontend's
+    widget messages still reach the kernel (before, their checkpoint was refused while a child
+    process lived, and every message failed)."""
+    def scenario(fe: Frontend) -> list[Any]:
+        cell, msgs = fe.run("import ipywidgets as w\nfrom joblib import Parallel, delayed\ns = w.IntSlider(value=1)\n"
+                            "display(s)\nprint(Parallel(n_jobs=2)(delayed(abs)(-i) for i in range(3)))")
+        sid = model_id(msgs, "IntSliderModel")
+        fe.update(sid, value=5)
+        assert fe.value("s.value") == "5"
+        return [fe.value("s.value")]
+
+    both(frontends, scenario)
+
+
 def test_a_thread_updates_a_widget_between_cells(frontends: dict[str, Frontend]) -> None:
     """A background thread moves a progress bar after its cell's reply: the comm messages reach
     the page as they come, with no request, under the cell's parent (ipykernel's latest shell
