@@ -69,7 +69,7 @@ FILES_MODES = ("overlay", "readonly", "readwrite")
 GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME, "/dev/shm")
 
 
-# What keeps processes alive between cells, most often, and how to end them (the note of a cell
+# What keeps a socket listening between cells, most often, and how to end it (the note of a cell
 # that runs without a checkpoint of its own)
 _ENDING_HELPERS = ("A socket kept listening is most often a Listener or a Manager (listener.close(), "
                    "manager.shutdown()) or a local server (server.server_close()); fds sent over a socket "
@@ -145,7 +145,6 @@ class Session:
             self.sandbox.guest.chdir(self.project_dir)
         # the kernel's environment and sys.path as ipykernel gives them, part of the clean state
         self.environ = session_environment() if environ is None else dict(environ)
-        self.argv = argv
         self.session_info = self.sandbox.start_session(self.environ, argv)
         # what "a fresh sandbox" means for this session: the template plus the notebook's folder
         self.clean = self.sandbox.snapshot()
