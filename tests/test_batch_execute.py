@@ -211,6 +211,18 @@ def test_timeout_stops_the_notebook(tmp_path: Path) -> None:
     assert done.cells[2].outputs == []
 
 
+def test_exit_ends_the_notebook_as_a_dead_kernel_does(tmp_path: Path) -> None:
+    """exit() in a cell ends the kernel under ipykernel, and nbclient stops with a dead kernel:
+    the batch run stops there too, and says why; exit(keep_kernel=True) goes on."""
+    from zeroboot_kernel import execute_notebooks
+
+    path = _write(tmp_path, "exits", _notebook([_code("exit(keep_kernel=True)"), _code("print('before')"),
+                                                _code("exit()"), _code("print('after')")]))
+    (r,) = execute_notebooks([path], jobs=1, keep_notebooks=True, write=False)
+    assert r.status == "failed" and "called exit()" in str(r.error) and r.notebook is not None, r
+    assert [c.execution_count for c in r.notebook.cells] == [1, 2, 3, None]
+
+
 def test_allow_errors_runs_on(tmp_path: Path) -> None:
     path = _write(tmp_path, "error", ERROR)
     r = _execute([path], tmp_path / "out", "--allow-errors")

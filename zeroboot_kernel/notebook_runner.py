@@ -238,6 +238,12 @@ class NotebookRun:
         outcome = self.outcome
         outcome.cells_run += 1
         if reply.get("status") == "ok":
+            if any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in reply.get("payload") or []):
+                # exit() ends the kernel under ipykernel, so nbclient stops there with a dead kernel
+                outcome.status = FAILED
+                outcome.error = CellError(index, "DeadKernelError", "the notebook called exit(): the kernel ended "
+                                                                    "here, as it does under ipykernel")
+                return False
             return True
         error = CellError(index, str(reply.get("ename", "Error")), str(reply.get("evalue", "")))
         if error.ename == TIMEOUT_ENAME and self.timeout and not self.magics.timeout_changed:
