@@ -191,6 +191,10 @@ int zb_sandbox_exec(zb_sandbox *sb, const char *exe, const char *cwd, const char
 
 int zb_sandbox_push_input(zb_sandbox *sb, const void *data, size_t len, char *err) {
     if (zb_uart_push_input(&sb->uart, data, len) < 0) { zb_seterr(err, "out of memory queueing UART input"); return -1; }
+    /* a thread of process 1 that yielded while it waited for input (its asyncio loop's poll of the
+     * UART, with child processes in the family) may go on now: the family's scheduler must see it
+     * as runnable, or it waits for a wake-up that never comes (zb_thread_retry_may_go_on) */
+    zb_wake_gen++;
     return 0;
 }
 

@@ -177,3 +177,23 @@ def test_a_checkpoint_taken_while_a_task_spins_restores_to_a_working_sandbox(s: 
         r = cell(s, "ctypes.string_at(0)", n + 1)  # its checkpoint, taken at its start, is the spin's state
         assert r["status"] == "error" and r["ename"] == "SandboxCrashed", r
     assert ok(cell(s, "stop = True\nawait spinner\nprint(x, spins > 0)", 8)) == "1 True\n"
+
+
+def test_a_request_reaches_a_timed_wait_while_a_child_process_lives(template) -> None:
+    """The loop waits for its request with a far timer (a timed UART poll, which yields) while a
+    child process lives, so the family's scheduler runs the processes between cells. A request
+    pushed then makes process 1 runnable at once: before, its waiting thread was seen as runnable
+    only at its timer (here an hour), and the cell hung (a widget test caught it: loky's workers
+    and a task waiting for a slider)."""
+    s = Session(template, timeout=60)
+    try:
+        ok(cell(s, "import asyncio, subprocess\np = subprocess.Popen(['sleep', '600'])\n"
+                   "h = asyncio.get_running_loop().call_later(3600, print, 'late')", 1))
+        assert s.sandbox.waits_timed and s.sandbox.guest.process_count() == 2
+        request = RequestArrival(s)
+        request.after(0.3)
+        s.between_cells(request.arrived.is_set)
+        assert ok(cell(s, "print('served')", 2)) == "served\n"
+        ok(cell(s, "h.cancel(); p.kill(); p.wait()", 3))
+    finally:
+        s.close()

@@ -297,6 +297,7 @@ def test_a_widget_moves_while_child_processes_live(frontends: dict[str, Frontend
         sid = model_id(msgs, "IntSliderModel")
         fe.update(sid, value=5)
         assert fe.value("s.value") == "5"
+        fe.run("from joblib.externals.loky import get_reusable_executor\nget_reusable_executor().shutdown(wait=True)")
         return [fe.value("s.value")]
 
     both(frontends, scenario)
