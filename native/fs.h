@@ -741,12 +741,17 @@ long zb_lo_read_addr(zb_sandbox *sb, int family, uint64_t addr, uint64_t len, ui
 /* bind u to a name read by zb_lo_read_addr: EADDRNOTAVAIL off the loopback, EADDRINUSE for a port
  * another socket of the family holds; port 0 takes a free ephemeral one. */
 long zb_lo_bind(zb_sandbox *sb, zb_usock *u, const uint8_t *name);
-/* connect's names: the listener of the family the target names (ECONNREFUSED: none; ENETUNREACH:
- * not the loopback), u's own name (an ephemeral port if it had none) and peer, and the names of
- * the server's end in the listener's family. */
-long zb_lo_connect(zb_sandbox *sb, zb_usock *u, const uint8_t *target_name, struct zb_file **listener,
-                   uint8_t server_name[ZB_USOCK_NAME_MAX], uint32_t *server_len,
-                   uint8_t server_peer[ZB_USOCK_NAME_MAX], uint32_t *server_peer_len);
+/* The names a connection gives its two ends: the client's own and its peer's, the server end's own
+ * and its peer's (each as zb_usock keeps one). sys_connect sets them once the connection is made. */
+typedef struct zb_conn_names {
+    uint8_t own[ZB_USOCK_NAME_MAX], peer[ZB_USOCK_NAME_MAX], server[ZB_USOCK_NAME_MAX], server_peer[ZB_USOCK_NAME_MAX];
+    uint32_t own_len, peer_len, server_len, server_peer_len;
+} zb_conn_names;
+/* connect of u (left unchanged) to a name read by zb_lo_read_addr: the listener of the family the
+ * target names (ECONNREFUSED: none; ENETUNREACH: not the loopback) and the connection's names (the
+ * client's with an ephemeral port if it had none; the server end's in the listener's family). */
+long zb_lo_connect(zb_sandbox *sb, const zb_usock *u, const uint8_t *target_name, struct zb_file **listener,
+                   zb_conn_names *names);
 /* sys_socket.c: the first stream socket of sb's family (every process's fd table) that fn takes. */
 struct zb_file *zb_usock_find(zb_sandbox *sb, int (*fn)(const zb_usock *, const void *), const void *arg);
 /* sys_fsmeta.c: make path (a host string, relative to the cwd) an INO_SOCKET naming bind_id, as

@@ -206,9 +206,8 @@ static int listens_for(const zb_usock *u, const void *arg) {
     return is_any(&l) || !memcmp(l.a6, d->target.a6, 16);
 }
 
-long zb_lo_connect(zb_sandbox *sb, zb_usock *u, const uint8_t *target_name, zb_file **listener,
-                   uint8_t server_name[ZB_USOCK_NAME_MAX], uint32_t *server_len,
-                   uint8_t server_peer[ZB_USOCK_NAME_MAX], uint32_t *server_peer_len) {
+long zb_lo_connect(zb_sandbox *sb, const zb_usock *u, const uint8_t *target_name, zb_file **listener,
+                   zb_conn_names *names) {
     int family = zb_lo_family(u);
     lo_dial d = {from_name(target_name), 0};
     d.v4 = is_v4(&d.target);
@@ -230,10 +229,10 @@ long zb_lo_connect(zb_sandbox *sb, zb_usock *u, const uint8_t *target_name, zb_f
         if (d.v4) { local.a6[12] = 127; local.a6[13] = 0; local.a6[14] = 0; local.a6[15] = 1; }
     }
     if (!local.port && !(local.port = ephemeral(sb, u))) return -EADDRNOTAVAIL;
-    u->name_len = to_name(&local, family, u->name);
-    u->peer_len = to_name(&d.target, family, u->peer);
+    names->own_len = to_name(&local, family, names->own);
+    names->peer_len = to_name(&d.target, family, names->peer);
     int server_family = zb_lo_family(zb_usock_of(*listener));
-    *server_len = to_name(&d.target, server_family, server_name);
-    *server_peer_len = to_name(&local, server_family, server_peer);
+    names->server_len = to_name(&d.target, server_family, names->server);
+    names->server_peer_len = to_name(&local, server_family, names->server_peer);
     return 0;
 }

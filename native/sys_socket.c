@@ -513,36 +513,33 @@ static long sys_connect(zb_sandbox *sb, const uint64_t a[6]) {
     zb_usock *u = zb_usock_of(f);
     if (!u || u->state == ZB_USOCK_CONNECTED) return -EISCONN;
     if (u->state == ZB_USOCK_LISTENING) return -EINVAL;
-    uint8_t name[ZB_USOCK_NAME_MAX], server_name[ZB_USOCK_NAME_MAX], server_peer[ZB_USOCK_NAME_MAX];
-    uint32_t len, server_len, server_peer_len;
+    uint8_t name[ZB_USOCK_NAME_MAX];
+    uint32_t len;
     const char *path = NULL;
     zb_file *l;
+    zb_conn_names names;
     int family = zb_lo_family(u);
     if (family != AF_UNIX) {
-        if ((err = zb_lo_read_addr(sb, family, a[1], a[2], name, &len)) < 0) return err;
-        zb_usock before = *u; /* a full queue below leaves the socket as it was */
-        if ((err = zb_lo_connect(sb, u, name, &l, server_name, &server_len, server_peer, &server_peer_len)) < 0)
+        if ((err = zb_lo_read_addr(sb, family, a[1], a[2], name, &len)) < 0 || (err = zb_lo_connect(sb, u, name, &l, &names)) < 0)
             return err;
-        if (zb_usock_of(l)->npending > zb_usock_of(l)->backlog) {
-            *u = before;
-            return zb_io_would_block(sb, f, -EAGAIN, 1, 0, 1);
-        }
     } else {
         if ((err = read_addr(sb, a[1], a[2], 0, name, &len, &path)) < 0 || (err = find_listener(sb, name, len, path, &l)) < 0)
             return err;
-        const zb_usock *lu = zb_usock_of(l);
-        if (lu->npending > lu->backlog) return zb_io_would_block(sb, f, -EAGAIN, 1, 0, 1); /* its queue is full */
-        memcpy(server_name, lu->name, server_len = lu->name_len); /* named as the listener */
-        memcpy(server_peer, u->name, server_peer_len = u->name_len);
+        const zb_usock *lu = zb_usock_of(l); /* the server's end is named as the listener */
+        memcpy(names.own, u->name, names.own_len = u->name_len);
+        memcpy(names.peer, lu->name, names.peer_len = lu->name_len);
+        memcpy(names.server, lu->name, names.server_len = lu->name_len);
+        memcpy(names.server_peer, u->name, names.server_peer_len = u->name_len);
     }
     zb_usock *lu = zb_usock_of(l);
+    if (lu->npending > lu->backlog) return zb_io_would_block(sb, f, -EAGAIN, 1, 0, 1); /* its queue is full */
     /* the server's end, queued until accept: its peer this socket */
     zb_pipe *up = zb_pipe_new(), *down = zb_pipe_new();
     zb_file *s = zb_file_new(FILE_SOCKET);
     zb_usock *su = usock_new(AF_UNIX, ZB_USOCK_CONNECTED);
     if (!up || !down || !s || !su) { free(up); free(down); free(s); free(su); return -ENOMEM; }
-    memcpy(su->name, server_name, su->name_len = server_len);
-    memcpy(su->peer, server_peer, su->peer_len = server_peer_len);
+    memcpy(su->name, names.server, su->name_len = names.server_len);
+    memcpy(su->peer, names.server_peer, su->peer_len = names.server_peer_len);
     s->priv = su;
     s->flags = O_RDWR;
     zb_file_attach_tx(f, up);
@@ -550,10 +547,8 @@ static long sys_connect(zb_sandbox *sb, const uint64_t a[6]) {
     zb_file_attach_tx(s, down);
     zb_file_attach_rx(f, down);
     u->state = ZB_USOCK_CONNECTED;
-    if (family == AF_UNIX) { /* (zb_lo_connect named a TCP socket's peer) */
-        memcpy(u->peer, lu->name, lu->name_len);
-        u->peer_len = lu->name_len;
-    }
+    memcpy(u->name, names.own, u->name_len = names.own_len);
+    memcpy(u->peer, names.peer, u->peer_len = names.peer_len);
     lu->pending[lu->npending++] = s; /* the queue's reference */
     return 0;
 }
