@@ -284,7 +284,7 @@ class ZerobootKernel(Kernel):
             reply = await asyncio.to_thread(self._run_cell, client, plan.code, count, silent, store_history,
                                             user_expressions or {}, allow_stdin, parent, ident, entry, trace)
             self._round_trips.append((time.perf_counter() - t0) * 1e3)
-            if any(p["source"] == "ask_exit" and not p["keepkernel"] for p in reply.get("payload", [])):
+            if schema.asks_exit(reply.get("payload", [])):
                 # exit()/quit() in a cell: the kernel process ends after this reply, as ipykernel's
                 # does (a Jupyter server then restarts it; a batch run sees a dead kernel)
                 self._schedule_stop("the notebook called exit()", failure=False)

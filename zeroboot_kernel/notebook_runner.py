@@ -38,6 +38,7 @@ import nbformat
 from . import engine_requests as req
 from . import magics as mg
 from . import outputs as output_policy
+from . import schema
 from .batch_magics import BatchMagics, MagicFailed
 from .engine_client import EngineClient, EngineDied
 from .stream_batch import StreamBatcher
@@ -238,7 +239,7 @@ class NotebookRun:
         outcome = self.outcome
         outcome.cells_run += 1
         if reply.get("status") == "ok":
-            if any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in reply.get("payload") or []):
+            if schema.asks_exit(reply.get("payload") or []):
                 # exit() ends the kernel under ipykernel, so nbclient stops there with a dead kernel
                 outcome.status = FAILED
                 outcome.error = CellError(index, "DeadKernelError", "the notebook called exit(): the kernel ended "

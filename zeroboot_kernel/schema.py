@@ -163,6 +163,12 @@ def payloads(p: dict[str, Any]) -> list[dict[str, Any]]:
             for x in v if x.get("source") in PAYLOAD_SOURCES]
 
 
+def asks_exit(payload: list[dict[str, Any]]) -> bool:
+    """A reply's checked payloads (payloads()) hold exit() without keep_kernel: under ipykernel the
+    kernel ends after this reply."""
+    return any(p.get("source") == "ask_exit" and not p.get("keepkernel") for p in payload)
+
+
 # ---- guest frames (by type; see frames.FrameType) ----
 
 def stream(p: dict[str, Any]) -> dict[str, Any]:
