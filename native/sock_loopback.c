@@ -54,6 +54,16 @@ static int is_local(const lo_addr *a) {
     return is_any(a) || !memcmp(a->a6, one6, 16) || (is_v4(a) && a->a6[12] == 127);
 }
 
+/* a becomes its space's loopback address: 127.0.0.1 (v4-mapped) or ::1; its port stays. */
+static void set_loopback(lo_addr *a, int v4) {
+    memset(a->a6, 0, 16);
+    if (v4) {
+        memcpy(a->a6, V4_MAPPED, sizeof V4_MAPPED);
+        a->a6[12] = 127;
+    }
+    a->a6[15] = 1;
+}
+
 int zb_lo_family(const zb_usock *u) {
     sa_family_t family;
     memcpy(&family, u->name, sizeof family);
@@ -217,17 +227,10 @@ long zb_lo_connect(zb_sandbox *sb, const zb_usock *u, const uint8_t *target_name
                        "its own loopback (127.0.0.1, ::1) works between its threads and processes");
         return -ENETUNREACH;
     }
-    if (is_any(&d.target)) { /* connect(0.0.0.0) is the local host, as in Linux */
-        memset(d.target.a6, 0, 16);
-        if (d.v4) { memcpy(d.target.a6, V4_MAPPED, sizeof V4_MAPPED); d.target.a6[12] = 127; d.target.a6[15] = 1; }
-        else d.target.a6[15] = 1;
-    }
+    if (is_any(&d.target)) set_loopback(&d.target, d.v4); /* connect(0.0.0.0) is the local host, as in Linux */
     if (!(*listener = each_inet(sb, u, listens_for, &d))) return -ECONNREFUSED;
     lo_addr local = from_name(u->name);
-    if (is_any(&local)) { /* the local address is the loopback of the target's space */
-        memcpy(local.a6, d.target.a6, 16);
-        if (d.v4) { local.a6[12] = 127; local.a6[13] = 0; local.a6[14] = 0; local.a6[15] = 1; }
-    }
+    if (is_any(&local)) set_loopback(&local, d.v4); /* the loopback of the target's space (a v6 target is ::1) */
     if (!local.port && !(local.port = ephemeral(sb, u))) return -EADDRNOTAVAIL;
     names->own_len = to_name(&local, family, names->own);
     names->peer_len = to_name(&d.target, family, names->peer);
