@@ -34,7 +34,21 @@
  * ~52 us round trip here). Only where that is invisible to anything but the process itself: its
  * private mappings (never a MAP_SHARED one, whose bytes are a file's or another process's), both
  * bytes in one page, and not for the numbers the entry answers in the guest. An `in` from the port
- * ends the sandbox. */
+ * ends the sandbox.
+ *
+ * Stubbed syscall sites (native/syscall_sites.c): a site calling a number the entry answers in the
+ * guest is better off reaching the entry's answers without the `syscall` instruction, whose trip
+ * to LSTAR costs ~13 us on PVM even when the entry then answers in a few instructions. Where such
+ * a site is glibc's `mov $nr, %eax; syscall` (b8 imm32 0f 05), the host replaces the `mov` (five
+ * bytes) with a `jmp rel32` (e9) to a stub of its own in the process's stub page, and leaves the
+ * `syscall` bytes as they are (a jump straight to them still makes the syscall). The stub does what
+ * the `mov` and the `syscall` did for the entry: eax = nr, rcx = the return address (the site + 7),
+ * r11 = 0x202 (RFLAGS as PVM reports them at LSTAR), then jumps to ZB_SYSCALL_ENTRY, which answers
+ * (`jmp *%rcx`) or exits through its `out` as for any `syscall`. No stack is touched, so a leaf
+ * function's red zone is safe. The stub page is the page after the vDSO image (ZB_SITE_STUBS):
+ * its first qword holds ZB_SYSCALL_ENTRY (the stubs' `jmp *` reads it), then ZB_SITE_STUB_SLOTS
+ * slots of ZB_SITE_STUB_SIZE bytes; a slot is free while its first byte is 0. Only on PVM with the
+ * answers on (elsewhere the entry runs at CPL0 and the `out` rewrite serves every number). */
 #define ZB_SYSCALL_ENTRY 0xe000        /* LSTAR */
 /* zeroboot's own syscalls, for the guest agent (guest/_zeroboot_agent reads these two lines):
  * numbers from 400 up in x86-64's unused range 335-423 (syscall_64.tbl goes from rseq, 334, to
@@ -180,6 +194,10 @@
 /* The syscall numbers cpl0_entry.S may answer in the guest (each `cmpq $N, %rax` there; a test
  * checks the two agree): a site calling one of them keeps its `syscall` while the answers are on. */
 #define ZB_ENTRY_ANSWERED_NRS 0, 3, 8, 13, 16, 39, 72, 102, 104, 107, 108, 217, 262
+#define ZB_SITE_MOV_EAX 0xb8           /* `mov $imm32, %eax`: a stubbed site's first five bytes were b8 imm32 */
+#define ZB_SITE_JMP 0xe9               /* `jmp rel32`: what the host writes there */
+#define ZB_SITE_STUB_SIZE 32           /* bytes from one stub slot to the next */
+#define ZB_SITE_STUB_SLOTS 127         /* slots after the entry pointer in the page's first slot */
 #define ZB_SYSCALL_TRAP 0x7f0000000000 /* never mapped (the LSTAR of earlier engines; the fuzzer's wild pointer) */
 #define ZB_STUBS_GPA 0x8000            /* the CPL0 stubs, in the supervisor-only low 2 MiB */
 #define ZB_STUB_VECTORS 32             /* one stub per CPU exception vector */
@@ -196,6 +214,8 @@
  * One page right below the vDSO image (the guest finds it from the image's ELF header), written by
  * the host every time the sandbox starts running (native/vdso_page.c), read by guest/vdso.c. */
 #define ZB_VDSO_DATA_SIZE 4096
+/* The stubbed syscall sites' page (above): right after the vDSO image, one page. */
+#define ZB_SITE_STUBS_SIZE 4096
 
 #ifndef __ASSEMBLER__
 #include <stdint.h>

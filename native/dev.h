@@ -40,8 +40,12 @@ int zb_frame_check(const uint8_t *buf, size_t len, size_t *total, char *err);
 /* ---- the vDSO's placement and data page (vdso_page.c) ---- */
 /* Place the vDSO (data page + library) in free guest memory: the library's address, or 0. */
 uint64_t zb_vdso_load(zb_sandbox *sb, char *err);
-/* Bytes the data page and the library take. */
+/* Bytes the data page, the library and the stubbed syscall sites' page take. */
 uint64_t zb_vdso_size(void);
+/* The stubbed syscall sites' page (guest_abi.h), right after the library, or 0 if the sandbox has
+ * none or the process unmapped or replaced it. */
+#define ZB_SITE_STUBS_NAME "[syscall stubs]"
+uint64_t zb_vdso_site_stubs(zb_sandbox *sb);
 /* exec: keep the vDSO where it is (its data page stays current) with a fresh copy of the library
  * and its regions named again; the library's address, or 0 if the sandbox has none. */
 uint64_t zb_vdso_keep(zb_sandbox *sb);

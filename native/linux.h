@@ -40,6 +40,17 @@ long zb_sys_signal_process_thread(zb_sandbox *sb, int64_t tgid, int64_t tid, int
 void zb_proc_limit(const zb_sandbox *sb, unsigned res, uint64_t *cur, uint64_t *max);
 int zb_proc_may_map(const zb_sandbox *sb, uint64_t npages);
 
+/* ---- syscall sites (syscall_sites.c) ----
+ * A syscall (number nr) exited through the entry, returning to return_rip: rewrite the `syscall`
+ * before it into the port's `out`, or for a number the entry answers stub its site, where that is
+ * safe (the run loop calls it). */
+struct zb_vm;
+void zb_syscall_site_rewrite(zb_sandbox *sb, const struct zb_vm *vm, uint64_t nr, uint64_t return_rip);
+/* [addr, addr+len) is being unmapped, replaced or zeroed (sys_memory.c): if that takes the stubbed
+ * sites' page (guest_abi.h), every stubbed site gets its `mov` back and the page's slots are
+ * emptied, so that no code jumps to a stub that is gone. */
+void zb_syscall_stubs_drop(zb_sandbox *sb, uint64_t addr, uint64_t len);
+
 /* Linux's TASK_SIZE_MAX: the highest user address + 1 (47-bit canonical user half, minus the guard
  * page). An FS/GS base at or above it is refused with EPERM, as Linux does: a non-canonical base
  * cannot be loaded into the vCPU (KVM_SET_SREGS or the VM entry fails), so the guest would die of

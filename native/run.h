@@ -15,9 +15,6 @@ int zb_run_deliver_signals(zb_sandbox *sb, zb_event *ev);
 int zb_run_set_user_state(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
 int zb_run_sync_regs(zb_sandbox *sb, zb_vm *vm, zb_event *ev);
 
-/* A syscall (number nr) exited through the entry, returning to return_rip: rewrite the
- * `syscall` before it into the port's `out` where that is safe (syscall_sites.c). */
-void zb_syscall_site_rewrite(zb_sandbox *sb, const zb_vm *vm, uint64_t nr, uint64_t return_rip);
 
 /* One process's run (what zb_sandbox_run is without a family): family_run.c's scheduler runs
  * every process of a family through it. It may also end with ZB_EVENT_PROC_YIELD (process.h). */

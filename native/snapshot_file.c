@@ -61,8 +61,10 @@
  *  23: a process's resource limits (setrlimit: the set mask, then soft and hard of each set one)
  *      after its nice value.
  *  24: a section of the child processes a checkpoint left out (zb_lost_children), before the
- *      working set. */
-#define STATE_FORMAT 24
+ *      working set.
+ *  25: the vDSO's placement takes a page more, the stubbed syscall sites' page after the library
+ *      (guest_abi.h "Stubbed syscall sites"). */
+#define STATE_FORMAT 25
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

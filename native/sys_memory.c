@@ -100,6 +100,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
         }
         if (!fits(sb, new_pages(m, addr, len))) return -ENOMEM;
         at = addr;
+        zb_syscall_stubs_drop(sb, at, len);
         long rc = zb_shmap_unmap(sb, at, len); /* a shared mapping it replaces is written back first */
         if (rc < 0) return rc;
         rc = zb_mem_zero(m, at, len);
@@ -149,6 +150,7 @@ static long sys_mmap(zb_sandbox *sb, const uint64_t a[6]) {
 
 static long unmap(zb_sandbox *sb, uint64_t addr, uint64_t len) {
     zb_memory *m = &sb->mem;
+    zb_syscall_stubs_drop(sb, addr, len);
     long rc = zb_shmap_unmap(sb, addr, len); /* shared file mappings are written back */
     if (rc < 0) return rc;
     rc = zb_mem_free_for_reuse(m, addr, len);
@@ -221,6 +223,7 @@ static long sys_mremap(zb_sandbox *sb, const uint64_t a[6]) {
         if ((want & (ZB_PAGE - 1)) || !user_range(m, want, nsz)) return -EINVAL;
         if (want < old + osz && old < want + nsz) return -EINVAL; /* overlapping */
         if (!fits(sb, new_pages(m, want, nsz))) return -ENOMEM;
+        zb_syscall_stubs_drop(sb, want, nsz);
         if (zb_shmap_unmap(sb, want, nsz) < 0 || zb_mem_zero(m, want, nsz) < 0) return -ENOMEM;
         at = want;
     } else if (!zb_proc_may_map(sb, (nsz - osz) / ZB_PAGE) || /* the move's growth, as Linux counts it */
@@ -244,6 +247,7 @@ static long sys_madvise(zb_sandbox *sb, const uint64_t a[6]) {
     case MADV_DONTNEED:
     case MADV_FREE:
     case MADV_REMOVE: {
+        zb_syscall_stubs_drop(sb, addr, len);
         (void)zb_shmap_msync(sb, addr, len);
         long rc = zb_mem_zero(&sb->mem, addr, len); /* give the memory back: reads see zeros ... */
         if (rc == 0) zb_shmap_refill(sb, addr, len); /* ... or a shared mapping's file bytes */

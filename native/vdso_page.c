@@ -27,17 +27,34 @@ _Static_assert(ZB_VDSO_DATA_SIZE == ZB_PAGE, "the vDSO data is one guest page ([
 extern const unsigned char zb_vdso_image[];
 extern const unsigned long zb_vdso_image_len;
 
-uint64_t zb_vdso_size(void) { return ZB_VDSO_DATA_SIZE + ZB_PAGE_UP(zb_vdso_image_len); }
+_Static_assert(ZB_SITE_STUBS_SIZE == ZB_PAGE, "the stubbed sites' page is one guest page");
 
-/* The library's bytes and the two regions at `at` (allocated). */
+static uint64_t image_bytes(void) { return ZB_PAGE_UP(zb_vdso_image_len); }
+
+uint64_t zb_vdso_size(void) { return ZB_VDSO_DATA_SIZE + image_bytes() + ZB_SITE_STUBS_SIZE; }
+
+/* The library's bytes, an empty stub page (guest_abi.h "Stubbed syscall sites": a new program's
+ * sites are its own) and the three regions at `at` (allocated). */
 static uint64_t place(zb_sandbox *sb, uint64_t at) {
-    uint64_t len = zb_vdso_size();
+    uint64_t len = zb_vdso_size(), stubs = at + ZB_VDSO_DATA_SIZE + image_bytes();
     memcpy(sb->mem.host + at + ZB_VDSO_DATA_SIZE, zb_vdso_image, zb_vdso_image_len);
+    memset(sb->mem.host + stubs, 0, ZB_SITE_STUBS_SIZE);
+    uint64_t entry = ZB_SYSCALL_ENTRY;
+    memcpy(sb->mem.host + stubs, &entry, sizeof entry);
     zb_mem_dirty(&sb->mem, at, len);
     zb_region_add(&sb->mem, at, at + ZB_VDSO_DATA_SIZE, 1, "[vvar]");
-    zb_region_add(&sb->mem, at + ZB_VDSO_DATA_SIZE, at + len, 5, "[vdso]");
+    zb_region_add(&sb->mem, at + ZB_VDSO_DATA_SIZE, stubs, 5, "[vdso]");
+    zb_region_add(&sb->mem, stubs, at + len, 5, ZB_SITE_STUBS_NAME);
     sb->vdso_data = at;
     return at + ZB_VDSO_DATA_SIZE;
+}
+
+uint64_t zb_vdso_site_stubs(zb_sandbox *sb) {
+    if (!sb->vdso_data) return 0;
+    uint64_t stubs = sb->vdso_data + ZB_VDSO_DATA_SIZE + image_bytes();
+    const zb_region *r = zb_region_find(&sb->mem, stubs);
+    if (!r || r->start != stubs || strcmp(r->name, ZB_SITE_STUBS_NAME) != 0) return 0; /* unmapped or replaced */
+    return zb_guest_ptr(sb, stubs, ZB_SITE_STUBS_SIZE, 0) ? stubs : 0;
 }
 
 uint64_t zb_vdso_load(zb_sandbox *sb, char *err) {

@@ -78,6 +78,7 @@ typedef struct zb_stats {
     uint64_t unknown_syscalls; /* of which answered ENOSYS as unimplemented */
     uint64_t io_exits;         /* UART port accesses */
     uint64_t syscall_sites;    /* `syscall` instructions rewritten into the port's `out` (guest_abi.h), ever */
+    uint64_t syscall_stubs;    /* answered numbers' sites given a jump to a stub of the entry (guest_abi.h), ever */
     uint64_t run_ns;           /* wall time inside zb_sandbox_run */
     uint64_t syscall_ns;       /* host time spent serving syscalls */
     uint64_t dirty_pages;      /* pages known to be written since the last snapshot/restore: the

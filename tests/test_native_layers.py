@@ -30,8 +30,8 @@ LAYERS: list[tuple[str, list[str], list[str]]] = [
     ("net", ["net.h"], ["net_policy.c", "net_dns.c"]),
     ("sandbox state", ["sandbox_state.h"], []),
     ("fs", ["fs.h", "file_kinds.h", "shared_map.h", "inet.h"], ["fdtable.c", "fs_*.c", "file_*.c", "shared_map.c", "sock_loopback.c"]),
-    ("linux", ["linux.h"], ["syscalls.c", "sys_*.c", "elf_loader.c"]),
-    ("run loop", ["run.h"], ["run_loop.c", "run_threads.c", "syscall_sites.c"]),
+    ("linux", ["linux.h"], ["syscalls.c", "sys_*.c", "elf_loader.c", "syscall_sites.c"]),
+    ("run loop", ["run.h"], ["run_loop.c", "run_threads.c"]),
     ("sandbox", ["sandbox.h"], ["sandbox.c"]),
     ("snapshot", ["snapshot.h"], ["snapshot.c", "snapshot_file.c", "family_run.c"]),
 ]

@@ -239,7 +239,8 @@ PATHS = [("ioctls, page-fault entry (before)", False, False, False, False),
          ("the same + answered by the entry in the guest: getpid/getuid/getgid, lseek(SEEK_CUR), TCGETS, F_GETFD/F_GETFL, "
           "read at the end, fstat of the file just opened, getdents64 at the end, close of a read-only file deferred to the next exit, "
           "reads of a small file just opened from the bytes read at its open, rt_sigaction queries (PVM)", True, True, True, False),
-         ("the same + syscall sites rewritten into the port's `out` at their second exit (now)", True, True, True, True)]
+         ("the same + syscall sites rewritten at their second exit: into the port's `out`, or for a number the entry "
+          "answers into a jump to a stub of the entry (now)", True, True, True, True)]
 
 
 def path_variants(sb: Any, small: str, rounds: int, n: int) -> dict[str, dict[str, float]]:
@@ -247,9 +248,9 @@ def path_variants(sb: Any, small: str, rounds: int, n: int) -> dict[str, dict[st
     times: best us per getpid, getppid (glibc's, and through a new `syscall` of its own each time,
     which only the last variant rewrites), os.stat, open+read+close (also with the close made by
     syscall(), once deferrable and once with a high-bit fd that always exits), and per bare `in`
-    exit (the floor). glibc's sites the template's start-up ran twice are rewritten in every
-    variant (the template was made with rewriting on): its getppid's is rewritten at its second
-    exit in the sandbox."""
+    exit (the floor). glibc's sites the template's start-up ran twice are rewritten (or stubbed)
+    in every variant (the template was made with rewriting on): its getppid's is rewritten at its
+    second exit in the sandbox."""
     from ..native import Engine
 
     engine = Engine.default()
@@ -391,7 +392,7 @@ def markdown(res: dict[str, Any]) -> str:
         (path_markdown(res["paths"]) if "paths" in res else "")
 
 
-PHASES = [("kvm_run_us", "KVM_RUN: return registers applied, guest entry, the `out` (a rewritten site's; os.stat's newfstatat: the entry's), exit"),
+PHASES = [("kvm_run_us", "KVM_RUN: return registers applied, guest entry, the `out` (a rewritten site's; os.stat's newfstatat: the entry's, through its site's stub), exit"),
           ("decode_us", "exit decode (registers from kvm_run)"),
           ("dispatch_us", "handler (all in)"), ("path_us", "  of which path copy + namespace walk"),
           ("host_us", "  of which host stat calls"),
