@@ -121,7 +121,7 @@ long zb_dev_open(zb_sandbox *sb, zb_resolved *r, uint64_t flags, zb_file **out) 
     if (r->loc.dev >= DEV_PTS_FIRST) return zb_pty_open_slave(sb, r->loc.dev, flags, out);
     if (zb_dev_is_proc(r->loc.dev)) {
         if (wr || (flags & O_TRUNC)) return -EACCES;
-        long ino = zb_proc_snapshot(sb, r->loc.pid, r->loc.dev);
+        long ino = zb_proc_snapshot(sb, &r->loc);
         if (ino < 0) return ino;
         zb_ovl_open_ref(sb->fs, (uint32_t)ino, 1); /* nlink 0: released with its last open */
         if (!(f = zb_file_new(FILE_OVERLAY))) { zb_ovl_open_ref(sb->fs, (uint32_t)ino, -1); return -ENOMEM; }

@@ -23,7 +23,11 @@
 
 /* mount trie node kinds */
 enum { MNT_SYNTH = 1, MNT_HOST_DIR, MNT_HOST_FILE, MNT_SYMLINK, MNT_OVERLAY, MNT_DEV, MNT_PROC_EXE, MNT_PROJECT,
-       MNT_PTS /* /dev/pts: its numbered entries are the sandbox's ptys (file_pty.c zb_pty_lookup) */ };
+       MNT_PTS, /* /dev/pts: its numbered entries are the sandbox's ptys (file_pty.c zb_pty_lookup) */
+       /* /proc/<pid>/cwd (a symlink to the process's working directory), /proc/<pid>/fd (its open fds,
+        * each a symlink to what the fd is) and /proc/<pid>/fdinfo (each fd's position and flags):
+        * made from the process's state at each lookup (fs_proc.c) */
+       MNT_PROC_CWD, MNT_PROC_FD, MNT_PROC_FDINFO, MNT_LAST = MNT_PROC_FDINFO };
 /* how a project directory (the notebook's folder, fs_project.c) is seen: ZB_PROJECT_* */
 enum { PROJ_NONE = 0, PROJ_READONLY = ZB_PROJECT_READONLY, PROJ_OVERLAY = ZB_PROJECT_OVERLAY,
        PROJ_READWRITE = ZB_PROJECT_READWRITE };
@@ -33,7 +37,9 @@ enum { DEV_NULL = 1, DEV_ZERO, DEV_URANDOM, DEV_UART, DEV_PTMX,
        /* /proc files synthesised when opened (fs_proc.c): regular read-only files, not devices */
        DEV_PROC_FIRST = 32, DEV_PROC_MAPS = DEV_PROC_FIRST, DEV_PROC_STATUS, DEV_PROC_STAT, DEV_PROC_STATM,
        DEV_PROC_SMAPS_ROLLUP, DEV_PROC_CGROUP, DEV_PROC_MEMINFO, DEV_PROC_CPUINFO, DEV_PROC_UPTIME,
-       DEV_PROC_SYSTEM_STAT, DEV_PROC_CMDLINE, DEV_PROC_MOUNTS, DEV_PROC_MOUNTINFO, DEV_PROC_LAST = DEV_PROC_MOUNTINFO,
+       DEV_PROC_SYSTEM_STAT, DEV_PROC_CMDLINE, DEV_PROC_MOUNTS, DEV_PROC_MOUNTINFO,
+       DEV_PROC_FDINFO, /* /proc/<pid>/fdinfo/N: the fd is the location's proc_fd */
+       DEV_PROC_LAST = DEV_PROC_FDINFO,
        /* /dev/pts/N, the slave end of pty N (N < ZB_PTY_MAX): opened by file_pty.c zb_pty_open_slave */
        DEV_PTS_FIRST = 64 };
 /* st_ino of a device (stat of its path, fstat of what it opened, d_ino of its /dev/pts entry) */
@@ -168,6 +174,7 @@ typedef struct zb_loc {
     uint32_t upper;          /* project, overlay mode: the upper-layer inode here, or 0 */
     int32_t pid;             /* /proc/<pid> and what is below it: the process of the family it names
                                 (fs_proc.c zb_proc_target); 0: the caller's own (/proc/self) */
+    int32_t proc_fd;         /* /proc/<pid>/fd/N and fdinfo/N: N + 1; 0 elsewhere */
 } zb_loc;
 
 typedef struct zb_resolved {
@@ -322,11 +329,19 @@ int zb_list_host_dir_for(zb_sandbox *sb, const char *path, zb_listing *out, cons
 int zb_host_open_ro(const char *path, int dir);
 /* fd if it (a host file just opened) is a regular file or a directory, else -EACCES (closing it). */
 int zb_host_fd_ordinary(int fd);
+/* The target of symlink location l (LOC_SYMLINK): the trie's own, or what /proc/<pid>/exe, cwd
+ * or fd/N say now; its length, or -errno (-ENOENT: the process or the fd is gone). */
+int zb_fs_symlink_target(zb_sandbox *sb, const zb_loc *l, char *buf, size_t cap);
 /* fs_proc.c */
 int zb_proc_add_files(zb_mnode *proc, zb_mnode *self);
 int zb_dev_is_proc(int dev);
-long zb_proc_snapshot(zb_sandbox *sb, int32_t pid, int dev); /* a new unnamed inode with the content of
-                                                              process pid's file (0: sb's own), or -errno */
+long zb_proc_snapshot(zb_sandbox *sb, const zb_loc *l); /* a new unnamed inode with the content of the
+                                                         /proc file at l (l->dev of process l->pid), or -errno */
+/* What /proc/<pid>/fd/N of process t says fd is (Linux's forms: the path it was opened by,
+ * pipe:[ino], socket:[ino], anon_inode:[kind]): its length, or -ENOENT if fd is not open there. */
+int zb_proc_fd_link(zb_sandbox *t, int fd, char *buf, size_t cap);
+/* The entries of /proc/<pid>/fd (DT_LNK) or fdinfo (DT_REG): the open fds of process pid. */
+int zb_proc_list_fds(zb_sandbox *sb, int32_t pid, unsigned char dtype, zb_listing *out);
 /* The live process of sb's family that /proc/<pid> names (0: sb itself), or NULL: processes outside
  * the family have no /proc entry here, and a zombie's entry has files of its own (zb_proc_exists). */
 zb_sandbox *zb_proc_target(zb_sandbox *sb, int32_t pid);

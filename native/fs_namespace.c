@@ -229,10 +229,10 @@ static int loc_from_mnode(zb_sandbox *sb, zb_mnode *m, zb_loc *loc) {
     memset(loc, 0, sizeof *loc);
     loc->mnode = m;
     switch (m->kind) {
-    case MNT_SYNTH: case MNT_PTS: loc->kind = LOC_SYNTH; loc->is_dir = 1; break;
+    case MNT_SYNTH: case MNT_PTS: case MNT_PROC_FD: case MNT_PROC_FDINFO: loc->kind = LOC_SYNTH; loc->is_dir = 1; break;
     case MNT_HOST_DIR: loc->kind = LOC_HOST; loc->is_dir = loc->host_is_dir = 1; break;
     case MNT_HOST_FILE: loc->kind = LOC_HOST; break;
-    case MNT_SYMLINK: case MNT_PROC_EXE: loc->kind = LOC_SYMLINK; break;
+    case MNT_SYMLINK: case MNT_PROC_EXE: case MNT_PROC_CWD: loc->kind = LOC_SYMLINK; break;
     case MNT_DEV: loc->kind = LOC_DEV; loc->dev = m->dev; break;
     case MNT_PROJECT: *loc = zb_proj_root_loc(sb, m); break;
     case MNT_OVERLAY: {
@@ -319,10 +319,46 @@ static int is_proc_dir(const zb_sandbox *sb, const zb_mnode *m) {
     return m && m->parent == sb->fs->root && !strcmp(m->name, "proc");
 }
 
+int zb_fs_symlink_target(zb_sandbox *sb, const zb_loc *l, char *buf, size_t cap) {
+    if (l->kind != LOC_SYMLINK || !l->mnode) return -EINVAL;
+    if (l->mnode->kind == MNT_SYMLINK) return snprintf(buf, cap, "%s", l->mnode->target);
+    zb_sandbox *t = zb_proc_target(sb, l->pid); /* /proc/<pid>/...: that process, as of now */
+    if (!t) return -ENOENT;                     /* it ended since its directory was looked up */
+    if (l->mnode->kind == MNT_PROC_EXE) return snprintf(buf, cap, "%s", t->proc.exe);
+    if (l->mnode->kind == MNT_PROC_CWD) return snprintf(buf, cap, "%s", t->proc.cwd);
+    if (l->mnode->kind == MNT_PROC_FD && l->proc_fd > 0) return zb_proc_fd_link(t, l->proc_fd - 1, buf, cap);
+    return -EINVAL;
+}
+
+/* The fd an entry of /proc/<pid>/fd or fdinfo names (digits, no leading zero but "0"), or -1. */
+static int proc_fd_name(const char *name) {
+    if (!strcmp(name, "0")) return 0;
+    int32_t v = proc_pid_name(name);
+    return v > 0 && v < ZB_MAX_FDS ? (int)v : -1;
+}
+
 /* Look `name` up in directory `dir` (whose canonical path is `path`). If it is a symlink, its
  * target is copied to `link` and 1 is returned. */
 static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const char *name, zb_loc *out, char *link) {
     zb_mnode *m = dir->mnode ? zb_mnode_child(dir->mnode, name) : NULL;
+    /* /proc/<pid>/fd/N (a symlink to what fd N is) and fdinfo/N, while process pid has fd N open */
+    if (!m && dir->mnode && (dir->mnode->kind == MNT_PROC_FD || dir->mnode->kind == MNT_PROC_FDINFO)) {
+        int fd = proc_fd_name(name);
+        zb_sandbox *t = zb_proc_target(sb, dir->pid);
+        if (fd < 0 || !t || !zb_fd_get(t, (uint64_t)fd)) return -ENOENT;
+        memset(out, 0, sizeof *out);
+        out->mnode = dir->mnode;
+        out->pid = dir->pid;
+        out->proc_fd = fd + 1;
+        if (dir->mnode->kind == MNT_PROC_FDINFO) {
+            out->kind = LOC_DEV;
+            out->dev = DEV_PROC_FDINFO;
+            return 0;
+        }
+        out->kind = LOC_SYMLINK;
+        int n = zb_fs_symlink_target(sb, out, link, PATH_MAX);
+        return n < 0 ? n : 1;
+    }
     /* /proc/<pid> of a process of the family (live or a zombie) is /proc/self's files of that
      * process (ps, psutil); <own pid> is /proc/self itself */
     if (!m && is_proc_dir(sb, dir->mnode)) {
@@ -345,12 +381,9 @@ static int lookup(zb_sandbox *sb, const zb_loc *dir, const char *path, const cha
         int r = loc_from_mnode(sb, m, out);
         if (r < 0) return r;
         out->pid = dir->pid; /* below /proc/<pid>: that process's files */
-        if (m->kind == MNT_SYMLINK) { snprintf(link, PATH_MAX, "%s", m->target); return 1; }
-        if (m->kind == MNT_PROC_EXE) {
-            const zb_sandbox *t = zb_proc_target(sb, dir->pid);
-            if (!t) return -ENOENT; /* it ended since its directory was looked up */
-            snprintf(link, PATH_MAX, "%s", t->proc.exe);
-            return 1;
+        if (out->kind == LOC_SYMLINK) {
+            int n = zb_fs_symlink_target(sb, out, link, PATH_MAX);
+            return n < 0 ? n : 1;
         }
         if (out->kind == LOC_OVERLAY && zb_ovl_inode(sb->fs, out->ino)->type == INO_SYMLINK) {
             snprintf(link, PATH_MAX, "%s", zb_ovl_inode(sb->fs, out->ino)->target);
@@ -541,16 +574,20 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
         st->st_mode = S_IFDIR | 0555;
         st->st_nlink = 2;
         return 0;
-    case LOC_SYMLINK:
+    case LOC_SYMLINK: {
+        char target[PATH_MAX];
+        int n = zb_fs_symlink_target(sb, l, target, sizeof target);
+        if (n < 0) return n;
         st->st_mode = S_IFLNK | 0777;
-        if (l->mnode->kind == MNT_PROC_EXE) {
+        if (l->proc_fd) { /* an fd's link: lr-x------, l-wx------ or lrwx------ by its access mode, as on Linux */
             const zb_sandbox *t = zb_proc_target(sb, l->pid);
-            if (!t) return -ENOENT;
-            st->st_size = (off_t)strlen(t->proc.exe);
-        } else {
-            st->st_size = (off_t)strlen(l->mnode->target);
+            const zb_file *f = t ? t->fds->fd[l->proc_fd - 1] : NULL;
+            int acc = f ? f->flags & O_ACCMODE : O_RDONLY;
+            st->st_mode = S_IFLNK | (acc == O_RDONLY ? 0500 : acc == O_WRONLY ? 0300 : 0700);
         }
+        st->st_size = n;
         return 0;
+    }
     case LOC_DEV:
         zb_dev_stat(l->dev, st);
         return 0;
@@ -573,9 +610,9 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
 
 static unsigned char mnode_dtype(zb_sandbox *sb, const zb_mnode *m) {
     switch (m->kind) {
-    case MNT_SYNTH: case MNT_HOST_DIR: case MNT_PTS: return DT_DIR;
+    case MNT_SYNTH: case MNT_HOST_DIR: case MNT_PTS: case MNT_PROC_FD: case MNT_PROC_FDINFO: return DT_DIR;
     case MNT_HOST_FILE: return DT_REG;
-    case MNT_SYMLINK: case MNT_PROC_EXE: return DT_LNK;
+    case MNT_SYMLINK: case MNT_PROC_EXE: case MNT_PROC_CWD: return DT_LNK;
     case MNT_DEV: return zb_dev_is_proc(m->dev) ? DT_REG : DT_CHR;
     case MNT_OVERLAY: {
         zb_inode *in = zb_ovl_inode(sb->fs, m->ino);
@@ -598,6 +635,9 @@ int zb_fs_list(zb_sandbox *sb, const zb_resolved *r, zb_listing *out) {
     if ((ret = zb_listing_add(out, ".", DT_DIR, 0)) < 0 || (ret = zb_listing_add(out, "..", DT_DIR, 0)) < 0) goto fail;
     if (l->mnode && l->mnode->kind == MNT_PTS && (ret = zb_pty_list(sb, out)) < 0) goto fail; /* then its ptmx */
     if (is_proc_dir(sb, l->mnode) && (ret = zb_proc_list_pids(sb, out)) < 0)
+        goto fail;
+    if (l->mnode && (l->mnode->kind == MNT_PROC_FD || l->mnode->kind == MNT_PROC_FDINFO) &&
+        (ret = zb_proc_list_fds(sb, l->pid, l->mnode->kind == MNT_PROC_FD ? DT_LNK : DT_REG, out)) < 0)
         goto fail;
     for (size_t i = 0; l->mnode && i < l->mnode->nchildren; i++) {
         zb_mnode *c = l->mnode->children[i];

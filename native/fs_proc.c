@@ -295,7 +295,51 @@ int zb_proc_add_files(zb_mnode *proc, zb_mnode *self) {
         if (!n) return -1;
         n->dev = proc_files[i].id;
     }
+    if (!zb_mnode_add(self, "cwd", MNT_PROC_CWD) || !zb_mnode_add(self, "fd", MNT_PROC_FD) ||
+        !zb_mnode_add(self, "fdinfo", MNT_PROC_FDINFO))
+        return -1;
     return 0;
+}
+
+int zb_proc_fd_link(zb_sandbox *t, int fd, char *buf, size_t cap) {
+    zb_file *f = fd >= 0 ? zb_fd_get(t, (uint64_t)fd) : NULL;
+    if (!f) return -ENOENT;
+    if (f->where && f->where->path[0]) return snprintf(buf, cap, "%s", f->where->path);
+    if (f->kind == FILE_DEV) { /* opened by the engine itself (the agent's stdin): the /dev entry */
+        static const char *const names[] = {[DEV_NULL] = "null", [DEV_ZERO] = "zero", [DEV_URANDOM] = "urandom",
+                                            [DEV_UART] = "ttyS0", [DEV_PTMX] = "ptmx"};
+        if (f->dev > 0 && f->dev <= DEV_PTMX && names[f->dev]) return snprintf(buf, cap, "/dev/%s", names[f->dev]);
+    }
+    struct stat st;
+    if (zb_file_stat(t, f, &st) < 0) memset(&st, 0, sizeof st);
+    /* anonymous files have no inode number of their own: the description's id names it */
+    unsigned long long ino = st.st_ino ? (unsigned long long)st.st_ino : (unsigned long long)f->id;
+    if (S_ISFIFO(st.st_mode)) return snprintf(buf, cap, "pipe:[%llu]", ino);
+    if (S_ISSOCK(st.st_mode)) return snprintf(buf, cap, "socket:[%llu]", ino);
+    return snprintf(buf, cap, "anon_inode:[%s]", f->kind == FILE_EPOLL ? "eventpoll" : f->ops->name);
+}
+
+int zb_proc_list_fds(zb_sandbox *sb, int32_t pid, unsigned char dtype, zb_listing *out) {
+    zb_sandbox *t = zb_proc_target(sb, pid);
+    for (int fd = 0; t && fd < ZB_MAX_FDS; fd++) {
+        if (!zb_fd_get(t, (uint64_t)fd)) continue;
+        char name[16];
+        snprintf(name, sizeof name, "%d", fd);
+        int r = zb_listing_add(out, name, dtype, 0);
+        if (r < 0) return r;
+    }
+    return 0;
+}
+
+/* /proc/<pid>/fdinfo/N as Linux writes it: the offset, the status flags in octal (O_CLOEXEC
+ * among them when the fd has it), the mount and the inode. */
+static void gen_fdinfo(zb_sandbox *t, int fd, proc_buf *b) {
+    zb_file *f = zb_fd_get(t, (uint64_t)fd);
+    struct stat st;
+    if (!f || zb_file_stat(t, f, &st) < 0) return;
+    int flags = f->flags | (t->fds->cloexec[fd] ? O_CLOEXEC : 0);
+    put(b, "pos:\t%llu\nflags:\t0%o\nmnt_id:\t1\nino:\t%llu\n", (unsigned long long)f->offset, (unsigned)flags,
+        (unsigned long long)st.st_ino);
 }
 
 int zb_dev_is_proc(int dev) { return dev >= DEV_PROC_FIRST && dev <= DEV_PROC_LAST; }
@@ -354,15 +398,19 @@ int zb_proc_list_pids(zb_sandbox *sb, zb_listing *out) {
 
 /* An unnamed read-only overlay file holding the content of /proc file `dev` of process pid now:
  * its inode, or -errno. */
-long zb_proc_snapshot(zb_sandbox *sb, int32_t pid, int dev) {
+long zb_proc_snapshot(zb_sandbox *sb, const zb_loc *l) {
     proc_gen gen = NULL;
+    int32_t pid = l->pid;
+    int dev = l->dev;
     for (size_t i = 0; i < NPROC; i++)
         if (proc_files[i].id == dev) gen = proc_files[i].gen;
     zb_sandbox *target = zb_proc_target(sb, pid);
     const zb_member *zombie = target ? NULL : zombie_of(sb, pid);
-    if (!gen || (!target && !zombie)) return -ENOENT;
+    if (dev == DEV_PROC_FDINFO && (!target || !zb_fd_get(target, (uint64_t)(l->proc_fd - 1)))) return -ENOENT;
+    if ((!gen && dev != DEV_PROC_FDINFO) || (!target && !zombie)) return -ENOENT;
     proc_buf b = {0};
-    if (target) gen(target, &b);
+    if (dev == DEV_PROC_FDINFO) gen_fdinfo(target, l->proc_fd - 1, &b);
+    else if (target) gen(target, &b);
     else gen_zombie(zombie, dev, &b);
     if (b.failed) { free(b.data); return -ENOMEM; }
     uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, 0444);

@@ -52,7 +52,7 @@ static zb_mnode *load_mnode(zb_in *in, zb_mnode *parent, int depth, size_t *coun
             in->err = 1;
     }
     uint32_t nch = in_u32(in);
-    if (in->err || n->kind < MNT_SYNTH || n->kind > MNT_PTS || (n->kind == MNT_SYMLINK && !n->target) ||
+    if (in->err || n->kind < MNT_SYNTH || n->kind > MNT_LAST || (n->kind == MNT_SYMLINK && !n->target) ||
         nch > MAX_TRIE_NODES || !(n->children = calloc(nch ? nch : 1, sizeof *n->children))) {
         in->err = 1;
         zb_proj_policy_unref(n->policy);

@@ -63,8 +63,10 @@
  *  24: a section of the child processes a checkpoint left out (zb_lost_children), before the
  *      working set.
  *  25: the vDSO's placement takes a page more, the stubbed syscall sites' page after the library
- *      (guest_abi.h "Stubbed syscall sites"). */
-#define STATE_FORMAT 25
+ *      (guest_abi.h "Stubbed syscall sites").
+ *  26: the namespace's trie has /proc/self/cwd, fd and fdinfo (node kinds MNT_PROC_CWD, MNT_PROC_FD,
+ *      MNT_PROC_FDINFO). */
+#define STATE_FORMAT 26
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

@@ -153,7 +153,8 @@ static long do_readlink(zb_sandbox *sb, int64_t dirfd, uint64_t upath, uint64_t 
     char target[PATH_MAX];
     ssize_t n;
     if (r.loc.kind == LOC_SYMLINK) {
-        n = snprintf(target, sizeof target, "%s", r.loc.mnode->kind == MNT_PROC_EXE ? sb->proc.exe : r.loc.mnode->target);
+        if ((n = zb_fs_symlink_target(sb, &r.loc, target, sizeof target)) < 0) return n;
+        n = ZB_MIN(n, (ssize_t)sizeof target - 1);
     } else if (r.loc.kind == LOC_OVERLAY && zb_ovl_inode(sb->fs, r.loc.ino)->type == INO_SYMLINK) {
         n = snprintf(target, sizeof target, "%s", zb_ovl_inode(sb->fs, r.loc.ino)->target);
     } else if (r.loc.kind == LOC_HOST) {

@@ -254,6 +254,21 @@ CELLS: list[Cell] = [
                                      "bit = lambda key, sig: int(st[key], 16) >> (sig - 1) & 1\n"
                                      "(bit('SigIgn', signal.SIGUSR1), bit('SigBlk', signal.SIGUSR2), bit('SigCgt', signal.SIGINT),\n"
                                      " bit('SigIgn', signal.SIGUSR2), int(st['Threads']) >= 1, len(st['ShdPnd'].strip()))"),
+    # /proc/self/fd, fdinfo and cwd (psutil's num_fds, open_files and cwd read them; Dask's
+    # Client() asks num_fds as it starts)
+    Cell("proc-self-fd", "r, w = os.pipe()\nfdf = open('fd_probe.txt', 'w')\n"
+                         "links = {n: os.readlink('/proc/self/fd/' + n) for n in os.listdir('/proc/self/fd') "
+                         "if n in (str(r), str(w), str(fdf.fileno()))}\n"
+                         "(links[str(r)].startswith('pipe:['), links[str(fdf.fileno())] == os.path.abspath('fd_probe.txt'), "
+                         "os.path.islink(f'/proc/self/fd/{r}'), os.readlink('/proc/self/cwd') == os.getcwd(), "
+                         "os.path.exists('/proc/self/fd/999'))"),
+    Cell("proc-self-fdinfo", "fdf.write('abc'); fdf.flush()\n"
+                             "info = dict(l.split(':', 1) for l in open(f'/proc/self/fdinfo/{fdf.fileno()}').read().splitlines())\n"
+                             "(int(info['pos']), int(info['flags'], 8) & 3, bool(int(info['flags'], 8) & os.O_CLOEXEC))"),
+    Cell("psutil-fds-files-cwd", "import psutil\np = psutil.Process()\n"
+                                 "(p.num_fds() == len(os.listdir('/proc/self/fd')), "
+                                 "[o.position for o in p.open_files() if o.path == os.path.abspath('fd_probe.txt')], "
+                                 "p.cwd() == os.getcwd())"),
     # the rest of the battery
     Cell("dhist", "import os\n[os.path.samefile(d, os.getcwd()) for d in _dh]"),
     Cell("who", "%who_ls int"),

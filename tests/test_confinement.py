@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import sys
 import textwrap
 import uuid
 
@@ -103,21 +105,34 @@ def test_proc_shows_only_exe_and_synthesised_files():
         attempt("proc", lambda: sorted(os.listdir("/proc")))
         for p in ["/proc/self/maps", "/proc/self/environ", "/proc/self/cmdline", "/proc/self/status",
                   "/proc/self/mem", "/proc/self/root/etc/shadow", "/proc/self/cwd", "/proc/1/cmdline",
-                  "/proc/1/root", "/proc/cpuinfo", "/proc/meminfo", "/proc/mounts", "/proc/self/fd/0"]:
+                  "/proc/1/root", "/proc/cpuinfo", "/proc/meminfo", "/proc/mounts"]:
             attempt(p, lambda p=p: read(p))
-        attempt("fd_dir", lambda: os.listdir("/proc/self/fd"))
+        attempt("fd_links", lambda: [[n, os.readlink("/proc/self/fd/" + n)] for n in os.listdir("/proc/self/fd")
+                                     if os.path.lexists("/proc/self/fd/" + n)])
         attempt("exe_dotdot", lambda: read("/proc/self/exe/../../../etc/shadow"))
+        attempt("cwd_dotdot", lambda: read("/proc/self/cwd/../../etc/shadow"))
+        attempt("fd_dotdot", lambda: read("/proc/self/fd/0/../../etc/shadow"))
+        attempt("fd_far", lambda: read("/proc/self/fd/99999"))
+        attempt("stdin", lambda: [os.readlink("/proc/self/fd/0"), read("/proc/self/fd/0")])
     ''')
     assert r["exe"][0] == "ok" and r["exe"][1].endswith("python3.11")
-    assert r["self"] == ["ok", ["cgroup", "cmdline", "exe", "maps", "mountinfo", "mounts", "smaps_rollup", "stat",
-                                "statm", "status"]]
+    assert r["self"] == ["ok", ["cgroup", "cmdline", "cwd", "exe", "fd", "fdinfo", "maps", "mountinfo", "mounts",
+                                "smaps_rollup", "stat", "statm", "status"]]
+    # the process's own fds, each named in guest terms: a guest path, or a pipe, socket or anonymous
+    # file by number (never a host fd, pid or path the view does not show)
+    assert r.pop("stdin") == ["ok", ["/dev/null", ""]]  # the process's own stdin, as on Linux
+    links = r.pop("fd_links")
+    assert links[0] == "ok" and {fd for fd, _ in links[1]} >= {"0", "1", "2"}
+    for fd, target in links[1]:
+        assert re.fullmatch(r"(pipe|socket):\[\d+\]|anon_inode:\[[a-z ]+\]|/dev/\w+|/tmp/\S*|/home/sandbox\S*", target) or \
+            target.startswith(sys.prefix), (fd, target)
     assert r["proc"] == ["ok", ["1", "cpuinfo", "meminfo", "mounts", "self", "stat", "uptime"]]
     host = open("/proc/self/status").read()
     for name, result in r.items():
         if name in SYNTHESISED_PROC:
             assert result[0] == "ok" and result[1] and result[1] not in host, (name, result)
             assert f"\t{os.getpid()}\n" not in result[1]  # no host pid
-        elif name.startswith("/proc") or name in ("fd_dir", "exe_dotdot"):
+        elif name.startswith("/proc") or name in ("exe_dotdot", "cwd_dotdot", "fd_dotdot", "fd_far"):
             assert failed(result), (name, result)
 
 

@@ -296,6 +296,20 @@ def test_joblib_loky_as_on_the_host(s: Session) -> None:
     assert Guest.child_processes_alive() == base
 
 
+def test_a_dask_local_cluster_in_a_notebook(s: Session) -> None:
+    """Dask's `Client()` (a LocalCluster: a scheduler listening on the sandbox's loopback, nanny and
+    worker processes started with spawn) runs and computes as on the host; it asked psutil for
+    /proc/self/fd as it started, which was missing ("No such file or directory: '/proc/1/fd'")."""
+    out = ok(cell(s, "from dask.distributed import Client\n"
+                     "client = Client(n_workers=2, threads_per_worker=1, dashboard_address=None)\n"
+                     "import dask.array as da\n"
+                     "print(client.submit(sum, [1, 2, 3]).result(), float(da.ones((100, 100), chunks=10).sum().compute()),\n"
+                     "      len(client.scheduler_info()['workers']))", 1))
+    assert out.endswith("6 10000.0 2\n"), out
+    out = ok(cell(s, "client.close(); print(client.status)", 2))
+    assert out.endswith("closed\n"), out
+
+
 # The forkserver's children import what they run (as spawn's do), so the functions live in a
 # module file; the server is stopped at the end (it would live until the interpreter exits).
 MP_FORKSERVER = ("import multiprocessing as mp, pathlib, sys, tempfile\n"

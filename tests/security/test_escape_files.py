@@ -37,7 +37,8 @@ def host(tmp_path):
 
 
 # attempts that succeed by design: the guest's own objects, or listings of what it may see
-READ_OK = {"view_parent_listing", "readlink_overlay", "readlink_proc_exe", "dev_listing", "pts_listing", "proc_self_listing"}
+READ_OK = {"view_parent_listing", "readlink_overlay", "readlink_proc_exe", "dev_listing", "pts_listing", "proc_self_listing",
+           "/proc/self/fd/0"}  # the program's own stdin (/dev/null here), through the link to it
 # written by the engine in guest terms when opened (native/fs_proc.c), never the host's: the
 # guest's own addresses, one CPU, and its own argv (the program the battery ran, with its mode)
 SYNTHESISED = {"/proc/self/maps": "000000400000-", "/proc/cpuinfo": "processor\t: 0",
@@ -61,6 +62,7 @@ def test_reads_outside_the_view_fail(host):
             continue
         assert outcome == "err", (name, detail)
     assert got["view_parent_listing"] == ("ok", ".,..,view,")  # only the path that leads to the view
+    assert got["/proc/self/fd/0"] == ("ok", "")
     # shm: the guest's own in-memory /dev/shm (an overlay directory), never the host's; ptmx: the
     # sandbox's own pty multiplexer (file_pty.c), never the host's; pts: the sandbox's own ptys
     # (none open here, so only its mode-0000 ptmx), never the host's
@@ -68,7 +70,7 @@ def test_reads_outside_the_view_fail(host):
     assert got["pts_listing"] == ("ok", ".,..,ptmx,")
     assert got["proc_self_listing"][0] == "ok"
     assert sorted(got["proc_self_listing"][1].split(",")) == sorted(
-        ".,..,exe,maps,status,stat,statm,smaps_rollup,cgroup,cmdline,mounts,mountinfo,".split(","))
+        ".,..,exe,maps,status,stat,statm,smaps_rollup,cgroup,cmdline,mounts,mountinfo,cwd,fd,fdinfo,".split(","))
     assert got["overlay_symlink_loop"] == ("err", "ELOOP")
     assert got["openat2_how_in_low_region"] == ("err", "EFAULT")
     assert got["open_path_in_low_region"] == ("err", "EFAULT")
