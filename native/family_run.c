@@ -389,11 +389,11 @@ int zb_sandbox_child_count(zb_sandbox *sb) { return sb->fam ? sb->fam->count - 1
 
 /* The refusals a snapshot of process 1 alone still has: what it cannot copy. */
 static int snapshot_refused(zb_sandbox *sb, char *err) {
-    int listeners = zb_usock_listeners(sb);
-    if (listeners) {
-        zb_seterr(err, "cannot snapshot a sandbox with %d listening socket%s: snapshots of listening sockets are "
-                       "not supported yet; close %s first (Listener.close(), Manager.shutdown(), a server's server_close())",
-                  listeners, listeners > 1 ? "s" : "", listeners > 1 ? "them" : "it");
+    int waiting = zb_usock_listeners_waiting(sb);
+    if (waiting) {
+        zb_seterr(err, "cannot snapshot a sandbox with connections waiting to be accepted on %d listening socket%s: "
+                       "a snapshot holds a listener only with an empty accept queue; accept them (or close the "
+                       "listener) first", waiting, waiting > 1 ? "s" : "");
         return 1;
     }
     int in_flight = zb_sandbox_fds_in_flight(sb);

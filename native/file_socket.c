@@ -7,6 +7,17 @@
 #include "serial.h"
 
 #include <poll.h>
+#include <stdatomic.h>
+
+static atomic_uint_fast64_t last_bind_id;
+
+uint64_t zb_usock_new_bind_id(void) { return atomic_fetch_add(&last_bind_id, 1) + 1; }
+
+void zb_usock_bind_id_loaded(uint64_t id) {
+    uint_fast64_t seen = atomic_load(&last_bind_id);
+    while (seen < id && !atomic_compare_exchange_weak(&last_bind_id, &seen, id)) {
+    }
+}
 
 long zb_usock_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, zb_scm **taken) {
     if (!zb_usock_connected(f)) return -EINVAL;
@@ -75,8 +86,8 @@ static void socket_release(zb_fs *fs, zb_file *f) {
 }
 
 /* A clone of a table copies the names and the state. A listener's pending connections are not
- * copied: a snapshot refuses listeners (zb_usock_listeners), and a fork's clone of one is
- * replaced by the parent's own file at once (zb_fdtable_share). */
+ * copied: a snapshot refuses a listener with connections waiting (zb_usock_listeners_waiting), and
+ * a fork's clone of one is replaced by the parent's own file at once (zb_fdtable_share). */
 static int socket_clone(zb_file *dst, const zb_file *src) {
     const zb_usock *u = zb_usock_of(src);
     if (!u) return 0;
@@ -88,9 +99,9 @@ static int socket_clone(zb_file *dst, const zb_file *src) {
     return 0;
 }
 
-/* In a snapshot: one record with the state and both addresses, or none for a socketpair end. A
- * listener is never saved (a snapshot refuses it); the name's id is not either: a loaded socket
- * has no path name anyone can connect to. */
+/* In a snapshot: one record with the state, both addresses, a path name's id (its INO_SOCKET
+ * inode holds it too, fs_snapshot.c), a listener's backlog and IPV6_V6ONLY; none for a socketpair
+ * end. A listener's accept queue is empty (a snapshot refuses one with connections waiting). */
 static void socket_save(const zb_file *f, zb_out *o) {
     const zb_usock *u = zb_usock_of(f);
     out_u32(o, u != NULL);
@@ -100,6 +111,9 @@ static void socket_save(const zb_file *f, zb_out *o) {
     out_bytes(o, u->name, sizeof u->name);
     out_u32(o, u->peer_len);
     out_bytes(o, u->peer, sizeof u->peer);
+    out_u64(o, u->bind_id);
+    out_u32(o, (uint32_t)u->backlog);
+    out_u32(o, (uint32_t)u->v6only);
 }
 
 static int socket_load(zb_file *f, zb_in *in) {
@@ -114,10 +128,15 @@ static int socket_load(zb_file *f, zb_in *in) {
     in_bytes(in, u->name, sizeof u->name);
     u->peer_len = in_u32(in);
     in_bytes(in, u->peer, sizeof u->peer);
-    if (in->err || (state != ZB_USOCK_UNCONNECTED && state != ZB_USOCK_CONNECTED) || u->name_len < 2 ||
-        u->name_len > sizeof u->name || u->peer_len < 2 || u->peer_len > sizeof u->peer)
+    u->bind_id = in_u64(in);
+    uint32_t backlog = in_u32(in), v6only = in_u32(in);
+    if (in->err || state > ZB_USOCK_CONNECTED || u->name_len < 2 || u->name_len > sizeof u->name || u->peer_len < 2 ||
+        u->peer_len > sizeof u->peer || backlog > ZB_USOCK_BACKLOG_MAX || v6only > 1 || u->bind_id > ZB_USOCK_BIND_ID_MAX)
         return -1;
     u->state = (int)state;
+    u->backlog = (int)backlog;
+    u->v6only = (int)v6only;
+    zb_usock_bind_id_loaded(u->bind_id);
     return 0;
 }
 

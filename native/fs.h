@@ -115,8 +115,8 @@ typedef struct zb_inode {
     zb_block **blocks;
     size_t nblocks;
     char *target;            /* INO_SYMLINK */
-    uint64_t sock_id;        /* INO_SOCKET: the bound socket's zb_usock.bind_id; never saved, so
-                                a loaded name is one nobody listens on (ECONNREFUSED) */
+    uint64_t sock_id;        /* INO_SOCKET: the bound socket's zb_usock.bind_id (saved with it: a
+                                loaded listener keeps its name; a name whose socket is gone refuses) */
     int memfd;               /* INO_FILE made by memfd_create (sys_memfd.c): never named, stat says
                                 st_nlink 0, it may carry seals */
     uint32_t seals;          /* memfd: its F_SEAL_* (F_SEAL_SEAL from the start unless
@@ -773,8 +773,15 @@ struct zb_file *zb_usock_find(zb_sandbox *sb, int (*fn)(const zb_usock *, const 
  * bind(2) does: -EADDRINUSE if it exists, -EACCES in a host folder (a socket file is never made
  * on the host), the path errors of mknod otherwise. */
 long zb_fs_mksock(zb_sandbox *sb, const char *path, uint64_t bind_id);
-/* sys_socket.c: the listening AF_UNIX sockets of sb's fd table (a snapshot cannot hold them yet). */
+/* sys_socket.c: the listening sockets of sb's fd table; of them, those with connections waiting in
+ * their accept queue (a snapshot cannot hold those: a queued server end's client is elsewhere). */
 int zb_usock_listeners(const zb_sandbox *sb);
+int zb_usock_listeners_waiting(const zb_sandbox *sb);
+/* file_socket.c: a new path name's bind id (engine-wide, never reused: a name whose socket ended
+ * stays dead), and an id a loaded snapshot holds, which new ones must stay above. */
+#define ZB_USOCK_BIND_ID_MAX (1ull << 62) /* a loaded id above it is refused: the counter must never wrap */
+uint64_t zb_usock_new_bind_id(void);
+void zb_usock_bind_id_loaded(uint64_t id);
 /* file_socket.c: read from a connected socket, stopping at a record of passed files as
  * zb_stream_read_scm does (taken NULL: the files are closed, as a plain read does in Linux). */
 long zb_usock_read(zb_sandbox *sb, zb_file *f, uint8_t *p, size_t n, zb_scm **taken);

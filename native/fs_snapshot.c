@@ -97,6 +97,7 @@ static void save_inode(zb_out *o, const zb_inode *in) {
     out_str(o, in->target);
     out_u32(o, (uint32_t)in->memfd);
     out_u32(o, in->seals);
+    out_u64(o, in->type == INO_SOCKET ? in->sock_id : 0);
 }
 
 static void load_inode(zb_in *in, zb_fs *fs, zb_inode *n) {
@@ -148,6 +149,10 @@ static void load_inode(zb_in *in, zb_fs *fs, zb_inode *n) {
     if (memfd > 1 || (memfd && n->type != INO_FILE) || seals & ~0x3fu || (!memfd && seals)) in->err = 1;
     n->memfd = (int)memfd;
     n->seals = seals;
+    uint64_t sock_id = in_u64(in);
+    if ((sock_id && n->type != INO_SOCKET) || sock_id > ZB_USOCK_BIND_ID_MAX) in->err = 1;
+    n->sock_id = sock_id; /* the socket bound to the name, if the snapshot holds it (file_socket.c) */
+    zb_usock_bind_id_loaded(sock_id);
     fs->bytes_used += zb_ovl_meta_cost(n); /* as when it was created (fs_overlay.c) */
 }
 

@@ -65,8 +65,10 @@
  *  25: the vDSO's placement takes a page more, the stubbed syscall sites' page after the library
  *      (guest_abi.h "Stubbed syscall sites").
  *  26: the namespace's trie has /proc/self/cwd, fd and fdinfo (node kinds MNT_PROC_CWD, MNT_PROC_FD,
- *      MNT_PROC_FDINFO). */
-#define STATE_FORMAT 26
+ *      MNT_PROC_FDINFO).
+ *  27: listening sockets: a socket's record has its path name's id, backlog and IPV6_V6ONLY after
+ *      its addresses, and an INO_SOCKET inode the id of the socket bound to it. */
+#define STATE_FORMAT 27
 #define STATE_MAX_BYTES (2ull << 30)
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)

@@ -30,7 +30,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -358,7 +357,6 @@ static long sys_setsockopt(zb_sandbox *sb, const uint64_t a[6]) {
 /* ---- names, listeners and connections ---- */
 
 #define AUTOBIND_TRIES 256
-static atomic_uint_fast64_t next_bind_id; /* engine-wide, never reused: a name whose socket ended stays dead */
 
 /* A guest sockaddr_un, copied and checked as Linux's unix_validate_addr does, into out (the bytes
  * as getsockname returns them: a path is cut at its NUL and keeps one). *path is the path name
@@ -427,6 +425,13 @@ int zb_usock_listeners(const zb_sandbox *sb) {
     return n;
 }
 
+int zb_usock_listeners_waiting(const zb_sandbox *sb) {
+    int n = 0;
+    for (int i = 0; sb->fds && i < ZB_MAX_FDS; i++)
+        n += zb_usock_listening(sb->fds->fd[i]) && zb_usock_of(sb->fds->fd[i])->npending > 0;
+    return n;
+}
+
 /* f's socket state, made for a socketpair end (connected, unnamed) when it is bound. */
 static zb_usock *usock_made(zb_file *f) {
     if (!f->priv) f->priv = usock_new(AF_UNIX, ZB_USOCK_CONNECTED);
@@ -456,12 +461,12 @@ static long sys_bind(zb_sandbox *sb, const uint64_t a[6]) {
         memset(name, 0, sizeof name);
         name[0] = AF_UNIX;
         for (int tries = 0; tries < AUTOBIND_TRIES; tries++) {
-            snprintf((char *)name + 3, 6, "%05x", (unsigned)(atomic_fetch_add(&next_bind_id, 1) & 0xfffff));
+            snprintf((char *)name + 3, 6, "%05x", (unsigned)(zb_usock_new_bind_id() & 0xfffff));
             if (!find_named(sb, 0, name, 8, 0)) { len = 8; break; }
         }
         if (!len) return -ENOSPC;
     } else if (path) {
-        uint64_t id = atomic_fetch_add(&next_bind_id, 1) + 1;
+        uint64_t id = zb_usock_new_bind_id();
         if ((err = zb_fs_mksock(sb, path, id)) < 0) return err;
         u->bind_id = id;
     } else if (find_named(sb, 0, name, len, 0)) {

@@ -301,11 +301,11 @@ int zb_sandbox_process_count(zb_sandbox *sb);
 /* Its child processes, zombies (exited, not waited for) included: while there are any,
  * zb_sandbox_snapshot fails (zb_sandbox_checkpoint does not; 0 without children). */
 int zb_sandbox_child_count(zb_sandbox *sb);
-/* The listening AF_UNIX sockets process 1 has open (a snapshot cannot hold them yet, so while
- * there are any zb_sandbox_snapshot fails, as it does with child processes). */
+/* The listening sockets (AF_UNIX, loopback TCP) process 1 has open. A snapshot holds them with
+ * their names, but not a connection waiting in an accept queue: while one waits, snapshots fail. */
 int zb_sandbox_listening_sockets(zb_sandbox *sb);
 /* File references in flight on the AF_UNIX sockets of the sandbox's family (sent with SCM_RIGHTS,
- * not received yet): while there are any zb_sandbox_snapshot fails, as with listening sockets. */
+ * not received yet): while there are any zb_sandbox_snapshot fails, as with waiting connections. */
 int zb_sandbox_fds_in_flight(zb_sandbox *sb);
 /* Child-process sandboxes alive in this process, over all families (for leak checks). */
 long zb_child_processes_alive(void);

@@ -390,24 +390,64 @@ def test_a_forkserver_kept_across_cells(s: Session) -> None:
 
 
 def test_a_listener_kept_across_cells(s: Session) -> None:
-    """A listening socket kept in a variable lives on; a snapshot cannot hold it yet, so the cells
-    after it have no checkpoint of their own (said in the cell), and once it is closed they do
-    again. A connection to it from a later cell works, and its socket file is a socket."""
-    out = ok(cell(s, "from multiprocessing.connection import Listener, Client\nimport os, stat\n"
+    """A listening socket kept in a variable lives on and the cells after it keep checkpoints of
+    their own: a crash rolls back one cell and the restored listener still takes connections by its
+    path name. A connection left waiting in an accept queue is what a checkpoint cannot hold: the
+    next cell runs without one and says so, until the connection is accepted. A blocking accept
+    nobody connects to ends with Ctrl-C."""
+    out = ok(cell(s, "from multiprocessing.connection import Listener, Client\nimport os, socket, stat, threading\n"
                      "l = Listener(authkey=b'k')\nname = l.address\nprint(stat.S_ISSOCK(os.stat(name).st_mode))", 1))
     assert out.endswith("True\n"), out
     assert s.sandbox.guest.listening_sockets() == 1
-    out = ok(cell(s, "import threading\n"
-                     "t = threading.Thread(target=lambda: Client(name, authkey=b'k').send('late'))\n"
-                     "t.start()\nwith l.accept() as c: print(c.recv())\nt.join()", 2))
-    assert out.endswith("late\n") and "no checkpoint of its own" in out and "listening socket" in out, out
-    with pytest.raises(SandboxError, match="listening socket"):  # nor a save of the session
-        session_save.capture(s, bytes(32), "listener.ipynb")
-    r = _interrupted_cell(s, "l.accept()", 3)  # a blocking accept nobody connects to ends with Ctrl-C
+    talk = "t = threading.Thread(target=lambda: Client(name, authkey=b'k').send({!r}))\n" \
+           "t.start()\nwith l.accept() as c: print(c.recv())\nt.join()"
+    assert ok(cell(s, talk.format("late"), 2)) == "late\n"  # nothing said: a checkpoint as usual
+    reply = cell(s, "import ctypes; ctypes.string_at(0)", 3)
+    assert reply["ename"] == "SandboxCrashed" and "before this cell" in reply["evalue"], reply
+    assert s.sandbox.guest.listening_sockets() == 1
+    assert ok(cell(s, talk.format("after the rollback"), 4)) == "after the rollback\n"
+    out = ok(cell(s, "q = socket.socket(socket.AF_UNIX)\nq.bind('/tmp/q.sock')\nq.listen()\n"
+                     "w = socket.socket(socket.AF_UNIX)\nw.connect('/tmp/q.sock')\nprint('queued')", 5))
+    assert out == "queued\n", out
+    out = ok(cell(s, "print('next')", 6))
+    assert "no checkpoint of its own" in out and "waiting to be accepted" in out and out.endswith("next\n"), out
+    out = ok(cell(s, "c, _ = q.accept()\nc.close(); w.close(); q.close()\nprint('taken')", 7))
+    assert out.endswith("taken\n"), out
+    assert ok(cell(s, "print('checkpointed')", 8)) == "checkpointed\n"
+    r = _interrupted_cell(s, "l.accept()", 9)  # a blocking accept nobody connects to ends with Ctrl-C
     assert r["status"] == "error" and r["ename"] == "KeyboardInterrupt", r
-    assert ok(cell(s, "l.close(); print(os.path.exists(name))", 4)).endswith("False\n")
+    assert ok(cell(s, "l.close(); print(os.path.exists(name))", 10)).endswith("False\n")
     assert s.sandbox.guest.listening_sockets() == 0
-    assert ok(cell(s, "print('alone')", 5)) == "alone\n"
+
+
+def test_a_saved_session_keeps_its_listeners(template) -> None:
+    """A session save holds listening sockets (a path name and a loopback TCP port): in the resumed
+    session both still take connections."""
+    from zeroboot_kernel import session_save as ss
+    key = bytes(range(32))
+    s = Session(template)
+    try:
+        ok(cell(s, "import socket, threading\n"
+                   "u = socket.socket(socket.AF_UNIX)\nu.bind('/tmp/kept.sock')\nu.listen()\n"
+                   "t = socket.socket()\nt.bind(('127.0.0.1', 0))\nt.listen()\nport = t.getsockname()[1]", 1))
+        data, _ = ss.capture(s, key, "test.ipynb")
+    finally:
+        s.close()
+    s = Session(template)
+    try:
+        import tempfile
+        with tempfile.NamedTemporaryFile(suffix=".zbsave") as f:
+            f.write(data)
+            f.flush()
+            ss.resume(s, f.name, key)
+        out = ok(cell(s, "got = []\n"
+                         "for srv, family, addr in ((u, socket.AF_UNIX, '/tmp/kept.sock'), (t, socket.AF_INET, ('127.0.0.1', port))):\n"
+                         "    c = socket.socket(family)\n    c.connect(addr)\n    c.sendall(b'hi')\n"
+                         "    conn, _ = srv.accept()\n    got.append(conn.recv(2))\n    conn.close(); c.close()\n"
+                         "print(got)", 2))
+        assert out == "[b'hi', b'hi']\n", out
+    finally:
+        s.close()
 
 
 def test_a_childs_proc_files_are_its_own(s: Session) -> None:

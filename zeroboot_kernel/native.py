@@ -320,7 +320,8 @@ class Guest:
         return int(lib.zb_sandbox_child_count(self.handle))
 
     def listening_sockets(self) -> int:
-        """The listening sockets (AF_UNIX, loopback TCP) of process 1 (while there are any, snapshot() fails)."""
+        """The listening sockets (AF_UNIX, loopback TCP) of process 1 (a snapshot holds them, but fails while a
+        connection waits in one's accept queue)."""
         return int(lib.zb_sandbox_listening_sockets(self.handle))
 
     def fds_in_flight(self) -> int:

@@ -69,11 +69,11 @@ FILES_MODES = ("overlay", "readonly", "readwrite")
 GUEST_PRIVATE_DIRS = ("/tmp", GUEST_HOME, "/dev/shm")
 
 
-# What keeps a socket listening between cells, most often, and how to end it (the note of a cell
-# that runs without a checkpoint of its own)
-_ENDING_HELPERS = ("A socket kept listening is most often a Listener or a Manager (listener.close(), "
-                   "manager.shutdown()) or a local server (server.server_close()); fds sent over a socket "
-                   "and not received yet: receive them or close the socket")
+# What stops a checkpoint between cells, and how to end it (the note of a cell that runs without a
+# checkpoint of its own)
+_ENDING_HELPERS = ("A connection waiting on a listening socket: accept it (or close the listener: listener.close(), "
+                   "manager.shutdown(), server.server_close()); fds sent over a socket and not received yet: "
+                   "receive them or close the socket")
 
 
 def lost_children_note(snap: Snapshot) -> str:
@@ -339,15 +339,14 @@ class Session:
         return target
 
     def _without_checkpoint(self, exc: SandboxError) -> Snapshot:
-        """A socket listens (a Listener kept from an earlier cell) or fds are in flight, and
+        """A connection waits in a listening socket's accept queue or fds are in flight, and
         snapshots of those are not supported yet: the cell runs without a checkpoint of its own,
-        and a crash or timeout rolls back to the last checkpoint there is (which closes the
-        socket). Said once for as long as the same reason holds, not in every cell; a crash's
+        and a crash or timeout rolls back to the last checkpoint there is. Said once for as long as the same reason holds, not in every cell; a crash's
         message says where it went back to (_rollback). (Child processes do not stop checkpoints:
         a checkpoint holds process 1 and ends them when it is restored, lost_children_note.)"""
         target, where = self._last_kept()
-        self._fallback = (target, f"This cell had no checkpoint of its own (a listening socket or fds in flight were "
-                                  f"kept from an earlier cell), so the sandbox was rolled back to {where}: what the "
+        self._fallback = (target, f"This cell had no checkpoint of its own (a connection waiting on a listening "
+                                  f"socket, or fds in flight, kept from an earlier cell), so the sandbox was rolled back to {where}: what the "
                                   f"cells since then did is undone.")
         if str(exc) != self._told_without:
             self._told_without = str(exc)
