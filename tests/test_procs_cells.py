@@ -420,34 +420,43 @@ def test_a_listener_kept_across_cells(s: Session) -> None:
     assert s.sandbox.guest.listening_sockets() == 0
 
 
-def test_a_saved_session_keeps_its_listeners(template) -> None:
-    """A session save holds listening sockets (a path name and a loopback TCP port): in the resumed
-    session both still take connections."""
-    from zeroboot_kernel import session_save as ss
+def _saved_and_resumed(template, before: str, after: str) -> str:
+    """Run `before` in a session, save it, resume the save in a new session and run `after` there:
+    its output."""
+    import tempfile
+
     key = bytes(range(32))
     s = Session(template)
     try:
-        ok(cell(s, "import socket, threading\n"
-                   "u = socket.socket(socket.AF_UNIX)\nu.bind('/tmp/kept.sock')\nu.listen()\n"
-                   "t = socket.socket()\nt.bind(('127.0.0.1', 0))\nt.listen()\nport = t.getsockname()[1]", 1))
-        data, _ = ss.capture(s, key, "test.ipynb")
+        ok(cell(s, before, 1))
+        data, _ = session_save.capture(s, key, "test.ipynb")
     finally:
         s.close()
     s = Session(template)
     try:
-        import tempfile
         with tempfile.NamedTemporaryFile(suffix=".zbsave") as f:
             f.write(data)
             f.flush()
-            ss.resume(s, f.name, key)
-        out = ok(cell(s, "got = []\n"
-                         "for srv, family, addr in ((u, socket.AF_UNIX, '/tmp/kept.sock'), (t, socket.AF_INET, ('127.0.0.1', port))):\n"
-                         "    c = socket.socket(family)\n    c.connect(addr)\n    c.sendall(b'hi')\n"
-                         "    conn, _ = srv.accept()\n    got.append(conn.recv(2))\n    conn.close(); c.close()\n"
-                         "print(got)", 2))
-        assert out == "[b'hi', b'hi']\n", out
+            session_save.resume(s, f.name, key)
+        return ok(cell(s, after, 2))
     finally:
         s.close()
+
+
+def test_a_saved_session_keeps_its_listeners(template) -> None:
+    """A session save holds listening sockets (a path name and a loopback TCP port): in the resumed
+    session both still take connections."""
+    out = _saved_and_resumed(
+        template,
+        "import socket, threading\n"
+        "u = socket.socket(socket.AF_UNIX)\nu.bind('/tmp/kept.sock')\nu.listen()\n"
+        "t = socket.socket()\nt.bind(('127.0.0.1', 0))\nt.listen()\nport = t.getsockname()[1]",
+        "got = []\n"
+        "for srv, family, addr in ((u, socket.AF_UNIX, '/tmp/kept.sock'), (t, socket.AF_INET, ('127.0.0.1', port))):\n"
+        "    c = socket.socket(family)\n    c.connect(addr)\n    c.sendall(b'hi')\n"
+        "    conn, _ = srv.accept()\n    got.append(conn.recv(2))\n    conn.close(); c.close()\n"
+        "print(got)")
+    assert out == "[b'hi', b'hi']\n", out
 
 
 def test_a_childs_proc_files_are_its_own(s: Session) -> None:
@@ -502,27 +511,13 @@ def test_a_checkpoint_holds_a_shared_regions_bytes_and_a_rewind_restores_them(s:
 def test_a_saved_session_keeps_a_shared_region_shared(template) -> None:
     """A session save holds a shared region's bytes (a child's writes included); in the resumed
     session the region is still shared with a child forked there."""
-    from zeroboot_kernel import session_save as ss
-    key = bytes(range(32))
-    s = Session(template)
-    try:
-        ok(cell(s, "import mmap, os\nm = mmap.mmap(-1, 8192)\nm[:3] = b'abc'\npid = os.fork()\n"
-                   "if pid == 0:\n    m[4096:4099] = b'xyz'; os._exit(0)\nos.waitpid(pid, 0)", 1))
-        data, _ = ss.capture(s, key, "test.ipynb")
-    finally:
-        s.close()
-    s = Session(template)
-    try:
-        import tempfile
-        with tempfile.NamedTemporaryFile(suffix=".zbsave") as f:
-            f.write(data)
-            f.flush()
-            ss.resume(s, f.name, key)
-        out = ok(cell(s, "pid = os.fork()\nif pid == 0:\n    m[:3] = b'kid'; os._exit(0)\n"
-                         "os.waitpid(pid, 0)\nprint(m[:3], m[4096:4099])", 2))
-        assert out == "b'kid' b'xyz'\n", out
-    finally:
-        s.close()
+    out = _saved_and_resumed(
+        template,
+        "import mmap, os\nm = mmap.mmap(-1, 8192)\nm[:3] = b'abc'\npid = os.fork()\n"
+        "if pid == 0:\n    m[4096:4099] = b'xyz'; os._exit(0)\nos.waitpid(pid, 0)",
+        "pid = os.fork()\nif pid == 0:\n    m[:3] = b'kid'; os._exit(0)\n"
+        "os.waitpid(pid, 0)\nprint(m[:3], m[4096:4099])")
+    assert out == "b'kid' b'xyz'\n", out
 
 
 def test_the_process_limit_says_so(s: Session) -> None:
