@@ -14,8 +14,9 @@
   Parallel call (joblib deletes it then), not earlier by the tracker's refcount.
 - The 'forkserver' start method works as on the host: its server is a process started like a
   spawn child, and each new process's fds reach it over its AF_UNIX socket with SCM_RIGHTS
-  (native/sys_socket.c). Its server lives until the interpreter exits, like the host's, so while
-  it does the cells have no checkpoint of their own (a listening socket and a child process).
+  (native/sys_socket.c). Its server lives until the interpreter exits, like the host's: a child
+  process, which checkpoints leave out (a rollback ends it, and multiprocessing starts a new one
+  when it next needs it), while the notebook's end of its socket is held like any open file.
 """
 from __future__ import annotations
 
