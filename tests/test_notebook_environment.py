@@ -262,7 +262,7 @@ def test_proc_files_in_guest_terms(template, tmp_path) -> None:
         assert r["status"] == "ok", r
         import ast
         assert ast.literal_eval(r["result"]) == (True, True, '1', '1', True, True, 52, '1', '0::/\n', True, True, True,
-                                                 ['cgroup', 'cmdline', 'exe', 'maps', 'mountinfo', 'mounts', 'smaps_rollup',
+                                                 ['cgroup', 'cmdline', 'cwd', 'exe', 'fd', 'fdinfo', 'maps', 'mountinfo', 'mounts', 'smaps_rollup',
                                                   'stat', 'statm', 'status']), r
         # the host's pid appears nowhere
         host_pid = str(os.getpid())
