@@ -444,4 +444,6 @@ int zb_snapshot_lost_children(zb_snapshot *snap, int32_t *pids, int max) {
 
 int zb_sandbox_listening_sockets(zb_sandbox *sb) { return zb_usock_listeners(sb); }
 
+int zb_sandbox_listeners_waiting(zb_sandbox *sb) { return zb_usock_listeners_waiting(sb); }
+
 int zb_sandbox_fds_in_flight(zb_sandbox *sb) { return sb->fs ? sb->fs->scm_inflight : 0; }

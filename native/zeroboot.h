@@ -304,6 +304,8 @@ int zb_sandbox_child_count(zb_sandbox *sb);
 /* The listening sockets (AF_UNIX, loopback TCP) process 1 has open. A snapshot holds them with
  * their names, but not a connection waiting in an accept queue: while one waits, snapshots fail. */
 int zb_sandbox_listening_sockets(zb_sandbox *sb);
+/* Of them, those with a connection waiting in their accept queue (while any is, snapshots fail). */
+int zb_sandbox_listeners_waiting(zb_sandbox *sb);
 /* File references in flight on the AF_UNIX sockets of the sandbox's family (sent with SCM_RIGHTS,
  * not received yet): while there are any zb_sandbox_snapshot fails, as with waiting connections. */
 int zb_sandbox_fds_in_flight(zb_sandbox *sb);

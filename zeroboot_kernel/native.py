@@ -324,6 +324,10 @@ class Guest:
         connection waits in one's accept queue)."""
         return int(lib.zb_sandbox_listening_sockets(self.handle))
 
+    def listeners_waiting(self) -> int:
+        """Of the listening sockets, those with a connection waiting to be accepted (while any is, snapshot() fails)."""
+        return int(lib.zb_sandbox_listeners_waiting(self.handle))
+
     def fds_in_flight(self) -> int:
         """File references sent over the family's AF_UNIX sockets (SCM_RIGHTS) and not received
         yet (while there are any, snapshot() fails)."""

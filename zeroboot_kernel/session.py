@@ -306,7 +306,7 @@ class Session:
             snap, taken_ms = (self.ready, self.ready_ms) if self.ready is not None else (self._checkpoint_now(), None)
         except SandboxError as exc:
             guest = self.sandbox.guest
-            if not guest.listening_sockets() and not guest.fds_in_flight():
+            if not guest.listeners_waiting() and not guest.fds_in_flight():
                 raise
             return self._without_checkpoint(exc), 0.0
         self._told_without = ""
@@ -341,13 +341,14 @@ class Session:
     def _without_checkpoint(self, exc: SandboxError) -> Snapshot:
         """A connection waits in a listening socket's accept queue or fds are in flight, and
         snapshots of those are not supported yet: the cell runs without a checkpoint of its own,
-        and a crash or timeout rolls back to the last checkpoint there is. Said once for as long as the same reason holds, not in every cell; a crash's
-        message says where it went back to (_rollback). (Child processes do not stop checkpoints:
+        and a crash or timeout rolls back to the last checkpoint there is. Said once for as long
+        as the same reason holds, not in every cell; a crash's message says where it went back to
+        (_rollback). (Child processes do not stop checkpoints:
         a checkpoint holds process 1 and ends them when it is restored, lost_children_note.)"""
         target, where = self._last_kept()
         self._fallback = (target, f"This cell had no checkpoint of its own (a connection waiting on a listening "
-                                  f"socket, or fds in flight, kept from an earlier cell), so the sandbox was rolled back to {where}: what the "
-                                  f"cells since then did is undone.")
+                                  f"socket, or fds in flight, kept from an earlier cell), so the sandbox was "
+                                  f"rolled back to {where}: what the cells since then did is undone.")
         if str(exc) != self._told_without:
             self._told_without = str(exc)
             self._budget_notices.append(f"zeroboot: this cell has no checkpoint of its own ({exc}); a crash or timeout "
