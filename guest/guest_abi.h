@@ -46,7 +46,7 @@
  * r11 = 0x202 (RFLAGS as PVM reports them at LSTAR), then jumps to ZB_SYSCALL_ENTRY, which answers
  * (`jmp *%rcx`) or exits through its `out` as for any `syscall`. No stack is touched, so a leaf
  * function's red zone is safe. The stub page is the page after the vDSO image (ZB_SITE_STUBS):
- * its first qword holds ZB_SYSCALL_ENTRY (the stubs' `jmp *` reads it), then ZB_SITE_STUB_SLOTS
+ * its first qword holds ZB_SYSCALL_ENTRY (the stubs' `jmp *` reads it; written with each stub), then ZB_SITE_STUB_SLOTS
  * slots of ZB_SITE_STUB_SIZE bytes; a slot is free while its first byte is 0. Only on PVM with the
  * answers on (elsewhere the entry runs at CPL0 and the `out` rewrite serves every number). */
 #define ZB_SYSCALL_ENTRY 0xe000        /* LSTAR */

@@ -580,8 +580,8 @@ int zb_fs_stat(zb_sandbox *sb, const zb_resolved *r, struct stat *st) {
         if (n < 0) return n;
         st->st_mode = S_IFLNK | 0777;
         if (l->proc_fd) { /* an fd's link: lr-x------, l-wx------ or lrwx------ by its access mode, as on Linux */
-            const zb_sandbox *t = zb_proc_target(sb, l->pid);
-            const zb_file *f = t ? t->fds->fd[l->proc_fd - 1] : NULL;
+            zb_sandbox *t = zb_proc_target(sb, l->pid);
+            const zb_file *f = t ? zb_fd_get(t, (uint64_t)(l->proc_fd - 1)) : NULL;
             int acc = f ? f->flags & O_ACCMODE : O_RDONLY;
             st->st_mode = S_IFLNK | (acc == O_RDONLY ? 0500 : acc == O_WRONLY ? 0300 : 0700);
         }

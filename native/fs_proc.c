@@ -406,12 +406,15 @@ long zb_proc_snapshot(zb_sandbox *sb, const zb_loc *l) {
         if (proc_files[i].id == dev) gen = proc_files[i].gen;
     zb_sandbox *target = zb_proc_target(sb, pid);
     const zb_member *zombie = target ? NULL : zombie_of(sb, pid);
-    if (dev == DEV_PROC_FDINFO && (!target || !zb_fd_get(target, (uint64_t)(l->proc_fd - 1)))) return -ENOENT;
-    if ((!gen && dev != DEV_PROC_FDINFO) || (!target && !zombie)) return -ENOENT;
     proc_buf b = {0};
-    if (dev == DEV_PROC_FDINFO) gen_fdinfo(target, l->proc_fd - 1, &b);
-    else if (target) gen(target, &b);
-    else gen_zombie(zombie, dev, &b);
+    if (dev == DEV_PROC_FDINFO) { /* the fd may have been closed since the lookup */
+        if (!target || !zb_fd_get(target, (uint64_t)(l->proc_fd - 1))) return -ENOENT;
+        gen_fdinfo(target, l->proc_fd - 1, &b);
+    } else {
+        if (!gen || (!target && !zombie)) return -ENOENT;
+        if (target) gen(target, &b);
+        else gen_zombie(zombie, dev, &b);
+    }
     if (b.failed) { free(b.data); return -ENOMEM; }
     uint32_t ino = zb_ovl_new_inode(sb->fs, INO_FILE, 0444);
     if (!ino) { free(b.data); return -ENOMEM; }

@@ -33,14 +33,16 @@ static uint64_t image_bytes(void) { return ZB_PAGE_UP(zb_vdso_image_len); }
 
 uint64_t zb_vdso_size(void) { return ZB_VDSO_DATA_SIZE + image_bytes() + ZB_SITE_STUBS_SIZE; }
 
+/* The stubbed sites' page of a vDSO placed at `at` (its data page). */
+static uint64_t stubs_at(uint64_t at) { return at + ZB_VDSO_DATA_SIZE + image_bytes(); }
+
 /* The library's bytes, an empty stub page (guest_abi.h "Stubbed syscall sites": a new program's
- * sites are its own) and the three regions at `at` (allocated). */
+ * sites are its own; syscall_sites.c writes the page's entry pointer with its first stub) and the
+ * three regions at `at` (allocated). */
 static uint64_t place(zb_sandbox *sb, uint64_t at) {
-    uint64_t len = zb_vdso_size(), stubs = at + ZB_VDSO_DATA_SIZE + image_bytes();
+    uint64_t len = zb_vdso_size(), stubs = stubs_at(at);
     memcpy(sb->mem.host + at + ZB_VDSO_DATA_SIZE, zb_vdso_image, zb_vdso_image_len);
     memset(sb->mem.host + stubs, 0, ZB_SITE_STUBS_SIZE);
-    uint64_t entry = ZB_SYSCALL_ENTRY;
-    memcpy(sb->mem.host + stubs, &entry, sizeof entry);
     zb_mem_dirty(&sb->mem, at, len);
     zb_region_add(&sb->mem, at, at + ZB_VDSO_DATA_SIZE, 1, "[vvar]");
     zb_region_add(&sb->mem, at + ZB_VDSO_DATA_SIZE, stubs, 5, "[vdso]");
@@ -51,7 +53,7 @@ static uint64_t place(zb_sandbox *sb, uint64_t at) {
 
 uint64_t zb_vdso_site_stubs(zb_sandbox *sb) {
     if (!sb->vdso_data) return 0;
-    uint64_t stubs = sb->vdso_data + ZB_VDSO_DATA_SIZE + image_bytes();
+    uint64_t stubs = stubs_at(sb->vdso_data);
     const zb_region *r = zb_region_find(&sb->mem, stubs);
     if (!r || r->start != stubs || strcmp(r->name, ZB_SITE_STUBS_NAME) != 0) return 0; /* unmapped or replaced */
     return zb_guest_ptr(sb, stubs, ZB_SITE_STUBS_SIZE, 0) ? stubs : 0;

@@ -213,23 +213,22 @@ def test_a_directory_open_asks_the_host_at_each_call(template, tmp_path, mode) -
 
 
 # Guest code for the rewritten syscall sites (guest_abi.h, native/syscall_sites.c): `stub(nr)`
-# writes `mov eax, nr; syscall; ret` (or another tail) into a fresh mapping and returns it as a
-# callable, a function reading the two bytes of its `syscall`, and its address.
+# writes `mov eax, nr; syscall; ret` (or another tail) into a fresh mapping (at the hinted address
+# where it is taken) and returns it as a callable, a function reading the two bytes of its
+# `syscall`, and its address.
 _SITES = r'''
 import ctypes, mmap, os, signal, json
 PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-RWX = mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC
-keep = []
+libc = ctypes.CDLL(None)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 
-def stub(nr, flags=PRIVATE, at=0, tail=b"\xc3"):
-    """mov eax, nr; syscall; <tail> at offset `at` of a fresh two-page mapping"""
-    m = mmap.mmap(-1, 8192, flags=flags, prot=RWX)
-    keep.append(m)
-    m.seek(at)
-    m.write(bytes([0xb8]) + nr.to_bytes(4, "little") + b"\x0f\x05" + tail)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+def stub(nr, flags=PRIVATE, at=0, tail=b"\xc3", hint=0):
+    """mov eax, nr; syscall; <tail> at offset `at` of a fresh two-page mapping (read, write, exec)"""
+    base = libc.mmap(hint, 8192, 7, flags, -1, 0)
+    ctypes.memmove(base + at, bytes([0xb8]) + nr.to_bytes(4, "little") + b"\x0f\x05" + tail, 7 + len(tail))
     f = ctypes.CFUNCTYPE(ctypes.c_long)(base + at)
-    return f, (lambda: m[at + 5:at + 7].hex()), base + at
+    return f, (lambda: ctypes.string_at(base + at + 5, 2).hex()), base + at
 
 def calls(f, site, n):
     """n calls of f, with its site's bytes after each"""
@@ -329,20 +328,15 @@ def test_a_rewritten_site_blocks_is_interrupted_and_forks_as_a_syscall(template)
         assert child == 7 and child2 == 3 and esite == "0f05"
 
 
-# An answered number's site (guest_abi.h "Stubbed syscall sites"): `at(nr, hint)` writes
-# `mov eax, nr; syscall; <tail>` into a fresh page (at the hinted address where it is taken) and
-# returns it as a callable of three arguments and its address; `code(addr)` reads its first seven
+# An answered number's site (guest_abi.h "Stubbed syscall sites"): `at(nr, hint)` is `stub`'s
+# site one byte into its mapping (the host reads the byte before a site: a REX prefix is no `mov
+# eax`), as a callable of three arguments, and its address; `code(addr)` reads its first seven
 # bytes back.
 _STUBBED = r'''
-libc = ctypes.CDLL(None)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 ARGS3 = ctypes.CFUNCTYPE(ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long)
 
 def at(nr, hint, tail=b"\xc3"):
-    page = libc.mmap(hint, 4096, 7, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-    addr = page + 1  # after a nop: the host reads the byte before a site (a REX prefix is no `mov eax`)
-    ctypes.memmove(page, b"\x90\xb8" + nr.to_bytes(4, "little") + b"\x0f\x05" + tail, 8 + len(tail))
+    _, _, addr = stub(nr, at=1, tail=tail, hint=hint)
     return ARGS3(addr), addr
 
 def code(addr):
